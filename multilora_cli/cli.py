@@ -1,0 +1,107 @@
+"""Typer app: registers the commands and maps the error family to messages and exit codes.
+
+Command modules keep heavy imports (torch, triton) inside their functions so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from multilora_cli import __version__
+from multilora_cli.commands import bench, demo, economics, inspect, run
+from multilora_cli.errors import EXIT_FATAL, MultiloraError
+
+app = typer.Typer(
+    name="multilora",
+    help="Offline batch LLM inference over many LoRA adapters on one shared base model.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"multilora {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Offline batch LLM inference over many LoRA adapters on one shared base model."""
+
+
+app.command("run")(run.command)
+app.command("inspect")(inspect.command)
+app.command("economics")(economics.command)
+app.command("demo")(demo.command)
+app.command("bench")(bench.command)
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("MULTILORA_DEBUG", "") not in ("", "0", "false", "no")
+
+
+def report(exc: BaseException) -> int:
+    """Print `exc` for a user and return the exit code. The only place errors become messages."""
+    if isinstance(exc, MultiloraError):
+        if debug_enabled():
+            import traceback
+
+            traceback.print_exception(exc)
+        print(f"error: {exc.one_line()}", file=sys.stderr)
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    if debug_enabled():
+        import traceback
+
+        traceback.print_exception(exc)
+        print(f"error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    else:
+        print(
+            f"error: internal error: {type(exc).__name__}: {exc} "
+            "(this is a bug; rerun with MULTILORA_DEBUG=1 for the traceback and report it)",
+            file=sys.stderr,
+        )
+    return EXIT_FATAL
+
+
+def _click_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    # typer >= 0.25 vendors click as typer._click; older typer uses click itself. Accept both.
+    import importlib
+
+    mods = []
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    errors = tuple(m.ClickException for m in mods if hasattr(m, "ClickException"))
+    aborts = tuple(m.Abort for m in mods if hasattr(m, "Abort"))
+    return errors, aborts
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point. Commands return an exit code (0 or 3) or raise a MultiloraError."""
+    click_errors, aborts = _click_types()
+    try:
+        rc = app(args=argv, standalone_mode=False)
+    except aborts:
+        sys.exit(report(KeyboardInterrupt()))
+    except click_errors as e:  # bad flags: click's own usage message, exit 2
+        e.show()
+        sys.exit(e.exit_code)
+    except BaseException as e:  # noqa: BLE001 - the one place that maps everything
+        if isinstance(e, SystemExit):
+            raise
+        sys.exit(report(e))
+    sys.exit(rc if isinstance(rc, int) else 0)

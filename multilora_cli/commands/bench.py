@@ -1,0 +1,10 @@
+"""`multilora bench` (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+from multilora_cli.errors import MultiloraError
+
+
+def command() -> int:
+    """Not implemented yet."""
+    raise MultiloraError("'multilora bench' is not implemented yet")

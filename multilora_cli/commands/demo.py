@@ -1,0 +1,10 @@
+"""`multilora demo` (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+from multilora_cli.errors import MultiloraError
+
+
+def command() -> int:
+    """Not implemented yet."""
+    raise MultiloraError("'multilora demo' is not implemented yet")

@@ -1,0 +1,10 @@
+"""`multilora economics` (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+from multilora_cli.errors import MultiloraError
+
+
+def command() -> int:
+    """Not implemented yet."""
+    raise MultiloraError("'multilora economics' is not implemented yet")

@@ -1,0 +1,84 @@
+"""Build tiny real models and adapters for tests: transformers writes the base, PEFT writes adapters.
+
+PEFT initialises lora_B to zero (a no-op adapter), so every builder randomises lora_B before saving.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+)
+
+
+def tiny_config(arch: str = "llama", **overrides):
+    """A transformers config for a tiny model of `arch` in {llama, llama-tied, llama3, mistral, qwen2, qwen3}."""
+    import transformers as tf
+
+    kw = dict(TINY)
+    if arch in ("llama", "llama-tied", "llama3"):
+        kw["tie_word_embeddings"] = arch == "llama-tied"
+        if arch == "llama3":
+            kw["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+            kw["rope_theta"] = 500000.0
+        cfg = tf.LlamaConfig(**{**kw, **overrides})
+    elif arch == "mistral":
+        cfg = tf.MistralConfig(**{**kw, "sliding_window": None, **overrides})
+    elif arch == "qwen2":
+        cfg = tf.Qwen2Config(**{**kw, "tie_word_embeddings": True, **overrides})
+    elif arch == "qwen3":
+        cfg = tf.Qwen3Config(**{**kw, "head_dim": 32, "tie_word_embeddings": False, **overrides})
+    else:
+        raise ValueError(arch)
+    return cfg
+
+
+def build_base(path: Path, arch: str = "llama", seed: int = 0, dtype=torch.float32, **overrides) -> Path:
+    """Write a random tiny HF model of `arch` to `path` (config.json + model.safetensors)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(arch, **overrides)
+    model = tf.AutoModelForCausalLM.from_config(cfg).to(dtype)
+    with torch.no_grad():  # HF init is small; widen it so adapters and positions visibly matter
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.08)
+    model.save_pretrained(path, safe_serialization=True)
+    return Path(path)
+
+
+def build_adapter(base_path: Path, out: Path, *, r: int = 8, alpha: float = 16, targets=("q_proj", "v_proj"),
+                  seed: int = 1, safetensors: bool = True, **lora_kw) -> Path:
+    """Write a real PEFT LoRA adapter for the model at `base_path` with random lora_A and lora_B."""
+    import peft
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    cfg = peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets) if not isinstance(targets, str)
+                          else targets, lora_dropout=0.0, **lora_kw)
+    pm = peft.get_peft_model(model, cfg)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name or "lora_A" in name:
+                p.normal_(0, 0.1)
+    pm.save_pretrained(out, safe_serialization=safetensors)
+    # base_model_name_or_path as written by PEFT is the local path; keep it.
+    return Path(out)
+
+
+def read_json(p: Path) -> dict:
+    return json.loads(Path(p).read_text())
