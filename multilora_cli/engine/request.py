@@ -1,0 +1,86 @@
+"""What goes into the engine and what comes out: `Request`, `Result`, `EngineStats`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from multilora_cli.config import SamplingParams
+from multilora_cli.errors import MultiloraError
+
+
+@dataclass(slots=True)
+class Request:
+    """One generation request. Exactly one of prompt / messages / prompt_token_ids is set.
+
+    `key` is unique within a run (the writer's ordering key, e.g. the input line index); `adapter` None = base.
+    """
+
+    key: int
+    id: str
+    adapter: str | None = None
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    prompt_token_ids: list[int] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(slots=True)
+class Result:
+    """Outcome of one request; `error` set means it failed and the other outputs are empty."""
+
+    key: int
+    id: str
+    adapter: str | None
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: MultiloraError | None = None
+
+
+@dataclass(slots=True)
+class AdapterStats:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    slot_loads: int = 0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters the engine keeps while generating; `to_dict` feeds the run's stats JSON."""
+
+    model: str = ""
+    device: str = ""
+    dtype: str = ""
+    requests: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    steps: int = 0
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    preemptions: int = 0
+    slot_loads: int = 0
+    slot_hits: int = 0
+    slot_evictions: int = 0
+    max_loras: int = 0
+    max_lora_rank: int = 0
+    wall_seconds: float = 0.0
+    per_adapter: dict[str, AdapterStats] = field(default_factory=dict)
+
+    def adapter(self, name: str | None) -> AdapterStats:
+        key = name or "base"
+        if key not in self.per_adapter:
+            self.per_adapter[key] = AdapterStats()
+        return self.per_adapter[key]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        total = self.prompt_tokens + self.completion_tokens
+        d["tokens_per_second"] = total / self.wall_seconds if self.wall_seconds > 0 else 0.0
+        d["completion_tokens_per_second"] = (
+            self.completion_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+        )
+        return d
