@@ -52,6 +52,7 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
     sliding_window: int | None = None
+    layer_types: list[str] | None = None  # per layer "full_attention" | "sliding_attention" (Qwen2/3), None = all alike
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -94,6 +95,18 @@ class ModelConfig:
         if module not in shapes:
             raise KeyError(module)
         return shapes[module]
+
+    def layer_sliding_window(self, layer: int) -> int | None:
+        """Sliding window of decoder layer `layer` (None = full attention)."""
+        if not self.sliding_window:
+            return None
+        if self.layer_types and layer < len(self.layer_types) and self.layer_types[layer] != "sliding_attention":
+            return None
+        return int(self.sliding_window)
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K + V cache bytes of one token over all layers."""
+        return 2 * self.num_hidden_layers * self.kv_size * dtype_bytes
 
     def num_params(self) -> int:
         """Parameter count of the base model (embeddings and lm_head included)."""
@@ -154,6 +167,7 @@ class ModelConfig:
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
                 qk_norm=mt == "qwen3",
                 sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", mt == "mistral") else None,
+                layer_types=cfg.get("layer_types"),
                 torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,

@@ -1,0 +1,133 @@
+"""Attention over the paged KV cache, driven by the step's `StepContext`.
+
+Every step first writes the new tokens' k/v into the cache (by `slot_mapping`), then:
+- prefill: causal attention of each sequence's new tokens over its context. Without a cached prefix the
+  keys are the step's own k/v; with one (chunked prefill, k longer than q) they are read back from the
+  sequence's blocks. Runs torch SDPA per sequence (flash / memory-efficient kernels on CUDA).
+- decode: one token per sequence over its blocks: the Triton paged kernel on CUDA, padded torch SDPA on CPU.
+GQA: query head h uses kv head h // (num_heads // num_kv_heads). Optional sliding window (Mistral):
+a query at position p sees keys at positions (p - window, p].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from multilora_cli.layers.context import StepContext, get_context
+
+
+class Attention(nn.Module):
+    """forward(q [T, H, D], k [T, KVH, D], v [T, KVH, D]) -> [T, H, D]; cache set by `set_cache`."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: int | None = None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.group = num_heads // num_kv_heads
+        self.scale = scale
+        self.sliding_window = sliding_window or None
+        self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, KVH, D]
+        self.v_cache: torch.Tensor | None = None
+
+    def set_cache(self, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None) -> None:
+        self.k_cache, self.v_cache = k_cache, v_cache
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = get_context()
+        if ctx is None:
+            raise RuntimeError("attention called outside a step: set_context(StepContext(...)) first")
+        if self.k_cache is not None:
+            self._store(k, v, ctx.slot_mapping)
+        elif not ctx.is_prefill or ctx.has_prefix:
+            raise RuntimeError("this step reads the KV cache but none is allocated (allocate_kv_cache)")
+        if ctx.is_prefill and ctx.block_tables is None and ctx.has_prefix:
+            raise RuntimeError("a prefill with a cached prefix needs block_tables in its StepContext")
+        if ctx.is_prefill:
+            return self._prefill(q, k, v, ctx)
+        return self._decode(q, ctx)
+
+    # k/v store ------------------------------------------------------------------------------------
+    def _store(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        if k.is_cuda:
+            from multilora_cli.kernels.paged_attention import store_kv
+
+            store_kv(k, v, self.k_cache, self.v_cache, slot_mapping)
+            return
+        keep = slot_mapping >= 0  # CPU: masking costs no device sync
+        slots = slot_mapping[keep]
+        self.k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, k[keep])
+        self.v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, v[keep])
+
+    def _gather(self, table: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first n cached tokens of a sequence with block-table row `table`: k, v [n, KVH, D]."""
+        page = self.k_cache.shape[1]
+        blocks = table[: -(-n // page)].long()
+        k = self.k_cache.index_select(0, blocks).flatten(0, 1)[:n]
+        v = self.v_cache.index_select(0, blocks).flatten(0, 1)[:n]
+        return k, v
+
+    # prefill --------------------------------------------------------------------------------------
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        lens_q = ctx.seqlens_q or ctx.cu_seqlens_q.diff().tolist()
+        lens_k = ctx.seqlens_k or ctx.cu_seqlens_k.diff().tolist()
+        out = torch.empty_like(q)
+        start = 0
+        for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+            if lq == 0:
+                continue
+            if lk == lq:
+                kb, vb = k[start:start + lq], v[start:start + lq]
+            else:
+                kb, vb = self._gather(ctx.block_tables[b], lk)
+            out[start:start + lq] = self._sdpa_causal(q[start:start + lq], kb, vb)
+            start += lq
+        return out
+
+    def _sdpa_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: [Lq, H, D] at positions Lk-Lq .. Lk-1; k, v: [Lk, KVH, D] at positions 0 .. Lk-1
+        lq, lk = q.shape[0], k.shape[0]
+        qt = q.transpose(0, 1)[None]  # [1, H, Lq, D]
+        kt = k.transpose(0, 1).repeat_interleave(self.group, dim=0)[None]  # [1, H, Lk, D]
+        vt = v.transpose(0, 1).repeat_interleave(self.group, dim=0)[None]
+        if lq == lk and self.sliding_window is None:
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=self.scale)
+        else:
+            qpos = torch.arange(lk - lq, lk, device=q.device)[:, None]
+            kpos = torch.arange(lk, device=q.device)[None, :]
+            mask = kpos <= qpos
+            if self.sliding_window is not None:
+                mask &= kpos > qpos - self.sliding_window
+            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=self.scale)
+        return o[0].transpose(0, 1)  # [Lq, H, D]
+
+    # decode ---------------------------------------------------------------------------------------
+    def _decode(self, q: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        # q: [B, H, D], one token per sequence
+        if q.is_cuda:
+            from multilora_cli.kernels.paged_attention import paged_attention_decode
+
+            return paged_attention_decode(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens,
+                                          self.scale, sliding_window=self.sliding_window,
+                                          max_context_len=ctx.max_seqlen_k)
+        return self._decode_torch(q, ctx)
+
+    def _decode_torch(self, q: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        lens = ctx.seqlens_k or ctx.context_lens.tolist()
+        B, page = q.shape[0], self.k_cache.shape[1]
+        nblocks = max(1, -(-max(lens) // page))
+        tables = ctx.block_tables[:, :nblocks].long()  # [B, nb]
+        k = self.k_cache[tables].flatten(1, 2)  # [B, S, KVH, D], S = nb * page
+        v = self.v_cache[tables].flatten(1, 2)
+        k = k.transpose(1, 2).repeat_interleave(self.group, dim=1)  # [B, H, S, D]
+        v = v.transpose(1, 2).repeat_interleave(self.group, dim=1)
+        n = torch.tensor(lens, device=q.device)[:, None]  # [B, 1]
+        pos = torch.arange(k.shape[2], device=q.device)[None, :]  # [1, S]
+        mask = pos < n
+        if self.sliding_window is not None:
+            mask &= pos >= n - self.sliding_window
+        mask[:, 0] |= n[:, 0] == 0  # empty rows: keep softmax finite (output unused)
+        o = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
+                                           scale=self.scale)
+        return o[:, :, 0, :]  # [B, H, D]

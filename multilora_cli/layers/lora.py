@@ -1,0 +1,36 @@
+"""`LoRALinear`: a fused linear layer plus stacked adapter slots; forward = base + per-token LoRA delta."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from multilora_cli import kernels
+from multilora_cli.layers.context import get_context
+from multilora_cli.layers.linear import FusedLinear
+
+
+class LoRALinear(FusedLinear):
+    """A `FusedLinear` that also owns `self.lora: kernels.LoraWeights` (one slice per packed projection).
+
+    forward(x [T, in]) = x W^T (+ b), then `kernels.add_lora` adds each token's adapter delta using the
+    step's `LoraMeta` (tokens of slot -1 get the base output only). Slots are filled with
+    `module.lora.set_slot(slot, slices)` and forgotten with `module.lora.clear_slot(slot)`.
+    The slot tensors live on the device the module was built on (build the model on its device).
+    """
+
+    def __init__(self, in_features: int, slice_sizes: list[int] | tuple[int, ...], bias: bool = False, *,
+                 max_loras: int, max_rank: int):
+        super().__init__(in_features, slice_sizes, bias)
+        self.lora = kernels.LoraWeights.empty(max_loras, max_rank, in_features, list(self.slice_sizes),
+                                              dtype=self.weight.dtype, device=self.weight.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)  # [T, out]
+        ctx = get_context()
+        if ctx is not None and ctx.lora is not None and ctx.lora.segments:
+            kernels.add_lora(y, x, self.lora, ctx.lora)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, max_loras={self.lora.max_loras}, max_rank={self.lora.max_rank}"

@@ -1,0 +1,172 @@
+"""One Llama-family decoder for Llama 2/3/3.1, Mistral, Qwen2 and Qwen3, switched by `ModelConfig` toggles.
+
+Differences handled: rope scaling (default / linear / llama3), qkv bias (Qwen2), per-head q/k RMSNorm and
+explicit head_dim (Qwen3), sliding window (Mistral), tied embeddings. Projections are fused (qkv_proj =
+q|k|v, gate_up_proj = gate|up); with `max_loras > 0` the targeted fused modules are `LoRALinear`s.
+Tokens are a flat batch [T] (sequences packed back to back); attention layout comes from the StepContext.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from multilora_cli.layers.attention import Attention
+from multilora_cli.layers.linear import FusedLinear
+from multilora_cli.layers.lora import LoRALinear
+from multilora_cli.layers.norm import RMSNorm
+from multilora_cli.layers.rotary import RotaryEmbedding, apply_rotary
+from multilora_cli.models.config import FUSED_MODULES, ModelConfig
+
+
+class _LinearFactory:
+    """Builds a plain `FusedLinear` or, for targeted modules when LoRA is on, a `LoRALinear`."""
+
+    def __init__(self, max_loras: int, max_rank: int, targets: set[str]):
+        self.max_loras, self.max_rank, self.targets = max_loras, max_rank, targets
+
+    def __call__(self, name: str, in_features: int, slices: list[int], bias: bool) -> FusedLinear:
+        if self.max_loras > 0 and name in self.targets:
+            return LoRALinear(in_features, slices, bias, max_loras=self.max_loras, max_rank=self.max_rank)
+        return FusedLinear(in_features, slices, bias)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, linear: _LinearFactory):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.qkv_proj = linear("qkv_proj", cfg.hidden_size, [cfg.q_size, cfg.kv_size, cfg.kv_size], cfg.attention_bias)
+        self.o_proj = linear("o_proj", cfg.q_size, [cfg.hidden_size], cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, cfg.head_dim ** -0.5,
+                              cfg.layer_sliding_window(layer_idx))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [T, hidden]
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = self.attn(q, k, v)  # [T, H, D]
+        return self.o_proj(o.reshape(T, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, linear: _LinearFactory):
+        super().__init__()
+        i = cfg.intermediate_size
+        self.intermediate_size = i
+        self.gate_up_proj = linear("gate_up_proj", cfg.hidden_size, [i, i], cfg.mlp_bias)
+        self.down_proj = linear("down_proj", i, [cfg.hidden_size], cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, linear: _LinearFactory):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, layer_idx, linear)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg, linear)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, linear: _LinearFactory):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size), _freeze=True)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, linear) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.rotary(positions)  # [T, D] each, shared by all layers
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.norm(h)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama-family causal LM over a flat token batch; attention layout from `layers.context.get_context()`.
+
+    Parameter names follow Hugging Face except for the fused projections (see `models.loader`).
+    Build it on its device (e.g. `with torch.device("cuda")`), since LoRA slot tensors are not moved by `.to`.
+    """
+
+    def __init__(self, config: ModelConfig, *, max_loras: int = 0, max_lora_rank: int = 0,
+                 lora_targets: set[str] | None = None):
+        super().__init__()
+        targets = set(FUSED_MODULES if lora_targets is None else lora_targets)
+        unknown = targets - set(FUSED_MODULES)
+        if unknown:
+            raise ValueError(f"unknown LoRA target modules {sorted(unknown)}; fused modules: {FUSED_MODULES}")
+        if max_loras > 0 and max_lora_rank <= 0:
+            raise ValueError("max_lora_rank must be positive when max_loras > 0")
+        self.config = config
+        self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
+        self.model = LlamaModel(config, _LinearFactory(max_loras, max_lora_rank, targets))
+        self.lm_head = FusedLinear(config.hidden_size, [config.vocab_size])
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.block_size = 0
+        self.num_blocks = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: [T] -> final-normed hidden states [T, hidden]."""
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, hidden] (e.g. each sequence's last token) -> logits [N, vocab] float32."""
+        return self.lm_head(hidden).float()
+
+    def lora_modules(self) -> dict[tuple[int, str], LoRALinear]:
+        """{(layer index, fused module name): LoRALinear} for every LoRA-wrapped module."""
+        found: dict[tuple[int, str], LoRALinear] = {}
+        for i, layer in enumerate(self.model.layers):
+            for name, mod in (("qkv_proj", layer.self_attn.qkv_proj), ("o_proj", layer.self_attn.o_proj),
+                              ("gate_up_proj", layer.mlp.gate_up_proj), ("down_proj", layer.mlp.down_proj)):
+                if isinstance(mod, LoRALinear):
+                    found[(i, name)] = mod
+        return found
+
+    # KV cache -------------------------------------------------------------------------------------
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        """Bytes of K and V cache, all layers, for one block of `block_size` tokens in the model dtype."""
+        return self.config.kv_bytes_per_token(self.dtype.itemsize) * block_size
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        """Give every layer zeroed K/V caches [num_blocks, block_size, num_kv_heads, head_dim] (one allocation)."""
+        cfg = self.config
+        cache = torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads,
+                            cfg.head_dim, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(self.model.layers):
+            layer.self_attn.attn.set_cache(cache[i, 0], cache[i, 1])
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    def free_kv_cache(self) -> None:
+        for layer in self.model.layers:
+            layer.self_attn.attn.set_cache(None, None)
+        self.num_blocks = self.block_size = 0

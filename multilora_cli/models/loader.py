@@ -1,0 +1,151 @@
+"""Build a `LlamaForCausalLM` on its device and fill it from Hugging Face safetensors checkpoints.
+
+Reads `model.safetensors` or a sharded `model.safetensors.index.json` through safetensors' mmap, one
+tensor at a time (peak host memory ~ one tensor). HF names map onto our fused parameters:
+q/k/v_proj -> slices 0/1/2 of qkv_proj, gate/up_proj -> slices 0/1 of gate_up_proj; o_proj and down_proj
+are one-slice fused modules. With tied embeddings `lm_head.weight` is absent (or ignored).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from multilora_cli.errors import ModelError
+from multilora_cli.layers.linear import FusedLinear
+from multilora_cli.models.config import FUSED, ModelConfig
+from multilora_cli.models.llama import LlamaForCausalLM
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
+_FUSED_RE = re.compile(r"^(.*\.)(" + "|".join(FUSED) + r")\.(weight|bias)$")
+
+
+def resolve_dtype(config_dtype: str | None, requested: str, device: torch.device | str) -> torch.dtype:
+    """Pick the compute dtype.
+
+    An explicit `requested` dtype wins. "auto": float32 on CPU; on CUDA the checkpoint's half dtype
+    (bfloat16 or float16), and bfloat16 for float32/unspecified checkpoints (float16 if the GPU lacks bf16).
+    """
+    dev = torch.device(device)
+    if requested != "auto":
+        if requested not in _DTYPES:
+            raise ModelError(f"unknown dtype {requested!r}", hint="use auto, bfloat16, float16 or float32")
+        return _DTYPES[requested]
+    if dev.type != "cuda":
+        return torch.float32
+    stored = _DTYPES.get(str(config_dtype).removeprefix("torch."))
+    if stored in (torch.bfloat16, torch.float16):
+        return stored
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def checkpoint_files(path: Path) -> dict[str, Path]:
+    """{tensor name: file} of the model directory (single file or sharded index)."""
+    path = Path(path)
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelError(f"{index}: unreadable shard index: {e}") from None
+        files = {name: path / fname for name, fname in weight_map.items()}
+        for f in sorted(set(files.values())):
+            if not f.is_file():
+                raise ModelError(f"{index}: shard {f.name} is missing", hint="download the complete model")
+        return files
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(single, framework="pt") as f:
+            return {name: single for name in f.keys()}
+    if any(path.glob("*.bin")) or any(path.glob("*.pt")):
+        raise ModelError(f"{path}: only PyTorch .bin weights found",
+                         hint="multilora reads safetensors; convert with transformers save_pretrained(safe_serialization=True)")
+    raise ModelError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def _target(name: str) -> tuple[str, int | None]:
+    """HF tensor name -> (our parameter name, slice index or None for a whole tensor)."""
+    m = _FUSED_RE.match(name)
+    if m is None:
+        return name, None
+    fused, idx = FUSED[m.group(2)]
+    return f"{m.group(1)}{fused}.{m.group(3)}", idx
+
+
+def _hf_name(param: str, idx: int) -> str:
+    """Inverse of `_target` for error messages."""
+    for peft_name, (fused, i) in FUSED.items():
+        if i == idx and f".{fused}." in param:
+            return param.replace(f".{fused}.", f".{peft_name}.")
+    return param
+
+
+def load_model(path: Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device | str = "cpu",
+               max_loras: int = 0, max_lora_rank: int = 0, lora_targets: set[str] | None = None) -> LlamaForCausalLM:
+    """Build the model on `device` in `dtype` and load every weight; raises ModelError naming tensor and file."""
+    from safetensors import safe_open
+
+    files = checkpoint_files(path)
+    with torch.device(device), _default_dtype(dtype):
+        model = LlamaForCausalLM(config, max_loras=max_loras, max_lora_rank=max_lora_rank, lora_targets=lora_targets)
+    params = dict(model.named_parameters())  # tied lm_head.weight is deduplicated away
+    todo = {(n, i) for n, p in params.items() for i in range(_num_slices(model, n))}
+    by_file: dict[Path, list[str]] = {}
+    for name, f in files.items():
+        by_file.setdefault(f, []).append(name)
+    with torch.no_grad():
+        for file, names in sorted(by_file.items()):
+            with safe_open(file, framework="pt") as f:
+                for name in names:
+                    pname, idx = _target(name)
+                    if pname not in params:
+                        # inv_freq buffers, a tied lm_head, towers of multimodal checkpoints: nothing of ours
+                        continue
+                    _copy_into(model, params[pname], pname, idx, f.get_tensor(name), name, file)
+                    todo.discard((pname, idx or 0))
+    if todo:
+        missing = sorted(_hf_name(n, i) for n, i in todo)
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ModelError(f"{path}: checkpoint lacks {', '.join(missing[:3])}{more}",
+                         hint="the checkpoint does not match its config.json")
+    return model.eval()
+
+
+def _module_of(model: torch.nn.Module, pname: str) -> torch.nn.Module:
+    return model.get_submodule(pname.rsplit(".", 1)[0]) if "." in pname else model
+
+
+def _num_slices(model: torch.nn.Module, pname: str) -> int:
+    mod = _module_of(model, pname)
+    return len(mod.slice_sizes) if isinstance(mod, FusedLinear) else 1
+
+
+def _copy_into(model, param: torch.Tensor, pname: str, idx: int | None, tensor: torch.Tensor, name: str,
+               file: Path) -> None:
+    mod = _module_of(model, pname)
+    dst = param.data
+    if isinstance(mod, FusedLinear) and idx is not None:
+        dst = mod.slice_view(param, idx)
+    elif isinstance(mod, FusedLinear) and len(mod.slice_sizes) > 1:
+        raise ModelError(f"{file.name}: tensor {name} maps to fused {pname} without a slice")
+    if tuple(tensor.shape) != tuple(dst.shape):
+        raise ModelError(f"{file}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}",
+                         hint="the checkpoint does not match its config.json")
+    dst.copy_(tensor)
