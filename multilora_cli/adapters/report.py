@@ -1,0 +1,132 @@
+"""What `multilora inspect` shows: one adapter's shape, size and whether multilora can serve it.
+
+`build_report` resolves and reads the adapter (and, given a model, checks it against that base). A missing
+folder or config raises (nothing to show); an adapter that loads but cannot be served still yields a report
+whose verdict says why, with the error kept in `error` for the command to raise after printing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from multilora_cli.adapters.config import AdapterConfig
+from multilora_cli.adapters.preflight import default_name
+from multilora_cli.adapters.resolve import resolve
+from multilora_cli.errors import AdapterError
+from multilora_cli.models.config import LINEAR_MODULES, ModelConfig
+
+
+@dataclass(slots=True)
+class ModuleRow:
+    """Modules of one PEFT name sharing rank and alpha; `params` sums A and B over `layers`."""
+
+    module: str
+    layers: list[int]
+    rank: int
+    alpha: float
+    scaling: float
+    in_features: int
+    out_features: int
+    params: int
+
+
+@dataclass(slots=True)
+class InspectReport:
+    source: str
+    path: str
+    base_model: str | None
+    checked_against: str | None
+    peft_type: str
+    task_type: str | None
+    rank: dict  # {"min", "max"}
+    alpha: dict
+    scaling: dict
+    use_rslora: bool
+    target_modules: list[str] | str | None
+    modules_adapted: list[str]
+    layers: list[int]
+    num_layers: int | None
+    num_params: int | None
+    bytes: int | None
+    bytes_bf16: int | None
+    dtype: str | None
+    modules: list[ModuleRow]
+    servable: bool
+    reason: str | None
+    error: AdapterError | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict (the error object left out; its message is `reason`)."""
+        d = asdict(replace(self, error=None))
+        d.pop("error")
+        return d
+
+
+def build_report(spec: str, model: str | None = None) -> InspectReport:
+    """Inspect adapter `spec` (path or Hub id); with `model`, validate shapes against that base."""
+    from multilora_cli.adapters.peft import load_adapter
+
+    path = resolve(spec, kind="adapter")
+    config = AdapterConfig.from_dir(path)
+    model_config = None
+    if model is not None:
+        model_config = replace(ModelConfig.from_dir(resolve(model, kind="model")), name_or_path=model)
+    try:
+        adapter = load_adapter(path, default_name(spec), model_config)
+    except AdapterError as e:
+        return _from_config(spec, str(path), config, model, e)
+
+    groups: dict[tuple, list[tuple[int, object]]] = {}
+    for (layer, module), m in adapter.modules.items():
+        full = adapter.module_names[(layer, module)]
+        key = (LINEAR_MODULES.index(module), module, m.rank, config.alpha_for(full), m.scaling,
+               m.a.shape[1], m.b.shape[0])
+        groups.setdefault(key, []).append((layer, m))
+    rows = [ModuleRow(module=k[1], layers=sorted(layer for layer, _ in ms), rank=k[2], alpha=k[3], scaling=k[4],
+                      in_features=k[5], out_features=k[6], params=sum(m.a.numel() + m.b.numel() for _, m in ms))
+            for k, ms in sorted(groups.items(), key=lambda kv: (kv[0][0], min(layer for layer, _ in kv[1])))]
+    alphas = [r.alpha for r in rows]
+    scalings = [r.scaling for r in rows]
+    return InspectReport(
+        source=spec, path=str(path), base_model=config.base_model_name_or_path, checked_against=model,
+        peft_type=config.peft_type, task_type=config.task_type,
+        rank={"min": adapter.min_rank, "max": adapter.max_rank},
+        alpha={"min": min(alphas), "max": max(alphas)}, scaling={"min": min(scalings), "max": max(scalings)},
+        use_rslora=config.use_rslora, target_modules=config.target_modules,
+        modules_adapted=[m for m in LINEAR_MODULES if any(r.module == m for r in rows)],
+        layers=adapter.layers, num_layers=model_config.num_hidden_layers if model_config else None,
+        num_params=adapter.num_params, bytes=adapter.nbytes, bytes_bf16=2 * adapter.num_params,
+        dtype=str(adapter.dtype).removeprefix("torch."), modules=rows, servable=True, reason=None,
+    )
+
+
+def _from_config(spec: str, path: str, config: AdapterConfig, model: str | None, error: AdapterError) -> InspectReport:
+    ranks = [config.r, *config.rank_pattern.values()]
+    alphas = [config.lora_alpha, *config.alpha_pattern.values()]
+    # Without patterns the scaling is one number; with them, which (r, alpha) pairs occur needs the tensors.
+    scalings = [config.scaling_for("", config.r)] if not (config.rank_pattern or config.alpha_pattern) else []
+    return InspectReport(
+        source=spec, path=path, base_model=config.base_model_name_or_path, checked_against=model,
+        peft_type=config.peft_type, task_type=config.task_type,
+        rank={"min": min(ranks), "max": max(ranks)}, alpha={"min": min(alphas), "max": max(alphas)},
+        scaling={"min": min(scalings), "max": max(scalings)} if scalings else {"min": None, "max": None},
+        use_rslora=config.use_rslora, target_modules=config.target_modules, modules_adapted=[], layers=[],
+        num_layers=None, num_params=None, bytes=None, bytes_bf16=None, dtype=None, modules=[],
+        servable=False, reason=error.one_line(), error=error,
+    )
+
+
+def layer_ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    out, start, prev = [], None, None
+    for i in sorted(layers):
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}-{prev}" if prev > start else f"{start}")
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+    return ", ".join(out)
