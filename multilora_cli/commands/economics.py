@@ -1,10 +1,57 @@
-"""`multilora economics` (placeholder until its issue lands)."""
+"""`multilora economics`: size a multi-tenant LoRA fleet vs dedicated fine-tuned copies."""
 
 from __future__ import annotations
 
-from multilora_cli.errors import MultiloraError
+import json
+
+import typer
 
 
-def command() -> int:
-    """Not implemented yet."""
-    raise MultiloraError("'multilora economics' is not implemented yet")
+def command(
+    tenants: int = typer.Option(..., "--tenants", help="Number of tenants, one adapter each."),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="Model preset (llama-2-7b, llama-3-8b, llama-3.1-8b, llama-3-70b, llama-3.2-1b, "
+        "mistral-7b, qwen2.5-7b), a HF model directory, or a Hub id. Default: the adapter's base model, "
+        "else llama-2-7b."),
+    rank: int | None = typer.Option(None, "--rank", help="LoRA rank (default 16)."),
+    targets: str | None = typer.Option(
+        None, "--targets", help="Comma-separated modules (q_proj,...,down_proj) or all / attn / mlp. "
+        "Default q_proj,k_proj,v_proj,o_proj."),
+    adapter: str | None = typer.Option(None, "--adapter", help="Take the adapter shape from a real PEFT adapter."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 | float16 | float32."),
+    gpu: str = typer.Option("h100-sxm", "--gpu", help="h100-sxm | h200 | a100-80gb | a100-40gb | l40s | a10g."),
+    gpu_memory_gb: float | None = typer.Option(None, "--gpu-memory-gb", help="Override the preset's memory (GB)."),
+    gpu_bandwidth_tbs: float | None = typer.Option(None, "--gpu-bandwidth-tbs", help="Override HBM TB/s."),
+    gpu_hour_usd: float | None = typer.Option(None, "--gpu-hour-usd", help="Override the $/GPU-hour."),
+    pcie_gbs: float | None = typer.Option(None, "--pcie-gbs", help="Host->GPU copy GB/s (preset: Gen5 55, Gen4 25)."),
+    bandwidth_efficiency: float = typer.Option(0.8, "--bandwidth-efficiency", help="Achieved fraction of peak."),
+    kv_reserve: float = typer.Option(0.3, "--kv-reserve", help="Fraction of GPU memory kept for KV cache."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Decode batch (sequences per step), at most."),
+    context_len: int = typer.Option(1024, "--context-len", help="Mean context tokens per sequence."),
+    tokens_per_tenant_per_s: float = typer.Option(
+        50.0, "--tokens-per-tenant-per-s", help="Sustained generated tokens/s each tenant needs."),
+    max_loras: int = typer.Option(8, "--max-loras", help="GPU adapter slots."),
+    popularity: str = typer.Option("uniform", "--popularity", help="uniform | zipf."),
+    zipf_s: float = typer.Option(1.0, "--zipf-s", help="Zipf exponent s (with --popularity zipf)."),
+    output_tokens: float | None = typer.Option(
+        None, "--output-tokens", help="Mean generated tokens per request (default: measured, else 256)."),
+    requests_per_step: float | None = typer.Option(
+        None, "--requests-per-step", help="New requests per decode step (default: batch / output tokens)."),
+    stats: str | None = typer.Option(None, "--stats", help="run_stats.json from `multilora run --stats`."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+) -> int:
+    """Adapter bytes, GPUs and dollars: dedicated full fine-tunes vs one shared base with LoRA slots."""
+    from multilora_cli.economics import Scenario, compute, render
+
+    report = compute(Scenario(
+        tenants=tenants, model=model, rank=rank, targets=targets, adapter=adapter, dtype=dtype, gpu=gpu,
+        gpu_memory_gb=gpu_memory_gb, gpu_bandwidth_tbs=gpu_bandwidth_tbs, gpu_hour_usd=gpu_hour_usd,
+        pcie_gbs=pcie_gbs, bandwidth_efficiency=bandwidth_efficiency, kv_reserve=kv_reserve, batch_size=batch_size,
+        context_len=context_len, tokens_per_tenant_per_s=tokens_per_tenant_per_s, max_loras=max_loras,
+        popularity=popularity, zipf_s=zipf_s, output_tokens=output_tokens, requests_per_step=requests_per_step,
+        stats=stats))
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        render(report)
+    return 0

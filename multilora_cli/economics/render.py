@@ -1,0 +1,42 @@
+"""Rich tables for humans: assumptions with their sources, the adapter's modules, then every section."""
+
+from __future__ import annotations
+
+from multilora_cli.economics.report import Report
+from multilora_cli.economics.units import n, size
+
+
+def render(report: Report, console=None) -> None:
+    """Print `report` as tables; each figure sits beside how it follows from the assumptions."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    t = Table(title="Assumptions", title_justify="left", show_lines=False)
+    for col in ("assumption", "value", "source", "note"):
+        t.add_column(col, overflow="fold")
+    for a in report.assumptions:
+        value = f"{n(a.value) if isinstance(a.value, (int, float)) else a.value}{' ' + a.unit if a.unit else ''}"
+        t.add_row(a.label, value, a.source, a.note)
+    console.print(t)
+
+    t = Table(title="Adapter modules: params = layers × r × (in + out)", title_justify="left")
+    for col in ("module", "in → out", "rank", "layers", "params/layer", "params", "bytes"):
+        t.add_column(col, justify="left" if col in ("module", "in → out") else "right")
+    for m in report.modules:
+        t.add_row(m["module"], f"{m['in_features']} → {m['out_features']}", str(m["rank"]), str(m["layers"]),
+                  n(m["params_per_layer"]), n(m["params"]), size(m["bytes"]))
+    console.print(t)
+
+    for s in report.sections:
+        t = Table(title=s.title, title_justify="left")
+        t.add_column("figure")
+        t.add_column("value", justify="right")
+        t.add_column("how", overflow="fold", style="dim")
+        for f in s.figures:
+            t.add_row(f.label, f.shown, f.how)
+        console.print(t)
+
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    console.print(f"[bold]{report.summary}[/]", highlight=False)

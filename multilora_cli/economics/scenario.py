@@ -1,0 +1,159 @@
+"""The inputs of an economics report: raw flag values (`Scenario`) and what they resolve to (`Resolved`).
+
+Every number the arithmetic uses is an `Assumption` carrying its source (flag, default, preset, measured),
+so the report can print each one beside the figures that follow from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, HOURS_PER_MONTH, GpuSpec
+from multilora_cli.economics.shapes import DEFAULT_RANK, AdapterShape, parse_targets, shape_from_flags
+from multilora_cli.economics.slots import POPULARITIES
+from multilora_cli.economics.sources import (
+    MeasuredRun, ModelSource, adapter_base_model, adapter_dir, load_adapter_shape, load_stats, resolve_model)
+from multilora_cli.errors import UsageError
+
+
+@dataclass(slots=True)
+class Scenario:
+    """Raw `multilora economics` inputs; None = take it from the preset, the adapter, the stats or a default."""
+
+    tenants: int
+    model: str | None = None
+    rank: int | None = None
+    targets: str | None = None
+    adapter: str | None = None
+    dtype: str = "bfloat16"
+    gpu: str = "h100-sxm"
+    gpu_memory_gb: float | None = None
+    gpu_bandwidth_tbs: float | None = None
+    gpu_hour_usd: float | None = None
+    pcie_gbs: float | None = None
+    bandwidth_efficiency: float = 0.8
+    kv_reserve: float = 0.3
+    batch_size: int = 64
+    context_len: int = 1024
+    tokens_per_tenant_per_s: float = 50.0
+    max_loras: int = 8  # EngineConfig's default
+    popularity: str = "uniform"
+    zipf_s: float = 1.0
+    output_tokens: float | None = None
+    requests_per_step: float | None = None
+    stats: str | None = None
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, flag: str, what: str, value) -> None:
+            if not ok:
+                raise UsageError(f"{flag} must be {what}, got {value}")
+
+        need(self.tenants >= 1, "--tenants", "a positive integer", self.tenants)
+        need(self.rank is None or self.rank >= 1, "--rank", "a positive integer", self.rank)
+        need(self.dtype in DTYPE_BYTES, "--dtype", f"one of {', '.join(DTYPE_BYTES)}", self.dtype)
+        need(self.gpu.lower() in GPU_PRESETS, "--gpu", f"one of {', '.join(GPU_PRESETS)}", repr(self.gpu))
+        for flag, v in (("--gpu-memory-gb", self.gpu_memory_gb), ("--gpu-bandwidth-tbs", self.gpu_bandwidth_tbs),
+                        ("--pcie-gbs", self.pcie_gbs), ("--output-tokens", self.output_tokens),
+                        ("--requests-per-step", self.requests_per_step)):
+            need(v is None or v > 0, flag, "> 0", v)
+        need(self.gpu_hour_usd is None or self.gpu_hour_usd >= 0, "--gpu-hour-usd", ">= 0", self.gpu_hour_usd)
+        need(0 < self.bandwidth_efficiency <= 1, "--bandwidth-efficiency", "in (0, 1]", self.bandwidth_efficiency)
+        need(0 < self.kv_reserve < 1, "--kv-reserve", "in (0, 1)", self.kv_reserve)
+        need(self.batch_size >= 1, "--batch-size", "a positive integer", self.batch_size)
+        need(self.context_len >= 1, "--context-len", "a positive integer", self.context_len)
+        need(self.tokens_per_tenant_per_s > 0, "--tokens-per-tenant-per-s", "> 0", self.tokens_per_tenant_per_s)
+        need(self.max_loras >= 1, "--max-loras", "a positive integer", self.max_loras)
+        need(self.popularity in POPULARITIES, "--popularity", f"one of {', '.join(POPULARITIES)}",
+             repr(self.popularity))
+        need(self.zipf_s >= 0, "--zipf-s", ">= 0", self.zipf_s)
+        if self.adapter and (self.rank is not None or self.targets is not None):
+            raise UsageError("--adapter reads rank and targets from the adapter; drop --rank / --targets")
+
+
+@dataclass(slots=True)
+class Assumption:
+    key: str
+    label: str
+    value: object
+    unit: str
+    source: str  # "flag" | "default" | "preset <name>" | "measured" | "derived" | "adapter" | ...
+    note: str = ""
+
+
+@dataclass(slots=True)
+class Resolved:
+    """A scenario with its model, adapter, GPU and measured run loaded."""
+
+    scenario: Scenario
+    model: ModelSource
+    adapter: AdapterShape
+    gpu: GpuSpec
+    stats: MeasuredRun | None
+    dtype_bytes: int
+    output_tokens: float
+    requests_per_step: float | None  # None: derived later from the batch that fits
+    assumptions: list[Assumption] = field(default_factory=list)
+
+    def add(self, key: str, label: str, value, unit: str, source: str, note: str = "") -> None:
+        self.assumptions.append(Assumption(key, label, value, unit, source, note))
+
+
+def resolve(s: Scenario) -> Resolved:
+    """Load the model shape, adapter shape, GPU spec and stats that `s` names; record every assumption."""
+    stats = load_stats(s.stats) if s.stats else None
+    path = adapter_dir(s.adapter) if s.adapter else None
+    model_spec = s.model or (adapter_base_model(path) if path else None)
+    model = resolve_model(model_spec)
+    if path is not None:
+        adapter = load_adapter_shape(path, model.config)
+    else:
+        adapter = shape_from_flags(model.config, s.rank if s.rank is not None else DEFAULT_RANK,
+                                   parse_targets(s.targets))
+    preset = GPU_PRESETS[s.gpu.lower()]
+    gpu = GpuSpec(preset.name, s.gpu_memory_gb or preset.memory_gb, s.gpu_bandwidth_tbs or preset.bandwidth_tbs,
+                  preset.hour_usd if s.gpu_hour_usd is None else s.gpu_hour_usd, s.pcie_gbs or preset.pcie_gbs,
+                  preset.pcie_note if s.pcie_gbs is None else "given")
+    measured_out = stats.mean_completion_tokens if stats else None
+    out_tokens = s.output_tokens or measured_out or 256.0
+    r = Resolved(s, model, adapter, gpu, stats, DTYPE_BYTES[s.dtype], out_tokens, s.requests_per_step)
+    src = lambda given, default="default": "flag" if given is not None else default  # noqa: E731
+    gsrc = f"preset {gpu.name}"
+    cfg = model.config
+
+    r.add("tenants", "tenants (one adapter each)", s.tenants, "", "flag")
+    r.add("model", "base model", model.label, "", model.source,
+          f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, intermediate {cfg.intermediate_size}, "
+          f"heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, head_dim {cfg.head_dim}, "
+          f"vocab {cfg.vocab_size}, {'tied' if cfg.tie_word_embeddings else 'untied'} embeddings")
+    r.add("dtype", "serving dtype (base and adapters)", s.dtype, f"{r.dtype_bytes} B/param", src(None),
+          "adapters are cast to the base dtype when loaded into slots")
+    r.add("adapter", "adapter shape", adapter.source, "", "adapter" if path else src(s.rank),
+          f"rank {'/'.join(map(str, adapter.ranks))} on {','.join(adapter.targets)}")
+    r.add("gpu", "GPU", gpu.name, "", "flag" if s.gpu != "h100-sxm" else "default")
+    r.add("gpu_memory_gb", "GPU memory", gpu.memory_gb, "GB (1e9 B)", src(s.gpu_memory_gb, gsrc))
+    r.add("gpu_bandwidth_tbs", "GPU HBM bandwidth (peak)", gpu.bandwidth_tbs, "TB/s", src(s.gpu_bandwidth_tbs, gsrc))
+    r.add("bandwidth_efficiency", "achieved fraction of peak bandwidth", s.bandwidth_efficiency, "",
+          "default" if s.bandwidth_efficiency == 0.8 else "flag", "decode kernels typically reach 60-85% of peak")
+    r.add("gpu_hour_usd", "price per GPU-hour", gpu.hour_usd, "USD", src(s.gpu_hour_usd, gsrc),
+          "assumed on-demand list price; varies 2-3x by provider and commitment")
+    r.add("hours_per_month", "hours per month", HOURS_PER_MONTH, "h", "default", "8760 h / 12")
+    r.add("pcie_gbs", "host->GPU copy bandwidth", gpu.pcie_gbs, "GB/s", src(s.pcie_gbs, gsrc), gpu.pcie_note)
+    r.add("kv_reserve", "GPU memory kept for KV cache + activations", s.kv_reserve, "fraction",
+          "default" if s.kv_reserve == 0.3 else "flag", "weights (base + resident adapters) get the rest")
+    r.add("batch_size", "decode batch (sequences per step), at most", s.batch_size, "seqs",
+          "default" if s.batch_size == 64 else "flag", "capped by the sequences whose KV fits the reserve")
+    r.add("context_len", "mean context per sequence", s.context_len, "tokens",
+          "default" if s.context_len == 1024 else "flag", "prompt + generated so far; sets KV bytes per sequence")
+    r.add("tokens_per_tenant_per_s", "demand per tenant (generated tokens/s, sustained)", s.tokens_per_tenant_per_s,
+          "tok/s", "default" if s.tokens_per_tenant_per_s == 50.0 else "flag")
+    r.add("max_loras", "GPU adapter slots (--max-loras)", s.max_loras, "slots",
+          "default" if s.max_loras == 8 else "flag", "distinct adapters one step may use")
+    r.add("popularity", "tenant popularity", s.popularity if s.popularity == "uniform" else f"zipf s={s.zipf_s}",
+          "", "default" if s.popularity == "uniform" else "flag", "independent reference model")
+    r.add("output_tokens", "mean generated tokens per request", out_tokens, "tokens",
+          "flag" if s.output_tokens else "measured" if measured_out else "default")
+    if stats:
+        r.add("stats", "measured run", stats.path, "", "flag",
+              f"model {stats.model or '?'} on {stats.device or '?'}: "
+              f"{stats.completion_tokens_per_second:,.1f} generated tok/s")
+    return r
