@@ -1,0 +1,155 @@
+"""Input line formats: what one JSONL line asks for (`LineSpec`) and which format a file uses.
+
+Two formats, detected per file from its first JSON object line:
+- simple: `{"id", "prompt" | "messages", "adapter", max_tokens, temperature, top_p, top_k, seed, stop}`
+- OpenAI batch: `{"custom_id", "method", "url", "body": {...}}` (the object has a `custom_id`)
+
+Parsing never raises for a bad line: the problem lands in `LineSpec.error` and becomes that line's error record,
+so one bad line never costs another line its output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from multilora_cli.errors import RequestError
+
+SIMPLE = "simple"
+OPENAI = "openai"
+
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+@dataclass(slots=True)
+class LineSpec:
+    """One non-blank input line, parsed. `key` orders the output; `id` is echoed in the record.
+
+    `id` keeps the JSON value the user gave (string or integer); it defaults to the 1-based line number.
+    `adapter` is the name as written (None = not given); the run maps it to an adapter or the base model.
+    """
+
+    key: int  # 0-based ordinal among non-blank lines = position of the record in the output
+    lineno: int  # 1-based physical line number (blank lines count)
+    id: Any
+    adapter: str | None = None
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    prompt_token_ids: list[int] | None = None
+    sampling: dict = field(default_factory=dict)  # the line's own sampling fields, validated later
+    meta: dict = field(default_factory=dict)  # format specifics echoed in the record (OpenAI url, model)
+    error: RequestError | None = None
+
+    def fail(self, message: str, code: str = "invalid_request") -> "LineSpec":
+        """Mark this line failed (first failure wins) and return it."""
+        if self.error is None:
+            self.error = RequestError(f"line {self.lineno}: {message}", code=code)
+        return self
+
+
+class Format(Protocol):
+    """What the run needs from a format: parse a line object, build records, read ids back for --resume."""
+
+    name: str
+
+    def parse(self, obj: dict, key: int, lineno: int) -> LineSpec: ...
+
+    def default_id(self, lineno: int) -> Any: ...
+
+    def ok_record(self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int,
+                  completion_tokens: int) -> dict: ...
+
+    def error_record(self, spec: LineSpec, code: str, message: str) -> dict: ...
+
+    def record_id(self, record: dict) -> Any: ...
+
+    def is_error_record(self, record: dict) -> bool: ...
+
+    def looks_like_record(self, record: dict) -> bool: ...
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def decode_line(raw: bytes, key: int, lineno: int, fmt: Format) -> tuple[dict | None, LineSpec | None]:
+    """bytes -> JSON object, or a failed LineSpec (invalid UTF-8, malformed JSON, NaN, not an object)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        spec = LineSpec(key, lineno, fmt.default_id(lineno))
+        return None, spec.fail(f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})",
+                               "invalid_utf8")
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as e:
+        msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+        col = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        spec = LineSpec(key, lineno, fmt.default_id(lineno))
+        return None, spec.fail(f"malformed JSON: {msg}{col}", "invalid_json")
+    if not isinstance(obj, dict):
+        spec = LineSpec(key, lineno, fmt.default_id(lineno))
+        return None, spec.fail(f"expected a JSON object, got {json_type(obj)}", "invalid_json")
+    return obj, None
+
+
+def parse_line(raw: bytes, key: int, lineno: int, fmt: Format) -> LineSpec:
+    """Parse one raw non-blank line in `fmt`. Never raises for bad input."""
+    obj, failed = decode_line(raw, key, lineno, fmt)
+    if failed is not None:
+        return failed
+    return fmt.parse(obj, key, lineno)
+
+
+def detect_format(obj: dict) -> str:
+    """The format of a file whose first JSON object line is `obj`."""
+    return OPENAI if "custom_id" in obj else SIMPLE
+
+
+def get_format(name: str) -> Format:
+    from multilora_cli.io.openai_batch import OpenAIBatchFormat
+    from multilora_cli.io.simple import SimpleFormat
+
+    return OpenAIBatchFormat() if name == OPENAI else SimpleFormat()
+
+
+def json_type(v: Any) -> str:
+    """A JSON type name for messages: 'a string', 'an array', ..."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    return "an object"
+
+
+def check_messages(spec: LineSpec, messages: Any) -> list[dict] | None:
+    """Validate chat messages: a non-empty list of {role: str, content: str | [text parts]}."""
+    if not isinstance(messages, list) or not messages:
+        spec.fail(f"messages must be a non-empty array of {{role, content}} objects, got {json_type(messages)}")
+        return None
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            spec.fail(f"messages[{i}] must be an object with a string 'role'")
+            return None
+        content = m.get("content")
+        if isinstance(content, list):  # OpenAI content parts: keep text parts only
+            texts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    spec.fail(f"messages[{i}].content: only text parts are supported")
+                    return None
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            spec.fail(f"messages[{i}].content must be a string, got {json_type(content)}")
+            return None
+        out.append({**m, "content": content})
+    return out

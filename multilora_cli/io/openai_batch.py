@@ -1,0 +1,135 @@
+"""The OpenAI Batch API JSONL format (what `client.batches` uploads and downloads).
+
+Input:  {"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
+         "body": {"model": <adapter name | base model name | "base">, "prompt" | "messages",
+                  "max_tokens" | "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop"}}
+Output: {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id", "body": <completion>},
+         "error": null};  failure: {"id", "custom_id", "response": null, "error": {"code", "message"}}
+
+Record ids are derived from (line number, custom_id), so a resumed run writes the same ids as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from multilora_cli.io.formats import OPENAI, LineSpec, check_messages, json_type
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+URLS = (COMPLETIONS, CHAT)
+
+
+class OpenAIBatchFormat:
+    name = OPENAI
+
+    def default_id(self, lineno: int) -> Any:
+        return None  # no custom_id to echo for a line we could not read
+
+    def parse(self, obj: dict, key: int, lineno: int) -> LineSpec:
+        cid = obj.get("custom_id")
+        spec = LineSpec(key, lineno, cid)
+        if not isinstance(cid, str) or not cid:
+            spec.id = cid if isinstance(cid, (str, int)) and not isinstance(cid, bool) else None
+            return spec.fail(f"custom_id must be a non-empty string, got {json_type(cid)}", "missing_custom_id")
+        method = obj.get("method", "POST")
+        if not isinstance(method, str) or method.upper() != "POST":
+            return spec.fail(f"method must be POST, got {method!r}", "invalid_method")
+        url = obj.get("url")
+        spec.meta["url"] = url
+        if url not in URLS:
+            return spec.fail(f"url {url!r} is not supported; use {COMPLETIONS} or {CHAT}", "invalid_url")
+        body = obj.get("body")
+        if not isinstance(body, dict):
+            what = "missing" if body is None else f"{json_type(body)}, not an object"
+            return spec.fail(f"body is {what}; it must be an object with 'model' and the request", "missing_body")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return spec.fail("body.model is required: an adapter name, or 'base' / the base model's name",
+                             "missing_model")
+        spec.adapter = model
+        spec.meta["model"] = model
+        if url == COMPLETIONS:
+            self._prompt(spec, body)
+        else:
+            if body.get("prompt") is not None:
+                return spec.fail(f"{CHAT} takes 'messages', not 'prompt' (use {COMPLETIONS} for a prompt)")
+            if body.get("messages") is None:
+                return spec.fail(f"body.messages is required for {CHAT}", "missing_prompt")
+            spec.messages = check_messages(spec, body["messages"])
+        if spec.error is None:
+            self._sampling(spec, body)
+        return spec
+
+    @staticmethod
+    def _prompt(spec: LineSpec, body: dict) -> None:
+        prompt = body.get("prompt")
+        if body.get("messages") is not None:
+            spec.fail(f"{COMPLETIONS} takes 'prompt', not 'messages' (use {CHAT} for messages)")
+        elif prompt is None:
+            spec.fail(f"body.prompt is required for {COMPLETIONS}", "missing_prompt")
+        elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            spec.prompt = prompt[0]
+        elif isinstance(prompt, str):
+            spec.prompt = prompt
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                         for t in prompt):
+            spec.prompt_token_ids = prompt
+        else:
+            spec.fail("body.prompt must be a string, a list of one string, or a list of token ids "
+                      "(one prompt per line)")
+
+    @staticmethod
+    def _sampling(spec: LineSpec, body: dict) -> None:
+        mt, mct = body.get("max_tokens"), body.get("max_completion_tokens")
+        if mt is not None and mct is not None and mt != mct:
+            spec.fail("give max_tokens or max_completion_tokens, not both")
+            return
+        s = {k: body[k] for k in ("temperature", "top_p", "top_k", "seed", "stop") if body.get(k) is not None}
+        if mt is not None or mct is not None:
+            s["max_tokens"] = mct if mct is not None else mt
+        spec.sampling = s
+        for name, ok in (("n", lambda v: v == 1), ("best_of", lambda v: v == 1), ("stream", lambda v: v is False),
+                         ("echo", lambda v: v is False), ("logprobs", lambda v: v in (False, 0))):
+            if body.get(name) is not None and not ok(body[name]):
+                spec.fail(f"body.{name}={body[name]!r} is not supported by multilora", "unsupported")
+                return
+
+    # -- records --------------------------------------------------------------------------------------------
+    @staticmethod
+    def _hash(spec: LineSpec) -> str:
+        return hashlib.sha256(f"{spec.lineno}\n{spec.id}".encode("utf-8", "surrogatepass")).hexdigest()
+
+    def ok_record(self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int,
+                  completion_tokens: int) -> dict:
+        h = self._hash(spec)
+        choice: dict = {"index": 0}
+        if spec.meta.get("url") == CHAT:
+            body_id, obj = f"chatcmpl-{h[:24]}", "chat.completion"
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            body_id, obj = f"cmpl-{h[:24]}", "text_completion"
+            choice["text"] = text
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish_reason
+        body = {"id": body_id, "object": obj, "created": int(time.time()), "model": spec.meta.get("model"),
+                "choices": [choice],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
+        return {"id": f"batch_req_{h[:32]}", "custom_id": spec.id,
+                "response": {"status_code": 200, "request_id": f"req_{h[32:56]}", "body": body}, "error": None}
+
+    def error_record(self, spec: LineSpec, code: str, message: str) -> dict:
+        return {"id": f"batch_req_{self._hash(spec)[:32]}", "custom_id": spec.id, "response": None,
+                "error": {"code": code, "message": message}}
+
+    def record_id(self, record: dict) -> Any:
+        return record.get("custom_id")
+
+    def is_error_record(self, record: dict) -> bool:
+        return record.get("error") is not None
+
+    def looks_like_record(self, record: dict) -> bool:
+        return "custom_id" in record and "response" in record

@@ -1,0 +1,111 @@
+"""Streaming JSONL input: a path or `-` (stdin), read line by line in binary, never loaded whole.
+
+Blank (whitespace-only) lines are skipped and get no record; every other line gets exactly one record, keyed by
+its ordinal among non-blank lines. The format is detected from the first line that is a JSON object (lines
+before it that are not, e.g. malformed, still become error records).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from multilora_cli.errors import InputError
+from multilora_cli.io.formats import SIMPLE, Format, LineSpec, detect_format, get_format, parse_line
+
+LOOKAHEAD = 1000  # lines held while looking for the first JSON object (format detection)
+BOM = b"\xef\xbb\xbf"
+
+
+def open_input(path: str) -> tuple[BinaryIO, str]:
+    """Open INPUT for binary reading: `-` is stdin. Raises InputError (exit 1) naming the path."""
+    if path == "-":
+        return sys.stdin.buffer, "<stdin>"
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise InputError(f"input {path} does not exist", hint="give a JSONL file, or - for stdin")
+    if p.is_dir():
+        raise InputError(f"input {path} is a directory, not a JSONL file")
+    try:
+        return open(p, "rb"), str(p)
+    except OSError as e:
+        raise InputError(f"cannot read input {path}: {e.strerror or e}") from e
+
+
+def count_records(path: str) -> int | None:
+    """Non-blank lines of a regular file (for the progress total); None for stdin, pipes and FIFOs."""
+    if path == "-":
+        return None
+    try:
+        p = Path(path).expanduser()
+        if not stat.S_ISREG(os.stat(p).st_mode):
+            return None
+        with open(p, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return None
+
+
+def _nonblank(stream: BinaryIO, name: str) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw line) for every non-blank line."""
+    try:
+        for lineno, raw in enumerate(stream, 1):
+            if lineno == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+            if raw.strip():
+                yield lineno, raw
+    except OSError as e:
+        raise InputError(f"reading {name} failed: {e.strerror or e}") from e
+
+
+class InputReader:
+    """Iterate `LineSpec`s of a JSONL stream in input order. `format` is known right after construction."""
+
+    def __init__(self, stream: BinaryIO, name: str = "<input>"):
+        self.name = name
+        self._stream = stream
+        self._lines = _nonblank(stream, name)
+        self._head: list[tuple[int, bytes]] = []
+        self.format: Format = get_format(self._detect())
+
+    def _detect(self) -> str:
+        for lineno, raw in self._lines:
+            self._head.append((lineno, raw))
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                return detect_format(obj)
+            if len(self._head) >= LOOKAHEAD:
+                break
+        return SIMPLE
+
+    @property
+    def empty(self) -> bool:
+        """True when the input has no non-blank line at all (only valid before iterating)."""
+        return not self._head
+
+    def raw_lines(self) -> Iterator[tuple[int, int, bytes]]:
+        """(key, lineno, raw bytes) in input order."""
+        key = 0
+        head, self._head = self._head, []
+        for lineno, raw in head:
+            yield key, lineno, raw
+            key += 1
+        for lineno, raw in self._lines:
+            yield key, lineno, raw
+            key += 1
+
+    def __iter__(self) -> Iterator[LineSpec]:
+        for key, lineno, raw in self.raw_lines():
+            yield parse_line(raw, key, lineno, self.format)
+
+    def close(self) -> None:
+        if self._stream is not sys.stdin.buffer:
+            self._stream.close()

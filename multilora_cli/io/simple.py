@@ -1,0 +1,70 @@
+"""The simple JSONL format.
+
+Input:  {"id": "a1", "prompt": "..." | "messages": [...], "adapter": "legal" | null | "base",
+         "max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}   (other fields are ignored)
+Output: {"id", "adapter", "text", "finish_reason", "usage": {"prompt_tokens", "completion_tokens"}}
+Error:  {"id", "adapter", "error": {"code", "message"}}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from multilora_cli.io.formats import SAMPLING_FIELDS, SIMPLE, LineSpec, check_messages, json_type
+
+
+class SimpleFormat:
+    name = SIMPLE
+
+    def default_id(self, lineno: int) -> Any:
+        return lineno
+
+    def parse(self, obj: dict, key: int, lineno: int) -> LineSpec:
+        rid = obj.get("id")
+        spec = LineSpec(key, lineno, lineno if rid is None else rid)
+        if rid is not None and (isinstance(rid, bool) or not isinstance(rid, (str, int))):
+            return spec.fail(f"id must be a string or an integer, got {json_type(rid)}")
+        adapter = obj.get("adapter")
+        if adapter is not None and not isinstance(adapter, str):
+            spec.adapter = None
+            spec.meta["adapter_raw"] = adapter
+            return spec.fail(f"adapter must be a string (an adapter name, or 'base'), got {json_type(adapter)}")
+        spec.adapter = adapter
+        if "custom_id" in obj and "body" in obj:
+            return spec.fail("this is an OpenAI batch line, but the file's first line made it a simple-format "
+                             "file; use one format per file", "wrong_format")
+        has_prompt, has_messages = obj.get("prompt") is not None, obj.get("messages") is not None
+        if has_prompt and has_messages:
+            return spec.fail("give either 'prompt' or 'messages', not both")
+        if not has_prompt and not has_messages:
+            return spec.fail("missing 'prompt' (a string) or 'messages' (an array of {role, content})",
+                             "missing_prompt")
+        if has_prompt:
+            if not isinstance(obj["prompt"], str):
+                return spec.fail(f"prompt must be a string, got {json_type(obj['prompt'])}")
+            spec.prompt = obj["prompt"]
+        else:
+            spec.messages = check_messages(spec, obj["messages"])
+        spec.sampling = {k: obj[k] for k in SAMPLING_FIELDS if obj.get(k) is not None}
+        return spec
+
+    def ok_record(self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int,
+                  completion_tokens: int) -> dict:
+        return {"id": spec.id, "adapter": self._adapter(spec), "text": text, "finish_reason": finish_reason,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}}
+
+    def error_record(self, spec: LineSpec, code: str, message: str) -> dict:
+        return {"id": spec.id, "adapter": self._adapter(spec), "error": {"code": code, "message": message}}
+
+    def record_id(self, record: dict) -> Any:
+        return record.get("id")
+
+    def is_error_record(self, record: dict) -> bool:
+        return record.get("error") is not None
+
+    def looks_like_record(self, record: dict) -> bool:
+        return "id" in record and ("text" in record or "error" in record) and "custom_id" not in record
+
+    @staticmethod
+    def _adapter(spec: LineSpec) -> Any:
+        return spec.meta.get("adapter_raw", spec.adapter)

@@ -1,0 +1,120 @@
+"""Ordered output: records arrive in any order, leave in input order, one whole line at a time.
+
+The engine finishes requests in any order; `OrderedWriter` keeps a reorder buffer keyed by the record's
+position and writes the longest in-order run as soon as its head is complete, then flushes. Every write is a
+whole line, so a killed run leaves a valid prefix (at worst a torn last line, which --resume truncates).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import BinaryIO
+
+from multilora_cli.errors import OutputError
+
+
+def encode_record(record: dict) -> bytes:
+    """One JSONL line. Lone surrogates (from \\ud800 escapes in the input) fall back to ASCII escapes."""
+    try:
+        return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(record, ensure_ascii=True) + "\n").encode("ascii")
+
+
+def open_output(path: str | None, *, append: bool = False, what: str = "output") -> tuple[BinaryIO, str]:
+    """Open an output sink: None or `-` is stdout. Raises OutputError (exit 1) before any work is done."""
+    if path is None or path == "-":
+        return sys.stdout.buffer, "<stdout>"
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise OutputError(f"{what} {path} is a directory; give a file path")
+    try:
+        return open(p, "ab" if append else "wb"), str(p)
+    except OSError as e:
+        raise OutputError(f"cannot write {what} {path}: {e.strerror or e}",
+                          hint="check the directory exists and is writable") from e
+
+
+def check_writable(path: str, what: str) -> None:
+    """Fail now (exit 1) if `path` could not be created or replaced at the end of the run."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise OutputError(f"{what} {path} is a directory; give a file path")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"cannot write {what} {path}: directory {parent} does not exist")
+    if (p.exists() and not os.access(p, os.W_OK)) or not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {what} {path}: permission denied")
+
+
+class OrderedWriter:
+    """Write records in key order starting at `start_key`; error records are also copied to `errors`."""
+
+    def __init__(self, out: BinaryIO, errors: BinaryIO | None = None, *, start_key: int = 0,
+                 out_name: str = "<output>"):
+        self._out = out
+        self._errors = errors
+        self._name = out_name
+        self._next = start_key
+        self._pending: dict[int, tuple[bytes, bool]] = {}
+        self._lock = threading.Lock()  # the engine may pull the request iterable from another thread
+        self.written = 0
+
+    @property
+    def next_key(self) -> int:
+        return self._next
+
+    @property
+    def pending(self) -> int:
+        """Records completed but waiting for an earlier one."""
+        return len(self._pending)
+
+    def put(self, key: int, record: dict, is_error: bool = False) -> int:
+        """Add the record for `key`; write every record now in order. Returns how many lines were written."""
+        line = encode_record(record)
+        with self._lock:
+            if key < self._next or key in self._pending:
+                raise OutputError(f"internal: record {key} written twice")  # never silently duplicate
+            self._pending[key] = (line, is_error)
+            n = 0
+            while self._next in self._pending:
+                data, err = self._pending.pop(self._next)
+                self._write(data, err)
+                self._next += 1
+                n += 1
+            if n:
+                self._flush()
+            self.written += n
+            return n
+
+    def _write(self, data: bytes, is_error: bool) -> None:
+        try:
+            if self._errors is not None and is_error:
+                self._errors.write(data)
+            self._out.write(data)
+        except BrokenPipeError as e:
+            raise OutputError(f"{self._name} was closed by the reader before the run finished") from e
+        except OSError as e:
+            raise OutputError(f"writing {self._name} failed: {e.strerror or e}") from e
+
+    def _flush(self) -> None:
+        try:
+            if self._errors is not None:
+                self._errors.flush()
+            self._out.flush()
+        except BrokenPipeError as e:
+            raise OutputError(f"{self._name} was closed by the reader before the run finished") from e
+        except OSError as e:
+            raise OutputError(f"writing {self._name} failed: {e.strerror or e}") from e
+
+    def close(self) -> None:
+        for f in (self._out, self._errors):
+            if f is not None and f not in (sys.stdout.buffer,):
+                try:
+                    f.close()
+                except OSError:
+                    pass

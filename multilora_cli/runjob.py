@@ -1,0 +1,295 @@
+"""The `multilora run` job: JSONL in -> pre-flight -> engine -> JSONL out (in order, resumable) + stats.
+
+Order of work, so every fatal problem surfaces before the model is loaded:
+  open INPUT -> validate flags -> pre-flight adapters (+ base model) -> check outputs are writable ->
+  detect the format -> (--resume: verify the kept prefix against the input) -> load the engine -> stream.
+Each non-blank line gets exactly one record: bad lines become error records as they are read, the engine's
+results are written through a reorder buffer as soon as they are next in input order.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from multilora_cli.config import EngineConfig
+from multilora_cli.errors import EXIT_OK, EXIT_PARTIAL, EngineError, MultiloraError, UsageError
+from multilora_cli.io.formats import LineSpec
+from multilora_cli.io.progress import make_progress, print_summary
+from multilora_cli.io.reader import InputReader, count_records, open_input
+from multilora_cli.io.resume import ResumePlan, scan_output, truncate_torn, verify_prefix
+from multilora_cli.io.sampling import SamplingResolver, generation_defaults
+from multilora_cli.io.stats import RunStats, write_stats
+from multilora_cli.io.writer import OrderedWriter, check_writable, open_output
+
+BASE = "base"
+
+
+@dataclass(slots=True)
+class RunConfig:
+    """Everything `multilora run` was asked to do. Flag-level problems raise UsageError (exit 2)."""
+
+    input: str
+    model: str | None = None
+    adapters: list[str] = field(default_factory=list)  # items of --adapters (comma lists already split)
+    adapter_dir: str | None = None
+    output: str | None = None  # None / "-" = stdout
+    errors: str | None = None
+    stats: str | None = None
+    resume: bool = False
+    sampling: dict = field(default_factory=dict)  # CLI sampling flags given: max_tokens, temperature, top_p, top_k
+    seed: int | None = None  # the run's seed (per-line seeds derive from it)
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    gpu_hour_usd: float | None = None
+    quiet: bool = False
+    engine: dict = field(default_factory=dict)  # further EngineConfig fields (dtype, device, max_num_seqs, ...)
+
+    def __post_init__(self) -> None:
+        if self.resume and self.output in (None, "-"):
+            raise UsageError("--resume needs -o/--output: a run written to stdout cannot be resumed")
+        if self.gpu_hour_usd is not None and self.gpu_hour_usd < 0:
+            raise UsageError(f"--gpu-hour-usd must be >= 0, got {self.gpu_hour_usd}")
+        if not self.model and not self.adapters and not self.adapter_dir:
+            raise UsageError("give a base model (--model) or adapters (--adapters / --adapter-dir) to run")
+        files = {"INPUT": self.input, "--output": self.output, "--errors": self.errors, "--stats": self.stats}
+        seen: dict[Path, str] = {}
+        for flag, path in files.items():
+            if path in (None, "-"):
+                continue
+            p = Path(path).expanduser().resolve()
+            if p in seen:
+                raise UsageError(f"{seen[p]} and {flag} are the same file ({path}); give different paths")
+            seen[p] = flag
+        SamplingResolver({}, self.sampling)  # bad sampling flags: exit 2 now, not per line
+        self.engine = {k: v for k, v in self.engine.items() if v is not None}
+
+
+def base_aliases(model_arg: str | None, model_path: Path) -> set[str]:
+    """Names that mean "the base model" in a line: 'base', --model as given, its path, folder name, Hub id."""
+    names = {BASE, str(model_path), model_path.name}
+    if model_arg:
+        names.add(model_arg)
+    if model_path.parent.name == "snapshots" and model_path.parent.parent.name.startswith("models--"):
+        names.add(model_path.parent.parent.name[len("models--"):].replace("--", "/"))
+    return names
+
+
+def note(msg: str, quiet: bool = False) -> None:
+    if not quiet:
+        print(f"multilora: {msg}", file=sys.stderr, flush=True)
+
+
+class RunJob:
+    """One run. `run()` returns the exit code (0 all ok, 3 some error records) or raises MultiloraError."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.stats = RunStats()
+        self._lock = threading.Lock()  # the engine may pull requests from its own thread
+        self._inflight: dict[int, tuple[LineSpec, str | None]] = {}
+        self._active: Counter = Counter()
+        self._seen: set[str] = set()
+        self.engine = None
+
+    # -- setup ----------------------------------------------------------------------------------------------
+    def _preflight(self):
+        from multilora_cli.adapters.preflight import parse_adapter_specs, preflight
+
+        cfg = self.cfg
+        specs = parse_adapter_specs(cfg.adapters, cfg.adapter_dir)
+        pf = preflight(specs, cfg.model, max_loras=cfg.max_loras, max_lora_rank=cfg.max_lora_rank)
+        for name, err in pf.errors.items():
+            note(f"warning: adapter {name!r} failed pre-flight; lines naming it get error records: "
+                 f"{err.one_line()}")
+        return pf
+
+    def _open_outputs(self, reader: InputReader, specs: Iterator[LineSpec]) -> tuple[OrderedWriter, ResumePlan]:
+        cfg = self.cfg
+        if cfg.stats:
+            check_writable(cfg.stats, "stats file")
+        if cfg.errors:
+            check_writable(cfg.errors, "errors file")
+        plan = ResumePlan(Path("-"), exists=False)
+        with tempfile.SpooledTemporaryFile(max_size=8 << 20) as kept_errors:
+            if cfg.resume:
+                plan = verify_prefix(scan_output(cfg.output), specs, reader.format, kept_errors)
+                truncate_torn(plan)
+                if plan.exists:
+                    note(f"resuming {cfg.output}: {plan.kept} records kept"
+                         + (f", dropped a torn last line of {plan.torn_bytes} bytes" if plan.torn_bytes else ""),
+                         cfg.quiet)
+            out, out_name = open_output(cfg.output, append=cfg.resume)
+            errors = None
+            if cfg.errors:
+                errors, _ = open_output(cfg.errors, what="errors file")
+                kept_errors.seek(0)
+                errors.write(kept_errors.read())
+        self.stats.resumed, self.stats.kept_errors = plan.kept, plan.kept_errors
+        return OrderedWriter(out, errors, start_key=plan.kept, out_name=out_name), plan
+
+    def _unique(self, specs: Iterator[LineSpec]) -> Iterator[LineSpec]:
+        """Duplicate ids (compared as text: 7 and "7" collide) fail the later line."""
+        for spec in specs:
+            if spec.id is not None:
+                k = str(spec.id)
+                if k in self._seen:
+                    spec.fail(f"duplicate id {spec.id!r}: an earlier line has the same id", "duplicate_id")
+                else:
+                    self._seen.add(k)
+            yield spec
+
+    # -- streaming ------------------------------------------------------------------------------------------
+    def _admit(self, spec: LineSpec) -> str | None:
+        """Map the line's adapter name to an engine adapter (None = base); fail unknown / broken ones."""
+        name = spec.adapter
+        if spec.error is not None or name is None or name in self._base_names:
+            return None
+        if name in self._good:
+            return name
+        if name in self._pf.errors:
+            err = self._pf.errors[name]
+            spec.fail(f"adapter {name!r} failed pre-flight: {err.one_line()}", err.code)
+        else:
+            known = ", ".join(sorted(self._good)) or "none"
+            spec.fail(f"unknown adapter {name!r} (known: {known}; add it with --adapters {name}=PATH)",
+                      "unknown_adapter")
+        return None
+
+    def _requests(self, specs: Iterator[LineSpec]):
+        from multilora_cli.engine.request import Request
+
+        for spec in specs:
+            adapter = self._admit(spec)
+            params = self._resolver.resolve(spec) if spec.error is None else None
+            if spec.error is not None:
+                self._emit_error(spec, spec.error.code, spec.error.one_line())
+                continue
+            req = Request(key=spec.key, id=str(spec.id), adapter=adapter, prompt=spec.prompt,
+                          messages=spec.messages, prompt_token_ids=spec.prompt_token_ids, sampling=params)
+            spec.prompt = spec.messages = spec.prompt_token_ids = None  # the engine holds them now
+            with self._lock:
+                self._inflight[spec.key] = (spec, adapter)
+                self._active[adapter] += 1
+            yield req
+
+    def _emit_error(self, spec: LineSpec, code: str, message: str, adapter: str | None = None) -> None:
+        record = self._fmt.error_record(spec, code, message)
+        with self._lock:
+            self.stats.add_error(adapter or self._stat_name(spec), code)
+            self.writer.put(spec.key, record, is_error=True)
+            self._tick()
+
+    def _stat_name(self, spec: LineSpec) -> str | None:
+        name = spec.adapter
+        return None if name is None or name in self._base_names else str(name)
+
+    def _tick(self) -> None:
+        slot_loads = getattr(getattr(self.engine, "stats", None), "slot_loads", 0)
+        self.progress.update(self.writer.written, self.stats.errors, self.stats.total_tokens,
+                             sum(1 for n in self._active.values() if n > 0), slot_loads)
+
+    def _on_result(self, res) -> None:
+        with self._lock:
+            entry = self._inflight.pop(res.key, None)
+            if entry is None:
+                raise EngineError(f"internal: the engine returned an unknown or repeated request key {res.key}")
+            spec, adapter = entry
+            self._active[adapter] -= 1
+        if res.error is not None:
+            self._emit_error(spec, res.error.code, f"line {spec.lineno}: {res.error.one_line()}", adapter)
+            return
+        record = self._fmt.ok_record(spec, res.text, res.finish_reason, res.prompt_tokens, res.completion_tokens)
+        with self._lock:
+            self.stats.add_ok(adapter, res.prompt_tokens, res.completion_tokens)
+            self.writer.put(spec.key, record)
+            self._tick()
+
+    # -- the job --------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        source, in_name = open_input(cfg.input)
+        reader = None
+        try:
+            self._pf = pf = self._preflight()
+            self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
+            self._base_names = base_aliases(cfg.model, Path(pf.model_path))
+            engine_cfg = EngineConfig(model=str(pf.model_path), max_loras=pf.max_loras,
+                                      max_lora_rank=pf.max_lora_rank,
+                                      **({"seed": cfg.seed} if cfg.seed is not None else {}), **cfg.engine)
+            reader = InputReader(source, in_name)
+            self._fmt = reader.format
+            specs = self._unique(iter(reader))
+            self.writer, plan = self._open_outputs(reader, specs)
+            first = next(specs, None)
+            self.progress = make_progress(cfg.quiet)
+            if first is None:
+                if reader.empty:
+                    note(f"no requests in {in_name} (empty input): nothing to do")
+                else:
+                    note(f"nothing left to run: all {plan.kept} records are already in {cfg.output}", cfg.quiet)
+                return self._finish(t0, in_name, None)
+            rest = _chain(first, specs)
+            return self._generate(rest, engine_cfg, t0, in_name)
+        finally:
+            if reader is not None:
+                reader.close()
+            elif source is not sys.stdin.buffer:
+                source.close()
+            if hasattr(self, "writer"):
+                self.writer.close()
+
+    def _generate(self, specs: Iterator[LineSpec], engine_cfg: EngineConfig, t0: float, in_name: str) -> int:
+        from multilora_cli.engine.engine import Engine
+
+        cfg = self.cfg
+        self.engine = Engine(engine_cfg, self._good)
+        defaults = getattr(self.engine, "default_sampling", None)
+        if defaults is None:
+            defaults = generation_defaults(self._pf.model_path)
+        self._resolver = SamplingResolver(defaults, cfg.sampling, run_seed=cfg.seed or 0)
+        total = None if cfg.quiet else count_records(cfg.input)
+        self.progress.start(None if total is None else max(total - self.stats.resumed, 0))
+        try:
+            for res in self.engine.generate(self._requests(specs)):
+                self._on_result(res)
+            if self._inflight or self.writer.pending:
+                lines = sorted(s.lineno for s, _ in self._inflight.values())[:5]
+                raise EngineError(f"internal: the engine finished without results for {len(self._inflight)} "
+                                  f"requests (input lines {lines})")
+        except (MultiloraError, KeyboardInterrupt):
+            self.progress.close()
+            if cfg.output not in (None, "-"):
+                note(f"stopped after {self.stats.resumed + self.writer.written} records in {cfg.output}; "
+                     "rerun the same command with --resume to finish")
+            raise
+        self.progress.close()
+        return self._finish(t0, in_name, self.engine.stats.to_dict())
+
+    def _finish(self, t0: float, in_name: str, engine_stats: dict | None) -> int:
+        cfg = self.cfg
+        stats = self.stats.to_dict(engine=engine_stats, wall_seconds=time.perf_counter() - t0,
+                                   gpu_hour_usd=cfg.gpu_hour_usd, input=in_name,
+                                   output=cfg.output or "<stdout>", format=self._fmt.name)
+        if cfg.stats:
+            write_stats(cfg.stats, stats)
+        if not cfg.quiet and engine_stats is not None:
+            print_summary(stats)
+        return EXIT_PARTIAL if self.stats.errors or self.stats.kept_errors else EXIT_OK
+
+
+def _chain(first: LineSpec, rest: Iterator[LineSpec]) -> Iterator[LineSpec]:
+    yield first
+    yield from rest
+
+
+def run_job(cfg: RunConfig) -> int:
+    """Run `cfg` to completion; returns the exit code (0 / 3). Fatal problems raise MultiloraError."""
+    return RunJob(cfg).run()

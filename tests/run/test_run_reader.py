@@ -1,0 +1,84 @@
+"""Streaming input: blank lines skipped, format detected, nothing read ahead beyond what is asked for."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from multilora_cli.errors import InputError
+from multilora_cli.io.formats import OPENAI, SIMPLE
+from multilora_cli.io.reader import InputReader, count_records, open_input
+
+
+class CountingStream(io.RawIOBase):
+    """A binary stream producing `n` JSON lines on demand and counting how many were handed out."""
+
+    def __init__(self, n: int):
+        self.n, self.made, self._buf = n, 0, b""
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        while len(self._buf) < len(b) and self.made < self.n:
+            self.made += 1
+            self._buf += json.dumps({"id": self.made, "prompt": "p" * 10}).encode() + b"\n"
+        k = min(len(b), len(self._buf))
+        b[:k], self._buf = self._buf[:k], self._buf[k:]
+        return k
+
+
+def reader(data: bytes) -> InputReader:
+    return InputReader(io.BytesIO(data), "t")
+
+
+def test_blank_lines_skipped_keys_contiguous_linenos_physical():
+    r = reader(b'\n{"prompt": "a"}\n   \n\r\n{"prompt": "b"}\r\n\n')
+    assert r.format.name == SIMPLE and not r.empty
+    specs = list(r)
+    assert [(s.key, s.lineno, s.id) for s in specs] == [(0, 2, 2), (1, 5, 5)]
+    assert [s.prompt for s in specs] == ["a", "b"]
+
+
+def test_utf8_bom_and_no_trailing_newline():
+    specs = list(reader(b'\xef\xbb\xbf{"id": "x", "prompt": "a"}'))
+    assert specs[0].error is None and specs[0].id == "x"
+
+
+def test_empty_and_blank_only_inputs():
+    assert reader(b"").empty and list(reader(b"")) == []
+    assert reader(b"\n \n\t\n").empty
+
+
+def test_openai_detected_even_after_a_malformed_first_line():
+    line = json.dumps({"custom_id": "c1", "url": "/v1/completions", "body": {"model": "m", "prompt": "x"}})
+    r = reader(b"{oops\n" + line.encode() + b"\n")
+    assert r.format.name == OPENAI
+    specs = list(r)
+    assert specs[0].error.code == "invalid_json" and specs[0].id is None
+    assert specs[1].error is None and specs[1].id == "c1"
+
+
+def test_streaming_reads_only_what_is_consumed():
+    stream = CountingStream(1_000_000)
+    r = InputReader(io.BufferedReader(stream, buffer_size=1 << 16), "big")
+    it = iter(r)
+    for _ in range(10):
+        next(it)
+    assert stream.made < 5000  # a buffer's worth, not the million lines
+
+
+def test_open_input_errors(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        open_input(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(InputError, match="is a directory"):
+        open_input(str(tmp_path))
+
+
+def test_count_records(tmp_path):
+    p = tmp_path / "in.jsonl"
+    p.write_bytes(b'{"prompt":"a"}\n\n{"prompt":"b"}\n  \n{"prompt":"c"}')
+    assert count_records(str(p)) == 3
+    assert count_records("-") is None

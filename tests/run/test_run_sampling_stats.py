@@ -1,0 +1,82 @@
+"""Sampling precedence (line > flags > generation_config > greedy 256) and the stats JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from multilora_cli.errors import UsageError
+from multilora_cli.io.formats import LineSpec
+from multilora_cli.io.sampling import SamplingResolver, generation_defaults, line_seed
+from multilora_cli.io.stats import RunStats, cost, write_stats
+
+
+def spec(key=0, **sampling):
+    return LineSpec(key, key + 1, key + 1, sampling=sampling)
+
+
+def test_precedence_line_over_flags_over_model_over_fallback():
+    r = SamplingResolver({"temperature": 0.7, "top_p": 0.9, "max_tokens": 100}, {"max_tokens": 50, "top_k": 5})
+    p = r.resolve(spec(temperature=0.0, stop="END"))
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.stop) == (50, 0.0, 0.9, 5, ["END"])
+    q = SamplingResolver().resolve(spec())
+    assert (q.max_tokens, q.temperature, q.seed) == (256, 0.0, None)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("max_tokens", "ten", "max_tokens must be an integer"),
+    ("temperature", -1, "temperature must be a number >= 0"),
+    ("top_p", 2, "top_p must be a number in (0, 1]"),
+    ("stop", 5, "stop must be"),
+])
+def test_bad_line_fields_become_line_errors(field, value, words):
+    s = spec(**{field: value})
+    assert SamplingResolver().resolve(s) is None
+    assert s.error.code == "invalid_sampling" and words in s.error.message and "line 1" in s.error.message
+
+
+def test_bad_flags_are_usage_errors():
+    with pytest.raises(UsageError, match="top_p") as e:
+        SamplingResolver({}, {"top_p": 0})
+    assert e.value.exit_code == 2
+
+
+def test_sampled_lines_get_stable_distinct_seeds():
+    r = SamplingResolver({}, {"temperature": 1.0}, run_seed=3)
+    a, b = r.resolve(spec(0)), r.resolve(spec(1))
+    assert a.seed == line_seed(3, 0) and b.seed == line_seed(3, 1) and a.seed != b.seed
+    assert r.resolve(spec(0, seed=9)).seed == 9
+    assert SamplingResolver({}, {}, run_seed=3).resolve(spec(0)).seed is None  # greedy needs none
+    assert line_seed(4, 0) != a.seed
+
+
+def test_generation_config_hf_semantics(tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "max_new_tokens": 64, "top_k": -3}))
+    assert generation_defaults(tmp_path) == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 64}  # bad top_k dropped
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.9}))
+    assert generation_defaults(tmp_path) == {}  # no do_sample: HF decodes greedily
+    assert generation_defaults(tmp_path / "absent") == {}
+
+
+def test_stats_dict_per_adapter_and_cost(tmp_path):
+    s = RunStats(resumed=2, kept_errors=1)
+    s.add_ok("legal", 10, 20)
+    s.add_ok(None, 5, 5)
+    s.add_error("nope", "unknown_adapter")
+    engine = {"model": "m", "device": "cpu", "dtype": "float32", "wall_seconds": 2.0, "slot_loads": 3,
+              "slot_evictions": 1, "slot_hits": 4, "per_adapter": {"legal": {"slot_loads": 3}}}
+    d = s.to_dict(engine=engine, wall_seconds=4.0, gpu_hour_usd=3.6, input="in", output="out", format="simple")
+    assert (d["records"], d["requests"], d["ok"], d["errors"]) == (5, 3, 2, 1)
+    assert d["error_codes"] == {"unknown_adapter": 1}
+    assert d["total_tokens"] == 40 and d["tokens_per_second"] == 20.0 and d["completion_tokens_per_second"] == 12.5
+    assert d["per_adapter"]["legal"] == {"requests": 1, "errors": 0, "prompt_tokens": 10, "completion_tokens": 20,
+                                         "slot_loads": 3}
+    assert d["per_adapter"]["base"]["requests"] == 1 and d["per_adapter"]["nope"]["errors"] == 1
+    assert d["cost"]["usd_total"] == pytest.approx(3.6 * 4 / 3600)
+    assert d["cost"]["usd_per_1m_tokens"] == pytest.approx(3.6 * 4 / 3600 / 40 * 1e6)
+    assert d["slot_loads"] == 3 and d["slot_evictions"] == 1 and d["engine"] is engine
+    assert cost(None, 1, 1, 1) is None and cost(1.0, 10, 0, 0)["usd_per_1m_tokens"] is None
+    write_stats(str(tmp_path / "s.json"), d)
+    assert json.loads((tmp_path / "s.json").read_text())["records"] == 5
