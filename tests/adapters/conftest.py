@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny bases and PEFT-written adapters, built once per session (tmp_path_factory)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import builders`
+
+import builders  # noqa: E402
+
+
+class Zoo:
+    """Lazily built bases and adapters, cached by name for the whole session."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._cache: dict[str, Path] = {}
+
+    def base(self, name: str, arch: str = "llama", **overrides) -> Path:
+        key = f"base-{name}"
+        if key not in self._cache:
+            self._cache[key] = builders.build_base(self.root / key, arch, **overrides)
+        return self._cache[key]
+
+    def adapter(self, name: str, base: Path, **kw) -> Path:
+        key = f"adapter-{name}"
+        if key not in self._cache:
+            self._cache[key] = builders.build_adapter(base, self.root / key, **kw)
+        return self._cache[key]
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory) -> Zoo:
+    return Zoo(tmp_path_factory.mktemp("adapters-zoo"))
+
+
+@pytest.fixture(scope="session")
+def llama_base(zoo) -> Path:
+    return zoo.base("llama", "llama")
+
+
+@pytest.fixture(scope="session")
+def qwen2_base(zoo) -> Path:
+    return zoo.base("qwen2", "qwen2")
+
+
+@pytest.fixture(scope="session")
+def good_adapter(zoo, llama_base) -> Path:
+    """A plain rank-8 q/v LoRA on the tiny llama."""
+    return zoo.adapter("good", llama_base, r=8, alpha=16, targets=("q_proj", "v_proj"))
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `multilora ARGV` through cli.main (which maps errors to messages and exit codes) -> (rc, out, err)."""
+    from multilora_cli.cli import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exc:
+            main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return exc.value.code, out, err
+
+    return run
