@@ -1,0 +1,107 @@
+"""`ScheduledBatch`: what one engine step runs, and the flat per-token lists the runner turns into tensors.
+
+Sequence i feeds `num_new_tokens[i]` tokens at positions `start[i] .. start[i] + num_new_tokens[i] - 1`
+(`start[i]` = its num_computed_tokens when scheduled). Its KV for those positions is written into the slots of
+its block table; attention for these queries covers positions 0 .. start[i] + num_new_tokens[i] - 1.
+`seqs[:num_decodes]` have exactly one new token each (decodes, or a one-token prompt), the rest are prefill
+chunks. `sample[i]` says whether the last fed token's logits are needed (a decode or the final prefill chunk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from multilora_cli.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    """One step's plan. All per-sequence lists are aligned with `seqs`."""
+
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+    start: list[int]  # num_computed_tokens of each sequence before this step
+    slots: list[int]  # LoRA slot of each sequence (-1 = base)
+    sample: list[bool]  # logits needed for this sequence's last token this step
+    num_decodes: int  # seqs[:num_decodes] have one new token each
+    block_size: int
+    preempted: list[Sequence] = field(default_factory=list)  # sequences preempted while planning this step
+
+    # --- sizes -----------------------------------------------------------------------------------------------
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(self.sample)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.num_decodes == len(self.seqs)
+
+    @property
+    def num_adapters(self) -> int:
+        """Distinct adapters in this step (base counts as one)."""
+        return len({s.adapter for s in self.seqs})
+
+    # --- flat per-token lists (length num_tokens, sequence-major) ------------------------------------------
+    def input_ids(self) -> list[int]:
+        out: list[int] = []
+        for seq, s, n in zip(self.seqs, self.start, self.num_new_tokens):
+            out.extend(seq.token_ids[s:s + n])
+        return out
+
+    def positions(self) -> list[int]:
+        out: list[int] = []
+        for s, n in zip(self.start, self.num_new_tokens):
+            out.extend(range(s, s + n))
+        return out
+
+    def kv_slot_mapping(self) -> list[int]:
+        """Cache slot (block * block_size + offset) that each fed token's KV is written to."""
+        bs = self.block_size
+        out: list[int] = []
+        for seq, s, n in zip(self.seqs, self.start, self.num_new_tokens):
+            table = seq.block_table
+            out.extend(table[p // bs] * bs + p % bs for p in range(s, s + n))
+        return out
+
+    def token_lora_slots(self) -> list[int]:
+        """LoRA slot of every fed token (-1 = base): input of the kernels' metadata build."""
+        out: list[int] = []
+        for slot, n in zip(self.slots, self.num_new_tokens):
+            out.extend([slot] * n)
+        return out
+
+    # --- per-sequence lists ---------------------------------------------------------------------------------
+    def query_start_loc(self) -> list[int]:
+        """Cumulative query lengths, length num_seqs + 1 (cu_seqlens_q)."""
+        out = [0]
+        for n in self.num_new_tokens:
+            out.append(out[-1] + n)
+        return out
+
+    def seq_lens(self) -> list[int]:
+        """Context length of each sequence after this step's tokens are written (keys attended to)."""
+        return [s + n for s, n in zip(self.start, self.num_new_tokens)]
+
+    def block_tables(self) -> list[list[int]]:
+        return [list(seq.block_table) for seq in self.seqs]
+
+    def logits_indices(self) -> list[int]:
+        """Flat token index whose hidden state goes to the LM head, one per sampled sequence, in order."""
+        out, pos = [], 0
+        for n, smp in zip(self.num_new_tokens, self.sample):
+            pos += n
+            if smp:
+                out.append(pos - 1)
+        return out
+
+    def sampled_seqs(self) -> list[Sequence]:
+        """Sequences that get a token this step, in the order `postprocess` expects their ids."""
+        return [seq for seq, smp in zip(self.seqs, self.sample) if smp]

@@ -1,0 +1,91 @@
+"""Output ids -> text, and the decision to stop a sequence (eos, stop strings, max_tokens, max_model_len).
+
+`IncrementalDecoder` turns a growing list of ids into text a token at a time without decoding the whole
+output each step: it decodes a short window (from `prefix_offset`) and emits the part past the previously
+emitted window, holding text back while it ends in U+FFFD (a multi-byte UTF-8 character split across tokens).
+Decoding a window rather than a single token keeps decoders that drop a leading space at the start of a decode
+(SentencePiece's metaspace) consistent with decoding everything at once.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from multilora_cli.engine.sequence import Sequence
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDecoder:
+    """Accumulates `text` = decode(ids so far), emitted only up to the last complete character."""
+
+    __slots__ = ("tokenizer", "skip_special_tokens", "ids", "prefix_offset", "read_offset", "text")
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # start of the decode window
+        self.read_offset = 0  # ids before this are reflected in `text`
+        self.text = ""
+
+    def push(self, token_ids: Iterable[int]) -> str:
+        """Append ids; return the text they complete (may be "" while a character is split)."""
+        self.ids.extend(token_ids)
+        dec = self.tokenizer.decode
+        prefix = dec(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=self.skip_special_tokens)
+        full = dec(self.ids[self.prefix_offset:], skip_special_tokens=self.skip_special_tokens)
+        if len(full) > len(prefix) and not full.endswith(REPLACEMENT):
+            new = full[len(prefix):]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            self.text += new
+            return new
+        return ""
+
+
+def find_stop(text: str, stops: list[str], new_from: int) -> int:
+    """Earliest index of any stop string in `text` that ends past `new_from` (older text was already checked);
+    -1 if none."""
+    best = -1
+    for s in stops:
+        i = text.find(s, max(0, new_from - len(s) + 1))
+        if i >= 0 and (best < 0 or i < best):
+            best = i
+    return best
+
+
+class StopChecker:
+    """Callable passed to `Scheduler.postprocess`: after a token is appended, returns "stop" / "length" / None
+    and, when the sequence finishes, sets `seq.text` (truncated before a stop string; eos not included)."""
+
+    def __init__(self, tokenizer=None, eos_token_ids: Iterable[int] = (), max_model_len: int | None = None):
+        self.tokenizer = tokenizer
+        self.eos = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+
+    def __call__(self, seq: Sequence) -> str | None:
+        sp = seq.sampling
+        tok = seq.last_token
+        if not sp.ignore_eos and tok in self.eos:
+            self._set_text(seq, seq.output_token_ids[:-1])
+            return "stop"
+        if sp.stop and self.tokenizer is not None:
+            if seq.detok is None:
+                seq.detok = IncrementalDecoder(self.tokenizer)
+                seq.detok.push(seq.output_token_ids[:-1])
+            det = seq.detok
+            before = len(det.text)
+            det.push([tok])
+            if len(det.text) > before and (i := find_stop(det.text, sp.stop, before)) >= 0:
+                seq.text = det.text[:i]
+                return "stop"
+        if seq.num_completion_tokens >= sp.max_tokens or (
+                self.max_model_len is not None and seq.num_tokens >= self.max_model_len):
+            self._set_text(seq, seq.output_token_ids)
+            return "length"
+        return None
+
+    def _set_text(self, seq: Sequence, ids: list[int]) -> None:
+        if self.tokenizer is not None:
+            seq.text = self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,365 @@
+"""Offline continuous-batching scheduler with adapter-aware admission (vLLM-V1-like token budget).
+
+Each `schedule()` builds one step:
+1. running sequences first (they hold KV): decodes (one pending token), then unfinished prefill chunks;
+   a sequence that cannot get a KV block for its tokens preempts the most recently admitted running sequence
+   not yet in this step (its KV is freed; it goes back to the front of its queue and is recomputed later);
+2. then waiting sequences are admitted (prefill, chunked to the token budget) unless someone was preempted.
+   Admission is grouped by adapter to minimise slot swaps: adapters pinned by running sequences (and the
+   base model) first, then adapters resident in a slot, then the adapter with the most waiting requests.
+   A request whose adapter cannot get a slot (all `max_loras` slots pinned) is deferred, not a barrier:
+   requests of other, resident adapters go ahead. A request deferred past `defer_limit` admissions drains the
+   slots (only its adapter and base requests are admitted until it gets a slot), so nothing waits forever and
+   an in-order writer only ever buffers a bounded number of results.
+Every running sequence pins its adapter's slot, so a step never holds more than `max_loras` adapters.
+By default a step mixes decodes and prefill chunks; `mix_prefill_decode=False` gives nano-vllm-style steps
+that are all prefill or all decode, `chunked_prefill=False` feeds each prompt whole (one may exceed the budget).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Callable, Sequence as Seq
+
+from multilora_cli.config import EngineConfig
+from multilora_cli.engine.batch import ScheduledBatch
+from multilora_cli.engine.block_manager import BlockManager
+from multilora_cli.engine.sequence import SeqStatus, Sequence
+from multilora_cli.engine.slots import SlotManager
+from multilora_cli.errors import EngineError, MultiloraError, RequestError
+
+POLICIES = ("group", "fifo")
+_OK, _NO_SLOT, _FAILED, _STOP = range(4)
+
+
+class _Plan:
+    """The step being built."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.seqs: list[Sequence] = []
+        self.n_new: list[int] = []
+        self.ids: set[int] = set()
+        self.preempted: list[Sequence] = []
+        self.num_prefills = 0
+
+    def add(self, seq: Sequence, n: int) -> None:
+        self.seqs.append(seq)
+        self.n_new.append(n)
+        self.ids.add(seq.seq_id)
+        self.budget -= n
+        self.num_prefills += n > 1
+
+
+class Scheduler:
+    """Decides which sequences run each step; owns the waiting queues and the running list."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, slots: SlotManager, *,
+                 max_model_len: int | None = None, policy: str = "group", chunked_prefill: bool = True,
+                 mix_prefill_decode: bool = True, waiting_window: int | None = None,
+                 defer_limit: int | None = None):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = max_model_len if max_model_len is not None else config.max_model_len
+        self.bm = block_manager
+        self.slots = slots
+        self.policy = policy
+        self.chunked_prefill = chunked_prefill
+        self.mix_prefill_decode = mix_prefill_decode
+        self.waiting_window = waiting_window or 4 * config.max_num_seqs
+        self.defer_limit = defer_limit or self.waiting_window
+        # Keep a few blocks free when admitting next to running sequences, so admissions do not force
+        # the very next decode step to preempt.
+        self.watermark_blocks = max(1, block_manager.num_blocks // 100)
+        self._waiting: dict[str | None, deque[Sequence]] = {}
+        self._num_waiting = 0
+        self.running: list[Sequence] = []  # admission order
+        self._finished: list[Sequence] = []
+        self._admissions = 0
+        self._pending: ScheduledBatch | None = None
+        self.num_steps = 0
+        self.num_prefill_steps = 0  # steps with at least one prefill chunk
+        self.num_decode_steps = 0  # steps of decodes only
+        self.num_preemptions = 0
+
+    # --- feeding ---------------------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def wants_more(self) -> bool:
+        """True while the waiting window has room: feed requests lazily until this turns False."""
+        return self._num_waiting < self.waiting_window
+
+    def has_unfinished(self) -> bool:
+        return self._num_waiting > 0 or bool(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence. One that can never run fails at once (see `pop_finished`)."""
+        n = seq.num_tokens
+        limit = self.max_model_len
+        if limit is not None and n >= limit:
+            return self._fail(seq, RequestError(
+                f"request {seq.request.id}: prompt has {n} tokens but max_model_len is {limit}",
+                code="prompt_too_long", hint="shorten the prompt or raise --max-model-len"))
+        need_tokens = n + seq.sampling.max_tokens - seq.num_completion_tokens
+        if limit is not None:
+            need_tokens = min(need_tokens, limit)
+        need = self.bm.blocks_for(need_tokens)
+        if need > self.bm.num_blocks:
+            return self._fail(seq, EngineError(
+                f"request {seq.request.id}: needs {need} KV blocks ({need_tokens} tokens) but the whole cache "
+                f"holds {self.bm.num_blocks} blocks of {self.bm.block_size}",
+                hint="lower max_tokens, or give the KV cache more memory"))
+        seq.status = SeqStatus.WAITING
+        seq.enqueued_at = self._admissions
+        self._waiting.setdefault(seq.adapter, deque()).append(seq)
+        self._num_waiting += 1
+
+    def pop_finished(self) -> list[Sequence]:
+        """Sequences finished (finish_reason) or failed (error) since the last call."""
+        out, self._finished = self._finished, []
+        return out
+
+    # --- one step --------------------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        """Plan the next step. None when there is nothing to run right now (e.g. the last sequences failed);
+        keep calling while `has_unfinished()`. Call `postprocess` with the batch before the next `schedule`."""
+        if self._pending is not None:
+            raise RuntimeError("schedule() called twice without postprocess()")
+        plan = _Plan(self.max_num_batched_tokens)
+        if self.mix_prefill_decode:
+            self._schedule_running(plan, decodes=True)
+            self._schedule_running(plan, decodes=False)
+            self._admit(plan)
+        else:  # prefill-only step when there is prefill work that fits, else a decode-only step
+            self._schedule_running(plan, decodes=False)
+            self._admit(plan)
+            if not plan.seqs:
+                self._schedule_running(plan, decodes=True)
+        if not plan.seqs:
+            return None
+        order = sorted(range(len(plan.seqs)), key=lambda i: plan.n_new[i] != 1)  # stable: decodes first
+        seqs = [plan.seqs[i] for i in order]
+        n_new = [plan.n_new[i] for i in order]
+        start = [s.num_computed_tokens for s in seqs]
+        batch = ScheduledBatch(
+            seqs=seqs, num_new_tokens=n_new, start=start, slots=[s.slot for s in seqs],
+            sample=[st + n == s.num_tokens for s, st, n in zip(seqs, start, n_new)],
+            num_decodes=sum(n == 1 for n in n_new), block_size=self.bm.block_size, preempted=plan.preempted)
+        self._pending = batch
+        self.num_steps += 1
+        if batch.is_decode_only:
+            self.num_decode_steps += 1
+        else:
+            self.num_prefill_steps += 1
+        return batch
+
+    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int],
+                    stop: Callable[[Sequence], str | None]) -> None:
+        """Record the step: advance computed tokens, append one sampled id per `batch.sampled_seqs()` (in
+        order), and finish sequences for which `stop(seq)` returns a finish reason."""
+        if batch is not self._pending:
+            raise RuntimeError("postprocess() got a batch that is not the pending one")
+        self._pending = None
+        ids = list(sampled_token_ids)
+        if len(ids) != batch.num_sampled:
+            raise ValueError(f"expected {batch.num_sampled} sampled ids, got {len(ids)}")
+        it = iter(ids)
+        any_done = False
+        for seq, n, smp in zip(batch.seqs, batch.num_new_tokens, batch.sample):
+            seq.num_computed_tokens += n
+            if not smp:
+                continue
+            seq.append_token(next(it))
+            reason = stop(seq)
+            if reason is not None:
+                self._finish(seq, reason=reason)
+                any_done = True
+        if any_done:
+            self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
+
+    # --- running sequences -----------------------------------------------------------------------------------
+    def _schedule_running(self, plan: _Plan, decodes: bool) -> None:
+        i = 0
+        while i < len(self.running) and plan.budget > 0:
+            seq = self.running[i]
+            pending = seq.num_uncomputed_tokens
+            if seq.seq_id in plan.ids or (pending == 1) != decodes:
+                i += 1
+                continue
+            if self.chunked_prefill:
+                n = min(pending, plan.budget)
+            elif pending <= plan.budget or plan.num_prefills == 0:
+                n = pending
+            else:
+                i += 1
+                continue
+            target = seq.num_computed_tokens + n
+            preempted = False
+            while not self.bm.can_allocate(seq, target):
+                victim = self._victim(plan, seq)
+                if victim is None:
+                    break
+                self._preempt(victim, plan)
+                preempted = True
+            if preempted:  # victims may have sat before `seq` in the list
+                i = self.running.index(seq)
+            if self.bm.can_allocate(seq, target):
+                self.bm.allocate(seq, target)
+                plan.add(seq, n)
+                i += 1
+            elif plan.seqs:  # others in this step hold the blocks: recompute this one later
+                self._preempt(seq, plan)
+            else:  # alone with the whole cache and still short: never fits (add() should have caught it)
+                self._fail(seq, EngineError(
+                    f"request {seq.request.id}: {target} tokens do not fit in the KV cache "
+                    f"({self.bm.num_blocks} blocks of {self.bm.block_size})",
+                    hint="lower max_tokens, or give the KV cache more memory"))
+                self.running.remove(seq)
+
+    def _victim(self, plan: _Plan, keep: Sequence) -> Sequence | None:
+        """Most recently admitted running sequence that is not in this step yet (and not `keep`)."""
+        for seq in reversed(self.running):
+            if seq is not keep and seq.seq_id not in plan.ids:
+                return seq
+        return None
+
+    def _preempt(self, seq: Sequence, plan: _Plan) -> None:
+        self.bm.free(seq)
+        self.slots.release(seq.adapter)
+        self.running.remove(seq)
+        seq.num_computed_tokens = 0
+        seq.slot = -1
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
+        seq.enqueued_at = self._admissions
+        self.num_preemptions += 1
+        self._waiting.setdefault(seq.adapter, deque()).appendleft(seq)
+        self._num_waiting += 1
+        plan.preempted.append(seq)
+
+    # --- admission -------------------------------------------------------------------------------------------
+    def _admit(self, plan: _Plan) -> None:
+        if plan.preempted or not self._num_waiting:
+            return  # the cache is short: admitting now would only preempt again
+        adapters = [a for a, q in self._waiting.items() if q]
+        starving = self._starving_adapter()
+        if starving is not None:  # drain: only its adapter (and base, which needs no slot) may start
+            adapters = [a for a in adapters if a == starving or a is None]
+        if self.policy == "group":
+            adapters.sort(key=self._group_key)
+            for a in adapters:
+                if self._admit_queue(plan, a) == _STOP:
+                    break
+        else:
+            self._admit_fifo(plan, adapters)
+        for a in [a for a, q in self._waiting.items() if not q]:
+            del self._waiting[a]
+
+    def _group_key(self, adapter: str | None) -> tuple:
+        q = self._waiting[adapter]
+        if adapter is None or self.slots.is_pinned(adapter):
+            tier = 0  # no swap at all
+        elif self.slots.is_resident(adapter):
+            tier = 1  # in a slot, unpinned: a hit
+        else:
+            tier = 2  # needs a load
+        return (tier, -len(q), q[0].seq_id)
+
+    def _admit_queue(self, plan: _Plan, adapter: str | None) -> int:
+        q = self._waiting[adapter]
+        while q:
+            r = self._try_admit(plan, q[0])
+            if r == _OK:
+                q.popleft()
+                self._num_waiting -= 1
+            elif r == _FAILED:
+                self._fail_queue(adapter)
+                return r
+            else:
+                return r
+        return _OK
+
+    def _admit_fifo(self, plan: _Plan, adapters: list[str | None]) -> None:
+        """Baseline policy: strict arrival order across adapters (still defers what does not get a slot)."""
+        heap = [(self._waiting[a][0].seq_id, i, a) for i, a in enumerate(adapters)]
+        heapq.heapify(heap)
+        while heap:
+            _, i, a = heapq.heappop(heap)
+            q = self._waiting[a]
+            r = self._try_admit(plan, q[0])
+            if r == _OK:
+                q.popleft()
+                self._num_waiting -= 1
+                if q:
+                    heapq.heappush(heap, (q[0].seq_id, i, a))
+            elif r == _FAILED:
+                self._fail_queue(a)
+            elif r == _STOP:
+                return
+
+    def _try_admit(self, plan: _Plan, seq: Sequence) -> int:
+        if len(self.running) >= self.max_num_seqs or plan.budget <= 0:
+            return _STOP
+        pending = seq.num_uncomputed_tokens
+        if self.chunked_prefill:
+            n = min(pending, plan.budget)
+        elif pending <= plan.budget or plan.num_prefills == 0:
+            n = pending  # whole prompt; may exceed the budget when it is the step's only prefill
+        else:
+            return _STOP
+        reserve = self.watermark_blocks if self.running else 0
+        if not self.bm.can_allocate(seq, n, reserve):
+            return _STOP
+        try:
+            slot = self.slots.acquire(seq.adapter)
+        except MultiloraError as e:
+            seq.error = e
+            return _FAILED
+        if slot is None:
+            return _NO_SLOT
+        self.bm.allocate(seq, n)
+        self.slots.retain(seq.adapter)
+        seq.slot = slot
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        self._admissions += 1
+        plan.add(seq, n)
+        return _OK
+
+    def _starving_adapter(self) -> str | None:
+        heads = [q[0] for q in self._waiting.values() if q]
+        oldest = min(heads, key=lambda s: s.enqueued_at)
+        if oldest.adapter is None or self._admissions - oldest.enqueued_at <= self.defer_limit:
+            return None
+        return oldest.adapter
+
+    # --- endings ---------------------------------------------------------------------------------------------
+    def _fail_queue(self, adapter: str | None) -> None:
+        """The adapter cannot be loaded: fail every waiting sequence that needs it with the same error."""
+        q = self._waiting[adapter]
+        error = q[0].error
+        while q:
+            self._num_waiting -= 1
+            self._fail(q.popleft(), error)
+
+    def _fail(self, seq: Sequence, error: MultiloraError) -> None:
+        seq.error = error
+        self._finish(seq, reason=None)
+
+    def _finish(self, seq: Sequence, reason: str | None) -> None:
+        if seq.status is SeqStatus.RUNNING:
+            self.slots.release(seq.adapter)
+        self.bm.free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        seq.slot = -1
+        self._finished.append(seq)

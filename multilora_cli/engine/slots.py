@@ -1,0 +1,161 @@
+"""`SlotManager`: which adapter sits in which of the `max_loras` GPU slots, plus a host-side LRU cache.
+
+Pure bookkeeping; the callbacks do the tensor work:
+- `load_cpu(name) -> obj` reads an adapter from disk into host memory (pinned tensors, say),
+- `install(slot, name, obj)` copies it into every LoRA layer's slot `slot`,
+- `evict(slot, name)` (optional) forgets the adapter that was there.
+
+Adapters used by RUNNING sequences are pinned (`retain` / `release` refcounts) and never evicted, so a step can
+never see more than `max_loras` distinct adapters. Unpinned resident adapters stay in their slot (a later request
+for them is a hit) until a miss needs the slot: then the least recently used unpinned one is evicted. The base
+model (`None`) never takes a slot: its slot is -1.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+BASE_SLOT = -1
+
+
+class SlotManager:
+    """Adapter name -> GPU slot, LRU eviction of unpinned adapters, LRU host cache of `max_cpu_loras` objects."""
+
+    def __init__(self, max_loras: int, max_cpu_loras: int, load_cpu: Callable[[str], object],
+                 install: Callable[[int, str, object], None], evict: Callable[[int, str], None] | None = None):
+        if max_loras < 1 or max_cpu_loras < 0:
+            raise ValueError(f"max_loras must be >= 1 and max_cpu_loras >= 0, got {max_loras}, {max_cpu_loras}")
+        self.max_loras = max_loras
+        self.max_cpu_loras = max_cpu_loras
+        self._load_cpu = load_cpu
+        self._install = install
+        self._evict = evict
+        self._slot_of: dict[str, int] = {}
+        self._lru: OrderedDict[str, None] = OrderedDict()  # resident adapters, least recently used first
+        self._free_slots: list[int] = list(range(max_loras - 1, -1, -1))  # pop() hands out slot 0 first
+        self._refs: dict[str, int] = {}  # running sequences per adapter (pins)
+        self._cpu: OrderedDict[str, object] = OrderedDict()  # host cache, least recently used first
+        # counters
+        self.loads = 0  # installs into a GPU slot (misses)
+        self.hits = 0  # acquire() found the adapter already resident
+        self.evictions = 0
+        self.cpu_loads = 0  # load_cpu calls (disk reads)
+        self.cpu_hits = 0  # misses served from the host cache
+        self.adapter_loads: dict[str, int] = {}
+
+    # --- queries ---------------------------------------------------------------------------------------------
+    def slot_of(self, name: str | None) -> int | None:
+        """Slot of a resident adapter, -1 for the base model, None if not resident."""
+        if name is None:
+            return BASE_SLOT
+        return self._slot_of.get(name)
+
+    def is_resident(self, name: str | None) -> bool:
+        return name is None or name in self._slot_of
+
+    def is_pinned(self, name: str | None) -> bool:
+        return name is not None and self._refs.get(name, 0) > 0
+
+    def refcount(self, name: str | None) -> int:
+        return 0 if name is None else self._refs.get(name, 0)
+
+    @property
+    def num_pinned(self) -> int:
+        return sum(1 for n in self._slot_of if self._refs.get(n, 0) > 0)
+
+    @property
+    def resident(self) -> dict[str, int]:
+        """Resident adapters and their slots, least recently used first."""
+        return {n: self._slot_of[n] for n in self._lru}
+
+    def can_acquire(self, name: str | None) -> bool:
+        """Whether `acquire(name)` would return a slot (no side effects)."""
+        if name is None or name in self._slot_of or self._free_slots:
+            return True
+        return any(self._refs.get(n, 0) == 0 for n in self._lru)
+
+    # --- transitions -----------------------------------------------------------------------------------------
+    def acquire(self, name: str | None) -> int | None:
+        """Slot for `name`, loading it if needed; None when every slot is pinned by running sequences.
+
+        Hit: refresh its LRU position. Miss: take a free slot, else evict the least recently used unpinned
+        adapter; the weights come from the host cache, else from `load_cpu` (which may raise: nothing changes).
+        """
+        if name is None:
+            return BASE_SLOT
+        if name in self._slot_of:
+            self.hits += 1
+            self._lru.move_to_end(name)
+            if name in self._cpu:
+                self._cpu.move_to_end(name)
+            return self._slot_of[name]
+        if not self.can_acquire(name):
+            return None
+        obj = self._host_copy(name)  # before evicting anything, so a failed load leaves the slots intact
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            victim = next(n for n in self._lru if self._refs.get(n, 0) == 0)
+            slot = self._slot_of.pop(victim)
+            del self._lru[victim]
+            self.evictions += 1
+            if self._evict is not None:
+                self._evict(slot, victim)
+        try:
+            self._install(slot, name, obj)
+        except BaseException:
+            self._free_slots.append(slot)
+            raise
+        self._slot_of[name] = slot
+        self._lru[name] = None
+        self.loads += 1
+        self.adapter_loads[name] = self.adapter_loads.get(name, 0) + 1
+        return slot
+
+    def retain(self, name: str | None) -> None:
+        """Pin a resident adapter for one more running sequence."""
+        if name is None:
+            return
+        if name not in self._slot_of:
+            raise RuntimeError(f"retain({name!r}): adapter is not in a slot (acquire it first)")
+        self._refs[name] = self._refs.get(name, 0) + 1
+
+    def release(self, name: str | None) -> None:
+        """Drop one pin; an adapter with no pins stays resident (and becomes the most recently used)."""
+        if name is None:
+            return
+        n = self._refs.get(name, 0)
+        if n <= 0:
+            raise RuntimeError(f"release({name!r}) without a matching retain")
+        if n == 1:
+            del self._refs[name]
+        else:
+            self._refs[name] = n - 1
+        if name in self._lru:
+            self._lru.move_to_end(name)
+
+    def warm(self, name: str) -> None:
+        """Read an adapter into the host cache ahead of need, so a later miss does not wait on the disk."""
+        if name in self._cpu:
+            self._cpu.move_to_end(name)
+        elif name not in self._slot_of:
+            self._host_copy(name)
+
+    def stats(self) -> dict:
+        return {"loads": self.loads, "hits": self.hits, "evictions": self.evictions, "cpu_loads": self.cpu_loads,
+                "cpu_hits": self.cpu_hits, "adapter_loads": dict(self.adapter_loads)}
+
+    # --- host cache ------------------------------------------------------------------------------------------
+    def _host_copy(self, name: str) -> object:
+        if name in self._cpu:
+            self.cpu_hits += 1
+            self._cpu.move_to_end(name)
+            return self._cpu[name]
+        obj = self._load_cpu(name)
+        self.cpu_loads += 1
+        if self.max_cpu_loras > 0:
+            self._cpu[name] = obj
+            while len(self._cpu) > self.max_cpu_loras:
+                self._cpu.popitem(last=False)
+        return obj
