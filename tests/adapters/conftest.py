@@ -54,9 +54,11 @@ def good_adapter(zoo, llama_base) -> Path:
 
 
 @pytest.fixture
-def cli(capsys):
+def cli(capsys, monkeypatch):
     """Run `multilora ARGV` through cli.main (which maps errors to messages and exit codes) -> (rc, out, err)."""
     from multilora_cli.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps at 80 columns when not on a terminal
 
     def run(*argv: str) -> tuple[int, str, str]:
         capsys.readouterr()
