@@ -141,13 +141,15 @@ def default_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, d
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                            sliding_window: int | None = None, max_context_len: int = 0,
-                           num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                           num_splits: int | None = None, block_n: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention of one new token per sequence over its cached context.
 
     q: [B, H, D]; k_cache/v_cache: [num_blocks, block_size, KVH, D]; block_tables: [B, max_blocks] int32;
     context_lens: [B] int32 (tokens incl. the new one, already stored). Returns out: [B, H, D] (q's dtype).
     `max_context_len` (an upper bound, host int) lets long contexts be split over more programs; with
-    `num_splits` > 1 it is required. Sequences of context length 0 get zeros.
+    `num_splits` > 1 it is required. `block_n`: context tokens per inner step (power of two >= 16).
+    Sequences of context length 0 get zeros.
     """
     B, H, D = q.shape
     _, page, kvh, _ = k_cache.shape
@@ -162,7 +164,7 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits = default_num_splits(B, kvh, max_context_len, q.device)
     group = H // kvh
     block_d = max(16, triton.next_power_of_2(D))
-    block_n = 64 if block_d <= 128 else 32
+    block_n = block_n or (64 if block_d <= 128 else 32)
     if num_splits > 1:
         if max_context_len <= 0:
             raise ValueError("num_splits > 1 needs max_context_len")

@@ -19,7 +19,13 @@ from multilora_cli.layers.context import StepContext, get_context
 
 
 class Attention(nn.Module):
-    """forward(q [T, H, D], k [T, KVH, D], v [T, KVH, D]) -> [T, H, D]; cache set by `set_cache`."""
+    """forward(q [T, H, D], k [T, KVH, D], v [T, KVH, D]) -> [T, H, D]; cache set by `set_cache`.
+
+    `Attention.use_triton`: None = Triton kernels on CUDA tensors only; True forces them (tests run them on
+    CPU tensors under TRITON_INTERPRET=1); False forces the torch path.
+    """
+
+    use_triton: bool | None = None
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  sliding_window: int | None = None):
@@ -49,8 +55,11 @@ class Attention(nn.Module):
         return self._decode(q, ctx)
 
     # k/v store ------------------------------------------------------------------------------------
+    def _triton(self, x: torch.Tensor) -> bool:
+        return x.is_cuda if self.use_triton is None else self.use_triton
+
     def _store(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        if k.is_cuda:
+        if self._triton(k):
             from multilora_cli.kernels.paged_attention import store_kv
 
             store_kv(k, v, self.k_cache, self.v_cache, slot_mapping)
@@ -105,7 +114,7 @@ class Attention(nn.Module):
     # decode ---------------------------------------------------------------------------------------
     def _decode(self, q: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         # q: [B, H, D], one token per sequence
-        if q.is_cuda:
+        if self._triton(q):
             from multilora_cli.kernels.paged_attention import paged_attention_decode
 
             return paged_attention_decode(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens,
