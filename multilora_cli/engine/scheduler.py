@@ -70,7 +70,7 @@ class Scheduler:
         self.chunked_prefill = chunked_prefill
         self.mix_prefill_decode = mix_prefill_decode
         self.waiting_window = waiting_window or 4 * config.max_num_seqs
-        self.defer_limit = defer_limit or self.waiting_window
+        self.defer_limit = defer_limit or 2 * self.waiting_window
         # Keep a few blocks free when admitting next to running sequences, so admissions do not force
         # the very next decode step to preempt.
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
@@ -320,7 +320,7 @@ class Scheduler:
         if not self.bm.can_allocate(seq, n, reserve):
             return _STOP
         try:
-            slot = self.slots.acquire(seq.adapter)
+            slot = self.slots.acquire(seq.adapter, keep=self._waiting)  # spare adapters with queued work
         except MultiloraError as e:
             seq.error = e
             return _FAILED

@@ -14,7 +14,7 @@ model (`None`) never takes a slot: its slot is -1.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Container
 
 BASE_SLOT = -1
 
@@ -76,11 +76,12 @@ class SlotManager:
         return any(self._refs.get(n, 0) == 0 for n in self._lru)
 
     # --- transitions -----------------------------------------------------------------------------------------
-    def acquire(self, name: str | None) -> int | None:
+    def acquire(self, name: str | None, keep: Container[str] = ()) -> int | None:
         """Slot for `name`, loading it if needed; None when every slot is pinned by running sequences.
 
         Hit: refresh its LRU position. Miss: take a free slot, else evict the least recently used unpinned
-        adapter; the weights come from the host cache, else from `load_cpu` (which may raise: nothing changes).
+        adapter, sparing those in `keep` (e.g. adapters with queued requests) while any other is evictable;
+        the weights come from the host cache, else from `load_cpu` (which may raise: nothing changes).
         """
         if name is None:
             return BASE_SLOT
@@ -96,7 +97,8 @@ class SlotManager:
         if self._free_slots:
             slot = self._free_slots.pop()
         else:
-            victim = next(n for n in self._lru if self._refs.get(n, 0) == 0)
+            unpinned = [n for n in self._lru if self._refs.get(n, 0) == 0]
+            victim = next((n for n in unpinned if n not in keep), unpinned[0])
             slot = self._slot_of.pop(victim)
             del self._lru[victim]
             self.evictions += 1

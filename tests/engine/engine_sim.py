@@ -1,0 +1,138 @@
+"""A plain-Python stand-in for the model runner, so the scheduler runs its real loop in tests.
+
+The "model" writes each fed token's (seq, position, token) into a paged KV store at the slot the batch names,
+checks that every position a query attends to holds that sequence's right token (catching block-table,
+slot-mapping and recompute bugs), and "samples" token = f(seed, completion position): a preempted and
+recomputed sequence must therefore produce exactly the tokens it would have produced undisturbed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from multilora_cli.config import EngineConfig, SamplingParams
+from multilora_cli.engine.batch import ScheduledBatch
+from multilora_cli.engine.block_manager import BlockManager
+from multilora_cli.engine.detokenizer import StopChecker
+from multilora_cli.engine.request import Request
+from multilora_cli.engine.scheduler import Scheduler
+from multilora_cli.engine.sequence import Sequence
+from multilora_cli.engine.slots import SlotManager
+
+
+def fake_token(seed: int, position: int) -> int:
+    return 3 + (seed * 7919 + position * 104729) % 997
+
+
+def expected_output(seq: Sequence) -> list[int]:
+    return [fake_token(seq.seed, i) for i in range(seq.sampling.max_tokens)]
+
+
+def make_seq(i: int, adapter: str | None, prompt_len: int, max_tokens: int, **sp) -> Sequence:
+    req = Request(key=i, id=f"r{i}", adapter=adapter, sampling=SamplingParams(max_tokens=max_tokens, **sp))
+    return Sequence.from_request(i, req, [1 + (i * 13 + j) % 50 for j in range(prompt_len)], engine_seed=1)
+
+
+@dataclass
+class StepLog:
+    batch: ScheduledBatch
+    adapters: set
+    running: int
+    resident: dict
+    decodes: list  # per sequence: fed exactly its last generated token
+
+
+@dataclass
+class Sim:
+    config: EngineConfig
+    num_blocks: int
+    scheduler_kw: dict = field(default_factory=dict)
+    fail_load: set = field(default_factory=set)
+
+    def __post_init__(self):
+        self.bm = BlockManager(self.num_blocks, self.config.block_size)
+        self.installed: dict[int, str] = {}
+
+        def load_cpu(name):
+            if name in self.fail_load:
+                from multilora_cli.errors import AdapterError
+                raise AdapterError(f"adapter {name!r}: cannot read weights")
+            return {"name": name}
+
+        def install(slot, name, obj):
+            assert obj["name"] == name
+            self.installed[slot] = name
+
+        def evict(slot, name):
+            assert self.installed.pop(slot) == name
+
+        self.slots = SlotManager(self.config.max_loras, self.config.max_cpu_loras, load_cpu, install, evict)
+        self.sched = Scheduler(self.config, self.bm, self.slots, **self.scheduler_kw)
+        self.kv: dict[int, tuple[int, int, int]] = {}  # cache slot -> (seq_id, position, token)
+        self.log: list[StepLog] = []
+        self.finished: list[Sequence] = []
+        self.admitted_step: dict[int, int] = {}
+        self.finished_step: dict[int, int] = {}
+
+    def step(self, stop=None) -> ScheduledBatch | None:
+        b = self.sched.schedule()
+        if b is not None:
+            self._run(b)
+            smp = b.sampled_seqs()
+            stop = stop or StopChecker(max_model_len=self.sched.max_model_len)
+            self.sched.postprocess(b, [fake_token(s.seed, s.sample_position) for s in smp], stop)
+        for s in self.sched.pop_finished():
+            self.finished.append(s)
+            self.finished_step[s.seq_id] = len(self.log)
+        return b
+
+    def _run(self, b: ScheduledBatch) -> None:
+        """Check the batch like a model would use it, write its KV, log invariants."""
+        bs = b.block_size
+        ids, pos, slot_map = b.input_ids(), b.positions(), b.kv_slot_mapping()
+        assert len(ids) == len(pos) == len(slot_map) == b.num_tokens == b.query_start_loc()[-1]
+        owners = {}
+        for s in self.sched.running:
+            for blk in s.block_table:
+                assert blk not in owners, f"block {blk} shared by {owners.get(blk)} and {s.seq_id}"
+                owners[blk] = s.seq_id
+        assert len(owners) + self.bm.num_free_blocks == self.bm.num_blocks
+        qs = b.query_start_loc()
+        for i, seq in enumerate(b.seqs):
+            self.admitted_step.setdefault(seq.seq_id, len(self.log))
+            assert b.slots[i] == self.slots.slot_of(seq.adapter)
+            if seq.adapter is not None:
+                assert self.installed[b.slots[i]] == seq.adapter
+            for t in range(qs[i], qs[i + 1]):
+                self.kv[slot_map[t]] = (seq.seq_id, pos[t], ids[t])
+            ctx = b.seq_lens()[i]
+            for p in range(ctx):  # everything attended to is this sequence's own, correct KV
+                cs = seq.block_table[p // bs] * bs + p % bs
+                assert self.kv.get(cs) == (seq.seq_id, p, seq.token_ids[p]), (seq, p)
+        assert b.logits_indices() == [qs[i + 1] - 1 for i in range(b.num_seqs) if b.sample[i]]
+        assert all(n == 1 for n in b.num_new_tokens[:b.num_decodes])
+        assert all(n > 1 for n in b.num_new_tokens[b.num_decodes:])
+        decodes = [n == 1 and st + 1 == s.num_tokens and st >= s.num_prompt_tokens
+                   for s, st, n in zip(b.seqs, b.start, b.num_new_tokens)]
+        self.log.append(StepLog(b, {s.adapter for s in b.seqs}, self.sched.num_running,
+                                dict(self.slots.resident), decodes))
+
+    def run(self, seqs=(), feed=None, max_steps: int = 100_000, stop=None) -> list[Sequence]:
+        """Add `seqs` (or feed lazily from the iterator `feed` while the scheduler wants more) and step
+        until everything finished."""
+        for s in seqs:
+            self.sched.add(s)
+        it = iter(feed) if feed is not None else None
+        for _ in range(max_steps):
+            while it is not None and self.sched.wants_more():
+                nxt = next(it, None)
+                if nxt is None:
+                    it = None
+                    break
+                self.sched.add(nxt)
+            if not self.sched.has_unfinished() and it is None:
+                for s in self.sched.pop_finished():
+                    self.finished.append(s)
+                return self.finished
+            self.step(stop)
+        raise AssertionError("simulation did not finish")
