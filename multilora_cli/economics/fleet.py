@@ -105,7 +105,8 @@ class Shared:
 
     @property
     def bound(self) -> str:
-        return "memory" if self.replicas_by_memory >= self.replicas_by_throughput else "throughput"
+        m, t = self.replicas_by_memory, self.replicas_by_throughput
+        return "both" if m == t else "memory" if m > t else "throughput"
 
 
 def plan_shared(tenants: int, demand: float, work: Workload, hw: Hardware, adapter_bytes: float,

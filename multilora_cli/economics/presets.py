@@ -45,10 +45,21 @@ MODEL_PRESETS: dict[str, dict] = {
 }
 
 
-def model_preset(name: str) -> ModelConfig | None:
-    """The ModelConfig of preset `name` (case-insensitive), or None if there is no such preset."""
-    cfg = MODEL_PRESETS.get(name.lower())
-    return None if cfg is None else ModelConfig.from_dict(cfg, name_or_path=cfg["_name_or_path"])
+def preset_name(spec: str) -> str | None:
+    """The preset `spec` names: a preset name or the Hub id it was taken from (case-insensitive), else None."""
+    key = spec.strip().lower()
+    if key in MODEL_PRESETS:
+        return key
+    return next((k for k, c in MODEL_PRESETS.items() if c["_name_or_path"].lower() == key), None)
+
+
+def model_preset(spec: str) -> ModelConfig | None:
+    """The ModelConfig of the preset `spec` names (see `preset_name`), or None."""
+    name = preset_name(spec)
+    if name is None:
+        return None
+    cfg = MODEL_PRESETS[name]
+    return ModelConfig.from_dict(cfg, name_or_path=cfg["_name_or_path"])
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,7 +12,7 @@ from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, HOURS_PER_
 from multilora_cli.economics.shapes import DEFAULT_RANK, AdapterShape, parse_targets, shape_from_flags
 from multilora_cli.economics.slots import POPULARITIES
 from multilora_cli.economics.sources import (
-    MeasuredRun, ModelSource, adapter_base_model, adapter_dir, load_adapter_shape, load_stats, resolve_model)
+    MeasuredRun, ModelSource, adapter_dir, load_adapter_shape, load_stats, resolve_model)
 from multilora_cli.errors import UsageError
 
 
@@ -101,8 +101,8 @@ class Resolved:
 def resolve(s: Scenario) -> Resolved:
     """Load the model shape, adapter shape, GPU spec and stats that `s` names; record every assumption."""
     stats = load_stats(s.stats) if s.stats else None
-    path = adapter_dir(s.adapter) if s.adapter else None
-    model_spec = s.model or (adapter_base_model(path) if path else None)
+    path, base = adapter_dir(s.adapter) if s.adapter else (None, None)
+    model_spec = s.model or base
     model = resolve_model(model_spec)
     if path is not None:
         adapter = load_adapter_shape(path, model.config)

@@ -7,20 +7,18 @@ files that are missing or unreadable -> ModelError / AdapterError / InputError (
 from __future__ import annotations
 
 import json
-import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from multilora_cli.economics.presets import MODEL_PRESETS, model_preset
+from multilora_cli.adapters.config import AdapterConfig
+from multilora_cli.adapters.preflight import adapter_base
+from multilora_cli.adapters.resolve import looks_like_path, resolve
+from multilora_cli.economics.presets import MODEL_PRESETS, model_preset, preset_name
 from multilora_cli.economics.shapes import AdapterShape, shape_from_modules
-from multilora_cli.errors import AdapterError, InputError, ResolveError, UnsupportedAdapterError, UsageError
-from multilora_cli.models.config import LINEAR_MODULES, ModelConfig
+from multilora_cli.errors import InputError, UsageError
+from multilora_cli.models.config import ModelConfig
 
 DEFAULT_MODEL = "llama-2-7b"  # the seeds' reference model
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-_LORA_KEY = re.compile(
-    rf"layers\.(\d+)\.(?:[\w.]+\.)?({'|'.join(LINEAR_MODULES)})\.lora_([AB])(?:\.[\w\-]+)?\.weight$")
 
 
 @dataclass(slots=True)
@@ -30,112 +28,37 @@ class ModelSource:
     source: str  # "preset" | "directory" | "hub"
 
 
-def _hub(spec: str, kind: str) -> Path:
-    """A Hub id -> local directory through the adapters resolver (downloads nothing for presets/dirs)."""
-    try:
-        from multilora_cli.adapters.resolve import resolve
-    except ImportError:
-        raise ResolveError(f"{spec}: cannot resolve Hub ids in this build",
-                           hint="download it and pass the local directory") from None
-    got = resolve(spec, kind=kind)
-    return Path(getattr(got, "path", got))
-
-
 def resolve_model(spec: str | None) -> ModelSource:
-    """`spec` is a preset name, a model directory (or its config.json), or a Hub id; None = the default preset."""
+    """`spec` is a preset name, a model directory (or its config.json), or a Hub id; None = the default preset.
+
+    A Hub id fetches config.json only: the arithmetic needs the shape, not the weights.
+    """
     spec = spec or DEFAULT_MODEL
-    preset = model_preset(spec)
-    if preset is not None:
-        return ModelSource(preset, spec.lower(), "preset")
-    path = Path(spec).expanduser()
-    if path.is_file() and path.name == "config.json":
-        path = path.parent
-    if path.is_dir():
-        return ModelSource(ModelConfig.from_dir(path), str(spec), "directory")
-    if _HUB_ID.match(spec) and not spec.startswith((".", "~")):
-        return ModelSource(ModelConfig.from_dir(_hub(spec, "model")), spec, "hub")
-    if "/" in spec or spec.startswith((".", "~")):
-        raise ResolveError(f"--model {spec}: no such directory")
-    raise UsageError(f"--model: unknown preset {spec!r}",
-                     hint=f"presets: {', '.join(MODEL_PRESETS)}; or a model directory or Hub id")
+    name = preset_name(spec)
+    if name is not None:  # also the Hub id a preset came from: no download needed
+        return ModelSource(model_preset(name), name, "preset")
+    if "/" not in spec and not Path(spec).expanduser().exists():
+        raise UsageError(f"--model: unknown preset {spec!r}",
+                         hint=f"presets: {', '.join(MODEL_PRESETS)}; or a model directory or Hub id org/name")
+    local = looks_like_path(spec) or Path(spec).expanduser().exists()
+    path = resolve(spec, kind="model", allow_patterns=["config.json"])
+    return ModelSource(ModelConfig.from_dir(path), spec, "directory" if local else "hub")
 
 
-def adapter_dir(spec: str) -> Path:
-    """An adapter path or Hub id -> a local directory holding adapter_config.json."""
-    path = Path(spec).expanduser()
-    if not path.exists() and _HUB_ID.match(spec):
-        path = _hub(spec, "adapter")
-    if not path.is_dir():
-        raise AdapterError(f"--adapter {spec}: no such directory")
-    if not (path / "adapter_config.json").is_file():
-        raise AdapterError(f"--adapter {spec}: no adapter_config.json", hint="point at a PEFT LoRA adapter directory")
-    return path
-
-
-def adapter_base_model(path: Path) -> str | None:
-    """The adapter's `base_model_name_or_path` (the model it was trained on), if it names one."""
-    try:
-        cfg = json.loads((path / "adapter_config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise AdapterError(f"{path}/adapter_config.json: unreadable: {e}") from None
-    base = cfg.get("base_model_name_or_path") if isinstance(cfg, dict) else None
-    return base or None
+def adapter_dir(spec: str) -> tuple[Path, str | None]:
+    """An adapter path or Hub id -> (local directory, the base model it names as a --model spec or None)."""
+    path = resolve(spec, kind="adapter")
+    return path, adapter_base(path, AdapterConfig.from_dir(path))
 
 
 def load_adapter_shape(path: Path, model: ModelConfig) -> AdapterShape:
-    """Per-module LoRA shapes of the adapter at `path`, validated against `model`.
+    """Per-module LoRA shapes of the adapter at `path`, validated against `model` by the engine's own loader
+    (so an adapter `multilora run` would refuse is refused here too)."""
+    from multilora_cli.adapters.peft import load_adapter  # imports torch: only when --adapter is used
 
-    Uses the engine's adapter loader when present (same validation as `multilora run`); otherwise reads the
-    config and the safetensors header (shapes only, no tensor data).
-    """
-    try:
-        from multilora_cli.adapters.peft import load_adapter
-    except ImportError:
-        load_adapter = None
-    if load_adapter is not None:
-        adapter = load_adapter(path, path.name, model_config=model)
-        entries = [(layer, mod, m.a.shape[0], m.a.shape[1], m.b.shape[0])
-                   for (layer, mod), m in adapter.modules.items()]
-    else:
-        entries = _entries_from_files(path)
-    return shape_from_modules(entries, source=str(path), model=model)
-
-
-def _entries_from_files(path: Path) -> list[tuple[int, str, int, int, int]]:
-    cfg = json.loads((path / "adapter_config.json").read_text())
-    if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
-        raise UnsupportedAdapterError(f"{path}: peft_type {cfg.get('peft_type')!r} is not LoRA")
-    if cfg.get("use_dora"):
-        raise UnsupportedAdapterError(f"{path}: DoRA adapters (use_dora) are not servable yet")
-    shapes = _tensor_shapes(path)
-    a: dict[tuple[int, str], list[int]] = {}
-    b: dict[tuple[int, str], list[int]] = {}
-    for key, shape in shapes.items():
-        m = _LORA_KEY.search(key)
-        if m is None:
-            raise UnsupportedAdapterError(f"{path}: tensor {key} is not a LoRA A/B of a decoder linear layer")
-        (a if m.group(3) == "A" else b)[(int(m.group(1)), m.group(2))] = shape
-    if a.keys() != b.keys():
-        raise AdapterError(f"{path}: lora_A and lora_B tensors do not pair up")
-    return [(layer, mod, a[(layer, mod)][0], a[(layer, mod)][1], b[(layer, mod)][0]) for layer, mod in a]
-
-
-def _tensor_shapes(path: Path) -> dict[str, list[int]]:
-    st = path / "adapter_model.safetensors"
-    try:
-        if st.is_file():  # safetensors: u64 header length, then a JSON header {name: {dtype, shape, ...}}
-            with st.open("rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-            return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
-        legacy = path / "adapter_model.bin"
-        if legacy.is_file():
-            import torch
-
-            return {k: list(v.shape) for k, v in torch.load(legacy, map_location="cpu", weights_only=True).items()}
-    except Exception as e:  # noqa: BLE001 - any decode failure means a broken weights file
-        raise AdapterError(f"{path}: unreadable adapter weights: {e}") from None
-    raise AdapterError(f"{path}: no adapter_model.safetensors or adapter_model.bin")
+    adapter = load_adapter(path, path.name, model_config=model)
+    entries = [(layer, mod, m.a.shape[0], m.a.shape[1], m.b.shape[0]) for (layer, mod), m in adapter.modules.items()]
+    return shape_from_modules(entries, source=str(path))
 
 
 @dataclass(slots=True)

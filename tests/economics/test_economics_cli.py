@@ -1,0 +1,97 @@
+"""`multilora economics` end to end through cli.main: tables, --json, and one-line errors with exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from multilora_cli.economics import Scenario, compute
+
+
+def test_json_has_every_assumption_and_figure(cli):
+    rc, out, err = cli("--tenants", 100, "--model", "llama-2-7b", "--rank", 16, "--targets", "q_proj,k_proj,v_proj,o_proj",
+                       "--gpu", "a100-80gb", "--gpu-hour-usd", 1.5, "--popularity", "zipf", "--zipf-s", 1.1, "--json")
+    assert rc == 0 and err == ""
+    data = json.loads(out)
+    assert data["adapter"]["bytes"] == 33_554_432
+    a = data["assumptions"]
+    assert a["gpu_hour_usd"] == {"value": 1.5, "unit": "USD", "source": "flag", "note": a["gpu_hour_usd"]["note"]}
+    assert a["gpu_memory_gb"]["source"] == "preset a100-80gb" and a["hours_per_month"]["value"] == 730
+    assert a["pcie_gbs"]["value"] == 25.0 and "Gen4" in a["pcie_gbs"]["note"]
+    ref = compute(Scenario(tenants=100, model="llama-2-7b", gpu="a100-80gb", gpu_hour_usd=1.5, popularity="zipf",
+                           zipf_s=1.1)).to_dict()
+    for section in ("adapter", "full_copy", "memory", "throughput", "fleet", "slots"):
+        assert data[section].keys() == ref[section].keys()
+        for k, v in data[section].items():
+            assert v == (pytest.approx(ref[section][k]) if isinstance(v, float) else ref[section][k]), k
+            assert f"{section}.{k}" in data["explanations"] or k == "shared_bound", k
+    assert data["fleet"]["usd_per_month_saved"] == pytest.approx(data["fleet"]["gpus_saved"] * 1.5 * 730)
+    assert "Che" in data["explanations"]["slots.hit_rate"]
+
+
+def test_tables_explain_the_figures(cli):
+    rc, out, err = cli("--tenants", 100)
+    assert rc == 0 and err == ""
+    for text in ("Assumptions", "32.0 MiB", "401.6×", "Slot thrash", "GPUs saved", "preset h100-sxm", "730 h",
+                 "exact for uniform", "100 tenants on llama-2-7b"):
+        assert text in out, text
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--tenants", 0], 2, "--tenants must be a positive integer, got 0"),
+    (["--tenants", -3], 2, "--tenants must be a positive integer"),
+    (["--tenants", 5, "--rank", 0], 2, "--rank must be a positive integer, got 0"),
+    (["--tenants", 5, "--rank", -1], 2, "--rank"),
+    (["--tenants", 5, "--model", "llama-9-9b"], 2, "unknown preset 'llama-9-9b'"),
+    (["--tenants", 5, "--gpu", "tpu-v5"], 2, "--gpu must be one of"),
+    (["--tenants", 5, "--targets", "q_proj,qkv"], 2, "unknown module 'qkv'"),
+    (["--tenants", 5, "--targets", ","], 2, "--targets is empty"),
+    (["--tenants", 5, "--dtype", "int8"], 2, "--dtype must be one of"),
+    (["--tenants", 5, "--popularity", "pareto"], 2, "--popularity must be one of"),
+    (["--tenants", 5, "--kv-reserve", 1.5], 2, "--kv-reserve must be in (0, 1)"),
+    (["--tenants", 5, "--tokens-per-tenant-per-s", 0], 2, "--tokens-per-tenant-per-s must be > 0"),
+    (["--tenants", 5, "--max-loras", 0], 2, "--max-loras must be a positive integer"),
+    (["--tenants", 5, "--context-len", 1_000_000], 2, "does not fit the KV reserve"),
+])
+def test_bad_flag_values_are_usage_errors(cli, args, code, needle):
+    rc, out, err = cli(*args)
+    assert rc == code and out == ""
+    assert err.startswith("error: ") and needle in err and err.count("\n") == 1, err
+
+
+def test_missing_tenants_is_a_click_usage_error(cli):
+    rc, out, err = cli("--model", "llama-2-7b")
+    assert rc == 2 and "--tenants" in err
+
+
+def test_unreadable_files_exit_1(cli, tmp_path):
+    (tmp_path / "empty").mkdir()
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{not json")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"requests": 3}))
+    cases = [
+        (["--model", str(tmp_path / "empty")], "no config.json"),
+        (["--model", str(tmp_path / "missing")], "does not exist"),
+        (["--stats", str(tmp_path / "nope.json")], "cannot read"),
+        (["--stats", str(bad_json)], "not valid JSON"),
+        (["--stats", str(other)], "not a run stats file"),
+        (["--adapter", str(tmp_path / "empty")], "adapter_config.json"),
+    ]
+    for args, needle in cases:
+        rc, out, err = cli("--tenants", 5, *args)
+        assert rc == 1 and out == "" and needle in err and err.count("\n") == 1, (args, err)
+
+
+def test_adapter_with_rank_is_a_usage_error(cli, tiny):
+    rc, _, err = cli("--tenants", 5, "--adapter", tiny["qv"], "--targets", "all")
+    assert rc == 2 and "drop --rank / --targets" in err
+
+
+def test_adapter_end_to_end(cli, tiny):
+    rc, out, err = cli("--tenants", 5, "--adapter", tiny["qv"], "--json", "--dtype", "float32")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["adapter"]["bytes"] == 2 * 8 * (128 + 96) * 4
+    assert data["assumptions"]["adapter"]["source"] == "adapter"
