@@ -28,7 +28,9 @@ class LoRALinear(FusedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)  # [T, out]
         ctx = get_context()
-        if ctx is not None and ctx.lora is not None and ctx.lora.segments:
+        # Eager steps without adapted tokens skip the call; static (CUDA-graph) metadata always calls, since
+        # the captured graph must contain the kernels whatever the batch at capture time was.
+        if ctx is not None and ctx.lora is not None and (ctx.lora.segments or getattr(ctx.lora, "static", False)):
             kernels.add_lora(y, x, self.lora, ctx.lora)
         return y
 
