@@ -1,10 +1,18 @@
-"""Per-step LoRA metadata: built once per step, shared by every LoRA layer of the model."""
+"""Per-step LoRA metadata: built once per step on the host, shared by every LoRA layer of the model.
+
+The scheduler knows each token's slot on the host, so grouping and tiling are host work followed by one
+host-to-device copy; the per-layer kernels then never sync with the host. `LoraMetaBuffers` writes into
+persistent device tensors so a CUDA graph captured once can be replayed with next step's batch.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+# Row-block sizes the kernels may pick (see blocks.py); a tile map is built for each.
+TILE_BLOCKS: tuple[int, ...] = (16, 32, 64, 128)
 
 
 @dataclass(slots=True)
@@ -16,6 +24,10 @@ class LoraMeta:
     seg_start:  [S+1] int32 segment boundaries into sorted_idx (adapted tokens only)
     seg_slot:   [S] int32   slot of each segment
     segments:   host copy [(slot, start, end)], for the CPU path (no device sync needed there)
+    tiles:      [len(TILE_BLOCKS), 3, cap] int32  per row-block size BM: the work tiles of the kernels,
+                (slot, lo, hi) = one segment's rows sorted_idx[lo:hi], hi - lo <= BM; slot -1 = no work
+    tile_counts: host, number of real tiles per BM (eager launches size their grid by it)
+    static:     True when the tensors are views of persistent buffers (`LoraMetaBuffers`): safe to capture
     """
 
     token_slot: torch.Tensor
@@ -23,6 +35,9 @@ class LoraMeta:
     seg_start: torch.Tensor
     seg_slot: torch.Tensor
     segments: list[tuple[int, int, int]]
+    tiles: torch.Tensor | None = None
+    tile_counts: tuple[int, ...] = ()
+    static: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -33,9 +48,13 @@ class LoraMeta:
         return bool(self.segments)
 
 
-def build_lora_meta(token_slot: list[int] | torch.Tensor, device: torch.device | str = "cpu") -> LoraMeta:
-    """Group tokens by slot. `token_slot` is host data (the scheduler knows it), so no device sync."""
-    slots = token_slot.tolist() if isinstance(token_slot, torch.Tensor) else list(token_slot)
+def tile_capacity(num_tokens: int, max_segments: int) -> int:
+    """Upper bound on tiles for the smallest BM: each segment adds at most one partial tile."""
+    return -(-num_tokens // TILE_BLOCKS[0]) + min(max_segments, num_tokens)
+
+
+def group_tokens(slots: list[int]) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Stable sort of token indices by slot (base tokens last) and the segments [(slot, start, end)]."""
     big = 1 << 30
     order = sorted(range(len(slots)), key=lambda t: (slots[t] if slots[t] >= 0 else big, t))
     segments: list[tuple[int, int, int]] = []
@@ -47,7 +66,38 @@ def build_lora_meta(token_slot: list[int] | torch.Tensor, device: torch.device |
             segments[-1] = (s, segments[-1][1], pos + 1)
         else:
             segments.append((s, pos, pos + 1))
+    return order, segments
+
+
+def tile_rows(segments: list[tuple[int, int, int]], cap: int) -> tuple[list[int], tuple[int, ...]]:
+    """Flat host tile table [len(TILE_BLOCKS) * 3 * cap] (slot row, lo row, hi row per BM) and real counts."""
+    flat: list[int] = []
+    counts = []
+    for bm in TILE_BLOCKS:
+        slot_row, lo_row, hi_row = [], [], []
+        for slot, start, end in segments:
+            for lo in range(start, end, bm):
+                slot_row.append(slot)
+                lo_row.append(lo)
+                hi_row.append(min(lo + bm, end))
+        n = len(slot_row)
+        assert n <= cap, (n, cap)
+        counts.append(n)
+        pad = cap - n
+        flat += slot_row + [-1] * pad + lo_row + [0] * pad + hi_row + [0] * pad
+    return flat, tuple(counts)
+
+
+def build_lora_meta(token_slot: list[int] | torch.Tensor, device: torch.device | str = "cpu") -> LoraMeta:
+    """Group tokens by slot. `token_slot` is host data (the scheduler knows it), so no device sync.
+
+    Fresh tensors each call: fine for eager steps; for CUDA graphs use `LoraMetaBuffers`.
+    """
+    slots = token_slot.tolist() if isinstance(token_slot, torch.Tensor) else list(token_slot)
+    order, segments = group_tokens(slots)
     starts = [seg[1] for seg in segments] + ([segments[-1][2]] if segments else [0])
+    cap = max(tile_capacity(len(slots), len(segments)), 1)
+    flat_tiles, counts = tile_rows(segments, cap)
     mk = lambda v: torch.tensor(v, dtype=torch.int32).to(device, non_blocking=True)  # noqa: E731
     return LoraMeta(
         token_slot=mk(slots),
@@ -55,4 +105,66 @@ def build_lora_meta(token_slot: list[int] | torch.Tensor, device: torch.device |
         seg_start=mk(starts),
         seg_slot=mk([seg[0] for seg in segments]),
         segments=segments,
+        tiles=mk(flat_tiles).view(len(TILE_BLOCKS), 3, cap),
+        tile_counts=counts,
     )
+
+
+class LoraMetaBuffers:
+    """Fixed-capacity device buffers for `LoraMeta`, reused every step (CUDA-graph safe).
+
+    `build(token_slot)` fills a pinned host staging buffer and issues ONE non-blocking copy into a
+    persistent device buffer; the returned LoraMeta's tensors are views at fixed addresses, so a graph
+    captured with one batch replays correctly with the next (same T, any adapter mix).
+    """
+
+    def __init__(self, max_tokens: int, max_loras: int, device: torch.device | str):
+        if max_tokens < 1 or max_loras < 1:
+            raise ValueError(f"LoraMetaBuffers needs max_tokens >= 1 and max_loras >= 1, got {max_tokens}, {max_loras}")
+        self.max_tokens, self.max_loras = max_tokens, max_loras
+        self.device = torch.device(device)
+        self.cap = tile_capacity(max_tokens, max_loras)
+        # flat layout: token_slot | sorted_idx | seg_start | seg_slot | tiles
+        self._off = [0, max_tokens, 2 * max_tokens, 2 * max_tokens + max_loras + 1]
+        self._off.append(self._off[-1] + max_loras)
+        total = self._off[-1] + len(TILE_BLOCKS) * 3 * self.cap
+        pin = self.device.type == "cuda"
+        self._host = torch.empty(total, dtype=torch.int32, pin_memory=pin)
+        self._dev = torch.zeros(total, dtype=torch.int32, device=self.device)
+        self._copied = torch.cuda.Event() if pin else None
+
+    def build(self, token_slot: list[int]) -> LoraMeta:
+        """Write this step's metadata into the buffers and return views of them (no host sync)."""
+        slots = list(token_slot)
+        t = len(slots)
+        if t > self.max_tokens:
+            raise ValueError(f"{t} tokens exceed LoraMetaBuffers capacity {self.max_tokens}")
+        order, segments = group_tokens(slots)
+        if len(segments) > self.max_loras:
+            raise ValueError(f"{len(segments)} distinct slots exceed LoraMetaBuffers max_loras {self.max_loras}")
+        starts = [seg[1] for seg in segments] + ([segments[-1][2]] if segments else [0])
+        flat_tiles, counts = tile_rows(segments, self.cap)
+        o = self._off
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copy has long finished; never overwrite it mid-flight
+        h = self._host
+        h[o[0]:o[0] + t] = torch.tensor(slots, dtype=torch.int32)
+        h[o[1]:o[1] + t] = torch.tensor(order, dtype=torch.int32)
+        h[o[2]:o[2] + len(starts)] = torch.tensor(starts, dtype=torch.int32)
+        if segments:
+            h[o[3]:o[3] + len(segments)] = torch.tensor([s[0] for s in segments], dtype=torch.int32)
+        h[o[4]:] = torch.tensor(flat_tiles, dtype=torch.int32)
+        self._dev.copy_(h, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        d = self._dev
+        return LoraMeta(
+            token_slot=d[o[0]:o[0] + t],
+            sorted_idx=d[o[1]:o[1] + t],
+            seg_start=d[o[2]:o[2] + len(starts)],
+            seg_slot=d[o[3]:o[3] + len(segments)],
+            segments=segments,
+            tiles=d[o[4]:].view(len(TILE_BLOCKS), 3, self.cap),
+            tile_counts=counts,
+            static=True,
+        )

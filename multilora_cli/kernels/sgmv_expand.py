@@ -1,0 +1,123 @@
+"""SGMV expand: y[:, slice] += s @ B^T for every token's adapter, all packed slices in one launch, in place.
+
+Grid: (tiles, column groups). Column groups are numbered slice after slice (each slice's width rounded up
+to BN * NB), so a CTA never straddles two slices. A CTA walks NB column blocks of BN, and for each the
+rank in chunks of RB up to the slot's real rank (rank-aware bytes and FLOPs); base rows are never touched.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from multilora_cli.kernels.blocks import ExpandBlocks, expand_blocks, tile_index
+from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, tile_grid
+from multilora_cli.kernels.meta import LoraMeta
+from multilora_cli.kernels.weights import LoraWeights
+
+MAX_SLICES = 4
+
+
+@triton.jit
+def _expand_kernel(
+    s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, y_ptr,
+    n_split, tile_cap, n_slices, O1, O2, O3, O4,
+    stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_yt,
+    BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, RB: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    pid_tile = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    slot = tl.load(tiles_ptr + pid_tile)
+    if slot < 0:  # padding tile
+        return
+    lo = tl.load(tiles_ptr + tile_cap + pid_tile)
+    hi = tl.load(tiles_ptr + 2 * tile_cap + pid_tile)
+    slot64 = slot.to(tl.int64)
+
+    # which slice owns column group pid_g: groups are counted slice by slice (O_i = start column of slice i,
+    # O_i = out_features for i >= n_slices, so absent slices own no groups)
+    GW: tl.constexpr = BN * NB
+    g1 = tl.cdiv(O1, GW)
+    g2 = g1 + tl.cdiv(O2 - O1, GW)
+    g3 = g2 + tl.cdiv(O3 - O2, GW)
+    sl = (pid_g >= g1).to(tl.int32) + (pid_g >= g2).to(tl.int32) + (pid_g >= g3).to(tl.int32)
+    col_lo = tl.where(sl == 0, 0, tl.where(sl == 1, O1, tl.where(sl == 2, O2, O3)))
+    col_hi = tl.where(sl == 0, O1, tl.where(sl == 1, O2, tl.where(sl == 2, O3, O4)))
+    g_lo = tl.where(sl == 0, 0, tl.where(sl == 1, g1, tl.where(sl == 2, g2, g3)))
+    r = tl.load(rank_ptr + slot64 * n_slices + sl)
+    if r == 0:  # slice not adapted by this slot
+        return
+
+    m = tl.arange(0, BM)
+    row_ok = lo + m < hi
+    rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
+    s_rows = s_ptr + rows[:, None] * stride_s_t + sl * stride_s_slice  # [BM, 1]
+    b_slot = b_ptr + slot64 * stride_b_slot
+    y_rows = y_ptr + rows[:, None] * stride_yt  # [BM, 1]
+    offs_r = tl.arange(0, RB)
+    n0 = col_lo + (pid_g - g_lo) * GW
+    for it in range(NB):
+        cols = n0 + it * BN + tl.arange(0, BN)
+        col_ok = cols < col_hi
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for c in range(0, r, RB):
+            jj = c + offs_r
+            j_ok = jj < r
+            sv = tl.zeros((BM, RB), dtype=tl.float32)
+            for p in range(n_split):  # sum the K-split partials of the shrink
+                sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :],
+                              other=0.0)
+            bt = tl.load(b_slot + cols[None, :] * stride_b_out + jj[:, None], mask=j_ok[:, None] & col_ok[None, :],
+                         other=0.0)  # [RB, BN]
+            acc = tl.dot(sv.to(y_ptr.dtype.element_ty), bt.to(y_ptr.dtype.element_ty), acc, input_precision=DOT_PREC)
+        y_ptrs = y_rows + cols[None, :]
+        ok = row_ok[:, None] & col_ok[None, :]
+        yv = tl.load(y_ptrs, mask=ok, other=0.0)
+        tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(yv.dtype), mask=ok)
+
+
+def default_expand_blocks(y: torch.Tensor, w: LoraWeights) -> ExpandBlocks:
+    return expand_blocks(y.shape[0], w.out_features, w.max_rank, num_sms(y.device))
+
+
+def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor,
+                blocks: ExpandBlocks | None = None) -> None:
+    """Add every adapted token's expanded delta into y, all slices in one launch, in place.
+
+    s:    [split, T, n_slices, R] (or [T, n_slices, R])  fp32, partial sums from `lora_shrink`
+    w:    LoraWeights (b [L, out, R] with slices concatenated along out, rank [L, n_slices]); any float dtype
+    meta: LoraMeta of the step (tiles on y's device)
+    y:    [T, out]                        fp16 | bf16 | fp32, row stride free, unit column stride; updated
+
+        for tile (slot, rows) in meta, for slice i with r = rank[slot, i] > 0:
+            y[rows, off_i:off_i+n_i] += (s[:, rows, i, :r].sum(0) @ b[slot, off_i:off_i+n_i, :r].T)
+        computed as one dot in y's dtype with fp32 accumulation, added to y in fp32, rounded once.
+    Rows of base tokens and columns of rank-0 slices are not written.
+    """
+    b = blocks or default_expand_blocks(y, w)
+    t = check_x(y, w.out_features, "y")
+    check_weights(w, y.device)
+    check_meta(meta, t, y.device)
+    if s.dim() == 3:
+        s = s.unsqueeze(0)
+    if (s.dtype != torch.float32 or s.dim() != 4 or tuple(s.shape[1:]) != (t, w.n_slices, w.max_rank)
+            or s.stride(3) != 1 or s.device != y.device):
+        raise ValueError(f"lora_expand: s must be fp32 [split, {t}, {w.n_slices}, {w.max_rank}] on {y.device} with unit "
+                         f"last stride, got {s.dtype} {tuple(s.shape)} on {s.device}")
+    if w.n_slices > MAX_SLICES:
+        raise ValueError(f"lora_expand supports up to {MAX_SLICES} packed slices, got {w.n_slices}")
+    n_tiles = tile_grid(meta, b.bm, t, w.max_loras)
+    if n_tiles == 0:
+        return
+    offs = list(w.slice_offsets[1:-1]) + [w.out_features] * (MAX_SLICES - w.n_slices + 1)  # O1..O4
+    gw = b.bn * b.nb
+    groups = sum(triton.cdiv(w.slice_offsets[i + 1] - w.slice_offsets[i], gw) for i in range(w.n_slices))
+    tiles = meta.tiles[tile_index(b.bm)]
+    _expand_kernel[(n_tiles, groups)](
+        s, w.b, w.rank, meta.sorted_idx, tiles, y,
+        s.shape[0], tiles.stride(0), w.n_slices, *offs,
+        s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), y.stride(0),
+        BM=b.bm, BN=b.bn, NB=b.nb, RB=b.rb, DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
+        num_warps=b.num_warps, num_stages=b.num_stages,
+    )

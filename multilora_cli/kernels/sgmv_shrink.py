@@ -1,0 +1,119 @@
+"""SGMV shrink: s = scale * x @ A^T for every token's adapter, all packed slices in one launch.
+
+Grid: (tiles, rank chunks, K splits). A tile is up to BM rows of ONE segment (one slot), so each CTA
+streams one adapter's A once for its rows. The CTA's N dimension holds every slice at once
+(NSP slices x RB rank rows), so the x tile is read once per K step for all slices. Rows of A past the
+slot's real rank are masked: they cost no bytes, and chunks past the rank exit at once (rank-aware).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from multilora_cli.kernels.blocks import ShrinkBlocks, shrink_blocks, tile_index
+from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, tile_grid
+from multilora_cli.kernels.meta import LoraMeta
+from multilora_cli.kernels.weights import LoraWeights
+
+
+@triton.jit
+def _shrink_kernel(
+    x_ptr, a_ptr, rank_ptr, scale_ptr, idx_ptr, tiles_ptr, s_ptr,
+    K, k_per_split, tile_cap, n_slices,
+    stride_xt, stride_a_slot, stride_a_slice, stride_a_rank, stride_rank,
+    stride_s_split, stride_s_t, stride_s_slice,
+    NSP: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    pid_tile = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    slot = tl.load(tiles_ptr + pid_tile)
+    if slot < 0:  # padding tile: no work (the grid is sized from a static bound)
+        return
+    lo = tl.load(tiles_ptr + tile_cap + pid_tile)
+    hi = tl.load(tiles_ptr + 2 * tile_cap + pid_tile)
+    slot64 = slot.to(tl.int64)
+
+    # column n of the CTA = (slice n // RB, rank row pid_c * RB + n % RB)
+    n = tl.arange(0, NSP * RB)
+    sl = n // RB
+    j = pid_c * RB + n % RB
+    sl_ok = sl < n_slices
+    r = tl.load(rank_ptr + slot64 * stride_rank + sl, mask=sl_ok, other=0)  # [NSP*RB] rank of each column's slice
+    if pid_c * RB >= tl.max(r, 0):  # rank chunk past every slice's rank
+        return
+    col_ok = j < r
+
+    m = tl.arange(0, BM)
+    row_ok = lo + m < hi
+    rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
+
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    offs_k = tl.arange(0, BK)
+    x_ptrs = x_ptr + rows[:, None] * stride_xt + offs_k[None, :]  # [BM, BK]
+    a_ptrs = (a_ptr + slot64 * stride_a_slot + sl[None, :] * stride_a_slice + j[None, :] * stride_a_rank
+              + offs_k[:, None])  # [BK, NSP*RB]
+    acc = tl.zeros((BM, NSP * RB), dtype=tl.float32)
+    for k in range(k_lo, k_hi, BK):
+        k_ok = k + offs_k < k_hi
+        xt = tl.load(x_ptrs + k, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        at = tl.load(a_ptrs + k, mask=col_ok[None, :] & k_ok[:, None], other=0.0)
+        acc = tl.dot(xt, at.to(xt.dtype), acc, input_precision=DOT_PREC)
+
+    scale = tl.load(scale_ptr + slot64 * stride_rank + sl, mask=sl_ok, other=0.0)
+    acc = acc * scale[None, :]
+    s_ptrs = s_ptr + pid_k * stride_s_split + rows[:, None] * stride_s_t + sl[None, :] * stride_s_slice + j[None, :]
+    tl.store(s_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
+
+
+def shrink_out_shape(x: torch.Tensor, w: LoraWeights, blocks: ShrinkBlocks | None = None) -> tuple[int, int, int, int]:
+    """Shape of the fp32 partial-sum buffer `lora_shrink` writes: [split, T, n_slices, max_rank]."""
+    b = blocks or default_shrink_blocks(x, w)
+    return (b.split, x.shape[0], w.n_slices, w.max_rank)
+
+
+def default_shrink_blocks(x: torch.Tensor, w: LoraWeights) -> ShrinkBlocks:
+    return shrink_blocks(x.shape[0], w.in_features, w.n_slices, w.max_rank, num_sms(x.device))
+
+
+def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tensor,
+                blocks: ShrinkBlocks | None = None) -> None:
+    """Shrink every adapted token onto its adapter's rank space, all slices in one launch.
+
+    x:    [T, in]                         fp16 | bf16 | fp32, row stride free, unit column stride
+    w:    LoraWeights (a [L, n_slices, R, in], rank/scale [L, n_slices]); any float dtype (cast to x's)
+    meta: LoraMeta of the step (tiles on x's device)
+    out:  [split, T, n_slices, R]         fp32, split == blocks.split (see `shrink_out_shape`)
+
+        for tile (slot, rows) in meta, for slice i with r = rank[slot, i] > 0, for split p:
+            out[p, rows, i, :r] = scale[slot, i] * x[rows, K_p] @ a[slot, i, :r, K_p].T   (fp32 accumulate)
+        where K_p is the p-th chunk of in-features, so that  s = out.sum(0).
+    Entries of `out` for base tokens, for j >= rank and for rank-0 slices are left untouched.
+    """
+    b = blocks or default_shrink_blocks(x, w)
+    t = check_x(x, w.in_features, "x")
+    check_weights(w, x.device)
+    check_meta(meta, t, x.device)
+    if out.dtype != torch.float32 or tuple(out.shape) != (b.split, t, w.n_slices, w.max_rank) or out.stride(3) != 1:
+        raise ValueError(f"lora_shrink: out must be fp32 {(b.split, t, w.n_slices, w.max_rank)} with unit last stride,"
+                         f" got {out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    if out.device != x.device:
+        raise ValueError(f"lora_shrink: out on {out.device}, x on {x.device}")
+    n_tiles = tile_grid(meta, b.bm, t, w.max_loras)
+    if n_tiles == 0:
+        return
+    k_per_split = -(-w.in_features // (b.split * b.bk)) * b.bk
+    nsp = triton.next_power_of_2(w.n_slices)
+    grid = (n_tiles, triton.cdiv(w.max_rank, b.rb), b.split)
+    tiles = meta.tiles[tile_index(b.bm)]
+    _shrink_kernel[grid](
+        x, w.a, w.rank, w.scale, meta.sorted_idx, tiles, out,
+        w.in_features, k_per_split, tiles.stride(0), w.n_slices,
+        x.stride(0), w.a.stride(0), w.a.stride(1), w.a.stride(2), w.rank.stride(0),
+        out.stride(0), out.stride(1), out.stride(2),
+        NSP=nsp, BM=b.bm, RB=b.rb, BK=b.bk, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=b.num_warps, num_stages=b.num_stages,
+    )

@@ -1,0 +1,70 @@
+"""Launcher argument checks and the block-size table."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from lora_cases import make_pool, token_slots
+from multilora_cli.kernels import build_lora_meta
+from multilora_cli.kernels.blocks import expand_blocks, shrink_blocks
+from multilora_cli.kernels.meta import TILE_BLOCKS
+
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU only)")
+
+
+@interp
+def test_shrink_rejects_bad_arguments():
+    from multilora_cli.kernels.sgmv_shrink import lora_shrink, shrink_out_shape
+
+    w = make_pool(64, [64, 16, 16], torch.float32)
+    ts = token_slots("uniform", 5)
+    meta = build_lora_meta(ts)
+    x = torch.randn(5, 64)
+    out = torch.empty(shrink_out_shape(x, w))
+    with pytest.raises(ValueError, match=r"x must be \[T, 64\]"):
+        lora_shrink(torch.randn(5, 63), w, meta, out)
+    with pytest.raises(ValueError, match="dtype"):
+        lora_shrink(x.to(torch.int32), w, meta, out)
+    with pytest.raises(ValueError, match="column stride"):
+        lora_shrink(torch.randn(64, 5).T, w, meta, out)
+    with pytest.raises(ValueError, match="out must be fp32"):
+        lora_shrink(x, w, meta, out.half())
+    with pytest.raises(ValueError, match="for 6 tokens"):
+        lora_shrink(torch.randn(5, 64), w, build_lora_meta(ts + [1]), out)
+
+
+@interp
+def test_expand_rejects_bad_arguments():
+    from multilora_cli.kernels.sgmv_expand import lora_expand
+
+    w = make_pool(64, [64, 16, 16], torch.float32)
+    meta = build_lora_meta(token_slots("uniform", 5))
+    s = torch.zeros(1, 5, 3, 64)
+    with pytest.raises(ValueError, match=r"y must be \[T, 96\]"):
+        lora_expand(s, w, meta, torch.zeros(5, 95))
+    with pytest.raises(ValueError, match="s must be fp32"):
+        lora_expand(torch.zeros(1, 5, 3, 32), w, meta, torch.zeros(5, 96))
+    w.rank = w.rank.long()
+    with pytest.raises(ValueError, match="rank must be contiguous int32"):
+        lora_expand(s, w, meta, torch.zeros(5, 96))
+
+
+@pytest.mark.parametrize("t", [1, 7, 16, 64, 133, 256, 1024, 4096, 8192])
+@pytest.mark.parametrize("in_f,n_slices,out", [(4096, 3, 6144), (4096, 1, 4096), (4096, 2, 28672), (14336, 1, 4096)])
+@pytest.mark.parametrize("max_rank", [8, 16, 64])
+def test_block_table_is_valid(t, in_f, n_slices, out, max_rank):
+    sb = shrink_blocks(t, in_f, n_slices, max_rank, 132)
+    assert sb.bm in TILE_BLOCKS and sb.rb >= 16 and sb.bk >= 16 and sb.split >= 1
+    assert in_f // (sb.bk * sb.split) >= 1, "every split gets at least one K step"
+    eb = expand_blocks(t, out, max_rank, 132)
+    assert eb.bm in TILE_BLOCKS and eb.rb >= 16 and eb.bn >= 16 and eb.nb >= 1
+
+
+def test_block_table_varies_with_shape():
+    """Not one size for all: decode and prefill get different tiles, small batches split K."""
+    small, big = shrink_blocks(1, 4096, 3, 16, 132), shrink_blocks(4096, 4096, 3, 16, 132)
+    assert small.bm < big.bm and small.split > big.split
+    assert expand_blocks(1, 6144, 16, 132) != expand_blocks(4096, 6144, 16, 132)
