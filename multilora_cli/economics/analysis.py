@@ -7,7 +7,7 @@ for the models behind the throughput and hit-rate figures).
 from __future__ import annotations
 
 from multilora_cli.economics.fleet import Hardware, Workload, ceil_div, plan_dedicated, plan_shared
-from multilora_cli.economics.presets import HOURS_PER_MONTH
+from multilora_cli.economics.presets import GPU_PRESETS, HOURS_PER_MONTH
 from multilora_cli.economics.report import Report, Section
 from multilora_cli.economics.scenario import Resolved, Scenario, resolve
 from multilora_cli.economics.slots import expected_distinct, lru_hit_rate, popularity
@@ -216,5 +216,11 @@ def _warn(report: Report, s: Scenario, r: Resolved, shared, slot_bytes: float, a
         names = {r.model.label.lower(), r.model.config.name_or_path.lower()}
         if m and not any(x and (x in m.lower() or m.lower().rstrip("/").split("/")[-1] in x) for x in names):
             w.append(f"the measured run used model {m!r}, not {r.model.label}: its throughput may not transfer")
-        if r.stats.device.lower().startswith("cpu"):
+        device = r.stats.device.lower()
+        if device.startswith("cpu"):
             w.append("the measured run ran on CPU: its throughput says little about a GPU fleet")
+        family = r.gpu.name.split("-")[0]  # h100, a100, l40s, ...
+        tokens = device.replace("-", " ").split()  # "nvidia a100 sxm4 80gb"
+        seen = {g.split("-")[0] for g in GPU_PRESETS if any(t.startswith(g.split("-")[0]) for t in tokens)}
+        if seen and family not in seen:
+            w.append(f"the measured run ran on {r.stats.device!r}, the fleet is sized on {r.gpu.name}")

@@ -116,7 +116,9 @@ def resolve(s: Scenario) -> Resolved:
     measured_out = stats.mean_completion_tokens if stats else None
     out_tokens = s.output_tokens or measured_out or 256.0
     r = Resolved(s, model, adapter, gpu, stats, DTYPE_BYTES[s.dtype], out_tokens, s.requests_per_step)
-    src = lambda given, default="default": "flag" if given is not None else default  # noqa: E731
+    def src(given, default: str = "default") -> str:
+        return "flag" if given is not None else default
+
     gsrc = f"preset {gpu.name}"
     cfg = model.config
 
@@ -127,7 +129,7 @@ def resolve(s: Scenario) -> Resolved:
           f"vocab {cfg.vocab_size}, {'tied' if cfg.tie_word_embeddings else 'untied'} embeddings")
     r.add("dtype", "serving dtype (base and adapters)", s.dtype, f"{r.dtype_bytes} B/param", src(None),
           "adapters are cast to the base dtype when loaded into slots")
-    r.add("adapter", "adapter shape", adapter.source, "", "adapter" if path else src(s.rank),
+    r.add("adapter", "adapter shape", adapter.source, "", "adapter" if path else src(s.rank, src(s.targets)),
           f"rank {'/'.join(map(str, adapter.ranks))} on {','.join(adapter.targets)}")
     r.add("gpu", "GPU", gpu.name, "", "flag" if s.gpu != "h100-sxm" else "default")
     r.add("gpu_memory_gb", "GPU memory", gpu.memory_gb, "GB (1e9 B)", src(s.gpu_memory_gb, gsrc))

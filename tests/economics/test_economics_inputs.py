@@ -46,6 +46,9 @@ def test_stats_from_another_model_or_cpu_warn(tmp_path):
     stats = write_stats(tmp_path / "s.json", model="/tmp/tiny-llama", device="cpu")
     rep = compute(Scenario(tenants=10, model="llama-3-8b", stats=str(stats)))
     assert any("tiny-llama" in w for w in rep.warnings) and any("CPU" in w for w in rep.warnings)
+    a100 = write_stats(tmp_path / "a.json", device="cuda:0 NVIDIA A100-SXM4-80GB")
+    assert any("A100" in w for w in compute(Scenario(tenants=10, stats=str(a100))).warnings)
+    assert not compute(Scenario(tenants=10, stats=str(a100), gpu="a100-80gb")).warnings
 
 
 def test_adapter_shape_from_a_real_peft_adapter(tiny):
