@@ -24,7 +24,7 @@ from multilora_cli.io.formats import LineSpec
 from multilora_cli.io.progress import make_progress, print_summary
 from multilora_cli.io.reader import InputReader, count_records, open_input
 from multilora_cli.io.resume import ResumePlan, scan_output, truncate_torn, verify_prefix
-from multilora_cli.io.sampling import SamplingResolver, generation_defaults
+from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.io.stats import RunStats, write_stats
 from multilora_cli.io.writer import OrderedWriter, check_writable, open_output
 
@@ -71,11 +71,10 @@ class RunConfig:
         self.engine = {k: v for k, v in self.engine.items() if v is not None}
 
 
-def base_aliases(model_arg: str | None, model_path: Path) -> set[str]:
-    """Names that mean "the base model" in a line: 'base', --model as given, its path, folder name, Hub id."""
+def base_aliases(model_names: list[str | None], model_path: Path) -> set[str]:
+    """Names that mean "the base model" in a line: 'base', the model as named, its path, folder name, Hub id."""
     names = {BASE, str(model_path), model_path.name}
-    if model_arg:
-        names.add(model_arg)
+    names.update(n for n in model_names if n)
     if model_path.parent.name == "snapshots" and model_path.parent.parent.name.startswith("models--"):
         names.add(model_path.parent.parent.name[len("models--"):].replace("--", "/"))
     return names
@@ -220,7 +219,7 @@ class RunJob:
         try:
             self._pf = pf = self._preflight()
             self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
-            self._base_names = base_aliases(cfg.model, Path(pf.model_path))
+            self._base_names = base_aliases([cfg.model, getattr(pf, "model", None)], Path(pf.model_path))
             engine_cfg = EngineConfig(model=str(pf.model_path), max_loras=pf.max_loras,
                                       max_lora_rank=pf.max_lora_rank,
                                       **({"seed": cfg.seed} if cfg.seed is not None else {}), **cfg.engine)
@@ -252,8 +251,10 @@ class RunJob:
         cfg = self.cfg
         self.engine = Engine(engine_cfg, self._good)
         defaults = getattr(self.engine, "default_sampling", None)
-        if defaults is None:
-            defaults = generation_defaults(self._pf.model_path)
+        if defaults is None:  # engines without the attribute: read generation_config.json the same way
+            from multilora_cli.engine.generation_config import read_generation_config
+
+            defaults = read_generation_config(self._pf.model_path).sampling
         self._resolver = SamplingResolver(defaults, cfg.sampling, run_seed=cfg.seed or 0)
         total = None if cfg.quiet else count_records(cfg.input)
         self.progress.start(None if total is None else max(total - self.stats.resumed, 0))

@@ -8,8 +8,6 @@ position), so its text is reproducible, independent of other lines, and the same
 from __future__ import annotations
 
 import hashlib
-import json
-from pathlib import Path
 
 from multilora_cli.config import SamplingParams
 from multilora_cli.errors import ConfigError, UsageError
@@ -17,28 +15,6 @@ from multilora_cli.io.formats import LineSpec
 
 FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 FALLBACK = {"max_tokens": 256, "temperature": 0.0}
-
-
-def generation_defaults(model_dir: str | Path) -> dict:
-    """Sampling defaults from `generation_config.json` in HF semantics (do_sample false/absent = greedy).
-
-    Unreadable files and invalid values are ignored: they are defaults, not requests.
-    """
-    path = Path(model_dir) / "generation_config.json"
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(cfg, dict):
-        return {}
-    out: dict = {}
-    if isinstance(cfg.get("max_new_tokens"), int):
-        out["max_tokens"] = cfg["max_new_tokens"]
-    if cfg.get("do_sample") is True:
-        for k in ("temperature", "top_p", "top_k"):
-            if cfg.get(k) is not None:
-                out[k] = cfg[k]
-    return valid_only(out)
 
 
 def valid_only(fields: dict) -> dict:

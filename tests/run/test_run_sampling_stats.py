@@ -8,7 +8,7 @@ import pytest
 
 from multilora_cli.errors import UsageError
 from multilora_cli.io.formats import LineSpec
-from multilora_cli.io.sampling import SamplingResolver, generation_defaults, line_seed
+from multilora_cli.io.sampling import SamplingResolver, line_seed
 from multilora_cli.io.stats import RunStats, cost, write_stats
 
 
@@ -49,15 +49,6 @@ def test_sampled_lines_get_stable_distinct_seeds():
     assert r.resolve(spec(0, seed=9)).seed == 9
     assert SamplingResolver({}, {}, run_seed=3).resolve(spec(0)).seed is None  # greedy needs none
     assert line_seed(4, 0) != a.seed
-
-
-def test_generation_config_hf_semantics(tmp_path):
-    (tmp_path / "generation_config.json").write_text(json.dumps(
-        {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "max_new_tokens": 64, "top_k": -3}))
-    assert generation_defaults(tmp_path) == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 64}  # bad top_k dropped
-    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.9}))
-    assert generation_defaults(tmp_path) == {}  # no do_sample: HF decodes greedily
-    assert generation_defaults(tmp_path / "absent") == {}
 
 
 def test_stats_dict_per_adapter_and_cost(tmp_path):

@@ -1,0 +1,108 @@
+"""`multilora run` failures that stop the run before any generation: one clear message, the right exit code."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import read_jsonl, run_cli, write_jsonl
+
+LINES = [{"id": "a", "prompt": "The court held that"}, {"id": "b", "prompt": "x", "adapter": "legal"}]
+
+
+@pytest.fixture()
+def inp(tmp_path):
+    return write_jsonl(tmp_path / "in.jsonl", LINES)
+
+
+def base_args(model_dir):
+    return ["-m", str(model_dir / "base"), "-a", f"legal={model_dir / 'legal'}", "--device", "cpu", "-q"]
+
+
+@pytest.mark.parametrize("content", [b"", b"\n  \n\r\n"])
+def test_empty_input_is_not_an_error(model_dir, tmp_path, content):
+    p = tmp_path / "empty.jsonl"
+    p.write_bytes(content)
+    out, stats = tmp_path / "out.jsonl", tmp_path / "s.json"
+    rc, stdout, stderr = run_cli(["run", str(p), *base_args(model_dir), "-o", str(out), "--stats", str(stats)])
+    assert rc == 0, stderr
+    assert "no requests" in stderr and out.read_bytes() == b""
+    s = json.loads(stats.read_text())
+    assert s["records"] == 0 and s["requests"] == 0 and s["errors"] == 0
+
+
+@pytest.mark.parametrize("flag", ["-o", "--errors", "--stats"])
+def test_unwritable_outputs_fail_before_generation(model_dir, inp, tmp_path, flag):
+    rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), flag, str(tmp_path / "no" / "x.jsonl")])
+    assert rc == 1 and stdout == b""
+    assert "cannot write" in stderr and "no/x.jsonl" in stderr and stderr.count("\n") == 1
+
+
+def test_missing_input(model_dir, tmp_path):
+    rc, _, stderr = run_cli(["run", str(tmp_path / "none.jsonl"), *base_args(model_dir)])
+    assert rc == 1 and "does not exist" in stderr
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--top-p", "2"], "top_p"),
+    (["--temperature", "-1"], "temperature"),
+    (["--max-tokens", "0"], "max_tokens"),
+    (["--max-loras", "0"], "--max-loras"),
+    (["--dtype", "float8"], "--dtype"),
+    (["--device", "tpu"], "--device"),
+    (["--gpu-hour-usd", "-1"], "--gpu-hour-usd"),
+    (["--resume"], "--resume needs -o"),
+    (["--max-tokens", "ten"], "--max-tokens"),
+])
+def test_bad_flags_exit_2(model_dir, inp, extra, words):
+    rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), *extra])
+    assert rc == 2 and stdout == b"" and words in stderr, stderr
+
+
+def test_output_same_as_input(model_dir, inp):
+    rc, _, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-o", str(inp)])
+    assert rc == 2 and "same file" in stderr
+    assert read_jsonl(inp) == LINES  # not truncated
+
+
+def test_no_model_no_adapters(inp):
+    rc, _, stderr = run_cli(["run", str(inp)])
+    assert rc == 2 and "--model" in stderr
+
+
+def test_adapters_disagreeing_on_base_without_model(model_dir, inp, tmp_path):
+    other = tmp_path / "other_base"
+    shutil.copytree(model_dir / "base", other)
+    stray = tmp_path / "stray"
+    shutil.copytree(model_dir / "legal", stray)
+    cfg = json.loads((stray / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(other)
+    (stray / "adapter_config.json").write_text(json.dumps(cfg))
+    rc, stdout, stderr = run_cli(["run", str(inp), "-a", f"legal={model_dir / 'legal'}", "-a", f"stray={stray}",
+                                  "--device", "cpu", "-q"])
+    assert rc == 2 and stdout == b""
+    assert "different base models" in stderr and "--model" in stderr
+
+
+def test_resume_against_another_inputs_output_is_refused(model_dir, inp, tmp_path):
+    out = tmp_path / "out.jsonl"
+    foreign = json.dumps({"id": "zzz", "adapter": None, "text": "t", "finish_reason": "stop",
+                          "usage": {"prompt_tokens": 1, "completion_tokens": 1}}) + "\n"
+    out.write_text(foreign + '{"id": "torn')
+    rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-o", str(out), "--resume"])
+    assert rc == 1 and stdout == b""
+    assert 'record 1 has id "zzz" but input line 1 has id "a"' in stderr and "different input" in stderr
+    assert out.read_text() == foreign + '{"id": "torn'  # untouched, torn tail included
+
+
+def test_resume_with_everything_done_keeps_the_output(model_dir, inp, tmp_path):
+    out, errors = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    done = [{"id": "a", "adapter": None, "text": "t", "finish_reason": "stop",
+             "usage": {"prompt_tokens": 1, "completion_tokens": 1}},
+            {"id": "b", "adapter": "legal", "error": {"code": "x", "message": "m"}}]
+    write_jsonl(out, done)
+    rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-o", str(out), "--resume",
+                                  "--errors", str(errors)])
+    assert rc == 3, stderr  # the kept output holds an error record
+    assert read_jsonl(out) == done and read_jsonl(errors) == [done[1]]
