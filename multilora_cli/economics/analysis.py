@@ -183,7 +183,7 @@ def _slots(s: Scenario, r: Resolved, shared, a_bytes: float, slot_bytes: float) 
                    seconds(loads * a_bytes / pcie), f"at {r.gpu.pcie_gbs:g} GB/s host->GPU")
     measured_step = r.stats.step_seconds if r.stats else None
     step = measured_step or shared.step_seconds
-    f.add("step_seconds", "decode step", step, seconds(step), "measured: wall_seconds / steps" if measured_step
+    f.add("step_seconds", "decode step", step, seconds(step), "measured: generation seconds / engine steps" if measured_step
           else "roofline (throughput section)")
     f.add("load_share", "load time / step time", load_s / step, pct(load_s / step),
           "< 100%: loads can hide behind compute; > 100%: PCIe-bound thrash")

@@ -116,6 +116,7 @@ def resolve(s: Scenario) -> Resolved:
     measured_out = stats.mean_completion_tokens if stats else None
     out_tokens = s.output_tokens or measured_out or 256.0
     r = Resolved(s, model, adapter, gpu, stats, DTYPE_BYTES[s.dtype], out_tokens, s.requests_per_step)
+
     def src(given, default: str = "default") -> str:
         return "flag" if given is not None else default
 

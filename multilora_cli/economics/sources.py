@@ -66,29 +66,25 @@ class MeasuredRun:
     """The figures of a `multilora run --stats` JSON that the economics use."""
 
     path: str
-    completion_tokens_per_second: float
-    tokens_per_second: float | None = None
+    completion_tokens_per_second: float  # over the generation time (model load excluded)
     model: str = ""
     device: str = ""
-    dtype: str = ""
     requests: int | None = None
     completion_tokens: int | None = None
     steps: int | None = None
-    wall_seconds: float | None = None
+    generation_seconds: float | None = None
     slot_loads: int | None = None
     slot_hits: int | None = None
-    slot_evictions: int | None = None
-    max_loras: int | None = None
-    adapters: int | None = None
 
     @property
     def hit_rate(self) -> float | None:
-        refs = (self.slot_loads or 0) + (self.slot_hits or 0)
-        return None if self.slot_hits is None or self.slot_loads is None or refs == 0 else self.slot_hits / refs
+        if self.slot_hits is None or self.slot_loads is None or self.slot_hits + self.slot_loads == 0:
+            return None
+        return self.slot_hits / (self.slot_hits + self.slot_loads)
 
     @property
     def step_seconds(self) -> float | None:
-        return self.wall_seconds / self.steps if self.steps and self.wall_seconds else None
+        return self.generation_seconds / self.steps if self.steps and self.generation_seconds else None
 
     @property
     def loads_per_step(self) -> float | None:
@@ -100,7 +96,10 @@ class MeasuredRun:
 
 
 def load_stats(path: str) -> MeasuredRun:
-    """Read a run's stats JSON; it must carry a positive completion_tokens_per_second."""
+    """Read a run's stats JSON (or a bare EngineStats dict); it must carry a positive completion_tokens_per_second.
+
+    Step counts live in the run file's `engine` object; its generation_seconds is the engine's time.
+    """
     try:
         data = json.loads(Path(path).expanduser().read_text())
     except OSError as e:
@@ -110,24 +109,24 @@ def load_stats(path: str) -> MeasuredRun:
     if not isinstance(data, dict) or "completion_tokens_per_second" not in data:
         raise InputError(f"--stats {path}: not a run stats file (no completion_tokens_per_second)",
                          hint="write one with `multilora run ... --stats run_stats.json`")
+    engine = data["engine"] if isinstance(data.get("engine"), dict) else data
 
-    def num(key: str, kind=float):
-        v = data.get(key)
+    def num(d: dict, key: str, kind=float):
+        v = d.get(key)
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise InputError(f"--stats {path}: {key} must be a non-negative number, got {v!r}")
         return kind(v)
 
-    tps = num("completion_tokens_per_second")
+    tps = num(data, "completion_tokens_per_second")
     if not tps:
         raise InputError(f"--stats {path}: completion_tokens_per_second is 0; the run generated nothing to measure")
-    per_adapter = data.get("per_adapter")
     return MeasuredRun(
-        path=str(path), completion_tokens_per_second=tps, tokens_per_second=num("tokens_per_second"),
-        model=str(data.get("model") or ""), device=str(data.get("device") or ""), dtype=str(data.get("dtype") or ""),
-        requests=num("requests", int), completion_tokens=num("completion_tokens", int), steps=num("steps", int),
-        wall_seconds=num("wall_seconds"), slot_loads=num("slot_loads", int), slot_hits=num("slot_hits", int),
-        slot_evictions=num("slot_evictions", int), max_loras=num("max_loras", int),
-        adapters=len([k for k in per_adapter if k != "base"]) if isinstance(per_adapter, dict) else None,
+        path=str(path), completion_tokens_per_second=tps,
+        model=str(data.get("model") or ""), device=str(data.get("device") or ""),
+        requests=num(data, "requests", int), completion_tokens=num(data, "completion_tokens", int),
+        steps=num(engine, "steps", int),
+        generation_seconds=num(data, "generation_seconds") or num(engine, "wall_seconds"),
+        slot_loads=num(data, "slot_loads", int), slot_hits=num(data, "slot_hits", int),
     )

@@ -11,15 +11,20 @@ from safetensors import safe_open
 from multilora_cli.economics import Scenario, compute
 from multilora_cli.engine.request import EngineStats
 from multilora_cli.errors import AdapterError, UsageError
+from multilora_cli.io.stats import RunStats
 
 
 def write_stats(path, **kw):
-    stats = EngineStats(model="meta-llama/Llama-2-7b-hf", device="cuda:0 NVIDIA H100 80GB HBM3", dtype="bfloat16",
-                        requests=400, completion_tokens=102_400, prompt_tokens=40_000, steps=2_000,
-                        wall_seconds=40.0, slot_loads=300, slot_hits=100, max_loras=8)
+    """A stats file as `multilora run --stats` writes it: RunStats around the engine's EngineStats."""
+    engine = EngineStats(model="meta-llama/Llama-2-7b-hf", device="cuda:0 NVIDIA H100 80GB HBM3", dtype="bfloat16",
+                         requests=400, completion_tokens=102_400, prompt_tokens=40_000, steps=2_000,
+                         wall_seconds=40.0, slot_loads=300, slot_hits=100, max_loras=8)
     for k, v in kw.items():
-        setattr(stats, k, v)
-    path.write_text(json.dumps(stats.to_dict()))
+        setattr(engine, k, v)
+    run = RunStats()
+    for _ in range(400):
+        run.add_ok("a", 100, 256)
+    path.write_text(json.dumps(run.to_dict(engine=engine.to_dict(), wall_seconds=55.0, gpu_hour_usd=2.99)))
     return path
 
 
@@ -95,3 +100,11 @@ def test_hub_id_of_a_preset_needs_no_download(monkeypatch):
     rep = compute(Scenario(tenants=3, model="meta-llama/Llama-2-7b-hf"))
     assert rep.section("adapter")["bytes"] == 32 * 2**20
     assert {a.key: a.value for a in rep.assumptions}["model"] == "llama-2-7b"
+
+
+def test_bare_engine_stats_dict_is_accepted(tmp_path):
+    engine = EngineStats(model="llama-3-8b", device="cuda", completion_tokens=5_000, steps=500, wall_seconds=2.0,
+                         slot_loads=10, slot_hits=30)
+    (tmp_path / "e.json").write_text(json.dumps(engine.to_dict()))
+    sl = compute(Scenario(tenants=10, model="llama-3-8b", stats=str(tmp_path / "e.json"))).section("slots")
+    assert sl["step_seconds"] == pytest.approx(2.0 / 500) and sl["measured_hit_rate"] == pytest.approx(0.75)
