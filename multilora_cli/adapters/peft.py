@@ -167,7 +167,7 @@ def check_fits(adapter: LoraAdapter, model_config: ModelConfig) -> None:
     base = model_config.name_or_path or "the base model"
     trained = f" (it was trained on {adapter.base_model!r})" if adapter.base_model else ""
     head = f"adapter {adapter.name!r} does not fit base model {base!r}{trained}"
-    hint = "use the base model the adapter was trained on (--model), or the adapter made for this base"
+    hint = "pass the base model the adapter was trained on with --model, or use an adapter made for this base"
     n_layers = model_config.num_hidden_layers
     for (layer, module), m in sorted(adapter.modules.items()):
         full = adapter.module_names.get((layer, module), f"layers.{layer}.{module}")

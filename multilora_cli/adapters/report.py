@@ -112,7 +112,7 @@ def _from_config(spec: str, path: str, config: AdapterConfig, model: str | None,
         scaling={"min": min(scalings), "max": max(scalings)} if scalings else {"min": None, "max": None},
         use_rslora=config.use_rslora, target_modules=config.target_modules, modules_adapted=[], layers=[],
         num_layers=None, num_params=None, bytes=None, bytes_bf16=None, dtype=None, modules=[],
-        servable=False, reason=error.one_line(), error=error,
+        servable=False, reason=" ".join(error.message.split()), error=error,
     )
 
 
