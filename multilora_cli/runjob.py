@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multilora_cli.config import EngineConfig
-from multilora_cli.errors import EXIT_OK, EXIT_PARTIAL, EngineError, MultiloraError, UsageError
+from multilora_cli.errors import EXIT_OK, EXIT_PARTIAL, EngineError, UsageError
 from multilora_cli.io.formats import LineSpec
 from multilora_cli.io.progress import make_progress, print_summary
 from multilora_cli.io.reader import InputReader, count_records, open_input
@@ -124,6 +124,8 @@ class RunJob:
                     note(f"resuming {cfg.output}: {plan.kept} records kept"
                          + (f", dropped a torn last line of {plan.torn_bytes} bytes" if plan.torn_bytes else ""),
                          cfg.quiet)
+                else:
+                    note(f"--resume: {cfg.output} does not exist yet; starting from the first line", cfg.quiet)
             out, out_name = open_output(cfg.output, append=cfg.resume)
             errors = None
             if cfg.errors:
@@ -265,7 +267,7 @@ class RunJob:
                 lines = sorted(s.lineno for s, _ in self._inflight.values())[:5]
                 raise EngineError(f"internal: the engine finished without results for {len(self._inflight)} "
                                   f"requests (input lines {lines})")
-        except (MultiloraError, KeyboardInterrupt):
+        except BaseException:  # fatal error, bug or Ctrl-C: the output is a valid prefix; say how to go on
             self.progress.close()
             if cfg.output not in (None, "-"):
                 note(f"stopped after {self.stats.resumed + self.writer.written} records in {cfg.output}; "

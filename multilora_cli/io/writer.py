@@ -96,20 +96,26 @@ class OrderedWriter:
             if self._errors is not None and is_error:
                 self._errors.write(data)
             self._out.write(data)
-        except BrokenPipeError as e:
-            raise OutputError(f"{self._name} was closed by the reader before the run finished") from e
         except OSError as e:
-            raise OutputError(f"writing {self._name} failed: {e.strerror or e}") from e
+            raise self._failed(e) from e
 
     def _flush(self) -> None:
         try:
             if self._errors is not None:
                 self._errors.flush()
             self._out.flush()
-        except BrokenPipeError as e:
-            raise OutputError(f"{self._name} was closed by the reader before the run finished") from e
         except OSError as e:
-            raise OutputError(f"writing {self._name} failed: {e.strerror or e}") from e
+            raise self._failed(e) from e
+
+    def _failed(self, e: OSError) -> OutputError:
+        if isinstance(e, BrokenPipeError):
+            if self._out is sys.stdout.buffer:  # `| head`: keep Python from failing again at exit
+                try:
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                except (OSError, ValueError):
+                    pass
+            return OutputError(f"{self._name} was closed by the reader before the run finished")
+        return OutputError(f"writing {self._name} failed: {e.strerror or e}")
 
     def close(self) -> None:
         for f in (self._out, self._errors):

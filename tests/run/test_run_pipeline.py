@@ -1,0 +1,112 @@
+"""`multilora run` as a real process: a shell pipeline through stdin/stdout, the progress bar on a terminal that
+never leaks into stdout, and kill -9 midway followed by --resume (every id exactly once, same greedy text).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from conftest import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
+
+ADAPTER_CYCLE = ["legal", "medical", None, "code"]
+
+
+def rows(n: int, max_tokens: int = 8) -> list[dict]:
+    return [{"id": f"r{i}", "prompt": f"The court held that the {i} tenants", "max_tokens": max_tokens,
+             **({"adapter": ADAPTER_CYCLE[i % 4]} if ADAPTER_CYCLE[i % 4] else {})} for i in range(n)]
+
+
+def model_args(model_dir) -> list[str]:
+    return ["-m", str(model_dir / "base"), "--adapter-dir", str(model_dir), "--device", "cpu"]
+
+
+def test_stdin_to_stdout_shell_pipeline(model_dir, tmp_path):
+    inp = write_jsonl(tmp_path / "in.jsonl", rows(12, 4) + ["", '{"id": "bad", "adapter": "nobody", "prompt": "x"}'])
+    consumer = ("import sys, json; rs = [json.loads(l) for l in sys.stdin]; "
+                "print(len(rs), ','.join(str(r['id']) for r in rs), sum('error' in r for r in rs))")
+    mult = " ".join(multilora_cmd() + ["run", "-"] + model_args(model_dir))
+    script = f"cat {inp} | {mult} 2>{tmp_path / 'err.txt'} | {sys.executable} -c \"{consumer}\"; " \
+             "echo rc=${PIPESTATUS[1]}"
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    count, ids, errors, rc = res.stdout.split()
+    assert (count, errors, rc) == ("13", "1", "rc=3"), res.stdout + (tmp_path / "err.txt").read_text()
+    assert ids.split(",") == [f"r{i}" for i in range(12)] + ["bad"]
+    assert "multilora run" in (tmp_path / "err.txt").read_text()  # the summary went to stderr, not the pipe
+
+
+def test_progress_on_a_terminal_never_touches_stdout(model_dir, tmp_path):
+    inp = write_jsonl(tmp_path / "in.jsonl", rows(16, 6))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(multilora_cmd() + ["run", str(inp), *model_args(model_dir)], stdout=subprocess.PIPE,
+                            stderr=slave, env=subprocess_env())
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def drain():
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    stdout, _ = proc.communicate(timeout=300)
+    t.join(timeout=10)
+    os.close(master)
+    assert proc.returncode == 0
+    recs = read_jsonl(stdout)  # every stdout line is a JSON record: no bar, no table, no escape codes
+    assert [r["id"] for r in recs] == [f"r{i}" for i in range(16)]
+    assert b"\x1b" not in stdout
+    term = b"".join(chunks).decode(errors="replace")
+    assert "16/16" in term and "tok/s" in term  # the rich bar: done/total and throughput
+    assert "per adapter" in term  # and the summary table
+
+
+def test_kill_9_midway_then_resume_gives_every_id_once_with_the_same_text(model_dir, tmp_path):
+    n = 160
+    data = rows(n, 10)
+    inp = write_jsonl(tmp_path / "in.jsonl", data)
+    flags = ["--max-num-seqs", "4", "-q"]
+
+    rc, ref_out, err = run_cli(["run", str(inp), *model_args(model_dir), *flags])
+    assert rc == 0, err
+    ref = read_jsonl(ref_out)
+
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen(multilora_cmd() + ["run", str(inp), *model_args(model_dir), *flags, "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env())
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 10:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    prefix = out.read_bytes()
+    done = prefix.count(b"\n")
+    assert 10 <= done < n, f"killed after {done} of {n} records: make the workload slower"
+    kept = read_jsonl(prefix[:prefix.rfind(b"\n") + 1])
+    assert [r["id"] for r in kept] == [f"r{i}" for i in range(len(kept))]  # a valid, in-order prefix
+    with open(out, "ab") as f:  # and a torn last line, as a kill during a write would leave
+        f.write(b'{"id": "r' + str(done).encode() + b'", "adap')
+
+    res = subprocess.run(multilora_cmd() + ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "4",
+                                            "-o", str(out), "--resume"],
+                         capture_output=True, env=subprocess_env(), timeout=300)
+    assert res.returncode == 0, res.stderr.decode()
+    assert f"{done} records kept" in res.stderr.decode() and "torn" in res.stderr.decode()
+    final = read_jsonl(out)
+    assert [r["id"] for r in final] == [f"r{i}" for i in range(n)]  # every id exactly once, in order
+    assert final == ref  # the same greedy text (and usage) as the uninterrupted run
