@@ -125,7 +125,7 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
     configs: dict[str, AdapterConfig] = {}
     for name, spec in specs.items():
         try:
-            paths[name] = resolve(spec, kind="adapter")
+            paths[name] = resolve(spec, kind="adapter", name=name)
             configs[name] = AdapterConfig.from_dir(paths[name])
         except (ResolveError, AdapterError) as e:
             paths.pop(name, None)

@@ -55,24 +55,26 @@ def hub_cache_dir() -> str | None:
 
 
 def resolve(spec: str, *, kind: str = "adapter", allow_patterns: list[str] | None = None,
-            cache_dir: str | None = None, local_files_only: bool | None = None) -> Path:
+            cache_dir: str | None = None, local_files_only: bool | None = None, name: str | None = None) -> Path:
     """Resolve a local path or Hub id (`org/name`, `org/name@revision`) to a local directory.
 
     kind: "adapter" (fetch adapter files only) or "model" (config, weights, tokenizer files).
-    local_files_only: None = follow HF_HUB_OFFLINE. Raises ResolveError naming `spec` and what to do.
+    local_files_only: None = follow HF_HUB_OFFLINE. name: the adapter's name, when it differs from `spec`.
+    Raises ResolveError naming the adapter / model and what to do.
     """
     if kind not in ("adapter", "model"):
         raise ValueError(f"kind must be 'adapter' or 'model', got {kind!r}")
     spec = (spec or "").strip()
+    label = f"{kind} {name!r} ({spec})" if name and name != spec else f"{kind} {spec!r}"
     if not spec:
-        raise ResolveError(f"empty {kind} path or id", hint=f"give a directory or a Hugging Face Hub id")
+        raise ResolveError(f"{label}: empty path or id", hint="give a directory or a Hugging Face Hub id")
     path = Path(spec).expanduser() if spec.startswith("~") else Path(spec)
     if path.exists():
-        return _as_dir(path, spec, kind)
+        return _as_dir(path, label, kind)
     if path.is_absolute() or looks_like_path(spec):
         raise ResolveError(
-            f"{kind} {spec!r}: path {str(path)!r} does not exist",
-            hint=f"check the path, or pass a Hugging Face Hub id like org/name",
+            f"{label}: path {str(path)!r} does not exist",
+            hint="check the path, or pass a Hugging Face Hub id like org/name",
         )
     repo_id, _, revision = spec.partition("@")
     try:
@@ -81,25 +83,25 @@ def resolve(spec: str, *, kind: str = "adapter", allow_patterns: list[str] | Non
         validate_repo_id(repo_id)
     except Exception:  # noqa: BLE001 - HFValidationError; anything else means "not an id" too
         raise ResolveError(
-            f"{kind} {spec!r} is neither an existing path nor a valid Hugging Face Hub id",
+            f"{label} is neither an existing path nor a valid Hugging Face Hub id",
             hint="pass a directory, or an id like org/name (optionally org/name@revision)",
         ) from None
     patterns = allow_patterns if allow_patterns is not None else (
         ADAPTER_PATTERNS if kind == "adapter" else MODEL_PATTERNS)
     offline = hub_offline() if local_files_only is None else bool(local_files_only)
-    return _download(spec, repo_id, revision or None, kind, patterns, cache_dir or hub_cache_dir(), offline)
+    return _download(label, repo_id, revision or None, patterns, cache_dir or hub_cache_dir(), offline)
 
 
-def _as_dir(path: Path, spec: str, kind: str) -> Path:
+def _as_dir(path: Path, label: str, kind: str) -> Path:
     if path.is_file():
         if path.name in _KNOWN_FILES:
             return path.parent.resolve()
-        raise ResolveError(f"{kind} {spec!r} is a file; expected a directory",
+        raise ResolveError(f"{label} is a file; expected a directory",
                            hint=f"point at the folder holding {'adapter_config.json' if kind == 'adapter' else 'config.json'}")
     return path.resolve()
 
 
-def _download(spec: str, repo_id: str, revision: str | None, kind: str, patterns: list[str],
+def _download(label: str, repo_id: str, revision: str | None, patterns: list[str],
               cache_dir: str | None, offline: bool) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
@@ -113,34 +115,34 @@ def _download(spec: str, repo_id: str, revision: str | None, kind: str, patterns
         )
     except GatedRepoError:
         raise ResolveError(
-            f"{kind} {spec!r}: Hugging Face Hub repo {repo_id!r} is gated and this account has no access",
+            f"{label}: Hugging Face Hub repo {repo_id!r} is gated and this account has no access",
             hint=f"accept its terms at https://huggingface.co/{repo_id} and set HF_TOKEN to a token of that account",
         ) from None
     except RepositoryNotFoundError:
         raise ResolveError(
-            f"{kind} {spec!r}: Hugging Face Hub repo {repo_id!r} does not exist or is private",
+            f"{label}: Hugging Face Hub repo {repo_id!r} does not exist or is private",
             hint="check the id (and the local path, if you meant one); for a private repo set HF_TOKEN",
         ) from None
     except RevisionNotFoundError:
         raise ResolveError(
-            f"{kind} {spec!r}: revision {revision!r} does not exist in Hugging Face Hub repo {repo_id!r}",
+            f"{label}: revision {revision!r} does not exist in Hugging Face Hub repo {repo_id!r}",
             hint="use a branch, tag or commit of that repo after '@'",
         ) from None
     except LocalEntryNotFoundError as e:
         if offline:
             raise ResolveError(
-                f"{kind} {spec!r} is not in {where} and Hub downloads are off (HF_HUB_OFFLINE)",
+                f"{label} is not in {where} and Hub downloads are off (HF_HUB_OFFLINE)",
                 hint=f"download it while online (hf download {repo_id}) or unset HF_HUB_OFFLINE",
             ) from None
         raise ResolveError(
-            f"{kind} {spec!r}: cannot reach the Hugging Face Hub and it is not in {where} ({_first_line(e)})",
+            f"{label}: cannot reach the Hugging Face Hub and it is not in {where} ({_first_line(e)})",
             hint="check the network (or HF_ENDPOINT), or pass a local path",
         ) from None
     except HfHubHTTPError as e:
-        raise ResolveError(f"{kind} {spec!r}: Hugging Face Hub error: {_first_line(e)}",
+        raise ResolveError(f"{label}: Hugging Face Hub error: {_first_line(e)}",
                            hint="retry later, or pass a local path") from None
     except (OSError, ValueError) as e:
-        raise ResolveError(f"{kind} {spec!r}: download failed: {_first_line(e)}",
+        raise ResolveError(f"{label}: download failed: {_first_line(e)}",
                            hint="check the network and disk space, or pass a local path") from None
     return Path(folder)
 

@@ -94,6 +94,7 @@ def test_preflight_collects_every_error(fleet, llama_base, tmp_path):
     pf = preflight(specs, str(llama_base), max_lora_rank=16)
     assert set(pf.adapters) == {"legal"} and pf.ranks == {"legal": 8} and pf.max_lora_rank == 16
     assert isinstance(pf.errors["gone"], ResolveError)
+    assert pf.errors["gone"].message.startswith("adapter 'gone' (./no/such/dir): path")
     assert isinstance(pf.errors["broken"], AdapterError) and "no adapter_config.json" in pf.errors["broken"].message
     assert isinstance(pf.errors["dora"], UnsupportedAdapterError) and "DoRA" in pf.errors["dora"].message
     assert "rank 32, above --max-lora-rank 16" in pf.errors["medical"].message
