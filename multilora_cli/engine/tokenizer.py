@@ -1,8 +1,8 @@
 """`Tokenizer`: a model directory's `tokenizer.json` (HF `tokenizers`) plus its chat template (jinja2).
 
 Behaves like transformers' fast tokenizer for what the engine needs:
-- `encode(text)` uses tokenizer.json's post-processor (e.g. Llama's BOS); when tokenizer_config.json sets
-  `add_bos_token` / `add_eos_token` explicitly, the post-processor is rebuilt from them as transformers does.
+- `encode(text)` uses tokenizer.json's post-processor (e.g. Llama's BOS). Like transformers 5, tokenizer_config's
+  `add_bos_token` / `add_eos_token` are ignored when tokenizer.json exists (its post-processor already says).
 - chat templates come from `chat_template.jinja`, else `chat_template.json`, else tokenizer_config.json's
   `chat_template`; they render in a sandboxed jinja2 environment with transformers' helpers (raise_exception,
   strftime_now, a non-escaping tojson, loop controls, `{% generation %}`), and the rendered prompt is tokenized
@@ -101,7 +101,6 @@ class Tokenizer:
     def from_dir(cls, path: str | Path) -> "Tokenizer":
         """Load from a HF model directory (tokenizer.json required)."""
         from tokenizers import AddedToken, Tokenizer as Backend
-        from tokenizers.processors import TemplateProcessing
 
         d = Path(path)
         tj = d / "tokenizer.json"
@@ -130,8 +129,6 @@ class Tokenizer:
         bos_id = backend.token_to_id(special["bos_token"]) if "bos_token" in special else None
         if bos_id is None and isinstance(cfg.get("bos_token_id"), int):
             bos_id = cfg["bos_token_id"]
-        if "add_bos_token" in tc or "add_eos_token" in tc:
-            cls._rebuild_post_processor(backend, tc, special, TemplateProcessing)
 
         eos = token_id_list(cfg.get("eos_token_id")) + read_generation_config(d).eos_token_ids
         if "eos_token" in special and (eid := backend.token_to_id(special["eos_token"])) is not None:
@@ -147,22 +144,6 @@ class Tokenizer:
             template = _pick_template(tc.get("chat_template"), str(d / "tokenizer_config.json"))
         return cls(backend, special_tokens=special, bos_token_id=bos_id, eos_token_ids=eos,
                    chat_template=template, name=str(d))
-
-    @staticmethod
-    def _rebuild_post_processor(backend, tc: dict, special: dict, TemplateProcessing) -> None:
-        # transformers rebuilds the post-processor from explicit add_bos_token / add_eos_token flags
-        pieces, tokens = [], []
-        bos, eos = special.get("bos_token"), special.get("eos_token")
-        if tc.get("add_bos_token") and bos is not None and backend.token_to_id(bos) is not None:
-            pieces.append(f"{bos}:0")
-            tokens.append((bos, backend.token_to_id(bos)))
-        pieces.append("$A:0")
-        if tc.get("add_eos_token") and eos is not None and backend.token_to_id(eos) is not None:
-            pieces.append(f"{eos}:0")
-            tokens.append((eos, backend.token_to_id(eos)))
-        single = " ".join(pieces)
-        pair = single + " " + " ".join(p.replace(":0", ":1").replace("$A", "$B") for p in pieces)
-        backend.post_processor = TemplateProcessing(single=single, pair=pair, special_tokens=tokens)
 
     # --- text <-> ids --------------------------------------------------------------------------------------
     @property

@@ -1,0 +1,140 @@
+"""SlotManager (LRU slots, pinning, host cache, counters) and BlockManager (paged KV bookkeeping)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_sim import make_seq
+from multilora_cli.engine.block_manager import BlockManager
+from multilora_cli.engine.slots import SlotManager
+from multilora_cli.errors import AdapterError
+
+
+class Backing:
+    """Records what the callbacks were asked to do, like the real slot tensors would see it."""
+
+    def __init__(self, fail=()):
+        self.disk_reads: list[str] = []
+        self.slots: dict[int, str] = {}
+        self.fail = set(fail)
+
+    def load_cpu(self, name):
+        if name in self.fail:
+            raise AdapterError(f"adapter {name!r}: unreadable")
+        self.disk_reads.append(name)
+        return ("weights", name)
+
+    def install(self, slot, name, obj):
+        assert obj == ("weights", name)
+        self.slots[slot] = name
+
+    def evict(self, slot, name):
+        assert self.slots.pop(slot) == name
+
+    def manager(self, max_loras=2, max_cpu_loras=4):
+        return SlotManager(max_loras, max_cpu_loras, self.load_cpu, self.install, self.evict)
+
+
+def test_base_never_takes_a_slot():
+    b = Backing()
+    m = b.manager()
+    assert m.acquire(None) == -1 and m.slot_of(None) == -1
+    m.retain(None)
+    m.release(None)
+    assert m.loads == m.hits == 0 and b.slots == {}
+
+
+def test_lru_eviction_and_hits():
+    b = Backing()
+    m = b.manager(max_loras=2)
+    sa, sb = m.acquire("a"), m.acquire("b")
+    assert {sa, sb} == {0, 1}
+    assert m.acquire("a") == sa and m.hits == 1  # refreshes a: b is now least recently used
+    sc = m.acquire("c")
+    assert sc == sb and b.slots == {sa: "a", sc: "c"} and m.evictions == 1
+    assert m.slot_of("b") is None and m.resident == {"a": sa, "c": sc}
+
+
+def test_pinned_adapters_are_never_evicted():
+    b = Backing()
+    m = b.manager(max_loras=2)
+    m.acquire("a"), m.retain("a")
+    m.acquire("b"), m.retain("b")
+    assert not m.can_acquire("c") and m.acquire("c") is None
+    assert m.loads == 2 and m.evictions == 0
+    m.release("b")
+    assert m.can_acquire("c") and m.acquire("c") == 1 and m.slot_of("a") == 0
+    m.retain("a")  # refcounts: a pinned twice
+    m.release("a")
+    assert m.is_pinned("a") and m.refcount("a") == 1
+    with pytest.raises(RuntimeError):
+        m.release("b")  # b has no pins left
+
+
+def test_eviction_spares_adapters_with_queued_work():
+    b = Backing()
+    m = b.manager(max_loras=2)
+    m.acquire("a"), m.acquire("b")  # a is least recently used
+    assert m.acquire("c", keep={"a"}) == m.resident["c"] and m.slot_of("a") is not None
+    assert m.slot_of("b") is None
+    m.acquire("d", keep={"a", "c"})  # everyone kept: fall back to plain LRU
+    assert m.slot_of("a") is None
+
+
+def test_host_cache_serves_reloads_without_disk():
+    b = Backing()
+    m = b.manager(max_loras=1, max_cpu_loras=2)
+    for name in ["a", "b", "a", "b", "c", "a"]:
+        m.acquire(name)
+    # a, b read once each; c read and pushes a (LRU) out of the 2-entry host cache, so the last a hits disk
+    assert b.disk_reads == ["a", "b", "c", "a"]
+    assert m.cpu_loads == 4 and m.cpu_hits == 2 and m.loads == 6 and m.evictions == 5
+    m.warm("c")  # host cache now holds c, a: no read
+    assert m.cpu_loads == 4
+    m.warm("b")  # prefetch from disk; the next acquire of b is a host-cache hit
+    m.acquire("b")
+    assert b.disk_reads[-1] == "b" and m.cpu_loads == 5 and m.cpu_hits == 3
+
+
+def test_failed_load_changes_nothing():
+    b = Backing(fail={"bad"})
+    m = b.manager(max_loras=1)
+    m.acquire("a")
+    with pytest.raises(AdapterError):
+        m.acquire("bad")
+    assert m.resident == {"a": 0} and b.slots == {0: "a"} and m.evictions == 0
+
+
+def test_ten_adapters_two_slots_counters():
+    b = Backing()
+    m = b.manager(max_loras=2, max_cpu_loras=10)
+    names = [f"a{i}" for i in range(10)]
+    for _ in range(3):
+        for n in names:
+            s = m.acquire(n)
+            m.retain(n)
+            assert b.slots[s] == n
+            m.release(n)
+    assert m.loads == 30 and m.hits == 0 and m.evictions == 28
+    assert m.adapter_loads == {n: 3 for n in names}
+    assert m.cpu_loads == 10 and m.cpu_hits == 20  # disk once per adapter, then the host cache
+    assert len(b.slots) == 2
+    st = m.stats()
+    assert st["loads"] == 30 and st["adapter_loads"]["a3"] == 3
+
+
+def test_block_manager_grows_and_frees():
+    bm = BlockManager(num_blocks=5, block_size=4)
+    s1, s2 = make_seq(0, None, 3, 4), make_seq(1, None, 3, 4)
+    assert bm.blocks_needed(s1, 9) == 3 and bm.can_allocate(s1, 9)
+    bm.allocate(s1, 9)
+    assert len(s1.block_table) == 3 and bm.num_free_blocks == 2
+    bm.allocate(s1, 12)  # still 3 blocks
+    assert len(s1.block_table) == 3
+    assert not bm.can_allocate(s2, 9) and bm.can_allocate(s2, 8) and not bm.can_allocate(s2, 8, reserve=1)
+    bm.allocate(s2, 8)
+    assert set(s1.block_table).isdisjoint(s2.block_table) and bm.num_free_blocks == 0
+    with pytest.raises(RuntimeError):
+        bm.allocate(s2, 9)
+    bm.free(s1)
+    assert s1.block_table == [] and bm.num_free_blocks == 3 and bm.num_used_blocks == 2
