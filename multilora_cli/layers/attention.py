@@ -3,7 +3,7 @@
 Every step first writes the new tokens' k/v into the cache (by `slot_mapping`), then:
 - prefill: causal attention of each sequence's new tokens over its context. Without a cached prefix the
   keys are the step's own k/v; with one (chunked prefill, k longer than q) they are read back from the
-  sequence's blocks. Runs torch SDPA per sequence (flash / memory-efficient kernels on CUDA).
+  sequence's blocks. CUDA: one Triton varlen launch for all sequences; CPU: torch SDPA per sequence.
 - decode: one token per sequence over its blocks: the Triton paged kernel on CUDA, padded torch SDPA on CPU.
 GQA: query head h uses kv head h // (num_heads // num_kv_heads). Optional sliding window (Mistral):
 a query at position p sees keys at positions (p - window, p].
@@ -79,6 +79,15 @@ class Attention(nn.Module):
 
     # prefill --------------------------------------------------------------------------------------
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        if self._triton(q):
+            from multilora_cli.kernels.paged_attention import paged_attention_prefill
+
+            paged = ctx.block_tables is not None and self.k_cache is not None
+            return paged_attention_prefill(
+                q, k, v, ctx.cu_seqlens_q, ctx.cu_seqlens_k if paged else ctx.cu_seqlens_q,
+                ctx.max_seqlen_q or max(ctx.seqlens_q), self.scale,
+                k_cache=self.k_cache if paged else None, v_cache=self.v_cache if paged else None,
+                block_tables=ctx.block_tables if paged else None, sliding_window=self.sliding_window)
         lens_q = ctx.seqlens_q or ctx.cu_seqlens_q.diff().tolist()
         lens_k = ctx.seqlens_k or ctx.cu_seqlens_k.diff().tolist()
         out = torch.empty_like(q)

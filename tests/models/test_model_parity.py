@@ -53,9 +53,10 @@ def test_prefill_and_decode_match_hf(base_path, arch):
     _check_generation(ours, hf, cfg.vocab_size, [7, 13, 3], block_size=4)
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen3"])
-def test_chunked_prefill_with_cached_prefix(base_path, arch):
+@pytest.mark.parametrize("arch,triton", [("llama3", False), ("qwen3", False), ("qwen3", True)])
+def test_chunked_prefill_with_cached_prefix(base_path, monkeypatch, arch, triton):
     """Second halves attend to first halves read back from the cache; a fresh sequence rides along."""
+    monkeypatch.setattr(Attention, "use_triton", triton)
     cfg, ours, hf = _load(base_path(arch))
     a, b, c = prompts([10, 17, 6], cfg.vocab_size, seed=3)
     ref = {k: hf(torch.tensor([p])).logits[0] for k, p in (("a", a), ("b", b), ("c", c))}
@@ -71,15 +72,17 @@ def test_chunked_prefill_with_cached_prefix(base_path, arch):
     torch.testing.assert_close(second[11:], ref["b"][9:], atol=ATOL, rtol=0)
 
 
-def test_sliding_window_matches_hf(base_path):
+@pytest.mark.parametrize("triton", [False, True])
+def test_sliding_window_matches_hf(base_path, monkeypatch, triton):
     """Mistral with a 5-token window: prompts longer than the window, decode past it."""
+    monkeypatch.setattr(Attention, "use_triton", triton)
     cfg, ours, hf = _load(base_path("mistral", sliding_window=5))
     assert cfg.sliding_window == 5
     _check_generation(ours, hf, cfg.vocab_size, [9, 4, 12], block_size=4)
 
 
 def test_triton_path_on_cpu_matches_hf(base_path, monkeypatch):
-    """The GPU code path (Triton k/v store + paged decode kernel) under TRITON_INTERPRET, end to end."""
+    """The GPU code path (Triton k/v store, varlen prefill, paged decode) under TRITON_INTERPRET, end to end."""
     monkeypatch.setattr(Attention, "use_triton", True)
     cfg, ours, hf = _load(base_path("qwen3"))
     _check_generation(ours, hf, cfg.vocab_size, [6, 11], block_size=8)
