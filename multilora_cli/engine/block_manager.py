@@ -56,6 +56,19 @@ class BlockManager:
         for _ in range(need):
             seq.block_table.append(self._free.popleft())
 
+    def try_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """`allocate` if the blocks are there; False (and no change) otherwise. The per-step hot path."""
+        table = seq.block_table
+        need = -(-num_tokens // self.block_size) - len(table)
+        if need <= 0:
+            return True
+        free = self._free
+        if need > len(free):
+            return False
+        for _ in range(need):
+            table.append(free.popleft())
+        return True
+
     def free(self, seq: Sequence) -> None:
         """Return all of `seq`'s blocks to the pool and empty its table."""
         self._free.extend(seq.block_table)

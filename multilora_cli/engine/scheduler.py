@@ -188,11 +188,12 @@ class Scheduler:
 
     # --- running sequences -----------------------------------------------------------------------------------
     def _schedule_running(self, plan: _Plan, decodes: bool) -> None:
+        running, ids, bm = self.running, plan.ids, self.bm
         i = 0
-        while i < len(self.running) and plan.budget > 0:
-            seq = self.running[i]
-            pending = seq.num_uncomputed_tokens
-            if seq.seq_id in plan.ids or (pending == 1) != decodes:
+        while i < len(running) and plan.budget > 0:
+            seq = running[i]
+            pending = len(seq.token_ids) - seq.num_computed_tokens
+            if (pending == 1) != decodes or seq.seq_id in ids:
                 i += 1
                 continue
             if self.chunked_prefill:
@@ -203,27 +204,25 @@ class Scheduler:
                 i += 1
                 continue
             target = seq.num_computed_tokens + n
-            preempted = False
-            while not self.bm.can_allocate(seq, target):
-                victim = self._victim(plan, seq)
-                if victim is None:
-                    break
-                self._preempt(victim, plan)
-                preempted = True
-            if preempted:  # victims may have sat before `seq` in the list
-                i = self.running.index(seq)
-            if self.bm.can_allocate(seq, target):
-                self.bm.allocate(seq, target)
-                plan.add(seq, n)
-                i += 1
-            elif plan.seqs:  # others in this step hold the blocks: recompute this one later
-                self._preempt(seq, plan)
-            else:  # alone with the whole cache and still short: never fits (add() should have caught it)
-                self._fail(seq, EngineError(
-                    f"request {seq.request.id}: {target} tokens do not fit in the KV cache "
-                    f"({self.bm.num_blocks} blocks of {self.bm.block_size})",
-                    hint="lower max_tokens, or give the KV cache more memory"))
-                self.running.remove(seq)
+            if not bm.try_allocate(seq, target):
+                while not bm.can_allocate(seq, target):
+                    victim = self._victim(plan, seq)
+                    if victim is None:
+                        break
+                    self._preempt(victim, plan)
+                i = running.index(seq)  # victims may have sat before `seq` in the list
+                if not bm.try_allocate(seq, target):
+                    if plan.seqs:  # others in this step hold the blocks: recompute this one later
+                        self._preempt(seq, plan)
+                    else:  # alone with the whole cache and still short (add() should have caught it)
+                        self._fail(seq, EngineError(
+                            f"request {seq.request.id}: {target} tokens do not fit in the KV cache "
+                            f"({bm.num_blocks} blocks of {bm.block_size})",
+                            hint="lower max_tokens, or give the KV cache more memory"))
+                        running.remove(seq)
+                    continue
+            plan.add(seq, n)
+            i += 1
 
     def _victim(self, plan: _Plan, keep: Sequence) -> Sequence | None:
         """Most recently admitted running sequence that is not in this step yet (and not `keep`)."""
@@ -326,7 +325,7 @@ class Scheduler:
             return _FAILED
         if slot is None:
             return _NO_SLOT
-        self.bm.allocate(seq, n)
+        self.bm.allocate(seq, n)  # cannot fail: checked above
         self.slots.retain(seq.adapter)
         seq.slot = slot
         seq.status = SeqStatus.RUNNING
