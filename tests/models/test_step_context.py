@@ -26,7 +26,7 @@ def test_prefill_context_with_and_without_prefix():
 def test_decode_context():
     ctx = decode_context([5, 9], [[7, 2], [4, 0, 9]], block_size=4)
     assert not ctx.is_prefill
-    assert ctx.slot_mapping.tolist() == [28, 36]  # position 4 of seq 0, position 8 of seq 1
+    assert ctx.slot_mapping.tolist() == [8, 36]  # position 4 of seq 0 (block 2), position 8 of seq 1 (block 9)
     assert ctx.context_lens.tolist() == [5, 9] and ctx.context_lens.dtype == torch.int32
     assert ctx.seqlens_q == [1, 1] and ctx.max_seqlen_k == 9
 
