@@ -144,6 +144,8 @@ class Scheduler:
             self._admit(plan)
             if not plan.seqs:
                 self._schedule_running(plan, decodes=True)
+        if self.slots.prefetching and self._num_waiting:  # read the next adapters while this step runs
+            self.slots.prefetch(self.upcoming_adapters(self.slots.max_loras))
         if not plan.seqs:
             return None
         order = sorted(range(len(plan.seqs)), key=lambda i: plan.n_new[i] != 1)  # stable: decodes first
@@ -185,6 +187,16 @@ class Scheduler:
                 any_done = True
         if any_done:
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
+
+    def upcoming_adapters(self, k: int) -> list[str]:
+        """Up to k adapters with queued requests that are not in a slot, in the order admission would load
+        them (prefetch candidates)."""
+        cands = [a for a, q in self._waiting.items() if q and a is not None and not self.slots.is_resident(a)]
+        if self.policy == "group":
+            cands.sort(key=self._group_key)
+        else:
+            cands.sort(key=lambda a: self._waiting[a][0].seq_id)
+        return cands[:k]
 
     # --- running sequences -----------------------------------------------------------------------------------
     def _schedule_running(self, plan: _Plan, decodes: bool) -> None:

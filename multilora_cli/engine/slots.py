@@ -9,12 +9,17 @@ Adapters used by RUNNING sequences are pinned (`retain` / `release` refcounts) a
 never see more than `max_loras` distinct adapters. Unpinned resident adapters stay in their slot (a later request
 for them is a hit) until a miss needs the slot: then the least recently used unpinned one is evicted. The base
 model (`None`) never takes a slot: its slot is -1.
+
+With `prefetch_threads > 0`, `prefetch(names)` starts `load_cpu` for adapters needed soon on a background thread
+(the scheduler names them each step), so disk reads overlap GPU compute; `load_cpu` must then be thread-safe.
+All bookkeeping stays on the caller's thread: the worker only runs `load_cpu`.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Container
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Container, Iterable
 
 BASE_SLOT = -1
 
@@ -23,7 +28,8 @@ class SlotManager:
     """Adapter name -> GPU slot, LRU eviction of unpinned adapters, LRU host cache of `max_cpu_loras` objects."""
 
     def __init__(self, max_loras: int, max_cpu_loras: int, load_cpu: Callable[[str], object],
-                 install: Callable[[int, str, object], None], evict: Callable[[int, str], None] | None = None):
+                 install: Callable[[int, str, object], None], evict: Callable[[int, str], None] | None = None,
+                 prefetch_threads: int = 0):
         if max_loras < 1 or max_cpu_loras < 0:
             raise ValueError(f"max_loras must be >= 1 and max_cpu_loras >= 0, got {max_loras}, {max_cpu_loras}")
         self.max_loras = max_loras
@@ -36,12 +42,16 @@ class SlotManager:
         self._free_slots: list[int] = list(range(max_loras - 1, -1, -1))  # pop() hands out slot 0 first
         self._refs: dict[str, int] = {}  # running sequences per adapter (pins)
         self._cpu: OrderedDict[str, object] = OrderedDict()  # host cache, least recently used first
+        self._inflight: dict[str, Future] = {}  # background reads not yet claimed
+        self._pool = (ThreadPoolExecutor(prefetch_threads, thread_name_prefix="lora-prefetch")
+                      if prefetch_threads > 0 else None)
         # counters
         self.loads = 0  # installs into a GPU slot (misses)
         self.hits = 0  # acquire() found the adapter already resident
         self.evictions = 0
         self.cpu_loads = 0  # load_cpu calls (disk reads)
         self.cpu_hits = 0  # misses served from the host cache
+        self.prefetches = 0  # background reads started
         self.adapter_loads: dict[str, int] = {}
 
     # --- queries ---------------------------------------------------------------------------------------------
@@ -144,9 +154,34 @@ class SlotManager:
         elif name not in self._slot_of:
             self._host_copy(name)
 
+    @property
+    def prefetching(self) -> bool:
+        return self._pool is not None
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """Start background reads of adapters that are neither resident, cached nor already being read (at
+        most `max_loras` in flight). A no-op without prefetch threads."""
+        if self._pool is None:
+            return
+        for name in names:
+            if len(self._inflight) >= self.max_loras:
+                break
+            if name is None or name in self._slot_of or name in self._cpu or name in self._inflight:
+                continue
+            self._inflight[name] = self._pool.submit(self._load_cpu, name)
+            self.prefetches += 1
+
+    def close(self) -> None:
+        """Stop the prefetch thread (waits for reads in flight)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._inflight.clear()
+
     def stats(self) -> dict:
         return {"loads": self.loads, "hits": self.hits, "evictions": self.evictions, "cpu_loads": self.cpu_loads,
-                "cpu_hits": self.cpu_hits, "adapter_loads": dict(self.adapter_loads)}
+                "cpu_hits": self.cpu_hits, "prefetches": self.prefetches,
+                "adapter_loads": dict(self.adapter_loads)}
 
     # --- host cache ------------------------------------------------------------------------------------------
     def _host_copy(self, name: str) -> object:
@@ -154,7 +189,8 @@ class SlotManager:
             self.cpu_hits += 1
             self._cpu.move_to_end(name)
             return self._cpu[name]
-        obj = self._load_cpu(name)
+        fut = self._inflight.pop(name, None)
+        obj = fut.result() if fut is not None else self._load_cpu(name)  # a failed read raises here
         self.cpu_loads += 1
         if self.max_cpu_loras > 0:
             self._cpu[name] = obj

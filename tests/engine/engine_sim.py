@@ -48,6 +48,7 @@ class Sim:
     num_blocks: int
     scheduler_kw: dict = field(default_factory=dict)
     fail_load: set = field(default_factory=set)
+    prefetch_threads: int = 0
 
     def __post_init__(self):
         self.bm = BlockManager(self.num_blocks, self.config.block_size)
@@ -66,7 +67,8 @@ class Sim:
         def evict(slot, name):
             assert self.installed.pop(slot) == name
 
-        self.slots = SlotManager(self.config.max_loras, self.config.max_cpu_loras, load_cpu, install, evict)
+        self.slots = SlotManager(self.config.max_loras, self.config.max_cpu_loras, load_cpu, install, evict,
+                                 prefetch_threads=self.prefetch_threads)
         self.sched = Scheduler(self.config, self.bm, self.slots, **self.scheduler_kw)
         self.kv: dict[int, tuple[int, int, int]] = {}  # cache slot -> (seq_id, position, token)
         self.log: list[StepLog] = []

@@ -138,3 +138,45 @@ def test_block_manager_grows_and_frees():
         bm.allocate(s2, 9)
     bm.free(s1)
     assert s1.block_table == [] and bm.num_free_blocks == 3 and bm.num_used_blocks == 2
+
+
+def test_prefetch_reads_in_background_and_counts_once():
+    import threading
+
+    b = Backing(fail={"bad"})
+    main = threading.get_ident()
+    threads = []
+
+    def load_cpu(name):
+        threads.append(threading.get_ident())
+        return b.load_cpu(name)
+
+    m = SlotManager(2, 4, load_cpu, b.install, b.evict, prefetch_threads=1)
+    try:
+        m.prefetch(["a", "b", "a", "bad"])
+        assert m.prefetches == 2  # a, b (capped at max_loras in flight; duplicates skipped)
+        assert m.acquire("a") == 0 and m.acquire("b") == 1
+        assert threads and all(t != main for t in threads)
+        assert m.cpu_loads == 2 and b.disk_reads == ["a", "b"]
+        m.prefetch(["a", "bad"])  # a is resident: only bad is read
+        with pytest.raises(AdapterError):
+            m.acquire("bad")  # the background failure surfaces where the adapter is needed
+        assert m.resident == {"a": 0, "b": 1}
+    finally:
+        m.close()
+
+
+def test_scheduler_prefetches_the_next_adapters():
+    from engine_sim import Sim
+    from multilora_cli.config import EngineConfig
+
+    sim = Sim(EngineConfig(model="m", max_loras=2, max_num_seqs=2, block_size=4), num_blocks=100,
+              prefetch_threads=1)
+    try:
+        seqs = [make_seq(i, f"a{i % 5}", 4, max_tokens=3) for i in range(20)]
+        done = sim.run(seqs)
+        assert len(done) == 20 and all(s.error is None for s in done)
+        st = sim.slots.stats()
+        assert st["prefetches"] >= 3 and st["cpu_loads"] == 5  # every adapter read once, mostly ahead of time
+    finally:
+        sim.slots.close()
