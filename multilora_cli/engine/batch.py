@@ -105,3 +105,33 @@ class ScheduledBatch:
     def sampled_seqs(self) -> list[Sequence]:
         """Sequences that get a token this step, in the order `postprocess` expects their ids."""
         return [seq for seq, smp in zip(self.seqs, self.sample) if smp]
+
+
+class StepPlan:
+    """A step while the scheduler builds it: sequences with their new-token counts and the budget left."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.seqs: list[Sequence] = []
+        self.n_new: list[int] = []
+        self.ids: set[int] = set()  # seq_ids already in the step
+        self.preempted: list[Sequence] = []
+        self.num_prefills = 0
+
+    def add(self, seq: Sequence, n: int) -> None:
+        self.seqs.append(seq)
+        self.n_new.append(n)
+        self.ids.add(seq.seq_id)
+        self.budget -= n
+        self.num_prefills += n > 1
+
+    def to_batch(self, block_size: int) -> ScheduledBatch:
+        """Freeze into a batch, one-token entries first (stable), before any token is computed."""
+        order = sorted(range(len(self.seqs)), key=lambda i: self.n_new[i] != 1)
+        seqs = [self.seqs[i] for i in order]
+        n_new = [self.n_new[i] for i in order]
+        start = [s.num_computed_tokens for s in seqs]
+        return ScheduledBatch(
+            seqs=seqs, num_new_tokens=n_new, start=start, slots=[s.slot for s in seqs],
+            sample=[st + n == s.num_tokens for s, st, n in zip(seqs, start, n_new)],
+            num_decodes=sum(n == 1 for n in n_new), block_size=block_size, preempted=self.preempted)

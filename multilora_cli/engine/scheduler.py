@@ -19,37 +19,18 @@ that are all prefill or all decode, `chunked_prefill=False` feeds each prompt wh
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from typing import Callable, Sequence as Seq
 
 from multilora_cli.config import EngineConfig
-from multilora_cli.engine.batch import ScheduledBatch
+from multilora_cli.engine.batch import ScheduledBatch, StepPlan
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.sequence import SeqStatus, Sequence
 from multilora_cli.engine.slots import SlotManager
+from multilora_cli.engine.waiting import WaitingQueues
 from multilora_cli.errors import EngineError, MultiloraError, RequestError
 
 POLICIES = ("group", "fifo")
 _OK, _NO_SLOT, _FAILED, _STOP = range(4)
-
-
-class _Plan:
-    """The step being built."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self.seqs: list[Sequence] = []
-        self.n_new: list[int] = []
-        self.ids: set[int] = set()
-        self.preempted: list[Sequence] = []
-        self.num_prefills = 0
-
-    def add(self, seq: Sequence, n: int) -> None:
-        self.seqs.append(seq)
-        self.n_new.append(n)
-        self.ids.add(seq.seq_id)
-        self.budget -= n
-        self.num_prefills += n > 1
 
 
 class Scheduler:
@@ -74,8 +55,7 @@ class Scheduler:
         # Keep a few blocks free when admitting next to running sequences, so admissions do not force
         # the very next decode step to preempt.
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
-        self._waiting: dict[str | None, deque[Sequence]] = {}
-        self._num_waiting = 0
+        self._waiting = WaitingQueues()
         self.running: list[Sequence] = []  # admission order
         self._finished: list[Sequence] = []
         self._admissions = 0
@@ -88,7 +68,7 @@ class Scheduler:
     # --- feeding ---------------------------------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return self._num_waiting
+        return len(self._waiting)
 
     @property
     def num_running(self) -> int:
@@ -96,10 +76,10 @@ class Scheduler:
 
     def wants_more(self) -> bool:
         """True while the waiting window has room: feed requests lazily until this turns False."""
-        return self._num_waiting < self.waiting_window
+        return len(self._waiting) < self.waiting_window
 
     def has_unfinished(self) -> bool:
-        return self._num_waiting > 0 or bool(self.running)
+        return len(self._waiting) > 0 or bool(self.running)
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence. One that can never run fails at once (see `pop_finished`)."""
@@ -120,8 +100,7 @@ class Scheduler:
                 hint="lower max_tokens, or give the KV cache more memory"))
         seq.status = SeqStatus.WAITING
         seq.enqueued_at = self._admissions
-        self._waiting.setdefault(seq.adapter, deque()).append(seq)
-        self._num_waiting += 1
+        self._waiting.push(seq)
 
     def pop_finished(self) -> list[Sequence]:
         """Sequences finished (finish_reason) or failed (error) since the last call."""
@@ -134,7 +113,7 @@ class Scheduler:
         keep calling while `has_unfinished()`. Call `postprocess` with the batch before the next `schedule`."""
         if self._pending is not None:
             raise RuntimeError("schedule() called twice without postprocess()")
-        plan = _Plan(self.max_num_batched_tokens)
+        plan = StepPlan(self.max_num_batched_tokens)
         if self.mix_prefill_decode:
             self._schedule_running(plan, decodes=True)
             self._schedule_running(plan, decodes=False)
@@ -144,18 +123,11 @@ class Scheduler:
             self._admit(plan)
             if not plan.seqs:
                 self._schedule_running(plan, decodes=True)
-        if self.slots.prefetching and self._num_waiting:  # read the next adapters while this step runs
+        if self.slots.prefetching and len(self._waiting):  # read the next adapters while this step runs
             self.slots.prefetch(self.upcoming_adapters(self.slots.max_loras))
         if not plan.seqs:
             return None
-        order = sorted(range(len(plan.seqs)), key=lambda i: plan.n_new[i] != 1)  # stable: decodes first
-        seqs = [plan.seqs[i] for i in order]
-        n_new = [plan.n_new[i] for i in order]
-        start = [s.num_computed_tokens for s in seqs]
-        batch = ScheduledBatch(
-            seqs=seqs, num_new_tokens=n_new, start=start, slots=[s.slot for s in seqs],
-            sample=[st + n == s.num_tokens for s, st, n in zip(seqs, start, n_new)],
-            num_decodes=sum(n == 1 for n in n_new), block_size=self.bm.block_size, preempted=plan.preempted)
+        batch = plan.to_batch(self.bm.block_size)
         self._pending = batch
         self.num_steps += 1
         if batch.is_decode_only:
@@ -191,15 +163,16 @@ class Scheduler:
     def upcoming_adapters(self, k: int) -> list[str]:
         """Up to k adapters with queued requests that are not in a slot, in the order admission would load
         them (prefetch candidates)."""
-        cands = [a for a, q in self._waiting.items() if q and a is not None and not self.slots.is_resident(a)]
+        w = self._waiting
+        cands = [a for a in w.adapters() if a is not None and not self.slots.is_resident(a)]
         if self.policy == "group":
-            cands.sort(key=self._group_key)
+            cands.sort(key=lambda a: w.group_key(a, self.slots))
         else:
-            cands.sort(key=lambda a: self._waiting[a][0].seq_id)
+            cands.sort(key=lambda a: w.head(a).seq_id)
         return cands[:k]
 
     # --- running sequences -----------------------------------------------------------------------------------
-    def _schedule_running(self, plan: _Plan, decodes: bool) -> None:
+    def _schedule_running(self, plan: StepPlan, decodes: bool) -> None:
         running, ids, bm = self.running, plan.ids, self.bm
         i = 0
         while i < len(running) and plan.budget > 0:
@@ -236,14 +209,14 @@ class Scheduler:
             plan.add(seq, n)
             i += 1
 
-    def _victim(self, plan: _Plan, keep: Sequence) -> Sequence | None:
+    def _victim(self, plan: StepPlan, keep: Sequence) -> Sequence | None:
         """Most recently admitted running sequence that is not in this step yet (and not `keep`)."""
         for seq in reversed(self.running):
             if seq is not keep and seq.seq_id not in plan.ids:
                 return seq
         return None
 
-    def _preempt(self, seq: Sequence, plan: _Plan) -> None:
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.bm.free(seq)
         self.slots.release(seq.adapter)
         self.running.remove(seq)
@@ -253,71 +226,57 @@ class Scheduler:
         seq.num_preemptions += 1
         seq.enqueued_at = self._admissions
         self.num_preemptions += 1
-        self._waiting.setdefault(seq.adapter, deque()).appendleft(seq)
-        self._num_waiting += 1
+        self._waiting.push(seq, front=True)
         plan.preempted.append(seq)
 
     # --- admission -------------------------------------------------------------------------------------------
-    def _admit(self, plan: _Plan) -> None:
-        if plan.preempted or not self._num_waiting:
+    def _admit(self, plan: StepPlan) -> None:
+        w = self._waiting
+        if plan.preempted or not len(w):
             return  # the cache is short: admitting now would only preempt again
-        adapters = [a for a, q in self._waiting.items() if q]
-        starving = self._starving_adapter()
-        if starving is not None:  # drain: only its adapter (and base, which needs no slot) may start
-            adapters = [a for a in adapters if a == starving or a is None]
+        adapters = w.adapters()
+        oldest = w.oldest()
+        if oldest.adapter is not None and self._admissions - oldest.enqueued_at > self.defer_limit:
+            # deferred too long: drain, only its adapter (and base, which needs no slot) may start
+            adapters = [a for a in adapters if a == oldest.adapter or a is None]
         if self.policy == "group":
-            adapters.sort(key=self._group_key)
+            adapters.sort(key=lambda a: w.group_key(a, self.slots))
             for a in adapters:
                 if self._admit_queue(plan, a) == _STOP:
                     break
         else:
             self._admit_fifo(plan, adapters)
-        for a in [a for a, q in self._waiting.items() if not q]:
-            del self._waiting[a]
 
-    def _group_key(self, adapter: str | None) -> tuple:
-        q = self._waiting[adapter]
-        if adapter is None or self.slots.is_pinned(adapter):
-            tier = 0  # no swap at all
-        elif self.slots.is_resident(adapter):
-            tier = 1  # in a slot, unpinned: a hit
-        else:
-            tier = 2  # needs a load
-        return (tier, -len(q), q[0].seq_id)
-
-    def _admit_queue(self, plan: _Plan, adapter: str | None) -> int:
-        q = self._waiting[adapter]
-        while q:
-            r = self._try_admit(plan, q[0])
+    def _admit_queue(self, plan: StepPlan, adapter: str | None) -> int:
+        w = self._waiting
+        while adapter in w:
+            r = self._try_admit(plan, w.head(adapter))
             if r == _OK:
-                q.popleft()
-                self._num_waiting -= 1
-            elif r == _FAILED:
-                self._fail_queue(adapter)
-                return r
+                w.pop(adapter)
             else:
+                if r == _FAILED:
+                    self._fail_queue(adapter)
                 return r
         return _OK
 
-    def _admit_fifo(self, plan: _Plan, adapters: list[str | None]) -> None:
+    def _admit_fifo(self, plan: StepPlan, adapters: list[str | None]) -> None:
         """Baseline policy: strict arrival order across adapters (still defers what does not get a slot)."""
-        heap = [(self._waiting[a][0].seq_id, i, a) for i, a in enumerate(adapters)]
+        w = self._waiting
+        heap = [(w.head(a).seq_id, i, a) for i, a in enumerate(adapters)]
         heapq.heapify(heap)
         while heap:
             _, i, a = heapq.heappop(heap)
-            q = self._waiting[a]
-            r = self._try_admit(plan, q[0])
+            r = self._try_admit(plan, w.head(a))
             if r == _OK:
-                q.popleft()
-                self._num_waiting -= 1
-                if q:
-                    heapq.heappush(heap, (q[0].seq_id, i, a))
+                w.pop(a)
+                if a in w:
+                    heapq.heappush(heap, (w.head(a).seq_id, i, a))
             elif r == _FAILED:
                 self._fail_queue(a)
             elif r == _STOP:
                 return
 
-    def _try_admit(self, plan: _Plan, seq: Sequence) -> int:
+    def _try_admit(self, plan: StepPlan, seq: Sequence) -> int:
         if len(self.running) >= self.max_num_seqs or plan.budget <= 0:
             return _STOP
         pending = seq.num_uncomputed_tokens
@@ -346,21 +305,12 @@ class Scheduler:
         plan.add(seq, n)
         return _OK
 
-    def _starving_adapter(self) -> str | None:
-        heads = [q[0] for q in self._waiting.values() if q]
-        oldest = min(heads, key=lambda s: s.enqueued_at)
-        if oldest.adapter is None or self._admissions - oldest.enqueued_at <= self.defer_limit:
-            return None
-        return oldest.adapter
-
     # --- endings ---------------------------------------------------------------------------------------------
     def _fail_queue(self, adapter: str | None) -> None:
         """The adapter cannot be loaded: fail every waiting sequence that needs it with the same error."""
-        q = self._waiting[adapter]
-        error = q[0].error
-        while q:
-            self._num_waiting -= 1
-            self._fail(q.popleft(), error)
+        queued = self._waiting.take_all(adapter)
+        for seq in queued:
+            self._fail(seq, queued[0].error)
 
     def _fail(self, seq: Sequence, error: MultiloraError) -> None:
         seq.error = error

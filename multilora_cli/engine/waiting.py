@@ -1,0 +1,73 @@
+"""`WaitingQueues`: the scheduler's waiting room, one FIFO queue per adapter.
+
+Grouping by adapter is what lets admission run an adapter's requests together (fewer slot swaps) and defer
+one adapter without blocking the others. Preempted sequences re-enter at the front of their adapter's queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from multilora_cli.engine.sequence import Sequence
+from multilora_cli.engine.slots import SlotManager
+
+
+class WaitingQueues:
+    """Waiting sequences by adapter (None = base). Empty queues are dropped as soon as they empty."""
+
+    def __init__(self):
+        self._q: dict[str | None, deque[Sequence]] = {}
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, adapter: object) -> bool:
+        """Whether `adapter` has queued work (so `SlotManager.acquire(keep=...)` can spare it)."""
+        return adapter in self._q
+
+    def push(self, seq: Sequence, front: bool = False) -> None:
+        q = self._q.setdefault(seq.adapter, deque())
+        if front:
+            q.appendleft(seq)
+        else:
+            q.append(seq)
+        self._n += 1
+
+    def adapters(self) -> list[str | None]:
+        return list(self._q)
+
+    def size(self, adapter: str | None) -> int:
+        return len(self._q[adapter])
+
+    def head(self, adapter: str | None) -> Sequence:
+        return self._q[adapter][0]
+
+    def pop(self, adapter: str | None) -> Sequence:
+        q = self._q[adapter]
+        seq = q.popleft()
+        if not q:
+            del self._q[adapter]
+        self._n -= 1
+        return seq
+
+    def take_all(self, adapter: str | None) -> list[Sequence]:
+        q = self._q.pop(adapter)
+        self._n -= len(q)
+        return list(q)
+
+    def oldest(self) -> Sequence | None:
+        """The queue head that has waited longest (smallest `enqueued_at`)."""
+        return min((q[0] for q in self._q.values()), key=lambda s: s.enqueued_at, default=None)
+
+    def group_key(self, adapter: str | None, slots: SlotManager) -> tuple:
+        """Admission order: no swap needed (base, or pinned by running sequences), then resident in a slot
+        (a hit), then a load; within a tier the adapter with the most queued requests, then the oldest."""
+        if adapter is None or slots.is_pinned(adapter):
+            tier = 0
+        elif slots.is_resident(adapter):
+            tier = 1
+        else:
+            tier = 2
+        q = self._q[adapter]
+        return (tier, -len(q), q[0].seq_id)
