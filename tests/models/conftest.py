@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported: Triton runs on CPU
-
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # before any kernel module is imported: Triton kernels then run on CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.builders import build_base
 
 ARCHS = ["llama", "llama-tied", "llama3", "mistral", "qwen2", "qwen3"]
+# Kernel tests run on CUDA tensors where a GPU exists, else on CPU tensors under the Triton interpreter.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Tests that force Triton onto CPU tensors need the interpreter (on a GPU host test_model_gpu covers them).
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,14 @@ from multilora_cli.kernels.paged_attention import paged_attention_decode, paged_
 from multilora_cli.layers.attention import Attention
 from multilora_cli.layers.context import decode_context, set_context
 
+from conftest import KERNEL_DEVICE
+
+DEV = KERNEL_DEVICE
+
+
+def _on(*ts):
+    return [t.to(DEV) for t in ts]
+
 
 def _case(B, H, KVH, D, page, lens, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -61,27 +69,29 @@ SHAPES = [  # B, H, KVH, D, page, lens
 def test_decode_kernel_matches_reference(shape, splits, block_n, window):
     B, H, KVH, D, page, lens = shape
     q, kc, vc, tables, bt = _case(B, H, KVH, D, page, lens)
-    out = paged_attention_decode(q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32), 1 / math.sqrt(D),
-                                 sliding_window=window, max_context_len=max(lens), num_splits=splits,
-                                 block_n=block_n)
+    dq, dkc, dvc, dbt, dlens = _on(q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))
+    out = paged_attention_decode(dq, dkc, dvc, dbt, dlens, 1 / math.sqrt(D), sliding_window=window,
+                                 max_context_len=max(lens), num_splits=splits, block_n=block_n).cpu()
     torch.testing.assert_close(out.double(), _reference(q, kc, vc, tables, lens, window), atol=1e-5, rtol=0)
 
 
 def test_decode_kernel_empty_sequence_gives_zeros():
     q, kc, vc, tables, bt = _case(2, 4, 2, 16, 4, [0, 6])
-    lens = torch.tensor([0, 6], dtype=torch.int32)
+    dq, dkc, dvc, dbt, dlens = _on(q, kc, vc, bt, torch.tensor([0, 6], dtype=torch.int32))
     for splits in (1, 2):
-        out = paged_attention_decode(q, kc, vc, bt, lens, 0.25, max_context_len=40, num_splits=splits, block_n=16)
+        out = paged_attention_decode(dq, dkc, dvc, dbt, dlens, 0.25, max_context_len=40, num_splits=splits,
+                                     block_n=16).cpu()
         assert torch.equal(out[0], torch.zeros_like(out[0]))
         torch.testing.assert_close(out[1].double(), _reference(q, kc, vc, tables, [0, 6])[1], atol=1e-5, rtol=0)
 
 
 def test_store_kv_writes_rows_and_skips_minus_one():
-    kc, vc = torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8)
-    qkv = torch.randn(5, 3 * 16)  # k and v are strided views of a fused projection, like in the model
+    kc, vc = torch.zeros(4, 4, 2, 8, device=DEV), torch.zeros(4, 4, 2, 8, device=DEV)
+    qkv = torch.randn(5, 3 * 16, device=DEV)  # k and v are strided views of a fused projection, as in the model
     k, v = qkv[:, 16:32].view(5, 2, 8), qkv[:, 32:].view(5, 2, 8)
-    slots = torch.tensor([3, -1, 15, 0, 9])
+    slots = torch.tensor([3, -1, 15, 0, 9], device=DEV)
     store_kv(k, v, kc, vc, slots)
+    kc, vc, k, v = kc.cpu(), vc.cpu(), k.cpu(), v.cpu()
     ek, ev = torch.zeros(16, 2, 8), torch.zeros(16, 2, 8)
     for t, s in enumerate(slots.tolist()):
         if s >= 0:
@@ -127,8 +137,9 @@ def test_prefill_kernel_with_cached_prefix(H, KVH, D, page, window):
     q = torch.randn(sum(lq), H, D)
     cu_q = torch.tensor([0, 7, 8, 28], dtype=torch.int32)
     cu_k = torch.tensor([0, 7, 16, 49], dtype=torch.int32)
-    out = paged_attention_prefill(q, None, None, cu_q, cu_k, max(lq), 1 / math.sqrt(D), k_cache=kc, v_cache=vc,
-                                  block_tables=bt, sliding_window=window, block_n=16)
+    dq, dkc, dvc, dbt, dcq, dck = _on(q, kc, vc, bt, cu_q, cu_k)
+    out = paged_attention_prefill(dq, None, None, dcq, dck, max(lq), 1 / math.sqrt(D), k_cache=dkc, v_cache=dvc,
+                                  block_tables=dbt, sliding_window=window, block_n=16).cpu()
     start = 0
     for b in range(3):
         slots = [tables[b][p // page] * page + p % page for p in range(lk[b])]
@@ -148,7 +159,8 @@ def test_prefill_kernel_packed_kv(window):
     k = qkv[:, H * D:(H + KVH) * D].view(T, KVH, D)
     v = qkv[:, (H + KVH) * D:].view(T, KVH, D)
     cu = torch.tensor([0, 5, 75, 76], dtype=torch.int32)
-    out = paged_attention_prefill(q, k, v, cu, cu, max(lens), 1 / math.sqrt(D), sliding_window=window)
+    dq, dk, dv, dcu = _on(q, k, v, cu)
+    out = paged_attention_prefill(dq, dk, dv, dcu, dcu, max(lens), 1 / math.sqrt(D), sliding_window=window).cpu()
     for b in range(3):
         lo, hi = cu[b].item(), cu[b + 1].item()
         ref = _prefill_reference(q[lo:hi], k[lo:hi], v[lo:hi], hi - lo, hi - lo, window, H // KVH)
