@@ -76,7 +76,7 @@ def checkpoint_files(path: Path) -> dict[str, Path]:
             return {name: single for name in f.keys()}
     if any(path.glob("*.bin")) or any(path.glob("*.pt")):
         raise ModelError(f"{path}: only PyTorch .bin weights found",
-                         hint="multilora reads safetensors; convert with transformers save_pretrained(safe_serialization=True)")
+                         hint="multilora reads safetensors; re-save with transformers save_pretrained()")
     raise ModelError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
 
