@@ -60,11 +60,10 @@ def shrink_blocks(t: int, in_features: int, n_slices: int, max_rank: int, num_sm
     bm = _bm_for(t)
     rb = 16 if t <= 1024 else min(_pow2_at_least(max_rank), 64)
     bk = 128 if t <= 1024 else 64
-    tiles = -(-t // bm)
-    chunks = -(-max_rank // rb)
+    tiles = -(-t // bm)  # lower bound: many adapters make more (partial) tiles
     split = 1
-    # aim for ~2 CTAs per SM, keeping at least 2 K-steps per split
-    while tiles * chunks * split * 2 < 2 * num_sms and in_features // (bk * split * 2) >= 2:
+    # aim for ~2 CTAs per SM (one rank chunk active per tile in the common case), >= 2 K-steps per split
+    while tiles * split * 2 <= 2 * num_sms and in_features // (bk * split * 2) >= 2:
         split *= 2
     nsp = _pow2_at_least(n_slices, 1)
     warps = 8 if bm * nsp * rb >= 64 * 128 else 4

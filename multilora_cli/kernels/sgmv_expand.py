@@ -57,24 +57,49 @@ def _expand_kernel(
     y_rows = y_ptr + rows[:, None] * stride_yt  # [BM, 1]
     offs_r = tl.arange(0, RB)
     n0 = col_lo + (pid_g - g_lo) * GW
-    for it in range(NB):
-        cols = n0 + it * BN + tl.arange(0, BN)
-        col_ok = cols < col_hi
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for c in range(0, r, RB):
-            jj = c + offs_r
-            j_ok = jj < r
-            sv = tl.zeros((BM, RB), dtype=tl.float32)
-            for p in range(n_split):  # sum the K-split partials of the shrink
-                sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :],
-                              other=0.0)
-            bt = tl.load(b_slot + cols[None, :] * stride_b_out + jj[:, None], mask=j_ok[:, None] & col_ok[None, :],
-                         other=0.0)  # [RB, BN]
-            acc = tl.dot(sv.to(y_ptr.dtype.element_ty), bt.to(y_ptr.dtype.element_ty), acc, input_precision=DOT_PREC)
-        y_ptrs = y_rows + cols[None, :]
-        ok = row_ok[:, None] & col_ok[None, :]
-        yv = tl.load(y_ptrs, mask=ok, other=0.0)
-        tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(yv.dtype), mask=ok)
+    CD = y_ptr.dtype.element_ty  # dot inputs in y's dtype, fp32 accumulate
+    if r <= RB:
+        # common case: one rank chunk, so s is loaded once and the column loop is a plain pipelined stream of B
+        j_ok = offs_r < r
+        sv = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, j_ok, BM, RB).to(CD)
+        for it in range(NB):
+            cols = n0 + it * BN + tl.arange(0, BN)
+            col_ok = cols < col_hi
+            bt = tl.load(b_slot + cols[None, :] * stride_b_out + offs_r[:, None],
+                         mask=j_ok[:, None] & col_ok[None, :], other=0.0)  # [RB, BN]
+            acc = tl.dot(sv, bt.to(CD), input_precision=DOT_PREC)
+            _add_into_y(y_rows, cols, row_ok, col_ok, acc)
+    else:
+        for it in range(NB):
+            cols = n0 + it * BN + tl.arange(0, BN)
+            col_ok = cols < col_hi
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for c in range(0, r, RB):  # rank chunks up to the slot's real rank
+                jj = c + offs_r
+                j_ok = jj < r
+                sv = _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM, RB).to(CD)
+                bt = tl.load(b_slot + cols[None, :] * stride_b_out + jj[:, None],
+                             mask=j_ok[:, None] & col_ok[None, :], other=0.0)
+                acc = tl.dot(sv, bt.to(CD), acc, input_precision=DOT_PREC)
+            _add_into_y(y_rows, cols, row_ok, col_ok, acc)
+
+
+@triton.jit
+def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr, RB: tl.constexpr):
+    """Sum of the shrink's K-split partials: [BM, RB] fp32."""
+    sv = tl.zeros((BM, RB), dtype=tl.float32)
+    for p in range(n_split):
+        sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :], other=0.0)
+    return sv
+
+
+@triton.jit
+def _add_into_y(y_rows, cols, row_ok, col_ok, acc):
+    """y[rows, cols] += acc, added in fp32 and rounded once to y's dtype."""
+    y_ptrs = y_rows + cols[None, :]
+    ok = row_ok[:, None] & col_ok[None, :]
+    yv = tl.load(y_ptrs, mask=ok, other=0.0)
+    tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(yv.dtype), mask=ok)
 
 
 def default_expand_blocks(y: torch.Tensor, w: LoraWeights) -> ExpandBlocks:

@@ -1,0 +1,316 @@
+"""Benchmark the SGMV kernels on one Llama-3-8B layer (qkv, o, gate_up, down) against a torch per-adapter
+loop and the HBM floor.
+
+    PYTHONPATH=. python3 benchmarks/bench_kernels.py --out benchmarks/results/kernels-<device>.json
+
+Every timing is the median of CUDA-graph replays (triton.testing.do_bench, which also clears L2 between
+replays); each graph runs K rotations of the layer over different weight-pool copies, slots, x and y, so
+that one rotation's bytes are not in L2 for the next. The floor is the bytes that must move (each distinct
+adapter's A and B for the rank used, x once, y read and written once) over the device-to-device copy
+bandwidth measured in the same run. Needs CUDA; imports no CLI dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from multilora_cli.kernels import LoraMetaBuffers, LoraWeights, add_lora
+from multilora_cli.kernels.blocks import ExpandBlocks, ShrinkBlocks, expand_blocks, shrink_blocks
+from multilora_cli.kernels.sgmv import add_lora_triton
+from multilora_cli.kernels.sgmv_expand import lora_expand
+from multilora_cli.kernels.sgmv_shrink import lora_shrink
+
+MODULES = {  # Llama-3-8B: name -> (in_features, packed output slices)
+    "qkv": (4096, [4096, 1024, 1024]),
+    "o": (4096, [4096]),
+    "gate_up": (4096, [14336, 14336]),
+    "down": (14336, [4096]),
+}
+DT = torch.bfloat16
+DEVICE = "cuda"
+
+
+def ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
+
+
+def bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    n = 1 << 30
+    src, dst = torch.empty(n, dtype=torch.uint8, device=DEVICE), torch.empty(n, dtype=torch.uint8, device=DEVICE)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    del src, dst
+    return 2 * n / (ms * 1e-3)
+
+
+class Pools:
+    """n_copies of each module's slot pool (max_loras x pool_rank), random bf16 weights."""
+
+    def __init__(self, copies: int, max_loras: int, pool_rank: int):
+        self.max_loras, self.pool_rank = max_loras, pool_rank
+        self.w = {name: [] for name in MODULES}
+        for name, (in_f, slices) in MODULES.items():
+            for _ in range(copies):
+                w = LoraWeights.empty(max_loras, pool_rank, in_f, slices, DT, DEVICE)
+                w.a.normal_(0, in_f ** -0.5)
+                w.b.normal_(0, 0.1)
+                self.w[name].append(w)
+
+    def set_rank(self, rank: int) -> None:
+        for ws in self.w.values():
+            for w in ws:
+                w.rank.fill_(rank)
+                w.scale.fill_(2.0)
+
+
+def floor_bytes(t: int, distinct: int, rank: int) -> int:
+    total = 0
+    for in_f, slices in MODULES.values():
+        out = sum(slices)
+        total += distinct * rank * (len(slices) * in_f + out) * 2  # A and B of each distinct adapter, once
+        total += t * in_f * 2 + t * out * 2 * 2  # x read, y read + written
+    return total
+
+
+class Case:
+    """K rotations of one (tokens, adapters, rank) point: metadata buffers, slots, x and y per rotation."""
+
+    def __init__(self, pools: Pools, t: int, adapters: int, rank: int, rotations: int):
+        self.pools, self.t, self.rank = pools, t, rank
+        self.distinct = min(t, adapters)
+        copies = len(pools.w["qkv"])
+        self.rot = []
+        for k in range(rotations):
+            base = (k // copies) * self.distinct
+            slots = [(base + j) % pools.max_loras for j in range(self.distinct)]
+            ts = [slots[i % self.distinct] for i in range(t)]  # interleaved: the kernels must gather
+            bufs = LoraMetaBuffers(t, pools.max_loras, DEVICE)
+            meta = bufs.build(ts)
+            xs = {n: torch.randn(t, in_f, device=DEVICE, dtype=DT) for n, (in_f, _) in MODULES.items()}
+            ys = {n: torch.randn(t, sum(sl), device=DEVICE, dtype=DT) for n, (_, sl) in MODULES.items()}
+            idx = {s: torch.tensor([i for i in range(t) if ts[i] == s], device=DEVICE) for s in slots}
+            self.rot.append(dict(copy=k % copies, bufs=bufs, meta=meta, x=xs, y=ys, idx=idx))
+
+    def ours(self, k: int, modules=MODULES, shrink=None, expand=None) -> None:
+        r = self.rot[k]
+        for n in modules:
+            w = self.pools.w[n][r["copy"]]
+            if shrink is None and expand is None:
+                add_lora(r["y"][n], r["x"][n], w, r["meta"])
+            else:
+                add_lora_triton(r["y"][n], r["x"][n], w, r["meta"], shrink=shrink, expand=expand)
+
+    def torch_loop(self, k: int) -> None:
+        """The obvious per-adapter loop: gather rows, shrink and expand per slice, scatter-add."""
+        r = self.rot[k]
+        for n, (_, slices) in MODULES.items():
+            w = self.pools.w[n][r["copy"]]
+            x, y = r["x"][n], r["y"][n]
+            for slot, idx in r["idx"].items():
+                xs = x.index_select(0, idx)
+                parts = []
+                for i in range(len(slices)):
+                    lo, hi = w.slice_offsets[i], w.slice_offsets[i + 1]
+                    s = (xs @ w.a[slot, i, :self.rank].T) * 2.0
+                    parts.append(s @ w.b[slot, lo:hi, :self.rank].T)
+                y.index_add_(0, idx, torch.cat(parts, 1) if len(parts) > 1 else parts[0])
+
+
+def graph_time_us(fn, rotations: int, rep_ms: int = 60) -> float:
+    """Median time of one rotation, from CUDA-graph replays of `rotations` rotations."""
+    for k in range(rotations):  # warm-up: compile, allocate
+        fn(k)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for k in range(rotations):
+            fn(k)
+    ms = do_bench(g.replay, warmup=10, rep=rep_ms, return_mode="median")
+    del g
+    return ms * 1e3 / rotations
+
+
+def eager_time_us(fn, rotations: int) -> float:
+    ms = do_bench(lambda: [fn(k) for k in range(rotations)], warmup=5, rep=40, return_mode="median")
+    return ms * 1e3 / rotations
+
+
+def rotations_for(nbytes: int, l2: int) -> int:
+    return max(2, min(32, math.ceil(3 * l2 / max(nbytes, 1))))
+
+
+def run_grid(args, pools: Pools, bw: float, l2: int, results: list, deadline: float) -> None:
+    for rank in ints(args.ranks):
+        pools.set_rank(rank)
+        for t in ints(args.tokens):
+            for adapters in ints(args.adapters):
+                if time.time() > deadline:
+                    print("grid: deadline reached, stopping", flush=True)
+                    return
+                distinct = min(t, adapters)
+                fb = floor_bytes(t, distinct, rank)
+                k = rotations_for(fb, l2)
+                case = Case(pools, t, adapters, rank, k)
+                ours = graph_time_us(case.ours, k)
+                kernels_per_rot = 1 + distinct * 30
+                kt = max(1, min(k, 3000 // kernels_per_rot))
+                loop = graph_time_us(case.torch_loop, kt)
+                ours_eager = eager_time_us(case.ours, min(k, 4))
+                floor_us = fb / bw * 1e6
+                row = dict(tokens=t, adapters=adapters, distinct=distinct, rank=rank, pool_rank=pools.pool_rank,
+                           rotations=k, floor_bytes=fb, floor_us=round(floor_us, 2), ours_us=round(ours, 2),
+                           ours_eager_us=round(ours_eager, 2), torch_loop_us=round(loop, 2),
+                           ours_over_floor=round(ours / floor_us, 3), torch_over_ours=round(loop / ours, 2))
+                results.append(row)
+                print(json.dumps(row), flush=True)
+                del case
+
+
+def run_modules(pools: Pools, bw: float, l2: int, t: int, adapters: int, rank: int) -> dict:
+    """Per-module times at one point, to see where the time goes."""
+    pools.set_rank(rank)
+    out = {}
+    distinct = min(t, adapters)
+    for n in MODULES:
+        k = rotations_for(floor_bytes(t, distinct, rank) // 4, l2)
+        case = Case(pools, t, adapters, rank, k)
+        us = graph_time_us(lambda i: case.ours(i, modules=[n]), k)
+        in_f, slices = MODULES[n]
+        fb = distinct * rank * (len(slices) * in_f + sum(slices)) * 2 + t * in_f * 2 + t * sum(slices) * 4
+        out[n] = dict(ours_us=round(us, 2), floor_us=round(fb / bw * 1e6, 2),
+                      shrink=str(shrink_blocks(t, in_f, len(slices), pools.pool_rank, 132)),
+                      expand=str(expand_blocks(t, sum(slices), pools.pool_rank, 132)))
+        del case
+    return out
+
+
+def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: float) -> list:
+    """Time shrink and expand alone per module for a few block-size candidates around the table's choice."""
+    rows = []
+    for t, adapters, rank in points:
+        pools.set_rank(rank)
+        distinct = min(t, adapters)
+        for n, (in_f, slices) in MODULES.items():
+            k = rotations_for(floor_bytes(t, distinct, rank) // 4, l2)
+            case = Case(pools, t, adapters, rank, k)
+            base_s = shrink_blocks(t, in_f, len(slices), pools.pool_rank, 132)
+            base_e = expand_blocks(t, sum(slices), pools.pool_rank, 132)
+            s_cands = {base_s}
+            for split in (1, 2, 4, 8, 16, 32):
+                s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, base_s.rb, split, base_s.num_warps, base_s.num_stages))
+            for bk, st in ((64, 4), (128, 3), (256, 2)):
+                s_cands.add(ShrinkBlocks(base_s.bm, bk, base_s.rb, base_s.split, base_s.num_warps, st))
+            s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, base_s.rb, base_s.split, 8 if base_s.num_warps == 4 else 4,
+                                     base_s.num_stages))
+            e_cands = {base_e}
+            for bn, nb in ((64, 1), (64, 4), (128, 1), (128, 2), (128, 4), (256, 1), (256, 2)):
+                e_cands.add(ExpandBlocks(base_e.bm, bn, nb, base_e.rb, base_e.num_warps, base_e.num_stages))
+            e_cands.add(ExpandBlocks(base_e.bm, base_e.bn, base_e.nb, base_e.rb, 8 if base_e.num_warps == 4 else 4,
+                                     base_e.num_stages))
+            for kind, cands in (("shrink", s_cands), ("expand", e_cands)):
+                for c in sorted(cands, key=str):
+                    if time.time() > deadline:
+                        print("sweep: deadline reached", flush=True)
+                        return rows
+                    if kind == "shrink" and in_f // (c.bk * c.split) < 1:
+                        continue
+
+                    def fn(i, c=c, kind=kind):
+                        r = case.rot[i]
+                        w = pools.w[n][r["copy"]]
+                        if kind == "shrink":
+                            s = torch.empty((c.split, t, w.n_slices, w.max_rank), device=DEVICE, dtype=torch.float32)
+                            lora_shrink(r["x"][n], w, r["meta"], s, c)
+                        else:
+                            lora_expand(case_s[i], w, r["meta"], r["y"][n], c)
+
+                    case_s = [torch.zeros((1, t, len(slices), pools.pool_rank), device=DEVICE) for _ in range(k)]
+                    try:
+                        us = graph_time_us(fn, k, rep_ms=30)
+                    except Exception as e:  # a candidate that does not fit (shared memory) is skipped
+                        print(f"sweep {kind} {c}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                        continue
+                    row = dict(tokens=t, adapters=adapters, rank=rank, module=n, kernel=kind, blocks=str(c),
+                               table=str(base_s if kind == "shrink" else base_e) == str(c), us=round(us, 2))
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            del case
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", default="1,16,64,256,1024,4096")
+    p.add_argument("--adapters", default="1,8,64")
+    p.add_argument("--ranks", default="8,16,64")
+    p.add_argument("--pool-rank", type=int, default=64, help="max_rank of the slot pool (ranks below it are masked)")
+    p.add_argument("--max-loras", type=int, default=64)
+    p.add_argument("--copies", type=int, default=4, help="weight-pool copies rotated through")
+    p.add_argument("--target", default="256,64,16", help="tokens,adapters,rank of the target point")
+    p.add_argument("--sweep", default="", help="block-size sweep points 't,a,r;t,a,r' (empty: none)")
+    p.add_argument("--budget-s", type=float, default=240, help="stop starting new work after this many seconds")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_kernels needs a CUDA device", file=sys.stderr)
+        return 2
+    start = time.time()
+    deadline = start + args.budget_s
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    bw = bandwidth()
+    print(f"{props.name}: {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB, copy bandwidth {bw / 1e12:.2f} TB/s",
+          flush=True)
+    report = dict(device=props.name, sms=props.multi_processor_count, l2_bytes=l2, copy_bandwidth_Bps=round(bw),
+                  torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
+                  command=" ".join(["python3"] + sys.argv), dtype="bfloat16",
+                  shapes={n: dict(in_features=i, slices=s) for n, (i, s) in MODULES.items()},
+                  max_loras=args.max_loras, pool_rank=args.pool_rank, copies=args.copies,
+                  timing="median of CUDA-graph replays (triton do_bench, L2 cleared between replays) / rotations",
+                  floor="bytes(each distinct adapter's A,B at its rank once + x once + y read and written) / copy bw",
+                  grid=[], target={}, modules={}, sweep=[])
+
+    def save():
+        report["elapsed_s"] = round(time.time() - start, 1)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+    pools = Pools(args.copies, args.max_loras, args.pool_rank)
+    t, a, r = ints(args.target)
+    report["modules"] = run_modules(pools, bw, l2, t, a, r)
+    print(json.dumps(report["modules"]), flush=True)
+    save()
+    run_grid(args, pools, bw, l2, report["grid"], deadline)
+    save()
+    # the target point again with a tight pool (max_rank == rank), as an engine sizing max_lora_rank would run it
+    if args.pool_rank != r and time.time() < deadline:
+        tight = Pools(args.copies, args.max_loras, r)
+        rows = []
+        run_grid(argparse.Namespace(ranks=str(r), tokens=str(t), adapters=str(a)), tight, bw, l2, rows, deadline)
+        report["target_tight_pool"] = rows
+        report["modules_tight_pool"] = run_modules(tight, bw, l2, t, a, r)
+        save()
+        del tight
+    if args.sweep:
+        pts = [tuple(ints(s)) for s in args.sweep.split(";") if s]
+        report["sweep"] = sweep(pools, l2, pts, deadline)
+    save()
+    for row in report["grid"]:
+        if (row["tokens"], row["adapters"], row["rank"]) == (t, a, r):
+            report["target"] = row
+    save()
+    print(f"done in {time.time() - start:.0f}s -> {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
