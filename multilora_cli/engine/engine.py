@@ -1,0 +1,170 @@
+"""`Engine`: the library entry point. `Engine(config, adapters).generate(requests)` yields `Result`s.
+
+Requests are pulled lazily (a window of waiting sequences), scheduled with continuous batching and
+adapter-aware admission, run by the `ModelRunner`, and returned as soon as each finishes (any order).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from multilora_cli.config import EngineConfig
+from multilora_cli.engine.block_manager import BlockManager
+from multilora_cli.engine.detokenizer import StopChecker
+from multilora_cli.engine.generation_config import read_generation_config
+from multilora_cli.engine.request import EngineStats, Request, Result
+from multilora_cli.engine.runner import ModelRunner
+from multilora_cli.engine.scheduler import Scheduler
+from multilora_cli.engine.sequence import Sequence
+from multilora_cli.engine.slots import SlotManager
+from multilora_cli.engine.tokenizer import Tokenizer
+from multilora_cli.errors import EngineError, MultiloraError, RequestError
+from multilora_cli.models.config import ModelConfig
+
+
+class Engine:
+    """Offline multi-LoRA generation over one base model.
+
+    config:   EngineConfig (config.model is a local model directory).
+    adapters: {name: local adapter directory}, already resolved and validated (adapters.preflight).
+    """
+
+    def __init__(self, config: EngineConfig, adapters: dict[str, Path] | None = None,
+                 model_config: ModelConfig | None = None):
+        self.config = config
+        self.adapters = {name: Path(p) for name, p in (adapters or {}).items()}
+        self.model_config = model_config or ModelConfig.from_dir(config.model)
+        self.tokenizer = Tokenizer.from_dir(config.model)
+        gen = read_generation_config(config.model)
+        self.default_sampling: dict = dict(gen.sampling)
+        eos = [*self.model_config.eos_token_ids, *gen.eos_token_ids, *self.tokenizer.eos_token_ids]
+        self.eos_token_ids = list(dict.fromkeys(eos))
+        self.runner = ModelRunner(config, self.model_config, use_lora=bool(self.adapters))
+        self.max_model_len = self.runner.max_model_len
+        self.slots = SlotManager(config.max_loras, config.max_cpu_loras, load_cpu=self._load_cpu,
+                                 install=self.runner.install_adapter, evict=self.runner.evict_adapter)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
+        self.scheduler = Scheduler(config, self.block_manager, self.slots, max_model_len=self.max_model_len)
+        self.stop = StopChecker(self.tokenizer, self.eos_token_ids, self.max_model_len)
+        self.stats = EngineStats(model=str(config.model), device=str(self.runner.device),
+                                 dtype=str(self.runner.dtype).removeprefix("torch."), max_loras=config.max_loras,
+                                 max_lora_rank=config.max_lora_rank)
+        self._next_seq_id = 0
+
+    # --- adapters ---------------------------------------------------------------------------------------------
+    def _load_cpu(self, name: str):
+        """Read + validate an adapter into host memory (pinned on CUDA so slot copies are asynchronous)."""
+        from multilora_cli.adapters.peft import load_adapter
+
+        adapter = load_adapter(self.adapters[name], name, self.model_config, dtype=self.runner.dtype)
+        if adapter.max_rank > self.config.max_lora_rank:
+            raise EngineError(f"adapter {name!r} has rank {adapter.max_rank} > max_lora_rank "
+                              f"{self.config.max_lora_rank}", hint="raise --max-lora-rank")
+        if self.runner.device.type == "cuda":
+            for m in adapter.modules.values():
+                m.a, m.b = m.a.pin_memory(), m.b.pin_memory()
+        return adapter
+
+    # --- generation -------------------------------------------------------------------------------------------
+    def _admit(self, request: Request) -> Result | None:
+        """Tokenize and queue one request; an error Result if it cannot run at all."""
+        adapter = request.adapter
+        if adapter is not None and adapter not in self.adapters:
+            known = ", ".join(sorted(self.adapters)) or "none"
+            return self._error(request, RequestError(
+                f"request {request.id}: unknown adapter {adapter!r}", code="unknown_adapter",
+                hint=f"known adapters: {known}; pass it with --adapters"))
+        try:
+            ids = self.tokenizer.encode_request(request)
+        except MultiloraError as e:
+            return self._error(request, e)
+        seq = Sequence.from_request(self._next_seq_id, request, ids, engine_seed=self.config.seed)
+        self._next_seq_id += 1
+        self.scheduler.add(seq)
+        return None
+
+    def _error(self, request: Request, error: MultiloraError) -> Result:
+        self.stats.requests += 1
+        self.stats.errors += 1
+        return Result(key=request.key, id=request.id, adapter=request.adapter, error=error)
+
+    def _result(self, seq: Sequence) -> Result:
+        st = self.stats
+        st.requests += 1
+        if seq.error is not None:
+            st.errors += 1
+            return Result(key=seq.request.key, id=seq.request.id, adapter=seq.adapter, error=seq.error,
+                          prompt_tokens=seq.num_prompt_tokens)
+        a = st.adapter(seq.adapter)
+        a.requests += 1
+        a.prompt_tokens += seq.num_prompt_tokens
+        a.completion_tokens += seq.num_completion_tokens
+        st.prompt_tokens += seq.num_prompt_tokens
+        st.completion_tokens += seq.num_completion_tokens
+        ids = seq.output_token_ids
+        if ids and ids[-1] in self.stop.eos and not seq.sampling.ignore_eos:
+            ids = ids[:-1]
+        return Result(key=seq.request.key, id=seq.request.id, adapter=seq.adapter, text=seq.text,
+                      token_ids=ids, finish_reason=seq.finish_reason, prompt_tokens=seq.num_prompt_tokens,
+                      completion_tokens=seq.num_completion_tokens)
+
+    def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
+        """Yield one Result per request, as each completes (any order). Requests are pulled lazily."""
+        it = iter(requests)
+        exhausted = False
+        sched = self.scheduler
+        t0 = time.perf_counter()
+        idle = 0
+        try:
+            while True:
+                while not exhausted and sched.wants_more():
+                    try:
+                        req = next(it)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    res = self._admit(req)
+                    if res is not None:
+                        yield res
+                for seq in sched.pop_finished():
+                    yield self._result(seq)
+                if not sched.has_unfinished():
+                    if exhausted:
+                        break
+                    continue
+                batch = sched.schedule()
+                if batch is None:
+                    idle += 1
+                    if idle > 3:  # nothing runnable and nothing changes: a scheduler bug, not a user error
+                        raise EngineError("the scheduler made no progress with work pending")
+                    continue
+                idle = 0
+                ids = self.runner.run(batch)
+                sched.postprocess(batch, ids, self.stop)
+                for seq in sched.pop_finished():
+                    yield self._result(seq)
+        finally:
+            self._sync_stats(time.perf_counter() - t0)
+
+    def _sync_stats(self, seconds: float) -> None:
+        st, sched, slots = self.stats, self.scheduler, self.slots
+        st.wall_seconds += seconds
+        st.steps, st.prefill_steps, st.decode_steps = sched.num_steps, sched.num_prefill_steps, sched.num_decode_steps
+        st.preemptions = sched.num_preemptions
+        st.slot_loads, st.slot_hits, st.slot_evictions = slots.loads, slots.hits, slots.evictions
+        for name, n in slots.adapter_loads.items():
+            st.adapter(name).slot_loads = n
+
+    def generate_all(self, requests: Iterable[Request]) -> list[Result]:
+        """All results, in request order (convenience for library users and tests)."""
+        out = list(self.generate(requests))
+        out.sort(key=lambda r: r.key)
+        return out
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
