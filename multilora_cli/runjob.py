@@ -44,7 +44,7 @@ class RunConfig:
     stats: str | None = None
     resume: bool = False
     sampling: dict = field(default_factory=dict)  # CLI sampling flags given: max_tokens, temperature, top_p, top_k
-    seed: int | None = None  # the run's seed (per-line seeds derive from it)
+    seed: int | None = None  # the run's seed: EngineConfig.seed (the engine derives per-line seeds from it)
     max_loras: int | None = None
     max_lora_rank: int | None = None
     gpu_hour_usd: float | None = None
@@ -192,7 +192,8 @@ class RunJob:
         return None if name is None or name in self._base_names else str(name)
 
     def _tick(self) -> None:
-        slot_loads = getattr(getattr(self.engine, "stats", None), "slot_loads", 0)
+        slots = getattr(self.engine, "slots", None)  # live counter; EngineStats is synced at the end
+        slot_loads = getattr(slots, "loads", None) or getattr(getattr(self.engine, "stats", None), "slot_loads", 0)
         self.progress.update(self.writer.written, self.stats.errors, self.stats.total_tokens,
                              sum(1 for n in self._active.values() if n > 0), slot_loads)
 
@@ -257,7 +258,7 @@ class RunJob:
             from multilora_cli.engine.generation_config import read_generation_config
 
             defaults = read_generation_config(self._pf.model_path).sampling
-        self._resolver = SamplingResolver(defaults, cfg.sampling, run_seed=cfg.seed or 0)
+        self._resolver = SamplingResolver(defaults, cfg.sampling)
         total = None if cfg.quiet else count_records(cfg.input)
         self.progress.start(None if total is None else max(total - self.stats.resumed, 0))
         try:
@@ -278,9 +279,10 @@ class RunJob:
 
     def _finish(self, t0: float, in_name: str, engine_stats: dict | None) -> int:
         cfg = self.cfg
+        info = {} if engine_stats is not None else {"model": str(self._pf.model_path)}  # no engine was needed
         stats = self.stats.to_dict(engine=engine_stats, wall_seconds=time.perf_counter() - t0,
                                    gpu_hour_usd=cfg.gpu_hour_usd, input=in_name,
-                                   output=cfg.output or "<stdout>", format=self._fmt.name)
+                                   output=cfg.output or "<stdout>", format=self._fmt.name, **info)
         if cfg.stats:
             write_stats(cfg.stats, stats)
         if not cfg.quiet and engine_stats is not None:

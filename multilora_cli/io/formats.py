@@ -76,7 +76,7 @@ def _reject_constant(name: str) -> Any:
 def decode_line(raw: bytes, key: int, lineno: int, fmt: Format) -> tuple[dict | None, LineSpec | None]:
     """bytes -> JSON object, or a failed LineSpec (invalid UTF-8, malformed JSON, NaN, not an object)."""
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").rstrip()  # no trailing newline: error columns stay on this line
     except UnicodeDecodeError as e:
         spec = LineSpec(key, lineno, fmt.default_id(lineno))
         return None, spec.fail(f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})",

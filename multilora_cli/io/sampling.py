@@ -1,13 +1,11 @@
 """Sampling precedence: the line's own fields > CLI flags > the model's generation_config.json > greedy, 256 tokens.
 
 A bad CLI flag is a usage error (exit 2); a bad field on a line becomes that line's error record.
-`--seed` is the run's seed: a line that samples without its own seed gets one derived from (run seed, line
-position), so its text is reproducible, independent of other lines, and the same after --resume.
+`--seed` is the run's seed (EngineConfig.seed), not a per-line one: the engine derives the seed of a line that
+samples without its own from (run seed, line position), so its text is reproducible and the same after --resume.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 from multilora_cli.config import SamplingParams
 from multilora_cli.errors import ConfigError, UsageError
@@ -34,11 +32,10 @@ def valid_only(fields: dict) -> dict:
 class SamplingResolver:
     """Merge the layers once per line. `cli` holds only the flags the user gave."""
 
-    def __init__(self, model_defaults: dict | None = None, cli: dict | None = None, run_seed: int = 0):
+    def __init__(self, model_defaults: dict | None = None, cli: dict | None = None):
         self.base = {**FALLBACK, **valid_only(model_defaults or {})}
         self.base.pop("seed", None)
         cli = {k: v for k, v in (cli or {}).items() if v is not None and k != "seed"}
-        self.run_seed = run_seed
         try:
             SamplingParams(**{**self.base, **cli})
         except ConfigError as e:
@@ -59,12 +56,4 @@ class SamplingResolver:
         except TypeError as e:  # an unexpected key: formats only pass FIELDS, so this is a bug
             spec.fail(str(e))
             return None
-        if params.seed is None and not params.greedy:
-            params.seed = line_seed(self.run_seed, spec.key)
         return params
-
-
-def line_seed(run_seed: int, key: int) -> int:
-    """A 63-bit seed for line `key` of a run seeded with `run_seed` (stable across processes)."""
-    digest = hashlib.sha256(f"{run_seed}:{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1

@@ -6,7 +6,7 @@ The JSON (`RunStats.to_dict`) is read by `multilora economics --stats`. Fields:
   run), ok, errors, error_codes {code: n}, kept_errors
   prompt_tokens, completion_tokens, total_tokens
   wall_seconds (whole job, model load included: what a GPU-hour costs), generation_seconds (engine time),
-  tokens_per_second / completion_tokens_per_second / requests_per_second (over generation_seconds)
+  tokens_per_second / completion_tokens_per_second / requests_per_second (ok ones; all over generation_seconds)
   per_adapter {name | "base": {requests, errors, prompt_tokens, completion_tokens, slot_loads}}
   slot_loads, slot_hits, slot_evictions, max_loras, max_lora_rank
   cost: null, or {gpu_hour_usd, usd_total (over wall_seconds), usd_per_1m_tokens, usd_per_1m_completion_tokens}
@@ -97,7 +97,7 @@ class RunStats:
             "wall_seconds": round(wall_seconds, 4), "generation_seconds": round(gen, 4),
             "tokens_per_second": self.total_tokens / gen if gen > 0 else 0.0,
             "completion_tokens_per_second": self.completion_tokens / gen if gen > 0 else 0.0,
-            "requests_per_second": self.requests / gen if gen > 0 else 0.0,
+            "requests_per_second": self.ok / gen if gen > 0 else 0.0,  # completed requests
             "per_adapter": per_adapter,
             "slot_loads": int(engine.get("slot_loads", 0)), "slot_hits": int(engine.get("slot_hits", 0)),
             "slot_evictions": int(engine.get("slot_evictions", 0)),

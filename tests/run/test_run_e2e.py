@@ -195,7 +195,7 @@ def test_sampling_precedence_and_seeds(model_dir, tmp_path):
     assert b["gen"]["usage"]["completion_tokens"] <= 5 and b["line"]["usage"]["completion_tokens"] <= 2
     if b["gen"]["finish_reason"] == "length":
         assert b["gen"]["usage"]["completion_tokens"] == 5
-    again = run()
-    assert again["s1"]["text"] == a["s1"]["text"]  # a sampled line without a seed is still reproducible
+    assert b["s1"]["text"] == a["s1"]["text"]  # a sampled line without a seed is reproducible (own max_tokens)
     other = run("--seed", "12345")
     assert other["s2"]["text"] == a["s2"]["text"]  # the line's own seed wins over --seed
+    assert other["s1"]["text"] != a["s1"]["text"]  # --seed reseeds the lines without one

@@ -18,9 +18,11 @@ from conftest import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_j
 ADAPTER_CYCLE = ["legal", "medical", None, "code"]
 
 
-def rows(n: int, max_tokens: int = 8) -> list[dict]:
+def rows(n: int, max_tokens: int = 8, sample_every: int = 0) -> list[dict]:
+    """n requests cycling over the adapters and the base; every `sample_every`-th samples (no seed of its own)."""
     return [{"id": f"r{i}", "prompt": f"The court held that the {i} tenants", "max_tokens": max_tokens,
-             **({"adapter": ADAPTER_CYCLE[i % 4]} if ADAPTER_CYCLE[i % 4] else {})} for i in range(n)]
+             **({"adapter": ADAPTER_CYCLE[i % 4]} if ADAPTER_CYCLE[i % 4] else {}),
+             **({"temperature": 1.5} if sample_every and i % sample_every == 0 else {})} for i in range(n)]
 
 
 def model_args(model_dir) -> list[str]:
@@ -74,10 +76,10 @@ def test_progress_on_a_terminal_never_touches_stdout(model_dir, tmp_path):
 
 
 def test_kill_9_midway_then_resume_gives_every_id_once_with_the_same_text(model_dir, tmp_path):
-    n = 160
-    data = rows(n, 10)
+    n = 48
+    data = rows(n, 6, sample_every=3)  # sampled lines too: their seeds derive from the line, not the process
     inp = write_jsonl(tmp_path / "in.jsonl", data)
-    flags = ["--max-num-seqs", "4", "-q"]
+    flags = ["--max-num-seqs", "2", "-q"]  # few sequences per step: slow enough to be killed midway
 
     rc, ref_out, err = run_cli(["run", str(inp), *model_args(model_dir), *flags])
     assert rc == 0, err
@@ -88,7 +90,7 @@ def test_kill_9_midway_then_resume_gives_every_id_once_with_the_same_text(model_
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env())
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
-        if out.exists() and out.read_bytes().count(b"\n") >= 10:
+        if out.exists() and out.read_bytes().count(b"\n") >= 5:
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
@@ -96,17 +98,17 @@ def test_kill_9_midway_then_resume_gives_every_id_once_with_the_same_text(model_
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
     prefix = out.read_bytes()
     done = prefix.count(b"\n")
-    assert 10 <= done < n, f"killed after {done} of {n} records: make the workload slower"
+    assert 5 <= done < n, f"killed after {done} of {n} records: make the workload slower"
     kept = read_jsonl(prefix[:prefix.rfind(b"\n") + 1])
     assert [r["id"] for r in kept] == [f"r{i}" for i in range(len(kept))]  # a valid, in-order prefix
     with open(out, "ab") as f:  # and a torn last line, as a kill during a write would leave
         f.write(b'{"id": "r' + str(done).encode() + b'", "adap')
 
-    res = subprocess.run(multilora_cmd() + ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "4",
+    res = subprocess.run(multilora_cmd() + ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "2",
                                             "-o", str(out), "--resume"],
                          capture_output=True, env=subprocess_env(), timeout=300)
     assert res.returncode == 0, res.stderr.decode()
     assert f"{done} records kept" in res.stderr.decode() and "torn" in res.stderr.decode()
     final = read_jsonl(out)
     assert [r["id"] for r in final] == [f"r{i}" for i in range(n)]  # every id exactly once, in order
-    assert final == ref  # the same greedy text (and usage) as the uninterrupted run
+    assert final == ref  # the same text (and usage) as the uninterrupted run, sampled lines included
