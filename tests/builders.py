@@ -82,3 +82,30 @@ def build_adapter(base_path: Path, out: Path, *, r: int = 8, alpha: float = 16, 
 
 def read_json(p: Path) -> dict:
     return json.loads(Path(p).read_text())
+
+
+def build_tokenizer(path: Path, vocab_size: int = 256) -> Path:
+    """Write a word-level tokenizer.json (+ tokenizer_config.json) covering `vocab_size` ids.
+
+    Ids 0-2 are <unk>, <s>, </s> (Llama's tiny-config bos/eos); the rest are words "w3".."wN", so any id
+    sequence decodes to text and back. Good enough for engine tests that feed prompt_token_ids.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    from tokenizers import AddedToken
+
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>")])
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant:{% endif %}",
+    }))
+    return path

@@ -46,7 +46,8 @@ class Engine:
         self.runner = ModelRunner(config, self.model_config, use_lora=bool(self.adapters))
         self.max_model_len = self.runner.max_model_len
         self.slots = SlotManager(config.max_loras, config.max_cpu_loras, load_cpu=self._load_cpu,
-                                 install=self.runner.install_adapter, evict=self.runner.evict_adapter)
+                                 install=self.runner.install_adapter, evict=self.runner.evict_adapter,
+                                 prefetch_threads=1 if self.adapters else 0)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager, self.slots, max_model_len=self.max_model_len)
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids, self.max_model_len)
@@ -73,6 +74,8 @@ class Engine:
     def _admit(self, request: Request) -> Result | None:
         """Tokenize and queue one request; an error Result if it cannot run at all."""
         adapter = request.adapter
+        if adapter in ("", "base"):  # the contract's spellings of "no adapter"
+            adapter = request.adapter = None
         if adapter is not None and adapter not in self.adapters:
             known = ", ".join(sorted(self.adapters)) or "none"
             return self._error(request, RequestError(
@@ -149,6 +152,10 @@ class Engine:
                     yield self._result(seq)
         finally:
             self._sync_stats(time.perf_counter() - t0)
+
+    def close(self) -> None:
+        """Stop background adapter reads."""
+        self.slots.close()
 
     def _sync_stats(self, seconds: float) -> None:
         st, sched, slots = self.stats, self.scheduler, self.slots
