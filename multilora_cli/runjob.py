@@ -195,7 +195,7 @@ class RunJob:
         slots = getattr(self.engine, "slots", None)  # live counter; EngineStats is synced at the end
         slot_loads = getattr(slots, "loads", None) or getattr(getattr(self.engine, "stats", None), "slot_loads", 0)
         self.progress.update(self.writer.written, self.stats.errors, self.stats.total_tokens,
-                             sum(1 for n in self._active.values() if n > 0), slot_loads)
+                             sum(1 for a, n in self._active.items() if n > 0 and a), slot_loads)
 
     def _on_result(self, res) -> None:
         with self._lock:

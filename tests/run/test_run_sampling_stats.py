@@ -63,3 +63,18 @@ def test_stats_dict_per_adapter_and_cost(tmp_path):
     assert cost(None, 1, 1, 1) is None and cost(1.0, 10, 0, 0)["usd_per_1m_tokens"] is None
     write_stats(str(tmp_path / "s.json"), d)
     assert json.loads((tmp_path / "s.json").read_text())["records"] == 5
+
+
+def test_plain_progress_lines_and_quiet():
+    import io
+
+    from multilora_cli.io.progress import PlainProgress, Progress, make_progress
+
+    buf = io.StringIO()
+    p = PlainProgress(buf, every=0.0)
+    p.start(10)
+    p.update(4, 1, 1000, 2, 3)
+    p.close()
+    line = buf.getvalue()
+    assert line.startswith("multilora: 4/10 records, 1 errors") and "tok/s" in line and "3 adapter loads" in line
+    assert type(make_progress(quiet=True)) is Progress  # --quiet: draws nothing
