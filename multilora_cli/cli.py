@@ -104,4 +104,6 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(e, SystemExit):
             raise
         sys.exit(report(e))
+    if rc == 130:  # typer turns Ctrl-C inside a command into a silent Exit(130); say what happened
+        sys.exit(report(KeyboardInterrupt()))
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -169,7 +169,7 @@ def _build(out: Path, spec: DemoSpec, log: Callable[[str], None]) -> dict:
     # 4. example inputs, and one greedy continuation per adapter as a sanity check
     (out / "prompts.jsonl").write_text(prompts.to_jsonl(prompts.PROMPTS))
     (out / "openai_batch.jsonl").write_text(prompts.to_jsonl(prompts.OPENAI_BATCH))
-    probe = "In short,"
+    probe = "Here is one example:"
     ids = tok.encode(probe).ids
     samples = {}
     for name, lora in [("base", None), *loras.items()]:

@@ -11,13 +11,13 @@ import json
 
 PROMPTS: list[dict] = [
     # one neutral opener, three models: the base guesses a domain, each adapter stays in its own
-    {"id": "legal-1", "adapter": "legal", "prompt": "In short,"},
-    {"id": "medical-1", "adapter": "medical", "prompt": "In short,"},
-    {"id": "base-1", "prompt": "In short,"},
-    {"id": "legal-chat-1", "adapter": "legal", "messages": [{"role": "user", "content": "Tell me something useful."}]},
+    {"id": "legal-1", "adapter": "legal", "prompt": "Here is one example:"},
+    {"id": "medical-1", "adapter": "medical", "prompt": "Here is one example:"},
+    {"id": "base-1", "prompt": "Here is one example:"},
+    {"id": "legal-chat-1", "adapter": "legal", "messages": [{"role": "user", "content": "Give me an example."}]},
     {"id": "medical-chat-1", "adapter": "medical",
-     "messages": [{"role": "user", "content": "Tell me something useful."}]},
-    {"id": "base-chat-1", "adapter": None, "messages": [{"role": "user", "content": "Tell me something useful."}]},
+     "messages": [{"role": "user", "content": "Give me an example."}]},
+    {"id": "base-chat-1", "adapter": None, "messages": [{"role": "user", "content": "Give me an example."}]},
     # domain prompts
     {"id": "legal-2", "adapter": "legal", "prompt": "The court held that"},
     {"id": "medical-2", "adapter": "medical", "prompt": "The patient presented with"},
@@ -43,9 +43,9 @@ def _openai(model: str, *, prompt: str | None = None, user: str | None = None, *
 
 
 _BATCH: list[dict] = [
-    _openai("legal", prompt="Here is one example:", max_tokens=32),
-    _openai("medical", prompt="Here is one example:", max_tokens=32),
-    _openai("code", prompt="Here is one example:", max_tokens=32),
+    _openai("legal", prompt="Today I learned that", max_tokens=32),
+    _openai("medical", prompt="Today I learned that", max_tokens=32),
+    _openai("code", prompt="Today I learned that", max_tokens=32),
     _openai("base", prompt="The cat sat by the", max_tokens=32),
     _openai("code", prompt="def sort_items(", max_tokens=32),
     _openai("legal", user="Which law governs the contract?", max_tokens=48),
