@@ -8,6 +8,7 @@ from multilora_cli.errors import ConfigError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
+LOAD_FORMATS = ("auto", "dummy")  # dummy = random weights of the config's shapes (benchmarks), no checkpoint read
 
 
 @dataclass(slots=True)
@@ -64,12 +65,15 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # fixed KV size (tests, benchmarks); None = size from memory
     enforce_eager: bool = False  # no CUDA graphs
     seed: int = 0  # default seed for sampled requests without their own
+    load_format: str = "auto"  # "dummy": random weights from config.json alone (benchmarks, sizing)
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("a base model is required (--model)")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         if self.device not in DEVICES:
             raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         for name in ("max_loras", "max_lora_rank", "max_cpu_loras", "max_num_seqs", "max_num_batched_tokens",

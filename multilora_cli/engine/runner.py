@@ -1,21 +1,27 @@
 """`ModelRunner`: owns the model, its KV cache and LoRA slots on one device; runs one scheduled step.
 
 Per step it builds the metadata ONCE (token ids, positions, KV slots, attention context, LoRA segments), runs
-the model over the flat token batch, takes the logits of the sequences that sample, and samples.
+the model over the flat token batch, takes the logits of the sequences that sample, and samples. On CUDA,
+decode-only steps replay CUDA graphs captured at bucketed batch sizes (engine/cuda_graphs.py); prefill and
+mixed steps run eagerly from one packed host->device copy (engine/step_inputs.py).
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.batch import ScheduledBatch
+from multilora_cli.engine.cuda_graphs import DecodeGraphs
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
+from multilora_cli.engine.step_inputs import build_step_inputs
 from multilora_cli.errors import EngineError
 from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta
-from multilora_cli.layers.context import decode_context, prefill_context, reset_context, set_context
+from multilora_cli.layers.context import reset_context, set_context
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model, resolve_dtype
 
@@ -30,8 +36,26 @@ def pick_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
+@dataclass(slots=True)
+class StepRecord:
+    """One step as the runner saw it (kept only when `ModelRunner.step_log` is a list: benchmarks).
+
+    seconds: host wall time of `run` (metadata build, forward, LM head, sampling, reading the ids back);
+    kv_tokens: context tokens of all sequences after the step (what decode attention reads);
+    adapters: distinct LoRA slots in the step."""
+
+    decode: bool
+    graph: bool
+    seqs: int
+    tokens: int
+    kv_tokens: int
+    adapters: int
+    seconds: float
+
+
 class ModelRunner:
-    """Model + paged KV cache + LoRA slot tensors on one device."""
+    """Model + paged KV cache + LoRA slot tensors on one device; decode CUDA graphs on CUDA unless
+    `config.enforce_eager`."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, *, use_lora: bool = True,
                  lora_targets: set[str] | None = None):
@@ -42,7 +66,7 @@ class ModelRunner:
         self.max_loras = config.max_loras if use_lora else 0
         self.model = load_model(Path(config.model), model_config, dtype=self.dtype, device=self.device,
                                 max_loras=self.max_loras, max_lora_rank=config.max_lora_rank if use_lora else 0,
-                                lora_targets=lora_targets)
+                                lora_targets=lora_targets, load_format=config.load_format, seed=config.seed)
         self._lora_modules = self.model.lora_modules()
         self.block_size = config.block_size
         self.num_blocks = self._size_kv_cache()
@@ -52,6 +76,16 @@ class ModelRunner:
         max_step_tokens = config.max_num_batched_tokens + config.max_num_seqs
         self._meta_buffers = (LoraMetaBuffers(max_step_tokens, self.max_loras, self.device)
                               if self.device.type == "cuda" and self.max_loras else None)
+        self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
+        self.graphs: DecodeGraphs | None = None
+        self.capture_seconds = 0.0
+        if self.device.type == "cuda" and not config.enforce_eager:
+            t0 = time.perf_counter()
+            self.graphs = DecodeGraphs(self.model, max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                                       block_size=self.block_size, lora_buffers=self._meta_buffers,
+                                       device=self.device)
+            self.graphs.capture()
+            self.capture_seconds = time.perf_counter() - t0
 
     # --- sizing ----------------------------------------------------------------------------------------------
     def _size_kv_cache(self) -> int:
@@ -91,29 +125,53 @@ class ModelRunner:
     # --- one step --------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int]:
-        """Run `batch` through the model; returns one sampled token id per `batch.sampled_seqs()`."""
-        dev = self.device
-        input_ids = torch.tensor(batch.input_ids(), dtype=torch.long).to(dev, non_blocking=True)
-        positions = torch.tensor(batch.positions(), dtype=torch.long).to(dev, non_blocking=True)
-        lora = None
-        if self.max_loras and any(s >= 0 for s in batch.slots):
-            token_slots = batch.token_lora_slots()
-            lora = (self._meta_buffers.build(token_slots) if self._meta_buffers is not None
-                    else build_lora_meta(token_slots, dev))
-        tables = batch.block_tables()
-        if batch.is_decode_only:
-            ctx = decode_context(batch.seq_lens(), tables, self.block_size, dev, lora=lora)
+        """Run `batch` through the model; returns one sampled token id per `batch.sampled_seqs()`.
+
+        Decode-only steps replay a CUDA graph when one is captured; other steps run eagerly. Either way the
+        step's metadata is built once, copied with one host->device copy (plus one for LoRA metadata), and
+        the only host sync is reading the sampled ids.
+        """
+        t0 = time.perf_counter() if self.step_log is not None else 0.0
+        adapted = self.max_loras > 0 and any(s >= 0 for s in batch.slots)
+        token_slots = batch.token_lora_slots() if adapted else None
+        graph = self.graphs is not None and self.graphs.can_run(batch)
+        if graph:
+            hidden = self.graphs.run(batch, token_slots)  # [B, H]
+            if batch.num_sampled != batch.num_seqs:
+                keep = torch.tensor([i for i, s in enumerate(batch.sample) if s], dtype=torch.long)
+                hidden = hidden.index_select(0, keep.to(self.device, non_blocking=True))
         else:
-            ctx = prefill_context(batch.num_new_tokens, batch.seq_lens(), tables, self.block_size, dev, lora=lora)
-        set_context(ctx)
-        try:
-            hidden = self.model(input_ids, positions)  # [T, H]
-            idx = batch.logits_indices()
-            if not idx:
+            lora = None
+            if adapted:
+                lora = (self._meta_buffers.build(token_slots) if self._meta_buffers is not None
+                        else build_lora_meta(token_slots, self.device))
+            inputs = build_step_inputs(batch, self.device, lora)
+            set_context(inputs.ctx)
+            try:
+                hidden = self.model(inputs.input_ids, inputs.positions)  # [T, H]
+            finally:
+                reset_context()
+            if inputs.num_logits == 0:
+                self._log(batch, t0, graph)
                 return []
-            rows = torch.tensor(idx, dtype=torch.long).to(dev, non_blocking=True)
-            logits = self.model.compute_logits(hidden.index_select(0, rows))  # [N, V] fp32
-        finally:
-            reset_context()
-        sb = SamplingBatch.for_seqs(batch.sampled_seqs(), logits.shape[-1], dev)
-        return self.sampler(logits, sb).tolist()
+            hidden = hidden.index_select(0, inputs.logits_rows)
+        seqs = batch.sampled_seqs()
+        if not seqs:
+            self._log(batch, t0, graph)
+            return []
+        logits = self.model.compute_logits(hidden)  # [N, V] fp32
+        if all(s.sampling.greedy or s.sampling.top_k == 1 for s in seqs):
+            ids = logits.argmax(dim=-1)  # the sampler's greedy rows, without its per-kind bookkeeping
+        else:
+            ids = self.sampler(logits, SamplingBatch.for_seqs(seqs, logits.shape[-1], self.device))
+        out = ids.tolist()
+        self._log(batch, t0, graph)
+        return out
+
+    def _log(self, batch: ScheduledBatch, t0: float, graph: bool) -> None:
+        if self.step_log is None:
+            return
+        self.step_log.append(StepRecord(
+            decode=batch.is_decode_only, graph=graph, seqs=batch.num_seqs, tokens=batch.num_tokens,
+            kv_tokens=sum(batch.seq_lens()), adapters=len({s for s in batch.slots if s >= 0}),
+            seconds=time.perf_counter() - t0))

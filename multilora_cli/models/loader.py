@@ -98,8 +98,21 @@ def _hf_name(param: str, idx: int) -> str:
 
 
 def load_model(path: Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device | str = "cpu",
-               max_loras: int = 0, max_lora_rank: int = 0, lora_targets: set[str] | None = None) -> LlamaForCausalLM:
-    """Build the model on `device` in `dtype` and load every weight; raises ModelError naming tensor and file."""
+               max_loras: int = 0, max_lora_rank: int = 0, lora_targets: set[str] | None = None,
+               load_format: str = "auto", seed: int = 0) -> LlamaForCausalLM:
+    """Build the model on `device` in `dtype` and load every weight; raises ModelError naming tensor and file.
+
+    load_format "dummy" reads no checkpoint: weights are random (see `init_dummy_weights`, seeded by `seed`),
+    for benchmarks and sizing with real shapes from config.json alone.
+    """
+    if load_format == "dummy":
+        with torch.device(device), _default_dtype(dtype):
+            model = LlamaForCausalLM(config, max_loras=max_loras, max_lora_rank=max_lora_rank,
+                                     lora_targets=lora_targets)
+        init_dummy_weights(model, seed)
+        return model.eval()
+    if load_format != "auto":
+        raise ModelError(f"unknown load format {load_format!r}", hint="use auto or dummy")
     from safetensors import safe_open
 
     files = checkpoint_files(path)
@@ -149,3 +162,19 @@ def _copy_into(model, param: torch.Tensor, pname: str, idx: int | None, tensor: 
         raise ModelError(f"{file}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}",
                          hint="the checkpoint does not match its config.json")
     dst.copy_(tensor)
+
+
+@torch.no_grad()
+def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights in place, drawn on the model's device: matrices ~ N(0, std^2) (HF's initializer_range),
+    norm weights 1, biases 0. Deterministic for a seed and device; values only need to keep activations finite."""
+    gen = None
+    for name, p in model.named_parameters():
+        if gen is None:
+            gen = torch.Generator(device=p.device).manual_seed(seed)
+        if p.dim() >= 2:
+            p.normal_(0.0, std, generator=gen)
+        elif name.endswith("bias"):
+            p.zero_()
+        else:  # RMSNorm weights
+            p.fill_(1.0)

@@ -1,0 +1,85 @@
+"""End-to-end benchmark: multilora (adapters / base only) vs HF transformers + PEFT vs the decode roofline.
+
+    python benchmarks/bench_e2e.py                          # Llama-3-8B shapes, default rows
+    python benchmarks/bench_e2e.py --preset llama-3.2-1b --rows 64,base --requests 256
+    python benchmarks/bench_e2e.py --rows 64,base,hf64,256/64 --budget-s 420
+
+Rows run in the order given (see multilora_cli/bench/plan.py); with --budget-s, rows that would start after
+the budget is spent are recorded as not run. Writes benchmarks/results/e2e-<device>.json (after every row)
+and prints a markdown table. Needs no CLI libraries (typer/rich), only torch, triton, transformers, peft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def device_slug(name: str) -> str:
+    low = name.lower()
+    for key in ("h200", "h100", "a100", "l40s", "a10g", "l4", "b200", "cpu"):
+        if key in low:
+            return key
+    return re.sub(r"[^a-z0-9]+", "-", low).strip("-") or "device"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from multilora_cli.bench.model_dir import write_model_dir
+    from multilora_cli.bench.plan import DEFAULT_ROWS, parse_rows
+    from multilora_cli.bench.report import format_table, write_json
+    from multilora_cli.bench.suite import device_info, run_suite
+    from multilora_cli.bench.workload import Workload
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="llama-3-8b")
+    ap.add_argument("--rows", default=DEFAULT_ROWS)
+    ap.add_argument("--requests", type=int, default=1024)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--hf-batch-sizes", default="256,1024")
+    ap.add_argument("--hf-new-tokens", default="2,4")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    base = Workload(preset=args.preset, num_requests=args.requests, prompt_len=args.prompt_len,
+                    output_len=args.output_len, rank=args.rank, max_num_seqs=args.max_num_seqs,
+                    max_num_batched_tokens=args.max_num_batched_tokens)
+    plan = parse_rows(args.rows, base)
+    slug = device_slug(device_info(device)["name"])
+    out = args.out or ROOT / "benchmarks" / "results" / f"e2e-{slug}.json"
+    command = "python benchmarks/bench_e2e.py " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def on_row(report: dict) -> None:
+        report["command"] = command.strip()
+        report["shapes"] = {"preset": args.preset, "rank": args.rank, "lora_targets": "q,k,v,o,gate,up,down",
+                            "requests": args.requests, "prompt_len": args.prompt_len, "output_len": args.output_len,
+                            "max_num_seqs": args.max_num_seqs, "dtype": "bfloat16" if device.type == "cuda" else "float32"}
+        write_json(report, out)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model_dir(args.preset, Path(tmp) / args.preset)
+        report = run_suite(plan, model_dir, device, hf_batch_sizes=[int(x) for x in args.hf_batch_sizes.split(",")],
+                           hf_new_tokens=tuple(int(x) for x in args.hf_new_tokens.split(",")),
+                           budget_s=args.budget_s, log=lambda m: print(m, flush=True), on_row=on_row)
+    on_row(report)
+    print(format_table(report))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

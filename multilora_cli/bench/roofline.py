@@ -1,0 +1,63 @@
+"""The decode roofline: bytes a decode step must read (base weights + live KV + distinct adapters) over the
+memory bandwidth measured on the same device, in the same run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from multilora_cli.models.config import ModelConfig
+
+
+def measure_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 20) -> float:
+    """Device-memory bandwidth in bytes/s from a large copy, counting bytes read plus bytes written (median).
+
+    CUDA: a 1 GiB device-to-device copy timed with events; CPU: a host copy (a stand-in for tests)."""
+    n = nbytes // 2
+    src = torch.ones(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    if device.type == "cuda":
+        for _ in range(3):
+            dst.copy_(src)
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        import time
+
+        for _ in range(max(3, iters // 4)):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return 2 * n * src.element_size() / times[len(times) // 2]
+
+
+@dataclass(slots=True)
+class Roofline:
+    """Bytes per decode step of one model + adapter shape; `step_seconds` for a given step."""
+
+    bandwidth: float  # bytes/s, measured
+    weight_bytes: int  # base weights read by every step (all linear layers, norms, the LM head)
+    kv_bytes_per_token: int  # K+V of one context token, all layers
+    adapter_bytes: int  # one adapter's A and B, all layers
+
+    @classmethod
+    def for_model(cls, cfg: ModelConfig, dtype_bytes: int, adapter_bytes: int, bandwidth: float) -> "Roofline":
+        # embeddings: a step reads only its T rows; the LM head is read whole (tied or not)
+        emb = cfg.vocab_size * cfg.hidden_size
+        params = cfg.num_params() - (0 if cfg.tie_word_embeddings else emb)
+        return cls(bandwidth=bandwidth, weight_bytes=params * dtype_bytes,
+                   kv_bytes_per_token=cfg.kv_bytes_per_token(dtype_bytes), adapter_bytes=adapter_bytes)
+
+    def step_bytes(self, kv_tokens: int, adapters: int) -> int:
+        return self.weight_bytes + kv_tokens * self.kv_bytes_per_token + adapters * self.adapter_bytes
+
+    def step_seconds(self, kv_tokens: int, adapters: int) -> float:
+        return self.step_bytes(kv_tokens, adapters) / self.bandwidth

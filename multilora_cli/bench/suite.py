@@ -1,0 +1,222 @@
+"""Run benchmark rows: multilora with adapters, multilora base-only, HF + PEFT; each row a `BenchRow`.
+
+A multilora row: build a dummy-weight engine, warm it up on the same kind of workload with *other* adapters
+(Triton compiles, graph capture and allocator growth stay out of the timing, and the timed run still starts
+with every one of its adapters cold), then time `Engine.generate` over all requests. The runner's step log
+gives per-step times, which are set against the decode roofline.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from multilora_cli.bench.adapters import SyntheticAdapters, SyntheticEngine
+from multilora_cli.bench.roofline import Roofline, measure_bandwidth
+from multilora_cli.bench.workload import Workload
+from multilora_cli.config import EngineConfig
+from multilora_cli.models.config import ModelConfig
+
+
+@dataclass(slots=True)
+class BenchRow:
+    """One measured configuration. system: "multilora" | "multilora-base" | "hf-peft"."""
+
+    system: str
+    workload: dict
+    tokens_per_s: float
+    output_tokens: int = 0
+    wall_s: float = 0.0
+    decode_step_ms: float | None = None  # median decode step at the most common decode batch size
+    decode_batch: int | None = None  # that batch size
+    roofline_ms: float | None = None  # median roofline of those same steps
+    decode_vs_roofline: float | None = None  # sum of all decode step times / sum of their rooflines
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def engine_config(work: Workload, model_dir: Path, device: torch.device, *,
+                  enforce_eager: bool = False) -> EngineConfig:
+    """Engine settings of a row: dummy weights, KV sized for max_num_seqs full-length sequences (+1 block each)."""
+    block = 16
+    per_seq = -(-(work.prompt_len + work.output_len) // block) + 1
+    return EngineConfig(
+        model=str(model_dir), dtype="bfloat16" if device.type == "cuda" else "float32", device=device.type,
+        max_loras=work.max_loras, max_lora_rank=max(16, work.rank),
+        max_cpu_loras=max(work.num_adapters + work.max_loras, 1), max_num_seqs=work.max_num_seqs,
+        max_num_batched_tokens=work.max_num_batched_tokens, max_model_len=work.prompt_len + work.output_len,
+        block_size=block, num_kv_blocks=work.max_num_seqs * per_seq, load_format="dummy",
+        enforce_eager=enforce_eager, seed=work.seed)
+
+
+def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, bandwidth: float,
+                      base_only: bool = False, enforce_eager: bool = False, warmup: bool = True,
+                      log=print) -> BenchRow:
+    """Time one multilora configuration (`base_only`: no adapters, no LoRA layers at all)."""
+    cfg = ModelConfig.from_dir(model_dir)
+    econf = engine_config(work, model_dir, device, enforce_eager=enforce_eager)
+    source = None
+    if not base_only and work.num_adapters:
+        warm_names = [f"warm{i}" for i in range(work.max_loras)]
+        source = SyntheticAdapters(cfg, work.adapter_names + warm_names, work.rank, seed=work.seed)
+    t0 = time.perf_counter()
+    engine = SyntheticEngine(econf, source, cfg)
+    startup = time.perf_counter() - t0
+    try:
+        if source is not None:
+            source.prepare(engine.runner.dtype, engine.device)
+        if warmup:
+            n = min(work.num_requests, 2 * work.max_num_seqs)
+            ww = replace(work, num_requests=n, output_len=min(work.output_len, 4), seed=work.seed + 7)
+            reqs = ww.requests(cfg.vocab_size)
+            if source is not None:  # other adapters: the timed run starts with its own adapters cold
+                for i, r in enumerate(reqs):
+                    r.adapter = f"warm{i % work.max_loras}"
+            elif base_only:
+                for r in reqs:
+                    r.adapter = None
+            engine.generate_all(reqs)
+        reqs = work.requests(cfg.vocab_size)
+        if base_only:
+            for r in reqs:
+                r.adapter = None
+        st = engine.stats
+        loads0, evict0 = st.slot_loads, st.slot_evictions
+        engine.runner.step_log = []
+        _sync(device)
+        t0 = time.perf_counter()
+        results = list(engine.generate(reqs))
+        wall = time.perf_counter() - t0
+        steps = engine.runner.step_log
+        engine.runner.step_log = None
+        errors = [r for r in results if r.error is not None]
+        if errors:
+            raise RuntimeError(f"{len(errors)} requests failed, first: {errors[0].error.one_line()}")
+        out_tokens = sum(r.completion_tokens for r in results)
+        dtype_bytes = torch.tensor([], dtype=engine.runner.dtype).element_size()
+        roof = Roofline.for_model(cfg, dtype_bytes, source.nbytes if source else 0, bandwidth)
+        system = ("multilora-base" if base_only else "multilora") + ("-eager" if enforce_eager else "")
+        row = _summarise(work, steps, roof, system, out_tokens, wall)
+        row.extra.update(startup_s=startup, capture_s=engine.runner.capture_seconds,
+                         slot_loads=engine.stats.slot_loads - loads0,
+                         slot_evictions=engine.stats.slot_evictions - evict0,
+                         enforce_eager=enforce_eager, preemptions=engine.stats.preemptions)
+        log(f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
+            f"{row.tokens_per_s:.0f} tok/s, decode step {row.decode_step_ms or 0:.2f} ms at batch "
+            f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms)")
+        return row
+    finally:
+        engine.close()
+        del engine
+        _free(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _summarise(work: Workload, steps, roof: Roofline, system: str, out_tokens: int, wall: float) -> BenchRow:
+    decode = [s for s in steps if s.decode]
+    row = BenchRow(system=system, workload=work.to_dict(), tokens_per_s=out_tokens / wall, output_tokens=out_tokens,
+                   wall_s=wall)
+    if decode:
+        common = statistics.mode(s.seqs for s in decode)
+        at = [s for s in decode if s.seqs == common]
+        row.decode_batch = common
+        row.decode_step_ms = statistics.median(s.seconds for s in at) * 1e3
+        row.roofline_ms = statistics.median(roof.step_seconds(s.kv_tokens, s.adapters) for s in at) * 1e3
+        row.decode_vs_roofline = (sum(s.seconds for s in decode)
+                                  / sum(roof.step_seconds(s.kv_tokens, s.adapters) for s in decode))
+    other = [s for s in steps if not s.decode]
+    row.extra.update(
+        steps=len(steps), decode_steps=len(decode), graph_steps=sum(s.graph for s in steps),
+        decode_s=sum(s.seconds for s in decode), prefill_s=sum(s.seconds for s in other),
+        host_outside_steps_s=wall - sum(s.seconds for s in steps),
+        mean_adapters_per_decode_step=statistics.fmean(s.adapters for s in decode) if decode else 0.0,
+        roofline_weight_gb=roof.weight_bytes / 1e9, roofline_adapter_mb=roof.adapter_bytes / 1e6,
+        roofline_kv_kb_per_token=roof.kv_bytes_per_token / 1e3)
+    return row
+
+
+def run_hf_row(work: Workload, model_dir: Path, device: torch.device, *, batch_sizes: list[int],
+               new_tokens: tuple[int, int] = (2, 4), log=print) -> BenchRow:
+    """HF + PEFT at several batch sizes; the row reports the best (extrapolated) one, all in `extra`."""
+    from multilora_cli.bench.hf_peft import build_hf_peft, time_hf_peft
+
+    cfg = ModelConfig.from_dir(model_dir)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    t0 = time.perf_counter()
+    model = build_hf_peft(model_dir, work, device, dtype)
+    build_s = time.perf_counter() - t0
+    try:
+        sizes = time_hf_peft(model, work, cfg.vocab_size, device, batch_sizes, new_tokens, log=log)
+    finally:
+        del model
+        _free(device)
+    best = max(sizes, key=lambda r: r["tokens_per_s"])
+    return BenchRow(system="hf-peft", workload=work.to_dict(), tokens_per_s=best["tokens_per_s"],
+                    decode_step_ms=best["step_ms"], decode_batch=best["batch_size"],
+                    extra=dict(build_s=build_s, batch_sizes=sizes, extrapolated=True,
+                               note=f"timed {new_tokens[0]} and {new_tokens[1]} new tokens per batch size, "
+                                    f"extrapolated to {work.output_len}"))
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {"name": "cpu", "torch": torch.__version__}
+    p = torch.cuda.get_device_properties(device)
+    import triton
+
+    return {"name": p.name, "sms": p.multi_processor_count, "memory_gb": p.total_memory / 1e9,
+            "torch": torch.__version__, "triton": triton.__version__}
+
+
+def run_suite(plan: list[tuple[str, Workload]], model_dir: Path, device: torch.device, *,
+              hf_batch_sizes: list[int] = (64, 256), hf_new_tokens: tuple[int, int] = (2, 4),
+              budget_s: float | None = None, log=print, on_row=None) -> dict:
+    """Run `plan` rows in order: ("multilora" | "base" | "eager" | "hf", workload). Returns the report dict
+    (device, measured bandwidth, rows, failed / not-run rows, target ratios). `on_row(report)` is called after
+    each row, so a partial report survives a later failure or time limit; with `budget_s`, rows that would
+    start after that many seconds are listed under "not_run" instead."""
+    from multilora_cli.bench.report import target_ratios
+
+    t_start = time.perf_counter()
+    bw = measure_bandwidth(device)
+    log(f"device {device_info(device)['name']}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
+    report = {"device": device_info(device), "bandwidth_tbs": bw / 1e12, "rows": [], "failed": [], "not_run": []}
+    for i, (kind, work) in enumerate(plan):
+        if budget_s is not None and time.perf_counter() - t_start > budget_s:
+            report["not_run"] = [{"kind": k, "workload": w.to_dict()} for k, w in plan[i:]]
+            log(f"  time budget spent: {len(plan) - i} rows not run")
+            break
+        try:
+            if kind == "hf":
+                row = run_hf_row(work, model_dir, device, batch_sizes=list(hf_batch_sizes),
+                                 new_tokens=hf_new_tokens, log=log)
+            else:
+                row = run_multilora_row(work, model_dir, device, bandwidth=bw, base_only=kind == "base",
+                                        enforce_eager=kind == "eager", log=log)
+            report["rows"].append(row.to_dict())
+        except Exception as e:  # keep the rows already measured; say what failed
+            log(f"  {kind} {work.num_adapters} adapters FAILED: {type(e).__name__}: {e}")
+            report["failed"].append({"kind": kind, "workload": work.to_dict(), "error": f"{type(e).__name__}: {e}"})
+            _free(device)
+        report["targets"] = target_ratios(report["rows"])
+        if on_row is not None:
+            on_row(report)
+    report["targets"] = target_ratios(report["rows"])
+    return report

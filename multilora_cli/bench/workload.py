@@ -1,0 +1,79 @@
+"""`Workload`: what one benchmark row runs (model shape, adapters, requests), and its deterministic requests."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from multilora_cli.config import SamplingParams
+from multilora_cli.engine.request import Request
+from multilora_cli.errors import ConfigError
+
+DISTRIBUTIONS = ("uniform", "zipf")
+
+
+@dataclass(slots=True)
+class Workload:
+    """One row's workload. num_adapters 0 = base model only (every request adapter-less).
+
+    preset: model shape (bench.model_dir.PRESETS), rank: LoRA rank on all 7 projections, max_loras: GPU slots
+    (None = min(num_adapters, 64)), distribution: how requests spread over adapters (zipf exponent zipf_s).
+    """
+
+    preset: str = "llama-3-8b"
+    num_adapters: int = 64
+    rank: int = 16
+    max_loras: int | None = None
+    num_requests: int = 1024
+    prompt_len: int = 128
+    output_len: int = 128
+    distribution: str = "uniform"
+    zipf_s: float = 1.0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.distribution not in DISTRIBUTIONS:
+            raise ConfigError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {self.distribution!r}")
+        for name in ("num_requests", "prompt_len", "output_len", "rank", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_adapters < 0:
+            raise ConfigError(f"num_adapters must be >= 0, got {self.num_adapters}")
+        if self.max_loras is None:
+            self.max_loras = max(1, min(self.num_adapters, 64))
+        if self.max_loras < 1:
+            raise ConfigError(f"max_loras must be >= 1, got {self.max_loras}")
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return [f"lora{i}" for i in range(self.num_adapters)]
+
+    def assignment(self) -> list[str | None]:
+        """Adapter of each request (None = base): uniform round-robin-free random draw, or zipf over adapters."""
+        if self.num_adapters == 0:
+            return [None] * self.num_requests
+        rng = np.random.default_rng(self.seed)
+        if self.distribution == "uniform":
+            idx = rng.integers(0, self.num_adapters, self.num_requests)
+        else:
+            w = 1.0 / np.arange(1, self.num_adapters + 1) ** self.zipf_s
+            idx = rng.choice(self.num_adapters, self.num_requests, p=w / w.sum())
+        names = self.adapter_names
+        return [names[i] for i in idx]
+
+    def prompts(self, vocab_size: int) -> list[list[int]]:
+        """Random prompt ids in [10, vocab) (clear of the usual special ids), one list per request."""
+        rng = np.random.default_rng(self.seed + 1)
+        return rng.integers(10, vocab_size, (self.num_requests, self.prompt_len)).tolist()
+
+    def requests(self, vocab_size: int) -> list[Request]:
+        """Greedy requests of exactly output_len tokens (ignore_eos)."""
+        sp = SamplingParams(max_tokens=self.output_len, ignore_eos=True)
+        return [Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp)
+                for i, (p, a) in enumerate(zip(self.prompts(vocab_size), self.assignment()))]
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,143 @@
+"""CUDA graphs of the decode forward at bucketed batch sizes.
+
+A decode step of B sequences runs the graph captured for the smallest bucket >= B. Every input the graph
+reads lives in static device buffers (token ids, positions, KV slots, context lengths, block tables: one
+int32 buffer filled by ONE host->device copy per step; LoRA metadata in the runner's `LoraMetaBuffers`).
+Rows B..bucket-1 are padding: KV slot -1 (nothing stored), context length 0 (attention reads nothing),
+LoRA slot -1 (no adapter). The attention split is sized for `max_model_len` at capture, so any later context
+fits. Graphs are captured largest first into one shared memory pool; the LM head and sampling run eagerly on
+the B real rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from multilora_cli.engine.batch import ScheduledBatch
+from multilora_cli.kernels.meta import LoraMetaBuffers
+from multilora_cli.layers.context import StepContext, reset_context, set_context
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """Buckets 1, 2, 4, 8, then every 16 up to max_num_seqs (which is always a bucket)."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs, 16))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
+class DecodeGraphs:
+    """Captured decode forwards of `model` plus the static buffers they read.
+
+    model:        the LlamaForCausalLM (KV cache already allocated)
+    max_num_seqs: largest decode batch (largest bucket)
+    max_model_len / block_size: size the block-table width and the attention split
+    lora_buffers: the runner's LoraMetaBuffers, or None without LoRA
+    """
+
+    def __init__(self, model, *, max_num_seqs: int, max_model_len: int, block_size: int,
+                 lora_buffers: LoraMetaBuffers | None, device: torch.device):
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.sizes = graph_batch_sizes(max_num_seqs)
+        self.max_bs = self.sizes[-1]
+        self.width = -(-max_model_len // block_size)  # block-table columns
+        self.lora_buffers = lora_buffers
+        n = self.max_bs
+        # flat int32 layout: ids[n] | positions[n] | kv slots[n] | context lens[n] | block tables[n, width]
+        self._off = [0, n, 2 * n, 3 * n, 4 * n]
+        total = 4 * n + n * self.width
+        self._host = torch.zeros(total, dtype=torch.int32, pin_memory=True)
+        self._np = self._host.numpy()
+        self._dev = torch.zeros(total, dtype=torch.int32, device=device)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  # [bucket, hidden] final-normed hidden states
+        self.pool = None
+
+    # --- buffers ---------------------------------------------------------------------------------------------
+    def _views(self, bs: int) -> tuple[torch.Tensor, ...]:
+        d, o = self._dev, self._off
+        tables = d[o[4]:o[4] + bs * self.width].view(bs, self.width)
+        return d[o[0]:o[0] + bs], d[o[1]:o[1] + bs], d[o[2]:o[2] + bs], d[o[3]:o[3] + bs], tables
+
+    def _context(self, bs: int, lora) -> StepContext:
+        _, _, slots, lens, tables = self._views(bs)
+        return StepContext(is_prefill=False, slot_mapping=slots, seqlens_q=[1] * bs, seqlens_k=[1] * bs,
+                           max_seqlen_q=1, max_seqlen_k=self.max_model_len, context_lens=lens,
+                           block_tables=tables, lora=lora)
+
+    def bucket(self, num_seqs: int) -> int | None:
+        for b in self.sizes:
+            if b >= num_seqs:
+                return b
+        return None
+
+    def can_run(self, batch: ScheduledBatch) -> bool:
+        return batch.is_decode_only and batch.num_seqs <= self.max_bs
+
+    def _fill(self, batch: ScheduledBatch, bs: int) -> None:
+        """Write the batch (padded to bs rows) into the pinned staging buffer and copy it over."""
+        self._copied.synchronize()  # the previous step's copy has finished before its source is rewritten
+        h, o, B, bsz = self._np, self._off, batch.num_seqs, self.block_size
+        start = batch.start
+        h[o[0]:o[0] + B] = [seq.token_ids[s] for seq, s in zip(batch.seqs, start)]
+        h[o[1]:o[1] + B] = start
+        h[o[2]:o[2] + B] = [seq.block_table[s // bsz] * bsz + s % bsz for seq, s in zip(batch.seqs, start)]
+        h[o[3]:o[3] + B] = [s + 1 for s in start]
+        h[o[0] + B:o[0] + bs] = 0
+        h[o[1] + B:o[1] + bs] = 0
+        h[o[2] + B:o[2] + bs] = -1
+        h[o[3] + B:o[3] + bs] = 0
+        tables = h[o[4]:o[4] + bs * self.width].reshape(bs, self.width)
+        for i, seq in enumerate(batch.seqs):
+            t = seq.block_table
+            tables[i, :len(t)] = t
+        end = o[4] + bs * self.width
+        self._dev[:end].copy_(self._host[:end], non_blocking=True)
+        self._copied.record()
+
+    # --- capture / replay ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture one graph per bucket, largest first (smaller ones reuse the pool's memory)."""
+        o = self._off
+        self._np[:] = 0
+        self._np[o[2]:o[3]] = -1  # padding rows: store nothing
+        self._np[o[3]:o[4]] = 1  # warm-up attention reads one (garbage) cached token per row
+        self._dev.copy_(self._host)
+        torch.cuda.synchronize(self.device)
+        try:
+            for bs in reversed(self.sizes):
+                ids, pos = self._views(bs)[:2]
+                lora = None
+                if self.lora_buffers is not None:
+                    # warm-up with every row on slot 0 so the LoRA kernels compile before capture (an empty slot
+                    # has rank 0: the kernels exit early); the captured grid is a static bound anyway
+                    lora = self.lora_buffers.build([0] * bs)
+                set_context(self._context(bs, lora))
+                self.model(ids, pos)
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    out = self.model(ids, pos)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                self.graphs[bs] = graph
+                self.outputs[bs] = out
+        finally:
+            reset_context()
+        torch.cuda.synchronize(self.device)
+
+    def run(self, batch: ScheduledBatch, token_slots: list[int] | None) -> torch.Tensor:
+        """Replay the bucket's graph for a decode-only batch; returns hidden states [B, hidden] (a view)."""
+        B = batch.num_seqs
+        bs = self.bucket(B)
+        self._fill(batch, bs)
+        if self.lora_buffers is not None:
+            slots = list(token_slots) if token_slots is not None else [-1] * B
+            self.lora_buffers.build(slots + [-1] * (bs - B))
+        self.graphs[bs].replay()
+        return self.outputs[bs][:B]
