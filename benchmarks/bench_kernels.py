@@ -188,7 +188,7 @@ def run_modules(pools: Pools, bw: float, l2: int, t: int, adapters: int, rank: i
         fb = distinct * rank * (len(slices) * in_f + sum(slices)) * 2 + t * in_f * 2 + t * sum(slices) * 4
         out[n] = dict(ours_us=round(us, 2), floor_us=round(fb / bw * 1e6, 2),
                       shrink=str(shrink_blocks(t, in_f, len(slices), pools.pool_rank, 132)),
-                      expand=str(expand_blocks(t, sum(slices), pools.pool_rank, 132)))
+                      expand=str(expand_blocks(t, sum(slices), len(slices), pools.pool_rank, 132)))
         del case
     return out
 
@@ -203,25 +203,25 @@ def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: f
             k = rotations_for(floor_bytes(t, distinct, rank) // 4, l2)
             case = Case(pools, t, adapters, rank, k)
             base_s = shrink_blocks(t, in_f, len(slices), pools.pool_rank, 132)
-            base_e = expand_blocks(t, sum(slices), pools.pool_rank, 132)
+            base_e = expand_blocks(t, sum(slices), len(slices), pools.pool_rank, 132)
             s_cands = {base_s}
             for split in (1, 2, 4, 8, 16, 32):
-                s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, base_s.rb, split, base_s.num_warps, base_s.num_stages))
+                s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, split, base_s.num_warps, base_s.num_stages))
             for bk, st in ((64, 4), (128, 3), (256, 2)):
-                s_cands.add(ShrinkBlocks(base_s.bm, bk, base_s.rb, base_s.split, base_s.num_warps, st))
-            s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, base_s.rb, base_s.split, 8 if base_s.num_warps == 4 else 4,
+                s_cands.add(ShrinkBlocks(base_s.bm, bk, base_s.split, base_s.num_warps, st))
+            s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, base_s.split, 8 if base_s.num_warps == 4 else 4,
                                      base_s.num_stages))
             e_cands = {base_e}
-            for bn, nb in ((64, 1), (64, 4), (128, 1), (128, 2), (128, 4), (256, 1), (256, 2)):
-                e_cands.add(ExpandBlocks(base_e.bm, bn, nb, base_e.rb, base_e.num_warps, base_e.num_stages))
-            e_cands.add(ExpandBlocks(base_e.bm, base_e.bn, base_e.nb, base_e.rb, 8 if base_e.num_warps == 4 else 4,
+            for bn, nb in ((64, 1), (128, 1), (128, 2), (128, 4), (128, 8), (256, 1), (256, 2), (256, 4)):
+                e_cands.add(ExpandBlocks(base_e.bm, bn, nb, base_e.num_warps, 3 if nb >= 3 else 2))
+            e_cands.add(ExpandBlocks(base_e.bm, base_e.bn, base_e.nb, 8 if base_e.num_warps == 4 else 4,
                                      base_e.num_stages))
             for kind, cands in (("shrink", s_cands), ("expand", e_cands)):
                 for c in sorted(cands, key=str):
                     if time.time() > deadline:
                         print("sweep: deadline reached", flush=True)
                         return rows
-                    if kind == "shrink" and in_f // (c.bk * c.split) < 1:
+                    if kind == "shrink" and (in_f // c.bk) % c.split:
                         continue
 
                     def fn(i, c=c, kind=kind):

@@ -15,34 +15,33 @@ from multilora_cli.kernels.meta import TILE_BLOCKS
 
 @dataclass(frozen=True, slots=True)
 class ShrinkBlocks:
-    """bm: token rows per tile; bk: in-features per step; rb: rank rows per CTA (>= 16, the tensor-core
-    minimum; a rank-8 adapter costs rb=16 of FLOPs but only 8 rows of bytes); split: K splits (partial sums)."""
+    """bm: token rows per tile; bk: in-features per K step for the rank-16 bucket (halved for 32, quartered
+    for 64, at least 32, so a stage holds the same bytes); split: K splits, written as partial sums."""
 
     bm: int
     bk: int
-    rb: int
     split: int
     num_warps: int = 4
     num_stages: int = 3
 
+    def __post_init__(self):
+        if self.bm not in TILE_BLOCKS or self.bk < 32 or self.bk & (self.bk - 1) or self.split < 1:
+            raise ValueError(f"bad {self}: bm in {TILE_BLOCKS}, bk a power of two >= 32, split >= 1")
+
 
 @dataclass(frozen=True, slots=True)
 class ExpandBlocks:
-    """bm: token rows per tile; bn: output columns per step; nb: column steps per CTA; rb: rank chunk."""
+    """bm: token rows per tile; bn: output columns per step; nb: column steps per CTA (s loaded once)."""
 
     bm: int
     bn: int
     nb: int
-    rb: int
     num_warps: int = 4
     num_stages: int = 2
 
-
-def _pow2_at_least(n: int, lo: int = 16) -> int:
-    p = lo
-    while p < n:
-        p *= 2
-    return p
+    def __post_init__(self):
+        if self.bm not in TILE_BLOCKS or self.bn < 16 or self.bn & (self.bn - 1) or self.nb < 1:
+            raise ValueError(f"bad {self}: bm in {TILE_BLOCKS}, bn a power of two >= 16, nb >= 1")
 
 
 def _bm_for(t: int) -> int:
@@ -56,33 +55,36 @@ def _bm_for(t: int) -> int:
 
 @lru_cache(maxsize=4096)
 def shrink_blocks(t: int, in_features: int, n_slices: int, max_rank: int, num_sms: int = 132) -> ShrinkBlocks:
-    """Blocks for x[T, in] -> s[T, n_slices, max_rank]. Split-K fills the GPU when there are few tiles."""
+    """Blocks for x[T, in] -> s[T, n_slices, max_rank]. Split-K fills the GPU when there are few tiles.
+
+    H100/H200 sweep (benchmarks/results): at 16 tokens splits of 16-32 win (one tile, K is the only big
+    dimension); at 256 tokens 4-8 (enough tiles already); large T needs none.
+    """
     bm = _bm_for(t)
-    rb = 16 if t <= 1024 else min(_pow2_at_least(max_rank), 64)
     bk = 128 if t <= 1024 else 64
+    steps = max(in_features // bk, 1)
     tiles = -(-t // bm)  # lower bound: many adapters make more (partial) tiles
     split = 1
-    # aim for ~2 CTAs per SM (one rank chunk active per tile in the common case), >= 2 K-steps per split
-    while tiles * split * 2 <= 2 * num_sms and in_features // (bk * split * 2) >= 2:
+    # about one CTA per SM from the tiles alone; >= 2 K steps per split; splits of equal length (no ragged K)
+    while tiles * split * 2 <= num_sms and steps % (split * 2) == 0 and steps // (split * 2) >= 2:
         split *= 2
-    nsp = _pow2_at_least(n_slices, 1)
-    warps = 8 if bm * nsp * rb >= 64 * 128 else 4
-    return ShrinkBlocks(bm=bm, bk=bk, rb=rb, split=split, num_warps=warps, num_stages=3 if bk >= 128 else 4)
+    del n_slices, max_rank  # the rank bucket is picked per slot inside the kernel
+    return ShrinkBlocks(bm=bm, bk=bk, split=split, num_warps=8 if bm >= 64 else 4, num_stages=3 if bk >= 128 else 4)
 
 
 @lru_cache(maxsize=4096)
-def expand_blocks(t: int, out_features: int, max_rank: int, num_sms: int = 132) -> ExpandBlocks:
-    """Blocks for s[T, n_slices, max_rank] -> y[T, out]."""
+def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_sms: int = 132) -> ExpandBlocks:
+    """Blocks for s[T, n_slices, max_rank] -> y[T, out]. Each CTA streams nb column blocks with s loaded once;
+    nb grows until there are ~4 CTAs per SM from the tiles T alone would make (more adapters = more tiles)."""
     bm = _bm_for(t)
-    rb = 16 if t <= 256 else min(_pow2_at_least(max_rank), 64)
     bn = 128 if out_features >= 1024 else 64
     tiles = -(-t // bm)
-    nb = 1
-    # several column steps per CTA amortise the tile set-up; keep >= ~4 CTAs per SM
-    while tiles * (out_features // (bn * nb * 2)) >= 4 * num_sms and nb < 8:
-        nb *= 2
-    warps = 8 if bm * bn >= 64 * 128 else 4
-    return ExpandBlocks(bm=bm, bn=bn, nb=nb, rb=rb, num_warps=warps, num_stages=2)
+    blocks = -(-out_features // bn) + n_slices
+    groups_per_tile = max(1, (4 * num_sms) // tiles)
+    nb = max(1, min(32, blocks // groups_per_tile))
+    del max_rank  # the rank bucket is picked per slot inside the kernel
+    return ExpandBlocks(bm=bm, bn=bn, nb=nb, num_warps=8 if bm * bn >= 64 * 128 else 4,
+                        num_stages=3 if nb >= 3 else 2)
 
 
 def tile_index(bm: int) -> int:

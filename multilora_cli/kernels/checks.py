@@ -24,12 +24,28 @@ def check_x(x: torch.Tensor, features: int, name: str) -> int:
     return x.shape[0]
 
 
+_CHECKED: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
+
+
 def check_weights(w: LoraWeights, device: torch.device) -> None:
+    """Validate a slot pool once per (tensors, device): layouts cannot change in place, and this runs per layer
+    per step. The cache holds the tensors it keys on, so an id is never reused while its entry lives."""
+    key = (id(w.a), id(w.b), id(w.rank), id(w.scale), hash(device))
+    if key in _CHECKED:
+        return
+    _check_weights(w, device)
+    if len(_CHECKED) >= 64:
+        _CHECKED.pop(next(iter(_CHECKED)))
+    _CHECKED[key] = (w.a, w.b, w.rank, w.scale)
+
+
+def _check_weights(w: LoraWeights, device: torch.device) -> None:
     for name, t in (("a", w.a), ("b", w.b)):
         if t.dtype not in FLOAT_DTYPES:
             raise ValueError(f"LoraWeights.{name} dtype {t.dtype} not supported (fp16, bf16, fp32)")
-        if t.stride(-1) != 1:
-            raise ValueError(f"LoraWeights.{name} needs unit last stride, got {t.stride()}")
+        unit = t.stride(-1) == 1 or (name == "b" and t.stride(1) == 1)  # b may be rank-major (the default)
+        if not unit:
+            raise ValueError(f"LoraWeights.{name} needs a unit stride along in/out or rank, got {t.stride()}")
         if t.device != device:
             raise ValueError(f"LoraWeights.{name} on {t.device}, activations on {device}")
     shape = (w.max_loras, w.n_slices)
@@ -50,6 +66,12 @@ def check_meta(meta: LoraMeta, t: int, device: torch.device) -> None:
         raise ValueError("LoraMeta has no tile map: build it with build_lora_meta or LoraMetaBuffers")
     if meta.tiles.device != device or meta.sorted_idx.device != device:
         raise ValueError(f"LoraMeta on {meta.tiles.device}, activations on {device}")
+
+
+def rank_bucket(max_rank: int) -> int:
+    """Largest rank bucket a kernel compiles for a pool: pow2 >= max_rank, at least 16 (tensor-core minimum);
+    anything above 64 compiles the chunked path."""
+    return max(16, 1 << (max_rank - 1).bit_length())
 
 
 def capturing(device: torch.device) -> bool:

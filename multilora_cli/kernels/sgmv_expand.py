@@ -1,8 +1,10 @@
 """SGMV expand: y[:, slice] += s @ B^T for every token's adapter, all packed slices in one launch, in place.
 
 Grid: (tiles, column groups). Column groups are numbered slice after slice (each slice's width rounded up
-to BN * NB), so a CTA never straddles two slices. A CTA walks NB column blocks of BN, and for each the
-rank in chunks of RB up to the slot's real rank (rank-aware bytes and FLOPs); base rows are never touched.
+to BN * nb), so a CTA never straddles two slices. A CTA loads its rows' s once, then streams nb column
+blocks of B (rank-major: each rank row is contiguous over out) and y. Rank-aware: the CTA picks the
+smallest rank bucket RB in {16, 32, 64} >= the slot's rank (FLOPs padded to that bucket only), masks
+B rows past the rank (no bytes), and walks chunks of 64 for ranks above 64. Base rows are never touched.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import triton
 import triton.language as tl
 
 from multilora_cli.kernels.blocks import ExpandBlocks, expand_blocks, tile_index
-from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, tile_grid
+from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
 from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.weights import LoraWeights
 
@@ -20,11 +22,65 @@ MAX_SLICES = 4
 
 
 @triton.jit
+def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr, RB: tl.constexpr):
+    """Sum of the shrink's K-split partials for rank columns jj: [BM, RB] fp32."""
+    sv = tl.zeros((BM, RB), dtype=tl.float32)
+    for p in range(n_split):
+        sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :], other=0.0)
+    return sv
+
+
+@triton.jit
+def _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
+                    r, n0, col_hi, nb, DOT_PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    RB: tl.constexpr):
+    """r <= RB: s loaded once, then nb column blocks: y[rows, cols] += s @ B[cols, :r]^T."""
+    CD = y_rows.dtype.element_ty
+    offs_r = tl.arange(0, RB)
+    j_ok = offs_r < r
+    sv = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, j_ok, BM, RB).to(CD)
+    b_base = b_slot + offs_r[:, None] * stride_b_rank  # [RB, 1]
+    for it in range(nb):
+        cols = n0 + it * BN + tl.arange(0, BN)
+        col_ok = cols < col_hi
+        ok = row_ok[:, None] & col_ok[None, :]
+        y_ptrs = y_rows + cols[None, :]
+        yv = tl.load(y_ptrs, mask=ok, other=0.0)  # issued before the dot so both loads are in flight
+        bt = tl.load(b_base + cols[None, :] * stride_b_out, mask=j_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = tl.dot(sv, bt.to(CD), input_precision=DOT_PREC)  # [BM, BN] fp32
+        tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(CD), mask=ok)
+
+
+@triton.jit
+def _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
+                            r, n0, col_hi, nb, DOT_PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                            RB: tl.constexpr):
+    """r > RB: as `_stream_columns`, walking the rank in chunks of RB for every column block."""
+    CD = y_rows.dtype.element_ty
+    offs_r = tl.arange(0, RB)
+    for it in range(nb):
+        cols = n0 + it * BN + tl.arange(0, BN)
+        col_ok = cols < col_hi
+        ok = row_ok[:, None] & col_ok[None, :]
+        y_ptrs = y_rows + cols[None, :]
+        yv = tl.load(y_ptrs, mask=ok, other=0.0)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for c in range(0, r, RB):
+            jj = c + offs_r
+            j_ok = jj < r
+            sv = _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM, RB).to(CD)
+            bt = tl.load(b_slot + jj[:, None] * stride_b_rank + cols[None, :] * stride_b_out,
+                         mask=j_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = tl.dot(sv, bt.to(CD), acc, input_precision=DOT_PREC)
+        tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(CD), mask=ok)
+
+
+@triton.jit
 def _expand_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, y_ptr,
-    n_split, tile_cap, n_slices, O1, O2, O3, O4,
-    stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_yt,
-    BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr, RB: tl.constexpr, DOT_PREC: tl.constexpr,
+    n_split, tile_cap, n_slices, nb, O1, O2, O3, O4,
+    stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt,
+    BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid_tile = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -37,10 +93,10 @@ def _expand_kernel(
 
     # which slice owns column group pid_g: groups are counted slice by slice (O_i = start column of slice i,
     # O_i = out_features for i >= n_slices, so absent slices own no groups)
-    GW: tl.constexpr = BN * NB
-    g1 = tl.cdiv(O1, GW)
-    g2 = g1 + tl.cdiv(O2 - O1, GW)
-    g3 = g2 + tl.cdiv(O3 - O2, GW)
+    gw = BN * nb
+    g1 = tl.cdiv(O1, gw)
+    g2 = g1 + tl.cdiv(O2 - O1, gw)
+    g3 = g2 + tl.cdiv(O3 - O2, gw)
     sl = (pid_g >= g1).to(tl.int32) + (pid_g >= g2).to(tl.int32) + (pid_g >= g3).to(tl.int32)
     col_lo = tl.where(sl == 0, 0, tl.where(sl == 1, O1, tl.where(sl == 2, O2, O3)))
     col_hi = tl.where(sl == 0, O1, tl.where(sl == 1, O2, tl.where(sl == 2, O3, O4)))
@@ -55,55 +111,29 @@ def _expand_kernel(
     s_rows = s_ptr + rows[:, None] * stride_s_t + sl * stride_s_slice  # [BM, 1]
     b_slot = b_ptr + slot64 * stride_b_slot
     y_rows = y_ptr + rows[:, None] * stride_yt  # [BM, 1]
-    offs_r = tl.arange(0, RB)
-    n0 = col_lo + (pid_g - g_lo) * GW
-    CD = y_ptr.dtype.element_ty  # dot inputs in y's dtype, fp32 accumulate
-    if r <= RB:
-        # common case: one rank chunk, so s is loaded once and the column loop is a plain pipelined stream of B
-        j_ok = offs_r < r
-        sv = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, j_ok, BM, RB).to(CD)
-        for it in range(NB):
-            cols = n0 + it * BN + tl.arange(0, BN)
-            col_ok = cols < col_hi
-            bt = tl.load(b_slot + cols[None, :] * stride_b_out + offs_r[:, None],
-                         mask=j_ok[:, None] & col_ok[None, :], other=0.0)  # [RB, BN]
-            acc = tl.dot(sv, bt.to(CD), input_precision=DOT_PREC)
-            _add_into_y(y_rows, cols, row_ok, col_ok, acc)
+    n0 = col_lo + (pid_g - g_lo) * gw
+    # smallest rank bucket that holds r
+    if r <= 16:
+        _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
+                        r, n0, col_hi, nb, DOT_PREC, BM, BN, 16)
     else:
-        for it in range(NB):
-            cols = n0 + it * BN + tl.arange(0, BN)
-            col_ok = cols < col_hi
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for c in range(0, r, RB):  # rank chunks up to the slot's real rank
-                jj = c + offs_r
-                j_ok = jj < r
-                sv = _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM, RB).to(CD)
-                bt = tl.load(b_slot + cols[None, :] * stride_b_out + jj[:, None],
-                             mask=j_ok[:, None] & col_ok[None, :], other=0.0)
-                acc = tl.dot(sv, bt.to(CD), acc, input_precision=DOT_PREC)
-            _add_into_y(y_rows, cols, row_ok, col_ok, acc)
-
-
-@triton.jit
-def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr, RB: tl.constexpr):
-    """Sum of the shrink's K-split partials: [BM, RB] fp32."""
-    sv = tl.zeros((BM, RB), dtype=tl.float32)
-    for p in range(n_split):
-        sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :], other=0.0)
-    return sv
-
-
-@triton.jit
-def _add_into_y(y_rows, cols, row_ok, col_ok, acc):
-    """y[rows, cols] += acc, added in fp32 and rounded once to y's dtype."""
-    y_ptrs = y_rows + cols[None, :]
-    ok = row_ok[:, None] & col_ok[None, :]
-    yv = tl.load(y_ptrs, mask=ok, other=0.0)
-    tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(yv.dtype), mask=ok)
-
+        if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
+            if r <= 32:
+                _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
+                                row_ok, r, n0, col_hi, nb, DOT_PREC, BM, BN, 32)
+            else:
+                if MAX_RB >= 64:
+                    if r <= 64:
+                        _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank,
+                                        y_rows, row_ok, r, n0, col_hi, nb, DOT_PREC, BM, BN, 64)
+                    else:
+                        if MAX_RB > 64:
+                            _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out,
+                                                    stride_b_rank, y_rows, row_ok, r, n0, col_hi, nb, DOT_PREC,
+                                                    BM, BN, 64)
 
 def default_expand_blocks(y: torch.Tensor, w: LoraWeights) -> ExpandBlocks:
-    return expand_blocks(y.shape[0], w.out_features, w.max_rank, num_sms(y.device))
+    return expand_blocks(y.shape[0], w.out_features, w.n_slices, w.max_rank, num_sms(y.device))
 
 
 def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor,
@@ -141,8 +171,8 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     tiles = meta.tiles[tile_index(b.bm)]
     _expand_kernel[(n_tiles, groups)](
         s, w.b, w.rank, meta.sorted_idx, tiles, y,
-        s.shape[0], tiles.stride(0), w.n_slices, *offs,
-        s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), y.stride(0),
-        BM=b.bm, BN=b.bn, NB=b.nb, RB=b.rb, DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
+        s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
+        s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
+        BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
         num_warps=b.num_warps, num_stages=b.num_stages,
     )

@@ -1,9 +1,10 @@
 """SGMV shrink: s = scale * x @ A^T for every token's adapter, all packed slices in one launch.
 
-Grid: (tiles, rank chunks, K splits). A tile is up to BM rows of ONE segment (one slot), so each CTA
-streams one adapter's A once for its rows. The CTA's N dimension holds every slice at once
-(NSP slices x RB rank rows), so the x tile is read once per K step for all slices. Rows of A past the
-slot's real rank are masked: they cost no bytes, and chunks past the rank exit at once (rank-aware).
+Grid: (tiles, rank chunks of 64, K splits). A tile is up to BM rows of ONE segment (one slot), so each
+CTA streams one adapter's A once for its rows. The CTA's N dimension holds every slice at once
+(NSP slices x RB rank rows), so the x tile is read once per K step for all slices. Rank-aware: the CTA
+picks the smallest bucket RB in {16, 32, 64} holding the slot's largest slice rank (FLOPs padded to that
+bucket only), rows of A past each slice's rank are masked (no bytes), and ranks above 64 add chunks.
 """
 
 from __future__ import annotations
@@ -13,18 +14,51 @@ import triton
 import triton.language as tl
 
 from multilora_cli.kernels.blocks import ShrinkBlocks, shrink_blocks, tile_index
-from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, tile_grid
+from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
 from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.weights import LoraWeights
+
+
+@triton.jit
+def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
+                   stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
+                   EVEN_K: tl.constexpr, NSP: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr,
+                   BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """s_out[rows, i, base + j] = scale_i * x[rows, k_lo:k_hi] @ a[i, base + j, k_lo:k_hi]^T for j < RB."""
+    n = tl.arange(0, NSP * RB)  # column n = (slice n // RB, rank row base + n % RB)
+    sl = n // RB
+    j = base + n % RB
+    sl_ok = sl < n_slices
+    r = tl.load(rank_row + sl, mask=sl_ok, other=0)
+    col_ok = j < r
+    offs_k = tl.arange(0, BK)
+    x_ptrs = x_ptr + rows[:, None] * stride_xt + offs_k[None, :]  # [BM, BK]
+    a_ptrs = a_slot + sl[None, :] * stride_a_slice + j[None, :] * stride_a_rank + offs_k[:, None]  # [BK, NSP*RB]
+    acc = tl.zeros((BM, NSP * RB), dtype=tl.float32)
+    for k in range(k_lo, k_hi, BK):
+        if EVEN_K:
+            xt = tl.load(x_ptrs + k, mask=row_ok[:, None], other=0.0)
+            at = tl.load(a_ptrs + k, mask=col_ok[None, :], other=0.0)
+        else:
+            k_ok = k + offs_k < k_hi
+            xt = tl.load(x_ptrs + k, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            at = tl.load(a_ptrs + k, mask=col_ok[None, :] & k_ok[:, None], other=0.0)
+        acc = tl.dot(xt, at.to(xt.dtype), acc, input_precision=DOT_PREC)
+    scale = tl.load(scale_row + sl, mask=sl_ok, other=0.0)
+    acc = acc * scale[None, :]
+    s_ptrs = s_out + rows[:, None] * stride_s_t + sl[None, :] * stride_s_slice + j[None, :]
+    tl.store(s_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, rank_ptr, scale_ptr, idx_ptr, tiles_ptr, s_ptr,
     K, k_per_split, tile_cap, n_slices,
-    stride_xt, stride_a_slot, stride_a_slice, stride_a_rank, stride_rank,
+    stride_xt, stride_a_slot, stride_a_slice, stride_a_rank,
     stride_s_split, stride_s_t, stride_s_slice,
-    NSP: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+    NSP: tl.constexpr, NSPM: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BK32: tl.constexpr,
+    BK64: tl.constexpr, MAX_RB: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid_tile = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -35,38 +69,37 @@ def _shrink_kernel(
     lo = tl.load(tiles_ptr + tile_cap + pid_tile)
     hi = tl.load(tiles_ptr + 2 * tile_cap + pid_tile)
     slot64 = slot.to(tl.int64)
-
-    # column n of the CTA = (slice n // RB, rank row pid_c * RB + n % RB)
-    n = tl.arange(0, NSP * RB)
-    sl = n // RB
-    j = pid_c * RB + n % RB
-    sl_ok = sl < n_slices
-    r = tl.load(rank_ptr + slot64 * stride_rank + sl, mask=sl_ok, other=0)  # [NSP*RB] rank of each column's slice
-    if pid_c * RB >= tl.max(r, 0):  # rank chunk past every slice's rank
+    rank_row = rank_ptr + slot64 * n_slices
+    scale_row = scale_ptr + slot64 * n_slices
+    ii = tl.arange(0, NSPM)
+    base = pid_c * 64  # this CTA's rank rows: [base, base + 64)
+    left = tl.max(tl.load(rank_row + ii, mask=ii < n_slices, other=0), 0) - base  # rank rows left to do
+    if left <= 0:  # chunk past every slice's rank (or an all-zero slot)
         return
-    col_ok = j < r
 
     m = tl.arange(0, BM)
     row_ok = lo + m < hi
     rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
-
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
-    offs_k = tl.arange(0, BK)
-    x_ptrs = x_ptr + rows[:, None] * stride_xt + offs_k[None, :]  # [BM, BK]
-    a_ptrs = (a_ptr + slot64 * stride_a_slot + sl[None, :] * stride_a_slice + j[None, :] * stride_a_rank
-              + offs_k[:, None])  # [BK, NSP*RB]
-    acc = tl.zeros((BM, NSP * RB), dtype=tl.float32)
-    for k in range(k_lo, k_hi, BK):
-        k_ok = k + offs_k < k_hi
-        xt = tl.load(x_ptrs + k, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        at = tl.load(a_ptrs + k, mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = tl.dot(xt, at.to(xt.dtype), acc, input_precision=DOT_PREC)
-
-    scale = tl.load(scale_ptr + slot64 * stride_rank + sl, mask=sl_ok, other=0.0)
-    acc = acc * scale[None, :]
-    s_ptrs = s_ptr + pid_k * stride_s_split + rows[:, None] * stride_s_t + sl[None, :] * stride_s_slice + j[None, :]
-    tl.store(s_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
+    a_slot = a_ptr + slot64 * stride_a_slot
+    s_out = s_ptr + pid_k * stride_s_split
+    # smallest rank bucket holding the rows left; K step shrinks as the bucket grows (same tile bytes)
+    if left <= 16:
+        _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
+                       stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
+                       EVEN_K, NSP, BM, 16, BK, DOT_PREC)
+    else:
+        if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
+            if left <= 32:
+                _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
+                               base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
+                               EVEN_K, NSP, BM, 32, BK32, DOT_PREC)
+            else:
+                if MAX_RB >= 64:
+                    _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
+                                   base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
+                                   EVEN_K, NSP, BM, 64, BK64, DOT_PREC)
 
 
 def shrink_out_shape(x: torch.Tensor, w: LoraWeights, blocks: ShrinkBlocks | None = None) -> tuple[int, int, int, int]:
@@ -107,13 +140,14 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
         return
     k_per_split = -(-w.in_features // (b.split * b.bk)) * b.bk
     nsp = triton.next_power_of_2(w.n_slices)
-    grid = (n_tiles, triton.cdiv(w.max_rank, b.rb), b.split)
+    grid = (n_tiles, triton.cdiv(w.max_rank, 64), b.split)
     tiles = meta.tiles[tile_index(b.bm)]
     _shrink_kernel[grid](
         x, w.a, w.rank, w.scale, meta.sorted_idx, tiles, out,
         w.in_features, k_per_split, tiles.stride(0), w.n_slices,
-        x.stride(0), w.a.stride(0), w.a.stride(1), w.a.stride(2), w.rank.stride(0),
+        x.stride(0), w.a.stride(0), w.a.stride(1), w.a.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        NSP=nsp, BM=b.bm, RB=b.rb, BK=b.bk, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        NSP=nsp, NSPM=max(nsp, 16), BM=b.bm, BK=b.bk, BK32=max(b.bk // 2, 32), BK64=max(b.bk // 4, 32), MAX_RB=min(rank_bucket(w.max_rank), 64),
+        EVEN_K=w.in_features % k_per_split == 0, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=b.num_warps, num_stages=b.num_stages,
     )

@@ -13,7 +13,9 @@ class LoraWeights:
 
     a:      [max_loras, n_slices, max_rank, in_features]  (weights dtype)   lora_A per slice
     b:      [max_loras, out_features, max_rank]           (weights dtype)   lora_B, slices concatenated
-                                                                            along out like the fused base W
+                                                                            along out like the fused base W;
+            stored rank-major (b.stride(1) == 1, a transposed view): rank row j of a slot is one contiguous
+            run over out, so a rank-r adapter's B is r contiguous rows and kernels read exactly those bytes
     rank:   [max_loras, n_slices] int32    real rank of (slot, slice); 0 = slice not adapted by that slot
     scale:  [max_loras, n_slices] float32  lora_alpha / r (or / sqrt(r)) of (slot, slice)
     slice_offsets: n_slices + 1 column offsets of each slice in the output (host ints)
@@ -34,7 +36,8 @@ class LoraWeights:
             offs.append(offs[-1] + n)
         return cls(
             a=torch.zeros(max_loras, len(slice_sizes), max_rank, in_features, dtype=dtype, device=device),
-            b=torch.zeros(max_loras, offs[-1], max_rank, dtype=dtype, device=device),
+            # [L, R, out] storage viewed as [L, out, R]: rank-aware reads stay contiguous and vectorisable
+            b=torch.zeros(max_loras, max_rank, offs[-1], dtype=dtype, device=device).transpose(1, 2),
             rank=torch.zeros(max_loras, len(slice_sizes), dtype=torch.int32, device=device),
             scale=torch.zeros(max_loras, len(slice_sizes), dtype=torch.float32, device=device),
             slice_offsets=tuple(offs),

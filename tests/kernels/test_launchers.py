@@ -9,7 +9,7 @@ import torch
 
 from lora_cases import make_pool, token_slots
 from multilora_cli.kernels import build_lora_meta
-from multilora_cli.kernels.blocks import expand_blocks, shrink_blocks
+from multilora_cli.kernels.blocks import ShrinkBlocks, expand_blocks, shrink_blocks
 from multilora_cli.kernels.meta import TILE_BLOCKS
 
 interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU only)")
@@ -57,14 +57,16 @@ def test_expand_rejects_bad_arguments():
 @pytest.mark.parametrize("max_rank", [8, 16, 64])
 def test_block_table_is_valid(t, in_f, n_slices, out, max_rank):
     sb = shrink_blocks(t, in_f, n_slices, max_rank, 132)
-    assert sb.bm in TILE_BLOCKS and sb.rb >= 16 and sb.bk >= 16 and sb.split >= 1
-    assert in_f // (sb.bk * sb.split) >= 1, "every split gets at least one K step"
-    eb = expand_blocks(t, out, max_rank, 132)
-    assert eb.bm in TILE_BLOCKS and eb.rb >= 16 and eb.bn >= 16 and eb.nb >= 1
+    assert sb.bm in TILE_BLOCKS and sb.bk >= 32 and sb.split >= 1
+    assert (in_f // sb.bk) % sb.split == 0 and in_f // (sb.bk * sb.split) >= 2, "equal splits of >= 2 K steps"
+    eb = expand_blocks(t, out, n_slices, max_rank, 132)
+    assert eb.bm in TILE_BLOCKS and eb.bn >= 16 and eb.nb >= 1
 
 
 def test_block_table_varies_with_shape():
     """Not one size for all: decode and prefill get different tiles, small batches split K."""
     small, big = shrink_blocks(1, 4096, 3, 16, 132), shrink_blocks(4096, 4096, 3, 16, 132)
     assert small.bm < big.bm and small.split > big.split
-    assert expand_blocks(1, 6144, 16, 132) != expand_blocks(4096, 6144, 16, 132)
+    assert expand_blocks(1, 6144, 3, 16, 132) != expand_blocks(4096, 6144, 3, 16, 132)
+    with pytest.raises(ValueError):
+        ShrinkBlocks(bm=24, bk=64, split=1)

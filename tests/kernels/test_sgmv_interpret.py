@@ -48,14 +48,32 @@ def test_add_lora_fp16(pattern):
 
 
 @pytest.mark.parametrize("shrink,expand", [
-    # split-K with several K steps per split, rank chunks of 16 on rank-64 slots, several column steps per CTA
-    (ShrinkBlocks(bm=16, bk=32, rb=16, split=3), ExpandBlocks(bm=32, bn=32, nb=3, rb=16)),
-    # one chunk covering max rank, bigger row tiles
-    (ShrinkBlocks(bm=32, bk=64, rb=64, split=1), ExpandBlocks(bm=16, bn=64, nb=1, rb=64)),
+    # split-K with several K steps per split (rank-64 slots: 64-bucket K step), several column steps per CTA
+    (ShrinkBlocks(bm=16, bk=64, split=3), ExpandBlocks(bm=32, bn=32, nb=3)),
+    # no split, bigger row tiles, one column step per CTA
+    (ShrinkBlocks(bm=32, bk=128, split=1), ExpandBlocks(bm=16, bn=64, nb=1)),
 ])
 def test_block_variants(shrink, expand):
     ts = token_slots("zipf", 70, seed=5)
     _run(*QKV, torch.float32, ts, shrink=shrink, expand=expand)
+
+
+@pytest.mark.parametrize("max_rank,slot_ranks", [
+    (16, {0: 16, 2: 3, 5: 9}),  # only the 16 bucket is compiled
+    (32, {1: 32, 2: 17, 4: 5}),  # 16 and 32 buckets
+    (128, {1: 100, 3: 64, 6: 65, 7: 2}),  # ranks above 64: extra shrink chunks, chunked expand
+])
+def test_pool_max_ranks(max_rank, slot_ranks):
+    from multilora_cli.kernels.sgmv import add_lora_triton
+
+    in_f, slices = 64, [96, 32, 32]
+    w = make_pool(in_f, slices, torch.float32, slot_ranks=slot_ranks, max_loras=8, max_rank=max_rank, seed=max_rank)
+    ts = token_slots("uniform", 37, seed=max_rank, slots=list(slot_ranks))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(37, in_f, generator=g), torch.randn(37, sum(slices), generator=g)
+    y0 = y.clone()
+    add_lora_triton(y, x, w, build_lora_meta(ts), shrink=ShrinkBlocks(bm=16, bk=32, split=2))
+    assert_matches(y, y0, add_lora_reference(y0, x, w, torch.tensor(ts)), ts, w, TOL[torch.float32])
 
 
 @pytest.mark.parametrize("in_f,slices", [(160, [96]), (96, [200, 200]), (200, [40, 24, 24])])
@@ -70,7 +88,7 @@ def test_shrink_writes_exactly_the_adapted_entries():
     ts = token_slots("skewed", 40, seed=2)
     w = make_pool(*QKV, torch.float32)
     x = torch.randn(40, QKV[0])
-    blocks = ShrinkBlocks(bm=16, bk=32, rb=16, split=2)
+    blocks = ShrinkBlocks(bm=16, bk=32, split=2)
     s = torch.full((2, 40, 3, 64), float("nan"))
     lora_shrink(x, w, build_lora_meta(ts), s, blocks)
     for t, slot in enumerate(ts):
