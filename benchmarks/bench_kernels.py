@@ -157,6 +157,8 @@ def run_grid(args, pools: Pools, bw: float, l2: int, results: list, deadline: fl
                     print("grid: deadline reached, stopping", flush=True)
                     return
                 distinct = min(t, adapters)
+                if any(r["tokens"] == t and r["distinct"] == distinct and r["rank"] == rank for r in results):
+                    continue  # more adapters than tokens: the same point as one already measured
                 fb = floor_bytes(t, distinct, rank)
                 k = rotations_for(fb, l2)
                 case = Case(pools, t, adapters, rank, k)
@@ -247,7 +249,25 @@ def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: f
     return rows
 
 
+def render_markdown(report: dict) -> str:
+    """The table for benchmarks/RESULTS.md from a results json (no figure typed by hand)."""
+    lines = [f"Device: {report['device']} ({report['sms']} SMs, L2 {report['l2_bytes'] >> 20} MiB), measured copy "
+             f"bandwidth {report['copy_bandwidth_Bps'] / 1e12:.2f} TB/s; torch {report['torch']}, triton "
+             f"{report['triton']}; bf16, pool max_loras={report['max_loras']} max_rank={report['pool_rank']}.", "",
+             "| tokens | distinct adapters | rank | ours us | floor us | ours/floor | torch loop us | torch/ours | ours eager us |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in report["grid"]:
+        lines.append(f"| {r['tokens']} | {r['distinct']} | {r['rank']} | {r['ours_us']:.1f} | {r['floor_us']:.1f} | "
+                     f"{r['ours_over_floor']:.2f} | {r['torch_loop_us']:.1f} | {r['torch_over_ours']:.1f} | "
+                     f"{r['ours_eager_us']:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--render":
+        with open(sys.argv[2]) as f:
+            print(render_markdown(json.load(f)))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="1,16,64,256,1024,4096")
     p.add_argument("--adapters", default="1,8,64")
