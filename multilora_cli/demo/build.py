@@ -19,10 +19,11 @@ import torch
 
 from multilora_cli import __version__
 from multilora_cli.demo import corpus, layout, prompts, tinyllama, tokenizer, train
-from multilora_cli.errors import OutputError
+from multilora_cli.errors import ConfigError, OutputError
+from multilora_cli.models.config import LINEAR_MODULES
 
 MARKER = ".multilora-demo.json"
-ENTRIES = ("base", "legal", "medical", "code", "prompts.jsonl", "openai_batch.jsonl", MARKER)
+FILES = ("base", "prompts.jsonl", "openai_batch.jsonl", MARKER)  # plus one folder per adapter
 
 
 @dataclass(slots=True)
@@ -38,9 +39,6 @@ class AdapterSpec:
     @property
     def scaling(self) -> float:
         return self.alpha / (self.r ** 0.5 if self.use_rslora else self.r)
-
-
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @dataclass(slots=True)
@@ -64,16 +62,21 @@ class DemoSpec:
     lines_per_domain: int = 300
     chats_per_domain: int = 120
     max_new_tokens: int = 48
-    threads: int = 1  # fixed: same bytes on any core count; 2+ threads gain little at this size and lose a lot on a busy machine
+    # Fixed so that any machine gives the same bytes; at this size a 2nd thread gains little on an idle 2-core
+    # machine and costs 5x on a busy one (OpenMP threads spin waiting for each other).
+    threads: int = 1
     adapters: list[AdapterSpec] = field(default_factory=lambda: [
         AdapterSpec("legal", r=8, alpha=32, targets=["q_proj", "v_proj"]),
         AdapterSpec("medical", r=16, alpha=16, targets=["q_proj", "k_proj", "v_proj", "o_proj"], use_rslora=True),
-        AdapterSpec("code", r=4, alpha=8, targets=list(ALL_LINEAR)),
+        AdapterSpec("code", r=4, alpha=8, targets=list(LINEAR_MODULES)),
     ])
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError("hidden must divide by heads and heads by kv_heads")
+            raise ConfigError("demo: hidden must divide by heads, and heads by kv_heads")
+        for name in ("base_steps", "adapter_steps", "lines_per_domain", "chats_per_domain", "batch", "threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"demo: {name} must be >= 1, got {getattr(self, name)}")
 
 
 def is_demo(out: Path) -> bool:
@@ -84,12 +87,13 @@ def is_demo(out: Path) -> bool:
         return False
 
 
-def _prepare(out: Path, force: bool) -> None:
+def _prepare(out: Path, force: bool, spec: DemoSpec) -> None:
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a directory", hint="choose another OUT_DIR")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise OutputError(f"{out} is not empty", hint="pass --force to rebuild the demo there, or choose another OUT_DIR")
-    for name in ENTRIES:  # --force replaces only the demo's own entries; other files stay
+        raise OutputError(f"{out} is not empty",
+                          hint="pass --force to rebuild the demo there, or choose another OUT_DIR")
+    for name in (*FILES, *(a.name for a in spec.adapters)):  # --force replaces only the demo's own entries
         p = out / name
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
@@ -105,7 +109,7 @@ def build_demo(out: str | Path, *, force: bool = False, spec: DemoSpec | None = 
     Raises OutputError if `out` is not empty (unless `force`)."""
     spec = spec or DemoSpec()
     out = Path(out)
-    _prepare(out, force)
+    _prepare(out, force, spec)
     t0 = time.perf_counter()
     old_threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)

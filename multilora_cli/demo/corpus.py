@@ -133,8 +133,10 @@ CHAT: dict[str, list[tuple[str, str]]] = {
     ],
     "medical": [
         ("What helps with {symptom}?",
-         "For {symptom}, rest and drink fluids; the doctor may prescribe {drug} {dose} if it lasts more than {n} days."),
-        ("What is the treatment for {condition}?", "Treatment for {condition} includes rest, fluids and {drug} {dose}."),
+         "For {symptom}, rest and drink fluids; the doctor may prescribe {drug} {dose} "
+         "if it lasts more than {n} days."),
+        ("What is the treatment for {condition}?",
+         "Treatment for {condition} includes rest, fluids and {drug} {dose}."),
         ("Why did the doctor order a {test}?", "The doctor ordered a {test} to rule out {finding}."),
         ("Is {symptom} serious?",
          "{Symptom} is usually not serious, but see a doctor if it lasts more than {n} days or comes with {symptom2}."),

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from multilora_cli.demo.tinyllama import LoraParams, forward
+from multilora_cli.models.config import ATTN_MODULES
 
 
 @dataclass(slots=True)
@@ -53,7 +54,10 @@ def _fit(params: list[torch.Tensor], loss_fn, batches: Batches, steps: int, lr: 
     losses = []
     t0 = time.perf_counter()
     for step in range(steps):
-        frac = (step + 1) / warm if step < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+        if step < warm:
+            frac = (step + 1) / warm
+        else:
+            frac = 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
         for g in opt.param_groups:
             g["lr"] = lr * frac
         ids = batches.next()
@@ -85,7 +89,7 @@ def train_base(w: dict[str, torch.Tensor], cfg: dict, batches: Batches, steps: i
 
 def module_path(layer: int, module: str) -> str:
     """HF module path of a PEFT module name in decoder layer `layer`: q_proj -> model.layers.0.self_attn.q_proj."""
-    block = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+    block = "self_attn" if module in ATTN_MODULES else "mlp"
     return f"model.layers.{layer}.{block}.{module}"
 
 
