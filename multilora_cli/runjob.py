@@ -50,8 +50,12 @@ class RunConfig:
     gpu_hour_usd: float | None = None
     quiet: bool = False
     engine: dict = field(default_factory=dict)  # further EngineConfig fields (dtype, device, max_num_seqs, ...)
+    data_parallel: int = 1  # workers (processes) on this machine; >1 runs through multilora_cli.distributed
+    dp_sharding: str = "affinity"  # how a data-parallel run splits requests: "affinity" | "round-robin"
 
     def __post_init__(self) -> None:
+        if isinstance(self.data_parallel, bool) or not isinstance(self.data_parallel, int) or self.data_parallel < 1:
+            raise UsageError(f"--data-parallel must be an integer >= 1, got {self.data_parallel!r}")
         if self.resume and self.output in (None, "-"):
             raise UsageError("--resume needs -o/--output: a run written to stdout cannot be resumed")
         if self.gpu_hour_usd is not None and self.gpu_hour_usd < 0:
@@ -88,8 +92,9 @@ def note(msg: str, quiet: bool = False) -> None:
 class RunJob:
     """One run. `run()` returns the exit code (0 all ok, 3 some error records) or raises MultiloraError."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, engine_factory=None):
         self.cfg = cfg
+        self._engine_factory = engine_factory  # (job, EngineConfig) -> engine; data-parallel runs give one
         self.stats = RunStats()
         self._lock = threading.Lock()  # the engine may pull requests from its own thread
         self._inflight: dict[int, tuple[LineSpec, str | None]] = {}
@@ -252,7 +257,10 @@ class RunJob:
         from multilora_cli.engine.engine import Engine
 
         cfg = self.cfg
-        self.engine = Engine(engine_cfg, self._good)
+        if self._engine_factory is not None:
+            self.engine = self._engine_factory(self, engine_cfg)
+        else:
+            self.engine = Engine(engine_cfg, self._good)
         defaults = getattr(self.engine, "default_sampling", None)
         if defaults is None:  # engines without the attribute: read generation_config.json the same way
             from multilora_cli.engine.generation_config import read_generation_config
@@ -283,10 +291,14 @@ class RunJob:
         stats = self.stats.to_dict(engine=engine_stats, wall_seconds=time.perf_counter() - t0,
                                    gpu_hour_usd=cfg.gpu_hour_usd, input=in_name,
                                    output=cfg.output or "<stdout>", format=self._fmt.name, **info)
+        if engine_stats is not None and hasattr(self.engine, "annotate_stats"):
+            self.engine.annotate_stats(stats)  # e.g. a data-parallel run's per-worker section
         if cfg.stats:
             write_stats(cfg.stats, stats)
         if not cfg.quiet and engine_stats is not None:
             print_summary(stats)
+            if hasattr(self.engine, "print_summary"):
+                self.engine.print_summary(stats)
         return EXIT_PARTIAL if self.stats.errors or self.stats.kept_errors else EXIT_OK
 
 
@@ -296,5 +308,14 @@ def _chain(first: LineSpec, rest: Iterator[LineSpec]) -> Iterator[LineSpec]:
 
 
 def run_job(cfg: RunConfig) -> int:
-    """Run `cfg` to completion; returns the exit code (0 / 3). Fatal problems raise MultiloraError."""
+    """Run `cfg` to completion; returns the exit code (0 / 3). Fatal problems raise MultiloraError.
+
+    With cfg.data_parallel > 1, or when started by torchrun with several processes, the run is spread over
+    workers by multilora_cli.distributed (rank 0 reads and writes; see distributed/launch.py)."""
+    from multilora_cli.distributed.group import torchrun_env
+
+    if cfg.data_parallel > 1 or torchrun_env() is not None:
+        from multilora_cli.distributed.launch import run_distributed
+
+        return run_distributed(cfg)
     return RunJob(cfg).run()

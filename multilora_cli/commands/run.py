@@ -45,6 +45,9 @@ def command(
     device: str = typer.Option("auto", "--device", help=f"One of {', '.join(DEVICES)}."),
     gpu_hour_usd: Optional[float] = typer.Option(None, "--gpu-hour-usd", help="GPU price, for the cost in stats."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
+    data_parallel: int = typer.Option(1, "--data-parallel",
+                                      help="Worker processes on this machine, one per GPU (or N CPU workers); "
+                                           "requests are sharded by adapter. Under torchrun leave it out."),
 ) -> int:
     """Run every line of INPUT through the base model or its adapter; write one record per line, in order.
 
@@ -68,5 +71,6 @@ def command(
         seed=seed, max_loras=max_loras, max_lora_rank=max_lora_rank, gpu_hour_usd=gpu_hour_usd, quiet=quiet,
         engine={"dtype": dtype, "device": device, "max_cpu_loras": max_cpu_loras, "max_num_seqs": max_num_seqs,
                 "max_model_len": max_model_len},
+        data_parallel=data_parallel,
     )
     return run_job(cfg)
