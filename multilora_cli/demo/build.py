@@ -62,8 +62,8 @@ class DemoSpec:
     lines_per_domain: int = 300
     chats_per_domain: int = 120
     max_new_tokens: int = 48
-    # Fixed so that any machine gives the same bytes; at this size a 2nd thread gains little on an idle 2-core
-    # machine and costs 5x on a busy one (OpenMP threads spin waiting for each other).
+    # Fixed, since the bytes depend on the thread count. One thread: ~19 s on an idle 2-core machine; two: ~12 s
+    # there, but each step ran 5x slower than one thread's when other work kept the cores busy (OpenMP spinning).
     threads: int = 1
     adapters: list[AdapterSpec] = field(default_factory=lambda: [
         AdapterSpec("legal", r=8, alpha=32, targets=["q_proj", "v_proj"]),

@@ -7,6 +7,7 @@ Plain documents are `<|begin_of_text|> text <|end_of_text|>`; chat documents are
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 BOS = "<|begin_of_text|>"
@@ -49,12 +50,16 @@ def train_tokenizer(lines: list[str], vocab_size: int):
     return tok
 
 
-def render_chat(messages: list[dict], add_generation_prompt: bool) -> str:
-    """Render `messages` with CHAT_TEMPLATE, as transformers' apply_chat_template would."""
+@lru_cache(maxsize=1)
+def _template():
     import jinja2
 
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(CHAT_TEMPLATE).render(
+    return jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(CHAT_TEMPLATE)
+
+
+def render_chat(messages: list[dict], add_generation_prompt: bool) -> str:
+    """Render `messages` with CHAT_TEMPLATE, as transformers' apply_chat_template would."""
+    return _template().render(
         messages=messages, add_generation_prompt=add_generation_prompt, bos_token=BOS, eos_token=EOS
     )
 
