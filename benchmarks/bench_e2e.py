@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--hf-from", type=Path, default=None,
+                    help="take the hf-peft rows from an earlier report of this script (same device and shapes) "
+                         "instead of re-running them; they are marked as imported")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -75,6 +78,17 @@ def main(argv: list[str] | None = None) -> int:
         report = run_suite(plan, model_dir, device, hf_batch_sizes=[int(x) for x in args.hf_batch_sizes.split(",")],
                            hf_new_tokens=tuple(int(x) for x in args.hf_new_tokens.split(",")),
                            budget_s=args.budget_s, log=lambda m: print(m, flush=True), on_row=on_row)
+    if args.hf_from is not None:
+        import json
+
+        from multilora_cli.bench.report import target_ratios
+
+        old = json.loads(args.hf_from.read_text())
+        for row in old["rows"]:
+            if row["system"] == "hf-peft":
+                row["extra"]["imported_from"] = f"{args.hf_from.name} ({old['device']['name']})"
+                report["rows"].append(row)
+        report["targets"] = target_ratios(report["rows"])
     on_row(report)
     print(format_table(report))
     print(f"wrote {out}")

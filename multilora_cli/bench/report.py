@@ -59,16 +59,19 @@ def _f(v, fmt: str) -> str:
 def format_table(report: dict) -> str:
     """Markdown table of the rows, then the targets."""
     lines = ["| system | preset | adapters | dist | slots | requests | out tok/s | decode step ms (batch) "
-             "| roofline ms | decode/roofline | slot loads |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| roofline ms | decode/roofline | floor ms | decode/floor | slot loads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         w, x = r["workload"], r["extra"]
         adapters = 0 if r["system"].startswith("multilora-base") else w["num_adapters"]
         step = f"{_f(r['decode_step_ms'], '.2f')} ({_f(r['decode_batch'], 'd')})"
-        lines.append(f"| {r['system']}{' (extrapolated)' if x.get('extrapolated') else ''} | {w['preset']} "
+        note = " (extrapolated)" if x.get("extrapolated") else ""
+        note += " (imported)" if x.get("imported_from") else ""
+        lines.append(f"| {r['system']}{note} | {w['preset']} "
                      f"| {adapters} | {w['distribution'] if adapters else '-'} "
                      f"| {w['max_loras'] if adapters else '-'} | {w['num_requests']} | {r['tokens_per_s']:.0f} "
                      f"| {step} | {_f(r['roofline_ms'], '.2f')} | {_f(r['decode_vs_roofline'], '.2f')} "
+                     f"| {_f(r.get('floor_ms'), '.2f')} | {_f(x.get('decode_vs_floor'), '.2f')} "
                      f"| {x.get('slot_loads', '-')} |")
     ratios = report.get("targets") or {}
     if ratios:

@@ -1,5 +1,9 @@
 """The decode roofline: bytes a decode step must read (base weights + live KV + distinct adapters) over the
-memory bandwidth measured on the same device, in the same run."""
+memory bandwidth measured on the same device, in the same run.
+
+At large decode batches the weight matmuls stop being memory-bound (Llama-3-8B at 256 tokens: ~3.8 TFLOP
+per step, ~5 ms at an H200's measured bf16 rate), so the report also gives the compute floor (matmul FLOPs
+over the measured matmul rate) and `floor` = max(bytes time, FLOPs time)."""
 
 from __future__ import annotations
 
@@ -39,6 +43,33 @@ def measure_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 
     return 2 * n * src.element_size() / times[len(times) // 2]
 
 
+def measure_matmul_flops(device: torch.device, n: int = 8192, iters: int = 10) -> float:
+    """bf16 matmul rate in FLOP/s (an n x n x n product on random data, median); CPU: fp32, n = 512."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    n = n if device.type == "cuda" else 512
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    times = []
+    import time
+
+    for i in range(iters + 3):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            a @ b
+            end.record()
+            end.synchronize()
+            dt = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            a @ b
+            dt = time.perf_counter() - t0
+        if i >= 3:
+            times.append(dt)
+    times.sort()
+    return 2 * n ** 3 / times[len(times) // 2]
+
+
 @dataclass(slots=True)
 class Roofline:
     """Bytes per decode step of one model + adapter shape; `step_seconds` for a given step."""
@@ -47,14 +78,28 @@ class Roofline:
     weight_bytes: int  # base weights read by every step (all linear layers, norms, the LM head)
     kv_bytes_per_token: int  # K+V of one context token, all layers
     adapter_bytes: int  # one adapter's A and B, all layers
+    flops: float = 0.0  # matmul FLOP/s, measured (0 = no compute floor)
+    matmul_params: int = 0  # weights every token multiplies through (linear layers + LM head)
 
     @classmethod
-    def for_model(cls, cfg: ModelConfig, dtype_bytes: int, adapter_bytes: int, bandwidth: float) -> "Roofline":
+    def for_model(cls, cfg: ModelConfig, dtype_bytes: int, adapter_bytes: int, bandwidth: float,
+                  flops: float = 0.0) -> "Roofline":
         # embeddings: a step reads only its T rows; the LM head is read whole (tied or not)
         emb = cfg.vocab_size * cfg.hidden_size
         params = cfg.num_params() - (0 if cfg.tie_word_embeddings else emb)
         return cls(bandwidth=bandwidth, weight_bytes=params * dtype_bytes,
-                   kv_bytes_per_token=cfg.kv_bytes_per_token(dtype_bytes), adapter_bytes=adapter_bytes)
+                   kv_bytes_per_token=cfg.kv_bytes_per_token(dtype_bytes), adapter_bytes=adapter_bytes,
+                   flops=flops, matmul_params=params)
+
+    def step_flops(self, tokens: int, kv_tokens: int = 0) -> float:
+        """Matmul FLOPs of a decode step: 2 per weight per token (attention's q.k and p.v: 4 per head-dim per
+        context token per query head; small at these lengths and left out)."""
+        return 2.0 * self.matmul_params * tokens
+
+    def floor_seconds(self, tokens: int, kv_tokens: int, adapters: int) -> float:
+        """max(bytes / bandwidth, FLOPs / matmul rate)."""
+        mem = self.step_seconds(kv_tokens, adapters)
+        return max(mem, self.step_flops(tokens) / self.flops) if self.flops > 0 else mem
 
     def step_bytes(self, kv_tokens: int, adapters: int) -> int:
         return self.weight_bytes + kv_tokens * self.kv_bytes_per_token + adapters * self.adapter_bytes

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from multilora_cli.bench.adapters import SyntheticAdapters, SyntheticEngine
-from multilora_cli.bench.roofline import Roofline, measure_bandwidth
+from multilora_cli.bench.roofline import Roofline, measure_bandwidth, measure_matmul_flops
 from multilora_cli.bench.workload import Workload
 from multilora_cli.config import EngineConfig
 from multilora_cli.models.config import ModelConfig
@@ -34,8 +34,9 @@ class BenchRow:
     wall_s: float = 0.0
     decode_step_ms: float | None = None  # median decode step at the most common decode batch size
     decode_batch: int | None = None  # that batch size
-    roofline_ms: float | None = None  # median roofline of those same steps
+    roofline_ms: float | None = None  # median roofline (bytes / bandwidth) of those same steps
     decode_vs_roofline: float | None = None  # sum of all decode step times / sum of their rooflines
+    floor_ms: float | None = None  # median max(bytes / bandwidth, matmul FLOPs / matmul rate) of those steps
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -63,7 +64,7 @@ def engine_config(work: Workload, model_dir: Path, device: torch.device, *,
 
 
 def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, bandwidth: float,
-                      base_only: bool = False, enforce_eager: bool = False, warmup: bool = True,
+                      flops: float = 0.0, base_only: bool = False, enforce_eager: bool = False, warmup: bool = True,
                       log=print) -> BenchRow:
     """Time one multilora configuration (`base_only`: no adapters, no LoRA layers at all)."""
     cfg = ModelConfig.from_dir(model_dir)
@@ -107,7 +108,7 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
             raise RuntimeError(f"{len(errors)} requests failed, first: {errors[0].error.one_line()}")
         out_tokens = sum(r.completion_tokens for r in results)
         dtype_bytes = torch.tensor([], dtype=engine.runner.dtype).element_size()
-        roof = Roofline.for_model(cfg, dtype_bytes, source.nbytes if source else 0, bandwidth)
+        roof = Roofline.for_model(cfg, dtype_bytes, source.nbytes if source else 0, bandwidth, flops)
         system = ("multilora-base" if base_only else "multilora") + ("-eager" if enforce_eager else "")
         row = _summarise(work, steps, roof, system, out_tokens, wall)
         row.extra.update(startup_s=startup, capture_s=engine.runner.capture_seconds,
@@ -141,6 +142,9 @@ def _summarise(work: Workload, steps, roof: Roofline, system: str, out_tokens: i
         row.roofline_ms = statistics.median(roof.step_seconds(s.kv_tokens, s.adapters) for s in at) * 1e3
         row.decode_vs_roofline = (sum(s.seconds for s in decode)
                                   / sum(roof.step_seconds(s.kv_tokens, s.adapters) for s in decode))
+        row.floor_ms = statistics.median(roof.floor_seconds(s.tokens, s.kv_tokens, s.adapters) for s in at) * 1e3
+        row.extra["decode_vs_floor"] = (sum(s.seconds for s in decode)
+                                        / sum(roof.floor_seconds(s.tokens, s.kv_tokens, s.adapters) for s in decode))
     other = [s for s in steps if not s.decode]
     row.extra.update(
         steps=len(steps), decode_steps=len(decode), graph_steps=sum(s.graph for s in steps),
@@ -196,8 +200,11 @@ def run_suite(plan: list[tuple[str, Workload]], model_dir: Path, device: torch.d
 
     t_start = time.perf_counter()
     bw = measure_bandwidth(device)
-    log(f"device {device_info(device)['name']}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
-    report = {"device": device_info(device), "bandwidth_tbs": bw / 1e12, "rows": [], "failed": [], "not_run": []}
+    flops = measure_matmul_flops(device)
+    log(f"device {device_info(device)['name']}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write), "
+        f"matmul {flops / 1e12:.0f} TFLOP/s")
+    report = {"device": device_info(device), "bandwidth_tbs": bw / 1e12, "matmul_tflops": flops / 1e12,
+              "rows": [], "failed": [], "not_run": []}
     for i, (kind, work) in enumerate(plan):
         if budget_s is not None and time.perf_counter() - t_start > budget_s:
             report["not_run"] = [{"kind": k, "workload": w.to_dict()} for k, w in plan[i:]]
@@ -208,7 +215,7 @@ def run_suite(plan: list[tuple[str, Workload]], model_dir: Path, device: torch.d
                 row = run_hf_row(work, model_dir, device, batch_sizes=list(hf_batch_sizes),
                                  new_tokens=hf_new_tokens, log=log)
             else:
-                row = run_multilora_row(work, model_dir, device, bandwidth=bw, base_only=kind == "base",
+                row = run_multilora_row(work, model_dir, device, bandwidth=bw, flops=flops, base_only=kind == "base",
                                         enforce_eager=kind == "eager", log=log)
             report["rows"].append(row.to_dict())
         except Exception as e:  # keep the rows already measured; say what failed

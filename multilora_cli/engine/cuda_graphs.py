@@ -31,7 +31,8 @@ class DecodeGraphs:
     model:        the LlamaForCausalLM (KV cache already allocated)
     max_num_seqs: largest decode batch (largest bucket)
     max_model_len / block_size: size the block-table width and the attention split
-    lora_buffers: the runner's LoraMetaBuffers, or None without LoRA
+    lora_buffers: the runner's LoraMetaBuffers, or None without LoRA; whoever else writes them (the runner's
+                  eager steps) sets `lora_key = None`
     """
 
     def __init__(self, model, *, max_num_seqs: int, max_model_len: int, block_size: int,
@@ -53,6 +54,7 @@ class DecodeGraphs:
         self._dev = torch.zeros(total, dtype=torch.int32, device=device)
         self._copied = torch.cuda.Event()
         self._copied.record()
+        self.lora_key: tuple[int, ...] | None = None  # token slots the LoRA buffers hold (None = unknown)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # [bucket, hidden] final-normed hidden states
         self.pool = None
@@ -129,6 +131,7 @@ class DecodeGraphs:
                 self.outputs[bs] = out
         finally:
             reset_context()
+            self.lora_key = None
         torch.cuda.synchronize(self.device)
 
     def run(self, batch: ScheduledBatch, token_slots: list[int] | None) -> torch.Tensor:
@@ -138,6 +141,9 @@ class DecodeGraphs:
         self._fill(batch, bs)
         if self.lora_buffers is not None:
             slots = list(token_slots) if token_slots is not None else [-1] * B
-            self.lora_buffers.build(slots + [-1] * (bs - B))
+            key = tuple(slots) + (-1,) * (bs - B)
+            if key != self.lora_key:  # consecutive decode steps of the same batch keep their LoRA metadata
+                self.lora_buffers.build(list(key))
+                self.lora_key = key
         self.graphs[bs].replay()
         return self.outputs[bs][:B]

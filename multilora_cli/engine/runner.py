@@ -18,6 +18,7 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.cuda_graphs import DecodeGraphs
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
+from multilora_cli.engine.slot_writer import SlotWriter
 from multilora_cli.engine.step_inputs import build_step_inputs
 from multilora_cli.errors import EngineError
 from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta
@@ -68,6 +69,7 @@ class ModelRunner:
                                 max_loras=self.max_loras, max_lora_rank=config.max_lora_rank if use_lora else 0,
                                 lora_targets=lora_targets, load_format=config.load_format, seed=config.seed)
         self._lora_modules = self.model.lora_modules()
+        self._slot_writer = SlotWriter(self._lora_modules, self.device)
         self.block_size = config.block_size
         self.num_blocks = self._size_kv_cache()
         self.model.allocate_kv_cache(self.num_blocks, self.block_size)
@@ -115,12 +117,10 @@ class ModelRunner:
     # --- LoRA slots ------------------------------------------------------------------------------------------
     def install_adapter(self, slot: int, name: str, adapter) -> None:
         """Copy a loaded adapter (adapters.peft.LoraAdapter) into `slot` of every LoRA layer."""
-        for (layer, fused), module in self._lora_modules.items():
-            module.lora.set_slot(slot, adapter.slices_for(layer, fused))
+        self._slot_writer.install(slot, adapter)
 
     def evict_adapter(self, slot: int, name: str) -> None:
-        for module in self._lora_modules.values():
-            module.lora.clear_slot(slot)
+        self._slot_writer.clear(slot)
 
     # --- one step --------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -145,6 +145,8 @@ class ModelRunner:
             if adapted:
                 lora = (self._meta_buffers.build(token_slots) if self._meta_buffers is not None
                         else build_lora_meta(token_slots, self.device))
+                if self.graphs is not None:
+                    self.graphs.lora_key = None  # the shared LoRA buffers no longer hold the graphs' metadata
             inputs = build_step_inputs(batch, self.device, lora)
             set_context(inputs.ctx)
             try:

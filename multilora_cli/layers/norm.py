@@ -16,6 +16,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., dim]
+        if x.is_cuda and x.dim() in (2, 3):  # one launch instead of ~7 (kernels/norm_rope.py)
+            from multilora_cli.kernels.norm_rope import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)

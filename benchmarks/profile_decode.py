@@ -1,0 +1,121 @@
+"""Where does a decode step's time go? Profiles one full-batch decode step of the e2e workload.
+
+    python benchmarks/profile_decode.py --preset llama-3-8b --adapters 64      # and --adapters 0 (base)
+
+Runs the benchmark workload until a decode step of max_num_seqs sequences, then re-runs that same step
+(re-running a decode step rewrites the same KV slot with the same values, so nothing changes): host wall time
+of the graph step, GPU time of the graph replay alone (events), host time of the step's metadata build, and a
+torch.profiler kernel table of the same step run eagerly (the GPU work inside the graph, kernel by kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    import torch
+
+    from multilora_cli.bench.adapters import SyntheticAdapters, SyntheticEngine
+    from multilora_cli.bench.model_dir import write_model_dir
+    from multilora_cli.bench.suite import engine_config
+    from multilora_cli.bench.workload import Workload
+    from multilora_cli.models.config import ModelConfig
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="llama-3-8b")
+    ap.add_argument("--adapters", type=int, default=64)
+    ap.add_argument("--at-step", type=int, default=40, help="profile the n-th full-batch decode step")
+    ap.add_argument("--rows", type=int, default=30, help="kernel table rows")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    work = Workload(preset=args.preset, num_adapters=args.adapters, num_requests=256, output_len=96,
+                    max_loras=max(1, min(args.adapters, 64)))
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model_dir(args.preset, Path(tmp) / "m")
+        cfg = ModelConfig.from_dir(model_dir)
+        source = SyntheticAdapters(cfg, work.adapter_names, work.rank) if args.adapters else None
+        engine = SyntheticEngine(engine_config(work, model_dir, dev), source, cfg)
+        if source is not None:
+            source.prepare(engine.runner.dtype, dev)
+        runner = engine.runner
+        real_run = runner.run
+        seen = {"n": 0, "done": False}
+
+        def run(batch):
+            out = real_run(batch)
+            if seen["done"] or not batch.is_decode_only or batch.num_seqs != work.max_num_seqs:
+                return out
+            seen["n"] += 1
+            if seen["n"] == args.at_step:
+                seen["done"] = True
+                profile(batch)
+            return out
+
+        def profile(batch):
+            g = runner.graphs
+            for _ in range(3):
+                real_run(batch)
+            walls = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                real_run(batch)
+                walls.append(time.perf_counter() - t0)
+            bs = g.bucket(batch.num_seqs)
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(20)]
+            for a, b in ev:
+                a.record()
+                g.graphs[bs].replay()
+                b.record()
+            torch.cuda.synchronize()
+            replay = statistics.median(a.elapsed_time(b) for a, b in ev)
+            slots = batch.token_lora_slots() if any(s >= 0 for s in batch.slots) else None
+            hosts = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                g._fill(batch, bs)
+                if g.lora_buffers is not None:
+                    g.lora_buffers.build((slots or [-1] * batch.num_seqs) + [-1] * (bs - batch.num_seqs))
+                hosts.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+            kv = sum(batch.seq_lens())
+            print(f"decode step: {batch.num_seqs} seqs, {kv} context tokens, "
+                  f"{len({s for s in batch.slots if s >= 0})} adapters")
+            print(f"  graph step wall (runner.run): {statistics.median(walls) * 1e3:.2f} ms")
+            print(f"  graph replay GPU time:        {replay:.2f} ms")
+            print(f"  host fill + LoRA meta build:  {statistics.median(hosts) * 1e3:.2f} ms")
+            runner.graphs = None
+            try:
+                for _ in range(2):
+                    real_run(batch)
+                torch.cuda.synchronize()
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    for _ in range(3):
+                        real_run(batch)
+                    torch.cuda.synchronize()
+            finally:
+                runner.graphs = g
+            events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+            total = sum(e.self_device_time_total for e in events) / 3 / 1e3
+            print(f"  eager kernels, GPU time per step: {total:.2f} ms in "
+                  f"{sum(e.count for e in events) // 3} kernels")
+            events.sort(key=lambda e: -e.self_device_time_total)
+            for e in events[:args.rows]:
+                print(f"    {e.self_device_time_total / 3 / 1e3:7.3f} ms  {e.count // 3:5d}x  {e.key[:110]}")
+
+        runner.run = run
+        engine.generate_all(work.requests(cfg.vocab_size))
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""One-launch RMSNorm and rotary embedding for CUDA tensors (the torch versions take 6-7 kernels each).
+
+At decode batch sizes these elementwise ops move a few MB each, so their cost is launches, not bytes: per
+layer the torch versions issue ~26 small kernels for two norms and two rotaries, these issue 4. Both round
+exactly where the torch/HF code rounds (to the activation dtype after each op), so results match the torch
+path up to the order of the fp32 sum in the norm.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, R2, stride_x0, stride_x1, stride_o0, stride_o1, N, eps,
+                     BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    r0, r1 = r // R2, r % R2
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + r0.to(tl.int64) * stride_x0 + r1 * stride_x1 + offs, mask=mask, other=0.0).to(tl.float32)
+    var = tl.sum(x * x, 0) / N
+    h = (x * (1.0 / tl.sqrt(var + eps))).to(out_ptr.dtype.element_ty)  # HF: h.to(dtype) before the weight
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    y = (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + r0.to(tl.int64) * stride_o0 + r1 * stride_o1 + offs, y, mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * normalise(x) over the last dim, like layers.norm.RMSNorm. x: [T, N] or [T, H, N] with unit
+    last stride (any other strides); returns a new contiguous tensor of x's shape and dtype."""
+    n = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return out
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    x3 = x if x.dim() == 3 else x.reshape(-1, 1, n)
+    o3 = out if out.dim() == 3 else out.view(-1, 1, n)
+    r1, r2 = x3.shape[0], x3.shape[1]
+    block = triton.next_power_of_2(n)
+    _rms_norm_kernel[(r1 * r2,)](x3, weight, o3, r2, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), n,
+                                 float(eps), BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    return out
+
+
+@triton.jit
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xt, stride_xh, stride_c, stride_ot, stride_oh,
+                 HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    m = (h[:, None] < H) & (d[None, :] < HALF)
+    dt = out_ptr.dtype.element_ty
+    # cos/sin: [T, 2*HALF] fp32 with equal halves; cast to the activation dtype like apply_rotary
+    c = tl.load(cos_ptr + t * stride_c + d, mask=d < HALF, other=0.0).to(dt).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + t * stride_c + d, mask=d < HALF, other=0.0).to(dt).to(tl.float32)[None, :]
+    base = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
+    x1 = tl.load(base, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF, mask=m, other=0.0).to(tl.float32)
+    # x * cos + rotate_half(x) * sin, rounded after each op as the torch ops do
+    o1 = ((x1 * c).to(dt).to(tl.float32) + (-x2 * s).to(dt).to(tl.float32)).to(dt)
+    o2 = ((x2 * c).to(dt).to(tl.float32) + (x1 * s).to(dt).to(tl.float32)).to(dt)
+    obase = out_ptr + t * stride_ot + h[:, None] * stride_oh + d[None, :]
+    tl.store(obase, o1, mask=m)
+    tl.store(obase + HALF, o2, mask=m)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """layers.rotary.apply_rotary in one launch. x: [T, heads, D] (unit last stride), cos/sin: [T, D] fp32
+    with cos[:, :D/2] == cos[:, D/2:] (as RotaryEmbedding builds them). Returns a new [T, heads, D]."""
+    T, H, D = x.shape
+    out = torch.empty((T, H, D), dtype=x.dtype, device=x.device)
+    if T == 0:
+        return out
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    half = D // 2
+    _rope_kernel[(T,)](x, cos, sin, out, H, x.stride(0), x.stride(1), cos.stride(0), out.stride(0), out.stride(1),
+                       HALF=half, BLOCK_H=triton.next_power_of_2(H), BLOCK_D=triton.next_power_of_2(half),
+                       num_warps=4)
+    return out
