@@ -254,7 +254,8 @@ def render_markdown(report: dict) -> str:
     lines = [f"Device: {report['device']} ({report['sms']} SMs, L2 {report['l2_bytes'] >> 20} MiB), measured copy "
              f"bandwidth {report['copy_bandwidth_Bps'] / 1e12:.2f} TB/s; torch {report['torch']}, triton "
              f"{report['triton']}; bf16, pool max_loras={report['max_loras']} max_rank={report['pool_rank']}.", "",
-             "| tokens | distinct adapters | rank | ours us | floor us | ours/floor | torch loop us | torch/ours | ours eager us |",
+             "| tokens | distinct adapters | rank | ours us | floor us | ours/floor | torch loop us | torch/ours "
+             "| ours eager us |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["grid"]:
         lines.append(f"| {r['tokens']} | {r['distinct']} | {r['rank']} | {r['ours_us']:.1f} | {r['floor_us']:.1f} | "

@@ -52,7 +52,8 @@ def _check_weights(w: LoraWeights, device: torch.device) -> None:
     if w.rank.dtype != torch.int32 or tuple(w.rank.shape) != shape or not w.rank.is_contiguous():
         raise ValueError(f"LoraWeights.rank must be contiguous int32 {shape}, got {w.rank.dtype} {tuple(w.rank.shape)}")
     if w.scale.dtype != torch.float32 or tuple(w.scale.shape) != shape or not w.scale.is_contiguous():
-        raise ValueError(f"LoraWeights.scale must be contiguous fp32 {shape}, got {w.scale.dtype} {tuple(w.scale.shape)}")
+        raise ValueError(f"LoraWeights.scale must be contiguous fp32 {shape}, "
+                         f"got {w.scale.dtype} {tuple(w.scale.shape)}")
     if w.rank.device != device or w.scale.device != device:
         raise ValueError(f"LoraWeights.rank/scale on {w.rank.device}, activations on {device}")
     if len(w.slice_offsets) != w.n_slices + 1 or w.slice_offsets[-1] != w.out_features:

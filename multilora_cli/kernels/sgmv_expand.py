@@ -158,8 +158,8 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
         s = s.unsqueeze(0)
     if (s.dtype != torch.float32 or s.dim() != 4 or tuple(s.shape[1:]) != (t, w.n_slices, w.max_rank)
             or s.stride(3) != 1 or s.device != y.device):
-        raise ValueError(f"lora_expand: s must be fp32 [split, {t}, {w.n_slices}, {w.max_rank}] on {y.device} with unit "
-                         f"last stride, got {s.dtype} {tuple(s.shape)} on {s.device}")
+        raise ValueError(f"lora_expand: s must be fp32 [split, {t}, {w.n_slices}, {w.max_rank}] on {y.device} "
+                         f"with unit last stride, got {s.dtype} {tuple(s.shape)} on {s.device}")
     if w.n_slices > MAX_SLICES:
         raise ValueError(f"lora_expand supports up to {MAX_SLICES} packed slices, got {w.n_slices}")
     n_tiles = tile_grid(meta, b.bm, t, w.max_loras)

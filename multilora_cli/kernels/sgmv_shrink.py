@@ -147,7 +147,8 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
         w.in_features, k_per_split, tiles.stride(0), w.n_slices,
         x.stride(0), w.a.stride(0), w.a.stride(1), w.a.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        NSP=nsp, NSPM=max(nsp, 16), BM=b.bm, BK=b.bk, BK32=max(b.bk // 2, 32), BK64=max(b.bk // 4, 32), MAX_RB=min(rank_bucket(w.max_rank), 64),
+        NSP=nsp, NSPM=max(nsp, 16), BM=b.bm, BK=b.bk, BK32=max(b.bk // 2, 32), BK64=max(b.bk // 4, 32),
+        MAX_RB=min(rank_bucket(w.max_rank), 64),
         EVEN_K=w.in_features % k_per_split == 0, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=b.num_warps, num_stages=b.num_stages,
     )

@@ -45,7 +45,8 @@ def _check(out, y0, w, x, ts, tol):
 
 
 @pytest.mark.parametrize("module", list(LLAMA3_8B))
-@pytest.mark.parametrize("pattern,t", [("one-token", 1), ("distinct", 7), ("zipf", 133), ("skewed", 300), ("uniform", 2048)])
+@pytest.mark.parametrize("pattern,t", [("one-token", 1), ("distinct", 7), ("zipf", 133), ("skewed", 300),
+                                       ("uniform", 2048)])
 def test_bf16_llama3_8b_shapes(module, pattern, t):
     if t > 1024 and module != "qkv":
         pytest.skip("one prefill-sized case (qkv) keeps the run short")
