@@ -238,7 +238,7 @@ class RunJob:
             first = next(specs, None)
             self.progress = make_progress(cfg.quiet)
             if first is None:
-                if reader.empty:
+                if reader.empty and not plan.kept:  # (the reader drains its head while --resume verifies)
                     note(f"no requests in {in_name} (empty input): nothing to do")
                 else:
                     note(f"nothing left to run: all {plan.kept} records are already in {cfg.output}", cfg.quiet)
