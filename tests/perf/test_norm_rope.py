@@ -6,12 +6,17 @@ CUDA (device tool): bf16 and fp32 on the GPU against the torch path computed on 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from multilora_cli.kernels.norm_rope import rms_norm, rotary
-from multilora_cli.layers.norm import RMSNorm
-from multilora_cli.layers.rotary import RotaryEmbedding, apply_rotary
+if not torch.cuda.is_available():  # before the kernel module is imported: Triton runs in the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from multilora_cli.kernels.norm_rope import rms_norm, rotary  # noqa: E402
+from multilora_cli.layers.norm import RMSNorm  # noqa: E402
+from multilora_cli.layers.rotary import RotaryEmbedding, apply_rotary  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16] if DEV == "cuda" else [torch.float32, torch.float16]
