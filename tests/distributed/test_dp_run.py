@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from multilora_cli.distributed.protocol import TEST_EXIT_ENV
-from tests.run.conftest import read_jsonl, run_cli, subprocess_env, write_jsonl
+from tests.run.conftest import build_model_dir, run_cli, subprocess_env, write_jsonl
 
 CYCLE = ["legal", "legal", "medical", None, "code", "legal", "base"]  # skewed: legal is hot
 
@@ -42,8 +42,10 @@ def sub(argv: list[str], env: dict | None = None, **kw) -> subprocess.CompletedP
 
 
 @pytest.fixture(scope="module")
-def case(dp_model, tmp_path_factory):
-    """The input and one worker's output for it (in-process, the ordinary path)."""
+def case(tmp_path_factory):
+    """The tiny model + legal/medical/code adapters of the run tests, the input, and one worker's output for it
+    (in-process, the ordinary path). No conftest here: a second `conftest` module would shadow others."""
+    dp_model = build_model_dir(tmp_path_factory.mktemp("dpmodel"))
     d = tmp_path_factory.mktemp("dp")
     inp = write_jsonl(d / "in.jsonl", rows())
     rc, out, err = run_cli(["run", str(inp), *args(dp_model, "-q")])
