@@ -76,7 +76,7 @@ class DistributedEngine:
         if threads:
             torch.set_num_threads(threads)
         if ctx.cuda:
-            torch.cuda.set_device(ctx.local_rank)
+            torch.cuda.set_device(ctx.device_index)
         self.local = Engine(engine_cfg, job._good)
         self.default_sampling = self.local.default_sampling
         self.info[0] = {**P.where(str(self.local.device)), "rank": 0,
@@ -152,6 +152,10 @@ class DistributedEngine:
 
     def _run_local(self) -> None:
         try:
+            if self.ctx.cuda:  # the current device is per thread: Triton launches on this thread's
+                import torch
+
+                torch.cuda.set_device(self.ctx.device_index)
             gen = self.local.generate(self._local_requests())
             for res in gen:
                 self.events.put(("local", 0, res))

@@ -35,6 +35,40 @@ def torchrun_env() -> tuple[int, int, int] | None:
     return int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def pin_device(index: str | int | None) -> bool:
+    """Make GPU `index` (an entry of the visible list) this process's only visible device, cuda:0, so no thread
+    of this process can create a context on another worker's GPU. Only before CUDA is initialised (at process
+    start, which is when this is called); returns whether it applied."""
+    if index is None:
+        return False
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    return True
+
+
+def pin_local_rank(local_rank: int) -> bool:
+    """torchrun: pin this rank to the local_rank-th visible GPU when there is one. The GPU count comes from
+    NVML, which does not start CUDA (after CUDA starts, the visible list can no longer change)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None and env.strip():
+        entries = [d.strip() for d in env.split(",") if d.strip()]
+        return local_rank < len(entries) and pin_device(entries[local_rank])
+    try:
+        import torch
+
+        count = torch.cuda._device_count_nvml()  # -1 when NVML cannot tell
+    except Exception:  # noqa: BLE001 - no NVML: leave the devices as they are
+        return False
+    return 0 <= local_rank < count and pin_device(local_rank)
+
+
+def visible_devices(count: int) -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None and env.strip():
+        return [d.strip() for d in env.split(",") if d.strip()][:count]
+    return [str(i) for i in range(count)]
+
+
 def timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, 7200)))
 
@@ -68,7 +102,8 @@ class DistContext:
     world: int
     local_rank: int
     launcher: str  # "spawn" | "torchrun"
-    cuda: bool  # workers run on GPUs (cuda:local_rank)
+    cuda: bool  # workers run on GPUs
+    device_index: int = 0  # this rank's GPU (0 when pin_device made it the only visible one)
     down: dict[int, Channel] = field(default_factory=dict)
     up: dict[int, Channel] = field(default_factory=dict)
     procs: Any = None
@@ -81,13 +116,13 @@ class DistContext:
 
 
 def init_groups(rank: int, world: int, local_rank: int, launcher: str, cuda: bool,
-                init_method: str = "env://") -> DistContext:
+                init_method: str = "env://", device_index: int = 0) -> DistContext:
     """Join the default group and build the per-worker channels (collective: every rank calls this)."""
     import torch.distributed as dist
 
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout())
-    ctx = DistContext(rank, world, local_rank, launcher, cuda)
+    ctx = DistContext(rank, world, local_rank, launcher, cuda, device_index)
     for r in range(1, world):  # same order on every rank: new_group is collective
         down = dist.new_group([0, r], backend="gloo", timeout=timeout())
         up = dist.new_group([0, r], backend="gloo", timeout=timeout())

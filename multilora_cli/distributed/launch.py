@@ -13,8 +13,8 @@ import sys
 import threading
 from pathlib import Path
 
-from multilora_cli.distributed.group import (DistContext, destroy, init_groups, new_store_dir, store_url,
-                                             torchrun_env)
+from multilora_cli.distributed.group import (DistContext, destroy, init_groups, new_store_dir, pin_device,
+                                             pin_local_rank, store_url, torchrun_env, visible_devices)
 from multilora_cli.distributed.shard import SHARDINGS
 from multilora_cli.errors import EngineError, MultiloraError, UsageError
 
@@ -41,8 +41,9 @@ def run_distributed(cfg) -> int:
         if cfg.data_parallel not in (1, world):
             raise UsageError(f"--data-parallel {cfg.data_parallel} disagrees with torchrun's WORLD_SIZE={world}",
                              hint="under torchrun leave --data-parallel out: torchrun decides the worker count")
+        pinned = cfg.engine.get("device", "auto") != "cpu" and pin_local_rank(local_rank)
         cuda = _use_cuda(cfg.engine.get("device", "auto"))
-        ctx = init_groups(rank, world, local_rank, "torchrun", cuda)
+        ctx = init_groups(rank, world, local_rank, "torchrun", cuda, device_index=0 if pinned else local_rank)
         return _run(ctx, cfg, threads=None)
     n = cfg.data_parallel
     cuda = _use_cuda(cfg.engine.get("device", "auto"))
@@ -52,12 +53,13 @@ def run_distributed(cfg) -> int:
         raise UsageError(f"--data-parallel {n} needs {n} GPUs but {torch.cuda.device_count()} are visible",
                          hint="lower --data-parallel, or check CUDA_VISIBLE_DEVICES")
     threads = None if cuda else max(1, torch.get_num_threads() // n)
-    ctx = _spawn(n, cuda, threads)
+    gpus = visible_devices(n) if cuda else None  # rank r gets gpus[r]; rank 0 (this process) uses cuda:0
+    ctx = _spawn(n, cuda, threads, gpus)
     return _run(ctx, cfg, threads)
 
 
 # -- spawn (--data-parallel N) ---------------------------------------------------------------------------------
-def _spawn(n: int, cuda: bool, threads: int | None) -> DistContext:
+def _spawn(n: int, cuda: bool, threads: int | None, gpus: list[str] | None) -> DistContext:
     """Start ranks 1..n-1 and join the group as rank 0. A worker that dies while starting fails the run now
     instead of leaving rank 0 waiting for it at the rendezvous."""
     import torch.multiprocessing as mp
@@ -66,7 +68,7 @@ def _spawn(n: int, cuda: bool, threads: int | None) -> DistContext:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = new_store_dir()
     url = store_url(store)
-    procs = mp.start_processes(_spawned_worker, args=(n, url, cuda, threads), nprocs=n - 1, join=False,
+    procs = mp.start_processes(_spawned_worker, args=(n, url, cuda, threads, gpus), nprocs=n - 1, join=False,
                                start_method="spawn")
     box: dict = {}
 
@@ -93,12 +95,15 @@ def _spawn(n: int, cuda: bool, threads: int | None) -> DistContext:
     return ctx
 
 
-def _spawned_worker(i: int, world: int, url: str, cuda: bool, threads: int | None) -> None:
-    """Body of a spawned rank (i + 1). Ctrl-C is rank 0's to handle: it stops the workers."""
-    from multilora_cli.distributed.worker import serve
-
+def _spawned_worker(i: int, world: int, url: str, cuda: bool, threads: int | None, gpus: list[str] | None) -> None:
+    """Body of a spawned rank (i + 1): it sees only its own GPU. Ctrl-C is rank 0's to handle: it stops the
+    workers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     rank = i + 1
+    if gpus:
+        pin_device(gpus[rank])
+    from multilora_cli.distributed.worker import serve
+
     if threads:
         import torch
 

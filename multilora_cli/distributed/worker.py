@@ -23,7 +23,7 @@ MAX_BATCH = 256  # results per message
 
 
 def build_engine(ctx: DistContext, engine_cfg, adapters: dict[str, str], opts: dict):
-    """The worker's Engine on cuda:local_rank (or CPU with its share of the threads)."""
+    """The worker's Engine on its GPU (or on CPU with its share of the threads)."""
     import torch
 
     from multilora_cli.engine.engine import Engine
@@ -31,7 +31,7 @@ def build_engine(ctx: DistContext, engine_cfg, adapters: dict[str, str], opts: d
     if opts.get("threads"):
         torch.set_num_threads(int(opts["threads"]))
     if ctx.cuda:
-        torch.cuda.set_device(ctx.local_rank)
+        torch.cuda.set_device(ctx.device_index)
     host = P.where()["host"]
     for what, path in [("model directory", engine_cfg.model), *((f"adapter {n!r}", p) for n, p in adapters.items())]:
         if not Path(path).exists():
