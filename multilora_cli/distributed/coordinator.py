@@ -13,6 +13,7 @@ worker or many. Here:
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -53,7 +54,7 @@ class DistributedEngine:
         self.ctx = ctx
         self.sharding = sharding
         self.events: queue.Queue = queue.Queue()
-        self.live_loads: dict[int, int] = {}
+        self.live_loads: dict[int, int] = {r: 0 for r in ctx.workers}  # fixed keys: read from other threads
         self.info: dict[int, dict] = {}
         self.worker_stats: dict[int, dict] = {}
         self.returned: dict[int, int] = {r: 0 for r in range(ctx.world)}
@@ -150,13 +151,20 @@ class DistributedEngine:
         while (req := self._local_inbox.get()) is not None:
             yield req
 
+    def _first_then_rest(self):
+        """Wait for the first request before starting the engine, so its generation clock starts with work."""
+        first = self._local_inbox.get()
+        if first is None:
+            return iter(())
+        return itertools.chain([first], self._local_requests())
+
     def _run_local(self) -> None:
         try:
             if self.ctx.cuda:  # the current device is per thread: Triton launches on this thread's
                 import torch
 
                 torch.cuda.set_device(self.ctx.device_index)
-            gen = self.local.generate(self._local_requests())
+            gen = self.local.generate(self._first_then_rest())
             for res in gen:
                 self.events.put(("local", 0, res))
                 if self._abort.is_set():

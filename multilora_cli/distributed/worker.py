@@ -8,6 +8,7 @@ as soon as its first requests arrive. If rank 0 goes away, the channels fail and
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import sys
@@ -73,8 +74,12 @@ class _Receiver(threading.Thread):
                 return
 
     def requests(self):
-        while (req := self.inbox.get()) is not None:
-            yield req
+        """The requests in arrival order. Waits for the first one before returning, so the engine's
+        generation clock starts with work, not with waiting for the other workers to load."""
+        first = self.inbox.get()
+        if first is None:
+            return iter(())
+        return itertools.chain([first], iter(self.inbox.get, None))
 
 
 class _Sender(threading.Thread):
