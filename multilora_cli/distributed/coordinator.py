@@ -59,7 +59,6 @@ class DistributedEngine:
         self.worker_stats: dict[int, dict] = {}
         self.returned: dict[int, int] = {r: 0 for r in range(ctx.world)}
         self._abort = threading.Event()
-        self._threads: list[threading.Thread] = []
         self.wall_seconds = 0.0
         adapters = {n: str(p) for n, p in job._good.items()}
         opts = {"threads": threads}
@@ -89,7 +88,6 @@ class DistributedEngine:
     def _spawn(self, fn, *args) -> threading.Thread:
         t = threading.Thread(target=fn, args=args, daemon=True, name=f"multilora-{fn.__name__}")
         t.start()
-        self._threads.append(t)
         return t
 
     def _collect(self, r: int) -> None:
