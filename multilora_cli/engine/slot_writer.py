@@ -5,42 +5,47 @@ A Llama-3-8B adapter on all seven projections is 224 (A, B) pairs. Copying them 
 - the A/B sources: if they are views of ONE pinned host buffer (synthetic adapters, packed loads), that buffer
   goes over in one host->device copy into a staging buffer, then one foreach copy scatters it into the slots;
   otherwise one foreach copy takes them tensor by tensor (still one Python call);
-- ranks and scalings of all layers: one small host->device copy, then one foreach copy each.
+- ranks and scalings of all layers: one small host->device copy each, then one foreach copy each.
 The slot tensors are addressed through `LoraWeights`' logical views (a[slot, i, :r], b[slot, lo:hi, :r]), so any
 storage layout of `LoraWeights` works. Everything stays on the current stream: a step after the install sees it.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from multilora_cli.layers.lora import LoRALinear
 
 
 class SlotWriter:
-    """Writes adapters into the slots of `modules` ({(layer, fused name): LoRALinear}) on `device`."""
+    """Writes adapters into the slots of `modules` ({(layer, fused name): LoRALinear}) on `device`.
+
+    Python-side tensor views are the expensive part of a load (~900 of them), so they are cached: destination
+    views per (slot, ranks of every slice), source views into the staging buffer per source layout. No host
+    sync: small host buffers come fresh from PyTorch's pinned allocator, which keeps them until the copy ran.
+    """
 
     def __init__(self, modules: dict[tuple[int, str], LoRALinear], device: torch.device):
         self.modules = list(modules.items())
         self.device = device
         self.cuda = device.type == "cuda"
+        self.width = max((m.lora.n_slices for _, m in self.modules), default=1)
         n = len(self.modules)
-        width = max((m.lora.n_slices for _, m in self.modules), default=1)
-        self._ranks = torch.zeros(n, width, dtype=torch.int32, pin_memory=self.cuda)
-        self._scales = torch.zeros(n, width, dtype=torch.float32, pin_memory=self.cuda)
-        self._ranks_dev = torch.zeros(n, width, dtype=torch.int32, device=device)
-        self._scales_dev = torch.zeros(n, width, dtype=torch.float32, device=device)
+        self._ranks_dev = torch.zeros(n, self.width, dtype=torch.int32, device=device)
+        self._scales_dev = torch.zeros(n, self.width, dtype=torch.float32, device=device)
+        self._rank_src = [self._ranks_dev[j, :m.lora.n_slices] for j, (_, m) in enumerate(self.modules)]
+        self._scale_src = [self._scales_dev[j, :m.lora.n_slices] for j, (_, m) in enumerate(self.modules)]
         self._staging: torch.Tensor | None = None
-        self._copied = torch.cuda.Event() if self.cuda else None
+        self._dst: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]] = {}
+        self._src: dict[tuple, list[torch.Tensor]] = {}
 
     def install(self, slot: int, adapter) -> None:
         """Copy `adapter` (adapters.peft.LoraAdapter: slices_for(layer, fused)) into `slot` of every module."""
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous install's host buffers have been read
-        dst, src = [], []
-        ranks, scales = self._ranks.numpy(), self._scales.numpy()
-        ranks[:] = 0
-        scales[:] = 0
+        n = len(self.modules)
+        ranks = np.zeros((n, self.width), dtype=np.int32)
+        scales = np.zeros((n, self.width), dtype=np.float32)
+        src = []
         for j, ((layer, fused), module) in enumerate(self.modules):
             w = module.lora
             slices = adapter.slices_for(layer, fused)
@@ -55,28 +60,54 @@ class SlotWriter:
                 if r > w.max_rank or a.shape[1] != w.in_features or tuple(b.shape) != (hi - lo, r):
                     raise ValueError(f"layer {layer} {fused} slice {i}: A {tuple(a.shape)} / B {tuple(b.shape)} "
                                      "do not fit this layer")
-                dst += [w.a[slot, i, :r], w.b[slot, lo:hi, :r]]
                 src += [a, b]
                 ranks[j, i] = r
                 scales[j, i] = float(scaling)
+        dst, rank_dst, scale_dst = self._destinations(slot, ranks)
         if dst:
-            torch._foreach_copy_(dst, self._on_device(src), non_blocking=True)
-        self._ranks_dev.copy_(self._ranks, non_blocking=True)
-        self._scales_dev.copy_(self._scales, non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
-        n = [m.lora.n_slices for _, m in self.modules]
-        torch._foreach_copy_([m.lora.rank[slot] for _, m in self.modules],
-                             [self._ranks_dev[j, :k] for j, k in enumerate(n)])
-        torch._foreach_copy_([m.lora.scale[slot] for _, m in self.modules],
-                             [self._scales_dev[j, :k] for j, k in enumerate(n)])
+            on_dev = self._on_device(src)
+            if on_dev is src and self.cuda:  # host tensors not packed in one buffer: one copy each
+                for d, t in zip(dst, src):
+                    d.copy_(t, non_blocking=True)
+            else:
+                torch._foreach_copy_(dst, on_dev, non_blocking=True)
+        self._ranks_dev.copy_(self._host(ranks), non_blocking=True)
+        self._scales_dev.copy_(self._host(scales), non_blocking=True)
+        torch._foreach_copy_(rank_dst, self._rank_src)
+        torch._foreach_copy_(scale_dst, self._scale_src)
 
     def clear(self, slot: int) -> None:
         """Forget the adapter in `slot` (rank 0 and scaling 0 in every module; weights left as they are)."""
         if not self.modules:
             return
-        torch._foreach_zero_([m.lora.rank[slot] for _, m in self.modules])
-        torch._foreach_zero_([m.lora.scale[slot] for _, m in self.modules])
+        _, rank_dst, scale_dst = self._destinations(slot, None)
+        torch._foreach_zero_(rank_dst)
+        torch._foreach_zero_(scale_dst)
+
+    def _host(self, arr: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(arr)
+        return t.pin_memory() if self.cuda else t
+
+    def _destinations(self, slot: int, ranks: np.ndarray | None):
+        """(A/B slot views in source order, rank rows, scale rows) of `slot`, cached per (slot, ranks)."""
+        key = (slot, None if ranks is None else ranks.tobytes())
+        hit = self._dst.get(key)
+        if hit is not None:
+            return hit
+        dst = []
+        if ranks is not None:
+            for j, (_, module) in enumerate(self.modules):
+                w = module.lora
+                for i in range(w.n_slices):
+                    r = int(ranks[j, i])
+                    if r:
+                        lo, hi = w.slice_offsets[i], w.slice_offsets[i + 1]
+                        dst += [w.a[slot, i, :r], w.b[slot, lo:hi, :r]]
+        rows = self._dst.get((slot, None))
+        hit = (dst, *(rows[1:] if rows else ([m.lora.rank[slot] for _, m in self.modules],
+                                               [m.lora.scale[slot] for _, m in self.modules])))
+        self._dst[key] = hit
+        return hit
 
     def _on_device(self, src: list[torch.Tensor]) -> list[torch.Tensor]:
         """Device copies of `src`: ONE copy of their shared pinned storage when they have one, else `src`."""
@@ -90,5 +121,10 @@ class SlotWriter:
         flat = torch.empty(0, dtype=dtype).set_(storage)  # the whole host buffer, 1-D
         if self._staging is None or self._staging.numel() < flat.numel() or self._staging.dtype != dtype:
             self._staging = torch.empty(flat.numel(), dtype=dtype, device=self.device)
+            self._src.clear()
         self._staging[:flat.numel()].copy_(flat, non_blocking=True)
-        return [self._staging.as_strided(t.shape, t.stride(), t.storage_offset()) for t in src]
+        key = (dtype, flat.numel(), tuple((t.storage_offset(), t.shape, t.stride()) for t in src))
+        views = self._src.get(key)
+        if views is None:
+            views = self._src[key] = [self._staging.as_strided(t.shape, t.stride(), t.storage_offset()) for t in src]
+        return views

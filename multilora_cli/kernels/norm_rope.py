@@ -1,16 +1,25 @@
-"""One-launch RMSNorm and rotary embedding for CUDA tensors (the torch versions take 6-7 kernels each).
+"""One-launch RMSNorm, rotary embedding and SiLU-and-mul for CUDA tensors (the torch versions take 2-7 kernels
+each, and SiLU / mul run strided over the fused gate|up output).
 
 At decode batch sizes these elementwise ops move a few MB each, so their cost is launches, not bytes: per
-layer the torch versions issue ~26 small kernels for two norms and two rotaries, these issue 4. Both round
-exactly where the torch/HF code rounds (to the activation dtype after each op), so results match the torch
-path up to the order of the fp32 sum in the norm.
+layer the torch versions issue ~28 small kernels for two norms, two rotaries and the MLP activation, these
+issue 5. They round where the torch/HF code rounds (to the activation dtype after each op); the GPU compiler
+may fuse a multiply-add, so a rare element differs from the torch path by one unit in the last place.
+`MULTILORA_FUSED_ELEMENTWISE=0` turns them off (the layers then run their torch code on CUDA too).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+
+
+def enabled(x: torch.Tensor) -> bool:
+    """Whether the layers use these kernels for `x` (CUDA tensors, unless MULTILORA_FUSED_ELEMENTWISE=0)."""
+    return x.is_cuda and os.environ.get("MULTILORA_FUSED_ELEMENTWISE", "1") != "0"
 
 
 @triton.jit
@@ -82,4 +91,31 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     _rope_kernel[(T,)](x, cos, sin, out, H, x.stride(0), x.stride(1), cos.stride(0), out.stride(0), out.stride(1),
                        HALF=half, BLOCK_H=triton.next_power_of_2(H), BLOCK_D=triton.next_power_of_2(half),
                        num_warps=4)
+    return out
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, I, stride_x, stride_o, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < I
+    g = tl.load(x_ptr + t * stride_x + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + t * stride_x + I + offs, mask=m, other=0.0).to(tl.float32)
+    dt = out_ptr.dtype.element_ty
+    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)  # F.silu rounds to the activation dtype
+    tl.store(out_ptr + t * stride_o + offs, (act * u).to(dt), mask=m)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """F.silu(gate) * up for gate_up = [gate | up]: [T, 2I] (unit last stride) -> [T, I]."""
+    T, two_i = gate_up.shape
+    i = two_i // 2
+    out = torch.empty((T, i), dtype=gate_up.dtype, device=gate_up.device)
+    if T == 0:
+        return out
+    if gate_up.stride(-1) != 1:
+        gate_up = gate_up.contiguous()
+    block = 1024
+    _silu_mul_kernel[(T, triton.cdiv(i, block))](gate_up, out, i, gate_up.stride(0), out.stride(0), BLOCK=block,
+                                                  num_warps=4)
     return out

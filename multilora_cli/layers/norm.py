@@ -17,9 +17,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., dim]
         if x.is_cuda and x.dim() in (2, 3):  # one launch instead of ~7 (kernels/norm_rope.py)
-            from multilora_cli.kernels.norm_rope import rms_norm
+            from multilora_cli.kernels import norm_rope
 
-            return rms_norm(x, self.weight, self.eps)
+            if norm_rope.enabled(x):
+                return norm_rope.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)

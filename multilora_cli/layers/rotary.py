@@ -53,9 +53,10 @@ class RotaryEmbedding(nn.Module):
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, D] rotated by position; cos/sin: [T, D] float32 (cast to x's dtype like HF)."""
     if x.is_cuda:  # one launch instead of ~7 (kernels/norm_rope.py)
-        from multilora_cli.kernels.norm_rope import rotary
+        from multilora_cli.kernels import norm_rope
 
-        return rotary(x, cos, sin)
+        if norm_rope.enabled(x):
+            return norm_rope.rotary(x, cos, sin)
     cos = cos.to(x.dtype)[:, None, :]
     sin = sin.to(x.dtype)[:, None, :]
     half = x.shape[-1] // 2

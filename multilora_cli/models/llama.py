@@ -68,7 +68,13 @@ class LlamaMLP(nn.Module):
         self.down_proj = linear("down_proj", i, [cfg.hidden_size], cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        if gate_up.is_cuda:  # one launch over the fused output (kernels/norm_rope.py)
+            from multilora_cli.kernels import norm_rope
+
+            if norm_rope.enabled(gate_up):
+                return self.down_proj(norm_rope.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
         return self.down_proj(F.silu(gate) * up)
 
 

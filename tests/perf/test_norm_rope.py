@@ -1,7 +1,8 @@
-"""One-launch RMSNorm / rotary kernels equal the torch layers they replace on CUDA.
+"""One-launch RMSNorm / rotary / SiLU-and-mul kernels equal the torch code they replace on CUDA.
 
-CPU: the Triton kernels under the interpreter (fp32, fp16) against the torch path on the same inputs.
-CUDA (device tool): bf16 and fp32 on the GPU against the torch path computed on CPU.
+CPU: the Triton kernels under the interpreter (fp32, fp16) against the torch path on the same inputs: exact.
+CUDA (device tool): bf16 and fp32 on the GPU against the torch path computed on CPU: the GPU compiler may fuse
+a multiply-add, so a few elements may differ by one unit in the last place (seen on an H200 for rotary).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 if not torch.cuda.is_available():  # before the kernel module is imported: Triton runs in the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from multilora_cli.kernels.norm_rope import rms_norm, rotary  # noqa: E402
+from multilora_cli.kernels.norm_rope import rms_norm, rotary, silu_mul  # noqa: E402
 from multilora_cli.layers.norm import RMSNorm  # noqa: E402
 from multilora_cli.layers.rotary import RotaryEmbedding, apply_rotary  # noqa: E402
 
@@ -56,4 +57,27 @@ def test_rotary_matches_torch(dtype):
     want = apply_rotary(x.to(dtype), cos, sin)
     got = rotary(x.to(dtype).to(DEV), cos.to(DEV), sin.to(DEV)).cpu()
     assert got.dtype == dtype
-    assert torch.equal(got, want)
+    _same_up_to_an_ulp(got, want)
+
+
+def _same_up_to_an_ulp(got: torch.Tensor, want: torch.Tensor, exact_on_cpu: bool = True) -> None:
+    if DEV == "cpu" and exact_on_cpu:
+        assert torch.equal(got, want)
+        return
+    eps = torch.finfo(want.dtype).eps
+    ulp = eps * want.abs().float() + eps * want.abs().max().float() * 1e-2  # relative, floor for cancellation
+    assert ((got.float() - want.float()).abs() <= 2 * ulp).all()
+    if want.dtype != torch.float32:
+        assert (got == want).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_matches_torch(dtype):
+    g = torch.Generator().manual_seed(3)
+    T, I = 5, 1500  # I not a multiple of the block
+    gate_up = (torch.randn(T, 2 * I, generator=g) * 3).to(dtype)
+    gate, up = gate_up.split(I, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    got = silu_mul(gate_up.to(DEV)).cpu()
+    assert got.shape == (T, I) and got.dtype == dtype
+    _same_up_to_an_ulp(got, want, exact_on_cpu=False)  # torch's CPU silu rounds its exp differently
