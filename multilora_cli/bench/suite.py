@@ -81,7 +81,9 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
             source.prepare(engine.runner.dtype, engine.device)
         if warmup:
             n = min(work.num_requests, 2 * work.max_num_seqs)
-            ww = replace(work, num_requests=n, output_len=min(work.output_len, 4), seed=work.seed + 7)
+            # long enough that sequences finish in waves and mixed prefill/decode steps of many sizes occur:
+            # Triton specialises kernels on step sizes, and a compile inside the timed run costs seconds
+            ww = replace(work, num_requests=n, output_len=min(work.output_len, 32), seed=work.seed + 7)
             reqs = ww.requests(cfg.vocab_size)
             if source is not None:  # other adapters: the timed run starts with its own adapters cold
                 for i, r in enumerate(reqs):

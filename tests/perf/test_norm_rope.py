@@ -57,18 +57,20 @@ def test_rotary_matches_torch(dtype):
     want = apply_rotary(x.to(dtype), cos, sin)
     got = rotary(x.to(dtype).to(DEV), cos.to(DEV), sin.to(DEV)).cpu()
     assert got.dtype == dtype
-    _same_up_to_an_ulp(got, want)
+    _same_up_to_an_ulp(got, want, x.abs().amax(-1, keepdim=True).to(dtype).expand_as(want))
 
 
-def _same_up_to_an_ulp(got: torch.Tensor, want: torch.Tensor, exact_on_cpu: bool = True) -> None:
+def _same_up_to_an_ulp(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor,
+                       exact_on_cpu: bool = True) -> None:
+    """Exact under the interpreter; on a GPU within 2 ulp of `scale` (the magnitude of the products summed, since
+    a fused multiply-add skips one rounding: seen on an H200 for rotary) and mostly identical."""
     if DEV == "cpu" and exact_on_cpu:
         assert torch.equal(got, want)
         return
     eps = torch.finfo(want.dtype).eps
-    ulp = eps * want.abs().float() + eps * want.abs().max().float() * 1e-2  # relative, floor for cancellation
-    assert ((got.float() - want.float()).abs() <= 2 * ulp).all()
-    if want.dtype != torch.float32:
-        assert (got == want).float().mean() > 0.95
+    assert ((got.float() - want.float()).abs() <= 2 * eps * scale.float()).all()
+    if want.dtype != torch.float32:  # 16-bit: the fp32 differences rarely survive the final rounding
+        assert (got == want).float().mean() > 0.9
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -80,4 +82,5 @@ def test_silu_mul_matches_torch(dtype):
     want = torch.nn.functional.silu(gate) * up
     got = silu_mul(gate_up.to(DEV)).cpu()
     assert got.shape == (T, I) and got.dtype == dtype
-    _same_up_to_an_ulp(got, want, exact_on_cpu=False)  # torch's CPU silu rounds its exp differently
+    # torch's CPU silu rounds its exp differently: not exact even under the interpreter
+    _same_up_to_an_ulp(got, want, want.abs() + want.abs().max() * 1e-2, exact_on_cpu=False)

@@ -1,0 +1,104 @@
+"""The benchmark library end to end on CPU with the tiny preset: rows run, the report is well formed.
+
+Numbers on a shared CPU mean nothing; what is checked is the workload, the bookkeeping and the report.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from multilora_cli.bench.model_dir import write_model_dir
+from multilora_cli.bench.plan import parse_rows
+from multilora_cli.bench.report import format_table, target_ratios, verdicts, write_json
+from multilora_cli.bench.roofline import Roofline
+from multilora_cli.bench.suite import run_suite
+from multilora_cli.bench.workload import Workload
+from multilora_cli.errors import ConfigError, UsageError
+from multilora_cli.models.config import ModelConfig
+
+BASE = Workload(preset="tiny", num_requests=10, prompt_len=6, output_len=4, max_num_seqs=4,
+                max_num_batched_tokens=32)
+
+
+def test_workload_requests_and_spread():
+    w = Workload(preset="tiny", num_adapters=16, num_requests=2000, distribution="zipf")
+    a = w.assignment()
+    assert a == w.assignment()  # deterministic
+    counts = [a.count(f"lora{i}") for i in range(16)]
+    assert counts[0] > 3 * counts[15] and sum(counts) == 2000  # zipf: the head adapter dominates
+    u = Workload(preset="tiny", num_adapters=16, num_requests=2000).assignment()
+    assert max(u.count(f"lora{i}") for i in range(16)) < 2 * 2000 / 16
+    reqs = w.requests(512)
+    assert len(reqs) == 2000 and all(len(r.prompt_token_ids) == 128 for r in reqs)
+    assert all(r.sampling.ignore_eos and r.sampling.max_tokens == 128 for r in reqs)
+    assert Workload(num_adapters=256).max_loras == 64 and Workload(num_adapters=8).max_loras == 8
+    with pytest.raises(ConfigError):
+        Workload(distribution="pareto")
+
+
+def test_row_specs():
+    plan = parse_rows("64, base,hf64,256/64,8z,eager4", BASE)
+    kinds = [(k, w.num_adapters, w.max_loras, w.distribution) for k, w in plan]
+    assert kinds == [("multilora", 64, 64, "uniform"), ("base", 0, 1, "uniform"), ("hf", 64, 64, "uniform"),
+                     ("multilora", 256, 64, "uniform"), ("multilora", 8, 8, "zipf"), ("eager", 4, 4, "uniform")]
+    with pytest.raises(UsageError, match="bad benchmark row"):
+        parse_rows("64,lots", BASE)
+
+
+def test_roofline_bytes(tmp_path):
+    cfg = ModelConfig.from_dict({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                                 "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                 "vocab_size": 128256})
+    r = Roofline.for_model(cfg, 2, adapter_bytes=83_886_080, bandwidth=4e12, flops=8e14)
+    assert 14.9e9 < r.weight_bytes < 15.1e9  # Llama-3-8B without the input embedding: ~15 GB in bf16
+    assert r.kv_bytes_per_token == 131072
+    assert r.step_bytes(1000, 2) == r.weight_bytes + 1000 * 131072 + 2 * 83_886_080
+    assert r.floor_seconds(256, 0, 0) > r.step_seconds(0, 0)  # 256 tokens: the matmuls are compute-bound
+    assert r.floor_seconds(16, 0, 0) == r.step_seconds(0, 0)
+
+
+def test_suite_on_cpu(tmp_path):
+    model_dir = write_model_dir("tiny", tmp_path / "tiny")
+    plan = parse_rows("4,base,hf4,6/2", BASE)
+    seen = []
+    report = run_suite(plan, model_dir, torch.device("cpu"), hf_batch_sizes=[4], hf_new_tokens=(2, 3),
+                       log=lambda m: None, on_row=lambda r: seen.append(len(r["rows"])))
+    assert seen == [1, 2, 3, 4] and report["failed"] == [] and report["not_run"] == []
+    rows = {(r["system"], r["workload"]["num_adapters"]): r for r in report["rows"]}
+    ours = rows[("multilora", 4)]
+    assert ours["output_tokens"] == 10 * 4 and ours["tokens_per_s"] > 0
+    assert ours["decode_step_ms"] > 0 and ours["roofline_ms"] > 0 and ours["decode_vs_roofline"] > 0
+    x = ours["extra"]
+    assert x["decode_steps"] + (x["steps"] - x["decode_steps"]) == x["steps"] and x["graph_steps"] == 0
+    drawn = {n: len(set(w.assignment())) for k, w in plan if k == "multilora" for n in [w.num_adapters]}
+    assert x["slot_loads"] == drawn[4]  # the warm-up used other adapters: every timed adapter loads once
+    assert rows[("multilora", 6)]["extra"]["slot_loads"] >= drawn[6] > 2  # through 2 slots
+    assert rows[("multilora-base", 0)]["extra"]["slot_loads"] == 0
+    hf = rows[("hf-peft", 4)]
+    assert hf["extra"]["extrapolated"] and hf["extra"]["batch_sizes"][0]["batch_size"] == 4
+    path = tmp_path / "e2e.json"
+    write_json(report, path)
+    back = json.loads(path.read_text())
+    assert back["rows"] == report["rows"]
+    table = format_table(report)
+    assert table.count("\n| multilora |") == 2 and "\n| multilora-base |" in table and "hf-peft (extrapolated)" in table
+
+
+def test_target_ratios_and_verdicts():
+    def row(system, n, tps, slots=None, dist="uniform", roof=None):
+        return {"system": system, "tokens_per_s": tps, "decode_vs_roofline": roof,
+                "workload": {"preset": "p", "num_adapters": n, "max_loras": slots or max(1, min(n, 64)),
+                             "distribution": dist}}
+
+    rows = [row("multilora", 64, 900.0, roof=1.2), row("multilora-base", 0, 1000.0), row("hf-peft", 64, 30.0),
+            row("multilora", 256, 600.0, slots=64)]
+    t = target_ratios(rows)
+    assert t["speedup_vs_hf_peft"] == 30.0 and t["adapters_vs_base"] == 0.9
+    assert t["decode_vs_roofline"] == 1.2 and t["256_adapters_64_slots_vs_64"] == 600 / 900
+    v = verdicts(t)
+    assert v == {"speedup_vs_hf_peft": "met", "adapters_vs_base": "met", "decode_vs_roofline": "met",
+                 "256_adapters_64_slots_vs_64": "missed"}
+    assert set(verdicts(target_ratios(rows[1:])).values()) == {"not run"}
