@@ -1,10 +1,72 @@
-"""`multilora bench` (placeholder until its issue lands)."""
+"""`multilora bench`: size your own GPU with the end-to-end benchmark (the workload of benchmarks/bench_e2e.py)."""
 
 from __future__ import annotations
 
-from multilora_cli.errors import MultiloraError
+import typer
 
 
-def command() -> int:
-    """Not implemented yet."""
-    raise MultiloraError("'multilora bench' is not implemented yet")
+def command(
+    preset: str = typer.Option("llama-3-8b", "--preset", "-p", help="Model shape: llama-3-8b, llama-3.1-8b, "
+                               "llama-3.2-1b, llama-2-7b, llama-3-70b, mistral-7b, qwen2.5-7b, tiny. Random "
+                               "weights: no download."),
+    adapters: str = typer.Option("64", "--adapters", "-a", help="Adapter counts to run, comma-separated (8,64)."),
+    max_loras: int | None = typer.Option(None, "--max-loras", help="GPU slots (default min(adapters, 64))."),
+    rank: int = typer.Option(16, "--rank", help="LoRA rank, on all 7 projections."),
+    distribution: str = typer.Option("uniform", "--distribution", help="uniform | zipf spread over adapters."),
+    requests: int = typer.Option(1024, "--requests", "-n", help="Requests per row."),
+    prompt_len: int = typer.Option(128, "--prompt-len", help="Prompt tokens per request."),
+    output_len: int = typer.Option(128, "--output-len", help="Generated tokens per request (eos ignored)."),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs", help="Largest decode batch."),
+    base: bool = typer.Option(True, "--base/--no-base", help="Also run the base model without adapters."),
+    hf: bool = typer.Option(False, "--hf/--no-hf", help="Also time HF transformers + PEFT (slow to build: "
+                            "minutes at 8B with 64 adapters; timed on a few tokens and extrapolated)."),
+    rows: str | None = typer.Option(None, "--rows", help="Advanced: row specs instead of the flags above, e.g. "
+                                    "64,base,hf64,256/64,64z (see multilora_cli/bench/plan.py)."),
+    device: str = typer.Option("auto", "--device", help="auto | cuda | cpu (cpu: use --preset tiny)."),
+    json_path: str | None = typer.Option(None, "--json", help="Also write the full report (JSON) here."),
+) -> int:
+    """Tokens/s of multilora with adapters, base only (and HF + PEFT), with each decode step against the roofline:
+    base weights + live KV + distinct adapters read once per step, at the bandwidth measured on this GPU."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from multilora_cli.bench.model_dir import write_model_dir
+    from multilora_cli.bench.plan import parse_rows
+    from multilora_cli.bench.report import format_table, write_json
+    from multilora_cli.bench.suite import run_suite
+    from multilora_cli.bench.workload import Workload
+    from multilora_cli.errors import UsageError
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for but no CUDA device is visible", hint="use --device cpu")
+    if device == "cpu" and preset != "tiny":
+        raise UsageError(f"no GPU here: a {preset} benchmark on CPU would take hours",
+                         hint="run it on a GPU, or try the pipeline with --device cpu --preset tiny")
+    work = Workload(preset=preset, rank=rank, num_requests=requests, prompt_len=prompt_len, output_len=output_len,
+                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max(8192, max_num_seqs), distribution=distribution)
+    if rows is None:
+        specs = []
+        for n in (s.strip() for s in adapters.split(",") if s.strip()):
+            if not n.isdigit():
+                raise UsageError(f"--adapters takes counts like 8,64; got {n!r}")
+            slots = f"/{max_loras}" if max_loras else ""
+            specs.append(f"{n}{slots}{'z' if distribution == 'zipf' else ''}")
+            if hf:
+                specs.append(f"hf{n}")
+        if base:
+            specs.append("base")
+        rows = ",".join(specs)
+    plan = parse_rows(rows, work)
+    dev = torch.device(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model_dir(preset, Path(tmp) / "model")
+        report = run_suite(plan, model_dir, dev, hf_batch_sizes=[max_num_seqs, 4 * max_num_seqs],
+                           log=lambda m: typer.echo(m, err=True))
+    if json_path:
+        write_json(report, Path(json_path))
+    typer.echo(format_table(report))
+    return 0

@@ -102,3 +102,21 @@ def test_target_ratios_and_verdicts():
     assert v == {"speedup_vs_hf_peft": "met", "adapters_vs_base": "met", "decode_vs_roofline": "met",
                  "256_adapters_64_slots_vs_64": "missed"}
     assert set(verdicts(target_ratios(rows[1:])).values()) == {"not run"}
+
+
+def test_bench_command(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "b.json"
+    cmd = [sys.executable, "-m", "multilora_cli", "bench", "--device", "cpu", "--preset", "tiny", "--adapters", "3",
+           "--max-loras", "2", "--requests", "5", "--prompt-len", "4", "--output-len", "3", "--max-num-seqs", "4",
+           "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "| multilora | tiny | 3 | uniform | 2 | 5 |" in p.stdout and "| multilora-base | tiny | 0 |" in p.stdout
+    report = json.loads(out.read_text())
+    assert [r["system"] for r in report["rows"]] == ["multilora", "multilora-base"]
+    p = subprocess.run([sys.executable, "-m", "multilora_cli", "bench", "--device", "cpu"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "--preset tiny" in p.stderr
