@@ -67,6 +67,7 @@ def format_table(report: dict) -> str:
         step = f"{_f(r['decode_step_ms'], '.2f')} ({_f(r['decode_batch'], 'd')})"
         note = " (extrapolated)" if x.get("extrapolated") else ""
         note += " (imported)" if x.get("imported_from") else ""
+        note += f" ({x['note']})" if x.get("note") else ""
         lines.append(f"| {r['system']}{note} | {w['preset']} "
                      f"| {adapters} | {w['distribution'] if adapters else '-'} "
                      f"| {w['max_loras'] if adapters else '-'} | {w['num_requests']} | {r['tokens_per_s']:.0f} "
