@@ -4,6 +4,9 @@ Each adapter has rank `rank` on all seven projections of every layer (PEFT layou
 random values, alpha = 2r. At most `max_distinct` distinct weight sets are generated (each ~84 MB at
 Llama-3-8B shapes, rank 16); adapters beyond that reuse one round-robin with their own scaling. The GPU work
 is the same either way: every adapter is copied into its own slot and read from there.
+`SyntheticEngine._load_cpu` packs each adapter into one pinned buffer exactly as `Engine._load_cpu` packs a
+PEFT checkpoint after reading it (engine/packed.py), so the benchmark times the slot-load path real adapters
+take; only the disk read and validation of `load_adapter` are left out.
 """
 
 from __future__ import annotations
@@ -39,10 +42,9 @@ class SyntheticAdapters:
         return 2 * per_layer * cfg.num_hidden_layers
 
     def prepare(self, dtype: torch.dtype, device: torch.device) -> None:
-        """Draw the distinct weight sets on `device` (fast), keep them in host memory (pinned on CUDA): one
-        flat buffer per set, viewed as each module's A [r, in] and B [out, r]."""
+        """Draw the distinct weight sets on `device` (fast), keep them in ordinary (pageable) host memory, like
+        the tensors `load_adapter` returns: one flat buffer per set, viewed as each module's A [r, in], B [out, r]."""
         cfg = self.model_config
-        pin = device.type == "cuda"
         layout, total = [], 0
         for layer in range(cfg.num_hidden_layers):
             for m in LINEAR_MODULES:
@@ -57,7 +59,7 @@ class SyntheticAdapters:
                 dev[off:off + r * fin].mul_(fin ** -0.5)
                 dev[off + r * fin:off + r * (fin + fout)].mul_(0.05)
             dev = dev.to(dtype)
-            host = torch.empty(total, dtype=dtype, pin_memory=True).copy_(dev) if pin else dev
+            host = dev.cpu()
             self._banks.append({key: (host[off:off + r * fin].view(r, fin),
                                       host[off + r * fin:off + r * (fin + fout)].view(fout, r))
                                 for key, off, fin, fout in layout})
@@ -89,4 +91,10 @@ class SyntheticEngine(Engine):
         super().__init__(config, {n: Path("synthetic") / n for n in names}, model_config)
 
     def _load_cpu(self, name: str) -> LoraAdapter:
-        return self.source.load(name)
+        """As Engine._load_cpu after its disk read: packed into one pinned buffer on CUDA."""
+        from multilora_cli.engine.packed import pack_adapter
+
+        adapter = self.source.load(name)
+        if self.runner.device.type == "cuda":
+            return pack_adapter(adapter, pin=True, dtype=self.runner.dtype)
+        return adapter

@@ -98,6 +98,7 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
                 r.adapter = None
         st = engine.stats
         loads0, evict0 = st.slot_loads, st.slot_evictions
+        install_s = _time_installs(engine)
         engine.runner.step_log = []
         _sync(device)
         t0 = time.perf_counter()
@@ -116,7 +117,8 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
         row.extra.update(startup_s=startup, capture_s=engine.runner.capture_seconds,
                          slot_loads=engine.stats.slot_loads - loads0,
                          slot_evictions=engine.stats.slot_evictions - evict0,
-                         enforce_eager=enforce_eager, preemptions=engine.stats.preemptions)
+                         enforce_eager=enforce_eager, preemptions=engine.stats.preemptions,
+                         install_host_s=install_s[0])
         log(f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
             f"{row.tokens_per_s:.0f} tok/s, decode step {row.decode_step_ms or 0:.2f} ms at batch "
             f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms)")
@@ -125,6 +127,23 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
         engine.close()
         del engine
         _free(device)
+
+
+def _time_installs(engine) -> list[float]:
+    """Wrap the slot manager's install callback to sum its host time (no sync: what the step loop waits for);
+    returns the one-element list the sum accumulates in."""
+    acc = [0.0]
+    install = engine.slots._install
+
+    def timed(slot, name, obj):
+        t = time.perf_counter()
+        try:
+            install(slot, name, obj)
+        finally:
+            acc[0] += time.perf_counter() - t
+
+    engine.slots._install = timed
+    return acc
 
 
 def _sync(device: torch.device) -> None:

@@ -58,16 +58,17 @@ class Engine:
 
     # --- adapters ---------------------------------------------------------------------------------------------
     def _load_cpu(self, name: str):
-        """Read + validate an adapter into host memory (pinned on CUDA so slot copies are asynchronous)."""
+        """Read + validate an adapter into host memory. On CUDA it is packed into ONE pinned buffer laid out
+        like the slots (engine/packed.py), so a slot load is one asynchronous copy plus one scatter."""
         from multilora_cli.adapters.peft import load_adapter
+        from multilora_cli.engine.packed import pack_adapter
 
         adapter = load_adapter(self.adapters[name], name, self.model_config, dtype=self.runner.dtype)
         if adapter.max_rank > self.config.max_lora_rank:
             raise EngineError(f"adapter {name!r} has rank {adapter.max_rank} > max_lora_rank "
                               f"{self.config.max_lora_rank}", hint="raise --max-lora-rank")
         if self.runner.device.type == "cuda":
-            for m in adapter.modules.values():
-                m.a, m.b = m.a.pin_memory(), m.b.pin_memory()
+            return pack_adapter(adapter, pin=True, dtype=self.runner.dtype)
         return adapter
 
     # --- generation -------------------------------------------------------------------------------------------

@@ -6,6 +6,9 @@ A Llama-3-8B adapter on all seven projections is 224 (A, B) pairs. Copying them 
   goes over in one host->device copy into a staging buffer, then one foreach copy scatters it into the slots;
   otherwise one foreach copy takes them tensor by tensor (still one Python call);
 - ranks and scalings of all layers: one small host->device copy each, then one foreach copy each.
+A `PackedAdapter` (engine/packed.py: what `Engine._load_cpu` returns on CUDA) goes the fastest way: its buffer is
+laid out like the slots, so its ~900 tensors become ~256 dense block copies (one foreach call, a few launches
+when every module's rank equals the pool's max rank), and the per-module Python work is one dict lookup.
 The slot tensors are addressed through `LoraWeights`' logical views (a[slot, i, :r], b[slot, lo:hi, :r]), so any
 storage layout of `LoraWeights` works. Everything stays on the current stream: a step after the install sees it.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from multilora_cli.engine.packed import PackedAdapter
 from multilora_cli.layers.lora import LoRALinear
 
 
@@ -39,9 +43,12 @@ class SlotWriter:
         self._staging: torch.Tensor | None = None
         self._dst: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]] = {}
         self._src: dict[tuple, list[torch.Tensor]] = {}
+        self._packed: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # (slot, layout) -> dst, src
 
     def install(self, slot: int, adapter) -> None:
         """Copy `adapter` (adapters.peft.LoraAdapter: slices_for(layer, fused)) into `slot` of every module."""
+        if isinstance(adapter, PackedAdapter) and adapter.flat is not None:
+            return self._install_packed(slot, adapter)
         n = len(self.modules)
         ranks = np.zeros((n, self.width), dtype=np.int32)
         scales = np.zeros((n, self.width), dtype=np.float32)
@@ -75,6 +82,76 @@ class SlotWriter:
         self._scales_dev.copy_(self._host(scales), non_blocking=True)
         torch._foreach_copy_(rank_dst, self._rank_src)
         torch._foreach_copy_(scale_dst, self._scale_src)
+
+    def _install_packed(self, slot: int, p: PackedAdapter) -> None:
+        """One H2D copy of `p.flat` into the staging buffer, one foreach scatter of its blocks into `slot`."""
+        n = len(self.modules)
+        ranks = np.zeros((n, self.width), dtype=np.int32)
+        scales = np.zeros((n, self.width), dtype=np.float32)
+        groups = p.groups
+        for j, (key, module) in enumerate(self.modules):
+            g = groups.get(key)
+            if g is not None:
+                k = len(g.ranks)
+                if k != module.lora.n_slices:
+                    raise ValueError(f"layer {key[0]} {key[1]}: {k} slices for a {module.lora.n_slices}-slice module")
+                ranks[j, :k] = g.ranks
+                scales[j, :k] = g.scalings
+        if len(groups) > sum(1 for key, _ in self.modules if key in groups):
+            extra = sorted(set(groups) - {key for key, _ in self.modules})
+            raise ValueError(f"adapter {p.name!r} adapts {extra[0]}, which has no LoRA module here")
+        flat = p.flat
+        if self.cuda:
+            if self._staging is None or self._staging.numel() < flat.numel() or self._staging.dtype != flat.dtype:
+                self._staging = torch.empty(flat.numel(), dtype=flat.dtype, device=self.device)
+                self._src.clear()
+                self._packed.clear()
+            self._staging[:flat.numel()].copy_(flat, non_blocking=True)
+            base = self._staging
+        else:
+            base = flat
+        key = (slot, p.layout)
+        hit = self._packed.get(key) if self.cuda else None
+        if hit is None:
+            hit = self._packed_views(slot, groups, base)
+            if self.cuda:
+                self._packed[key] = hit
+        dst, src = hit
+        if dst:
+            torch._foreach_copy_(dst, src, non_blocking=True)
+        _, rank_dst, scale_dst = self._destinations(slot, None)
+        self._ranks_dev.copy_(self._host(ranks), non_blocking=True)
+        self._scales_dev.copy_(self._host(scales), non_blocking=True)
+        torch._foreach_copy_(rank_dst, self._rank_src)
+        torch._foreach_copy_(scale_dst, self._scale_src)
+
+    def _packed_views(self, slot: int, groups, base: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(slot views, views of `base` laid out as packed.py describes), checked against each module's shape."""
+        dst, src = [], []
+        for (layer, fused), module in self.modules:
+            g = groups.get((layer, fused))
+            if g is None:
+                continue
+            w = module.lora
+            outs = [w.slice_offsets[i + 1] - w.slice_offsets[i] for i in range(w.n_slices)]
+            if (max(g.ranks) > w.max_rank or g.in_features != w.in_features
+                    or any(o and o != want for o, want in zip(g.outs, outs))):
+                raise ValueError(f"layer {layer} {fused}: packed ranks {g.ranks} / in {g.in_features} / out "
+                                 f"{g.outs} do not fit this layer")
+            fin = g.in_features
+            if g.uniform:
+                r, k, out = g.ranks[0], w.n_slices, w.out_features
+                dst += [w.a[slot, :, :r], w.b[slot, :, :r]]
+                src += [base[g.a_off:g.a_off + k * r * fin].view(k, r, fin),
+                        base[g.b_off:g.b_off + r * out].view(r, out).t()]
+                continue
+            for i, offs in enumerate(g.slice_offs):
+                if offs is None:
+                    continue
+                r, lo, hi = g.ranks[i], w.slice_offsets[i], w.slice_offsets[i + 1]
+                dst += [w.a[slot, i, :r], w.b[slot, lo:hi, :r]]
+                src += [base[offs[0]:offs[0] + r * fin].view(r, fin), base[offs[1]:offs[1] + r * (hi - lo)].view(r, hi - lo).t()]
+        return dst, src
 
     def clear(self, slot: int) -> None:
         """Forget the adapter in `slot` (rank 0 and scaling 0 in every module; weights left as they are)."""

@@ -1,0 +1,110 @@
+"""`pack_adapter`: one adapter's A/B tensors copied into ONE (pinned) host buffer laid out like the slots.
+
+`SlotWriter` then loads it with one host->device copy of the whole buffer and one foreach copy that scatters
+the staging buffer into the slots. The layout mirrors `LoraWeights` so those scatter copies are few and dense:
+per fused module (layer, "qkv_proj" ...) whose slices are all adapted at the same rank r ("uniform"):
+    A block [n_slices, r, in]      -> slot a[slot, :, :r, :]  (dense when r == max_rank, or one slice)
+    B block [r, out_total]         -> slot b storage [slot, :r, :] (B is stored rank-major in the slots)
+other modules (some slices missing, or ranks differ): per adapted slice A [r, in] and B^T [r, out_slice].
+The returned adapter's modules are views of that buffer (A [r, in], B [out, r] as a transposed view), so it
+is still an ordinary `LoraAdapter` for every other use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from multilora_cli.adapters.peft import SLICES, LoraAdapter, LoraModule
+from multilora_cli.models.config import FUSED
+
+
+@dataclass(frozen=True, slots=True)
+class PackedGroup:
+    """Where one fused module's slices sit in the flat buffer (element offsets).
+
+    uniform: a_off -> [n, r, in], b_off -> [r, out_total]; else per slice (a_off, b_off) or None (not adapted).
+    """
+
+    uniform: bool
+    ranks: tuple[int, ...]  # per slice, 0 = not adapted
+    scalings: tuple[float, ...]
+    in_features: int
+    outs: tuple[int, ...]  # per slice output features (0 where not adapted and unknown)
+    a_off: int = 0
+    b_off: int = 0
+    slice_offs: tuple[tuple[int, int] | None, ...] = ()
+
+
+@dataclass(slots=True)
+class PackedAdapter(LoraAdapter):
+    """A `LoraAdapter` whose tensors are views of `flat` (1-D, pinned on CUDA); `groups` keyed (layer, fused)."""
+
+    flat: torch.Tensor | None = None
+    groups: dict[tuple[int, str], PackedGroup] = field(default_factory=dict)
+    layout: tuple = ()  # hashable summary of `groups` (offsets + ranks): equal layouts share cached views
+
+
+def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None = None) -> PackedAdapter:
+    """Copy `adapter` into one host buffer (pinned if `pin`) in the slot-like layout above."""
+    dtype = dtype or next(iter(adapter.modules.values())).a.dtype
+    by_group: dict[tuple[int, str], list[LoraModule | None]] = {}
+    for (layer, name), m in adapter.modules.items():
+        fused, i = FUSED[name]
+        by_group.setdefault((layer, fused), [None] * len(SLICES[fused]))[i] = m
+    plan, total = [], 0
+    for key in sorted(by_group):
+        mods = by_group[key]
+        ranks = tuple(m.rank if m is not None else 0 for m in mods)
+        outs = tuple(m.b.shape[0] if m is not None else 0 for m in mods)
+        fin = next(m.a.shape[1] for m in mods if m is not None)
+        uniform = all(m is not None for m in mods) and len(set(ranks)) == 1
+        if uniform:
+            r = ranks[0]
+            a_off, b_off = total, total + len(mods) * r * fin
+            total = b_off + r * sum(outs)
+            plan.append((key, mods, PackedGroup(True, ranks, tuple(m.scaling for m in mods), fin, outs, a_off, b_off)))
+        else:
+            offs = []
+            for m, r, o in zip(mods, ranks, outs):
+                if m is None:
+                    offs.append(None)
+                    continue
+                offs.append((total, total + r * fin))
+                total += r * (fin + o)
+            plan.append((key, mods, PackedGroup(False, ranks, tuple(m.scaling if m else 0.0 for m in mods), fin,
+                                                outs, slice_offs=tuple(offs))))
+    flat = torch.empty(total, dtype=dtype, pin_memory=pin)
+    modules: dict[tuple[int, str], LoraModule] = {}
+    groups: dict[tuple[int, str], PackedGroup] = {}
+    for (layer, fused), mods, g in plan:
+        groups[(layer, fused)] = g
+        names = SLICES[fused]
+        if g.uniform:
+            r, fin, out_total = g.ranks[0], g.in_features, sum(g.outs)
+            a_blk = flat[g.a_off:g.a_off + len(mods) * r * fin].view(len(mods), r, fin)
+            b_blk = flat[g.b_off:g.b_off + r * out_total].view(r, out_total)
+            lo = 0
+            for i, m in enumerate(mods):
+                a_blk[i].copy_(m.a)
+                bt = b_blk[:, lo:lo + g.outs[i]]
+                bt.copy_(m.b.t())
+                modules[(layer, names[i])] = LoraModule(a=a_blk[i], b=bt.t(), scaling=m.scaling)
+                lo += g.outs[i]
+        else:
+            for i, (m, offs) in enumerate(zip(mods, g.slice_offs)):
+                if m is None:
+                    continue
+                r, o = g.ranks[i], g.outs[i]
+                a = flat[offs[0]:offs[0] + r * g.in_features].view(r, g.in_features)
+                bt = flat[offs[1]:offs[1] + r * o].view(r, o)
+                a.copy_(m.a)
+                bt.copy_(m.b.t())
+                modules[(layer, names[i])] = LoraModule(a=a, b=bt.t(), scaling=m.scaling)
+    layout = (dtype, total, tuple((k, g.uniform, g.ranks, g.outs, g.a_off, g.b_off, g.slice_offs)
+                                  for k, g in groups.items()))
+    return PackedAdapter(name=adapter.name, path=adapter.path, config=adapter.config, modules=modules,
+                         base_model=adapter.base_model, weights_path=adapter.weights_path,
+                         stored_dtype=adapter.stored_dtype, stored_nbytes=adapter.stored_nbytes,
+                         module_names=dict(adapter.module_names), flat=flat, groups=groups, layout=layout)

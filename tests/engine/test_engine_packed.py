@@ -1,0 +1,76 @@
+"""pack_adapter + SlotWriter's packed path: the slots hold exactly what the tensor-by-tensor path writes."""
+
+import torch
+
+from multilora_cli.adapters.peft import LoraAdapter, LoraModule
+from multilora_cli.engine.packed import PackedAdapter, pack_adapter
+from multilora_cli.engine.slot_writer import SlotWriter
+from multilora_cli.layers.lora import LoRALinear
+
+H, I, Q, KV = 32, 48, 32, 16
+SHAPES = {"q_proj": (H, Q), "k_proj": (H, KV), "v_proj": (H, KV), "o_proj": (Q, H),
+          "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+
+
+def _modules(layers=2, max_loras=3, max_rank=8):
+    torch.manual_seed(0)
+    mods = {}
+    for layer in range(layers):
+        mods[(layer, "qkv_proj")] = LoRALinear(H, [Q, KV, KV], max_loras=max_loras, max_rank=max_rank)
+        mods[(layer, "o_proj")] = LoRALinear(Q, [H], max_loras=max_loras, max_rank=max_rank)
+        mods[(layer, "gate_up_proj")] = LoRALinear(H, [I, I], max_loras=max_loras, max_rank=max_rank)
+        mods[(layer, "down_proj")] = LoRALinear(I, [H], max_loras=max_loras, max_rank=max_rank)
+    return mods
+
+
+def _adapter(name, ranks, layers=2, seed=1):
+    """ranks: PEFT module name -> rank (missing = not adapted)."""
+    g = torch.Generator().manual_seed(seed)
+    modules = {}
+    for layer in range(layers):
+        for mod, r in ranks.items():
+            fin, fout = SHAPES[mod]
+            modules[(layer, mod)] = LoraModule(a=torch.randn(r, fin, generator=g), b=torch.randn(fout, r, generator=g),
+                                               scaling=2.0 + layer + r / 10)
+    return LoraAdapter(name=name, path=None, config=None, modules=modules, base_model=None, weights_path=None,
+                       stored_dtype=torch.float32, stored_nbytes=0)
+
+
+def _state(mods, slot):
+    return [(m.lora.a[slot].clone(), m.lora.b[slot].clone(), m.lora.rank[slot].clone(), m.lora.scale[slot].clone())
+            for m in mods.values()]
+
+
+def test_packed_install_matches_tensor_path():
+    uniform = _adapter("u", {m: 8 for m in SHAPES})  # every fused module uniform at the pool's max rank
+    mixed = _adapter("m", {"q_proj": 4, "v_proj": 8, "o_proj": 2, "gate_proj": 4, "up_proj": 6}, seed=2)
+    for adapter in (uniform, mixed):
+        plain, packed = _modules(), _modules()
+        # stale contents in the slot first: the packed path must overwrite what it adapts, zero the ranks it skips
+        SlotWriter(plain, torch.device("cpu")).install(1, uniform)
+        SlotWriter(packed, torch.device("cpu")).install(1, uniform)
+        SlotWriter(plain, torch.device("cpu")).install(1, adapter)
+        p = pack_adapter(adapter, pin=False)
+        assert isinstance(p, PackedAdapter) and p.flat.numel() == sum(m.a.numel() + m.b.numel()
+                                                                      for m in adapter.modules.values())
+        for key, m in adapter.modules.items():  # the packed adapter is still the same adapter
+            assert torch.equal(p.modules[key].a, m.a) and torch.equal(p.modules[key].b, m.b)
+        SlotWriter(packed, torch.device("cpu")).install(1, p)
+        for (a0, b0, r0, s0), (a1, b1, r1, s1) in zip(_state(plain, 1), _state(packed, 1)):
+            assert torch.equal(r0, r1) and torch.equal(s0, s1)
+            for i, r in enumerate(r0.tolist()):  # rows past the rank are never read
+                assert torch.equal(a0[i, :r], a1[i, :r])
+            rmax = int(r0.max())
+            assert torch.equal(b0[:, :rmax], b1[:, :rmax]) or rmax == 0
+        assert all(torch.equal(x[0], y[0]) for x, y in zip(_state(plain, 0), _state(packed, 0)))  # other slots
+
+
+def test_packed_install_rejects_a_bigger_rank():
+    mods = _modules(max_rank=4)
+    p = pack_adapter(_adapter("big", {"o_proj": 8}), pin=False)
+    try:
+        SlotWriter(mods, torch.device("cpu")).install(0, p)
+    except ValueError as e:
+        assert "o_proj" in str(e)
+    else:
+        raise AssertionError("rank 8 into a rank-4 pool was accepted")
