@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hf-from", type=Path, default=None,
                     help="take the hf-peft rows from an earlier report of this script (same device and shapes) "
                          "instead of re-running them; they are marked as imported")
+    ap.add_argument("--host-warm", action="store_true",
+                    help="read + pack each row's adapters into host memory before timing (slots still cold): "
+                         "a server that preloaded its adapters; default: they are read during the timed run")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = write_model_dir(args.preset, Path(tmp) / args.preset)
         report = run_suite(plan, model_dir, device, hf_batch_sizes=[int(x) for x in args.hf_batch_sizes.split(",")],
                            hf_new_tokens=tuple(int(x) for x in args.hf_new_tokens.split(",")),
-                           budget_s=args.budget_s, log=lambda m: print(m, flush=True), on_row=on_row)
+                           budget_s=args.budget_s, log=lambda m: print(m, flush=True), on_row=on_row,
+                           host_warm=args.host_warm)
     if args.hf_from is not None:
         import json
 

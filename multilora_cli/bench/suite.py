@@ -65,6 +65,7 @@ def engine_config(work: Workload, model_dir: Path, device: torch.device, *,
 
 def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, bandwidth: float,
                       flops: float = 0.0, base_only: bool = False, enforce_eager: bool = False, warmup: bool = True,
+                      host_warm: bool = False,
                       log=print) -> BenchRow:
     """Time one multilora configuration (`base_only`: no adapters, no LoRA layers at all)."""
     cfg = ModelConfig.from_dir(model_dir)
@@ -96,6 +97,9 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
         if base_only:
             for r in reqs:
                 r.adapter = None
+        if host_warm and source is not None:  # adapters already read + packed in host memory, slots still cold
+            for name in {r.adapter for r in reqs if r.adapter is not None}:
+                engine.slots.warm(name)
         st = engine.stats
         loads0, evict0 = st.slot_loads, st.slot_evictions
         install_s = _time_installs(engine)
@@ -118,7 +122,7 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
                          slot_loads=engine.stats.slot_loads - loads0,
                          slot_evictions=engine.stats.slot_evictions - evict0,
                          enforce_eager=enforce_eager, preemptions=engine.stats.preemptions,
-                         install_host_s=install_s[0])
+                         install_host_s=install_s[0], host_warm=host_warm)
         log(f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
             f"{row.tokens_per_s:.0f} tok/s, decode step {row.decode_step_ms or 0:.2f} ms at batch "
             f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms)")
@@ -212,7 +216,7 @@ def device_info(device: torch.device) -> dict:
 
 def run_suite(plan: list[tuple[str, Workload]], model_dir: Path, device: torch.device, *,
               hf_batch_sizes: list[int] = (64, 256), hf_new_tokens: tuple[int, int] = (2, 4),
-              budget_s: float | None = None, log=print, on_row=None) -> dict:
+              budget_s: float | None = None, log=print, on_row=None, host_warm: bool = False) -> dict:
     """Run `plan` rows in order: ("multilora" | "base" | "eager" | "hf", workload). Returns the report dict
     (device, measured bandwidth, rows, failed / not-run rows, target ratios). `on_row(report)` is called after
     each row, so a partial report survives a later failure or time limit; with `budget_s`, rows that would
@@ -237,7 +241,7 @@ def run_suite(plan: list[tuple[str, Workload]], model_dir: Path, device: torch.d
                                  new_tokens=hf_new_tokens, log=log)
             else:
                 row = run_multilora_row(work, model_dir, device, bandwidth=bw, flops=flops, base_only=kind == "base",
-                                        enforce_eager=kind == "eager", log=log)
+                                        enforce_eager=kind == "eager", host_warm=host_warm, log=log)
             report["rows"].append(row.to_dict())
         except Exception as e:  # keep the rows already measured; say what failed
             log(f"  {kind} {work.num_adapters} adapters FAILED: {type(e).__name__}: {e}")
