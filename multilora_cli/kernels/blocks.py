@@ -68,13 +68,7 @@ def shrink_blocks(t: int, in_features: int, n_slices: int, max_rank: int, num_sm
     # about one CTA per SM from the tiles alone; >= 2 K steps per split; splits of equal length (no ragged K)
     while tiles * split * 2 <= num_sms and steps % (split * 2) == 0 and steps // (split * 2) >= 2:
         split *= 2
-    if t > 1024 and n_slices <= 2:
-        # H200 sweep at 4096 tokens: o / gate_up 19.5-20.3 us at split 4 vs 21.9-22.8 at 2; down (K = 14336)
-        # 43.8 at split 16 vs 51.4 at 2. qkv (3 slices) is best at 2 and keeps it.
-        want = 16 if in_features >= 8192 else 4
-        while split < want and steps % (split * 2) == 0 and steps // (split * 2) >= 2:
-            split *= 2
-    del max_rank  # the rank bucket is picked per slot inside the kernel
+    del n_slices, max_rank  # the rank bucket is picked per slot inside the kernel
     return ShrinkBlocks(bm=bm, bk=bk, split=split, num_warps=8 if bm >= 64 else 4, num_stages=3 if bk >= 128 else 4)
 
 
@@ -90,12 +84,10 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
     nb = max(1, min(32, blocks // groups_per_tile))
     # H200 sweep (benchmarks/results/kernels-h200.json "sweep", 64 adapters at 256 / 8 at 4096 tokens):
     # at 256 tokens qkv / o / down expand take 11.8 / 10.3 / 10.3 us with 4 column blocks per CTA vs 14.4 /
-    # 11.0 / 11.0 with 1; past 1024 tokens the modules up to 6144 outputs are best with one (39.6 / 27.7 us
-    # vs 43.9 / 29.4 at 6 / 4). gate_up (28672 outputs) is at its best with the formula in both cases.
+    # 11.0 / 11.0 with 1 (gate_up is at its best with the formula). The sweep's 4096-token winners (nb=1,
+    # shrink split 4/16) were tried in e2e run 6 and prefill steps (8k tokens) got slower: not applied.
     if 128 < t <= 256 and out_features <= 8192:
         nb = max(nb, min(4, blocks))
-    elif t > 1024 and out_features <= 8192:
-        nb = 1
     del max_rank  # the rank bucket is picked per slot inside the kernel
     return ExpandBlocks(bm=bm, bn=bn, nb=nb, num_warps=8 if bm * bn >= 64 * 128 else 4,
                         num_stages=3 if nb >= 3 else 2)
