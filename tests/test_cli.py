@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -117,3 +118,21 @@ def test_keyboard_interrupt_exits_130(tmp_path, capsys, monkeypatch):
     code, _, err = call(["demo", str(tmp_path / "d")], capsys)
     assert code == 130
     assert err.strip() == "error: interrupted"
+
+
+def test_run_help_shows_flags_as_flags_and_states_defaults(capsys, monkeypatch):
+    # typer renders a bool option as "<bool>" unless it has a metavar: `--resume <bool>` reads as if it took a
+    # value (and `--resume true` is then rejected). The contract's knobs also need their defaults in the help.
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = call(["run", "-h"], capsys)
+    assert code == 0
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│ --")}
+    for flag in ("--resume", "--quiet"):
+        assert "<bool>" not in rows[flag], rows[flag]
+    for flag in ("--max-tokens", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--max-num-seqs",
+                 "--max-model-len", "--seed", "--temperature", "--top-p", "--top-k", "--dtype", "--device"):
+        assert "default" in rows[flag].lower(), rows[flag]
+    for argv in (["inspect", "-h"], ["economics", "-h"], ["demo", "-h"], ["-h"]):
+        code, out, _ = call(argv, capsys)
+        flags = [line for line in out.splitlines() if re.match(r"│\s+(\*\s+)?--", line) and "--help" not in line]
+        assert code == 0 and flags and not any("<bool>" in line for line in flags), (argv, out)

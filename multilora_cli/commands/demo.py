@@ -10,8 +10,8 @@ NEXT = "cd {out} && multilora run prompts.jsonl --adapters legal,medical --stats
 
 
 def command(
-    out_dir: Path = typer.Argument(Path("demo"), help="Folder to build the demo in (created if missing)."),
-    force: bool = typer.Option(False, "--force", help="Rebuild even if OUT_DIR is not empty (replaces only the "
+    out_dir: Path = typer.Argument(Path("demo"), metavar="OUT_DIR", help="Folder to build the demo in (created if missing)."),
+    force: bool = typer.Option(False, "--force", metavar="", help="Rebuild even if OUT_DIR is not empty (replaces only the "
                                "demo's own files)."),
 ) -> int:
     """Build a small Llama base model and legal/medical/code LoRA adapters, offline, in about 30 s on CPU."""

@@ -38,7 +38,7 @@ def command(
     requests_per_step: float | None = typer.Option(
         None, "--requests-per-step", help="New requests per decode step (default: batch / output tokens)."),
     stats: str | None = typer.Option(None, "--stats", help="run_stats.json from `multilora run --stats`."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    as_json: bool = typer.Option(False, "--json", metavar="", help="Print one JSON object instead of tables."),
 ) -> int:
     """Adapter bytes, GPUs and dollars: dedicated full fine-tunes vs one shared base with LoRA slots."""
     from multilora_cli.economics import Scenario, compute, render

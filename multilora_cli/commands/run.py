@@ -18,36 +18,59 @@ def split_items(values: list[str] | None) -> list[str]:
     return out
 
 
+_GEN = "Default: the model's generation_config.json, else "  # sampling flags only fill in what a line leaves out
+
+
+def _opt(default, *names: str, metavar: str, help: str):
+    """A typer option with an explicit metavar ("" for flags: typer would otherwise print <bool>)."""
+    return typer.Option(default, *names, metavar=metavar, help=help)
+
+
 def command(
     input: str = typer.Argument(..., metavar="INPUT", help="JSONL file of requests, or - for stdin."),
-    model: Optional[str] = typer.Option(None, "-m", "--model",
-                                        help="Base model: local dir or HF id. Default: the adapters' base model."),
-    adapters: Optional[list[str]] = typer.Option(None, "-a", "--adapters",
-                                                 help="NAME=PATH or a path / HF id (its text is its name); "
-                                                      "comma lists, repeatable."),
-    adapter_dir: Optional[str] = typer.Option(None, "--adapter-dir",
-                                              help="Add every subfolder holding an adapter_config.json."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output JSONL (default: stdout)."),
-    errors: Optional[str] = typer.Option(None, "--errors", help="Also copy error records to this file."),
-    stats: Optional[str] = typer.Option(None, "--stats", help="Write run statistics JSON to this file."),
-    resume: bool = typer.Option(False, "--resume", help="Keep the output's finished records; run only the rest."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Default max new tokens per request."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="Default temperature (0 = greedy)."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help="Default nucleus sampling p in (0, 1]."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Default top-k (0 = off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Run seed: sampled lines without a seed derive theirs."),
-    max_loras: Optional[int] = typer.Option(None, "--max-loras", help="Adapters resident on the GPU at once."),
-    max_lora_rank: Optional[int] = typer.Option(None, "--max-lora-rank", help="Largest adapter rank to serve."),
-    max_cpu_loras: Optional[int] = typer.Option(None, "--max-cpu-loras", help="Adapters cached in host memory."),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="Sequences in flight per step."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Longest prompt + completion."),
-    dtype: str = typer.Option("auto", "--dtype", help=f"One of {', '.join(DTYPES)}."),
-    device: str = typer.Option("auto", "--device", help=f"One of {', '.join(DEVICES)}."),
-    gpu_hour_usd: Optional[float] = typer.Option(None, "--gpu-hour-usd", help="GPU price, for the cost in stats."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary on stderr."),
-    data_parallel: int = typer.Option(1, "--data-parallel",
-                                      help="Worker processes on this machine, one per GPU (or N CPU workers); "
-                                           "requests are sharded by adapter. Under torchrun leave it out."),
+    model: Optional[str] = _opt(None, "-m", "--model", metavar="MODEL",
+                                help="Base model: local dir or HF id. Default: the adapters' base model."),
+    adapters: Optional[list[str]] = _opt(None, "-a", "--adapters", metavar="LIST",
+                                         help="NAME=PATH or a path / HF id (a path is named by its folder, a Hub "
+                                              "id by itself); comma lists, repeatable."),
+    adapter_dir: Optional[str] = _opt(None, "--adapter-dir", metavar="DIR",
+                                      help="Add every subfolder holding an adapter_config.json, named by the folder."),
+    output: Optional[str] = _opt(None, "-o", "--output", metavar="PATH", help="Output JSONL. Default: stdout."),
+    errors: Optional[str] = _opt(None, "--errors", metavar="PATH", help="Also copy error records to this file."),
+    stats: Optional[str] = _opt(None, "--stats", metavar="PATH", help="Write run statistics JSON to this file."),
+    resume: bool = _opt(False, "--resume", metavar="",
+                        help="Keep the -o file's finished records (checked against INPUT); run only the rest."),
+    max_tokens: Optional[int] = _opt(None, "--max-tokens", metavar="N",
+                                     help="Max new tokens per line (a line's own value wins). " + _GEN + "256."),
+    temperature: Optional[float] = _opt(None, "--temperature", metavar="T",
+                                        help="Temperature, 0 = greedy (a line's own value wins). " + _GEN + "0."),
+    top_p: Optional[float] = _opt(None, "--top-p", metavar="P",
+                                  help="Nucleus sampling p in (0, 1] (a line's own value wins). " + _GEN + "1."),
+    top_k: Optional[int] = _opt(None, "--top-k", metavar="K",
+                                help="Top-k, 0 = off (a line's own value wins). " + _GEN + "0."),
+    seed: Optional[int] = _opt(None, "--seed", metavar="S",
+                               help="Run seed: sampled lines without a seed derive theirs from it and the line. "
+                                    "Default: 0."),
+    max_loras: Optional[int] = _opt(None, "--max-loras", metavar="N",
+                                    help="Adapters resident in GPU slots at once. Default: the number of adapters, "
+                                         "at most 8."),
+    max_lora_rank: Optional[int] = _opt(None, "--max-lora-rank", metavar="R",
+                                        help="Largest adapter rank to serve. Default: the adapters' largest rank."),
+    max_cpu_loras: Optional[int] = _opt(None, "--max-cpu-loras", metavar="N",
+                                        help="Adapters cached in host memory. Default: 64 (at least --max-loras)."),
+    max_num_seqs: Optional[int] = _opt(None, "--max-num-seqs", metavar="N",
+                                       help="Sequences in flight per step. Default: 256."),
+    max_model_len: Optional[int] = _opt(None, "--max-model-len", metavar="N",
+                                        help="Longest prompt + completion, in tokens. Default: the model's "
+                                             "max_position_embeddings (capped by the KV cache)."),
+    dtype: str = _opt("auto", "--dtype", metavar="DTYPE", help=f"One of {', '.join(DTYPES)}."),
+    device: str = _opt("auto", "--device", metavar="DEVICE", help=f"One of {', '.join(DEVICES)}."),
+    gpu_hour_usd: Optional[float] = _opt(None, "--gpu-hour-usd", metavar="USD",
+                                         help="GPU price per hour, for the cost in stats (total and per 1M tokens)."),
+    quiet: bool = _opt(False, "-q", "--quiet", metavar="", help="No progress bar and no summary on stderr."),
+    data_parallel: int = _opt(1, "--data-parallel", metavar="N",
+                              help="Worker processes on this machine, one per GPU (or N CPU workers); requests are "
+                                   "sharded by adapter. Under torchrun leave it out."),
 ) -> int:
     """Run every line of INPUT through the base model or its adapter; write one record per line, in order.
 
