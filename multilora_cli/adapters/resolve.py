@@ -89,7 +89,17 @@ def resolve(spec: str, *, kind: str = "adapter", allow_patterns: list[str] | Non
     patterns = allow_patterns if allow_patterns is not None else (
         ADAPTER_PATTERNS if kind == "adapter" else MODEL_PATTERNS)
     offline = hub_offline() if local_files_only is None else bool(local_files_only)
-    return _download(label, repo_id, revision or None, patterns, cache_dir or hub_cache_dir(), offline)
+    try:
+        return _download(label, repo_id, revision or None, patterns, cache_dir or hub_cache_dir(), offline)
+    except ResolveError as e:
+        if "/" in repo_id:
+            raise
+        # A bare word ("legal") is far more often a mistyped local folder than a Hub id: say that first.
+        why = e.message.removeprefix(label).lstrip(": ")
+        why = f"it {why}" if why.startswith("is ") else why
+        raise ResolveError(f"{label}: there is no folder {spec!r} in {Path.cwd()}; as a Hugging Face Hub id, {why}",
+                           hint="check the folder name and the current directory, or give a Hub id like org/name"
+                           ) from None
 
 
 def _as_dir(path: Path, label: str, kind: str) -> Path:

@@ -105,6 +105,21 @@ def test_offline_and_not_cached(tmp_path, offline):
         resolve("org/base@v9", kind="model", cache_dir=str(tmp_path))
 
 
+def test_bare_word_not_found_says_no_such_folder_first(tmp_path, monkeypatch, offline):
+    # `-a legl` (a typo of ./legal) used to read as a Hub failure only; the likelier cause comes first now.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "legal").mkdir()
+    with pytest.raises(ResolveError) as e:
+        resolve("legl", cache_dir=str(tmp_path / "cache"), name="legal")
+    msg = e.value.one_line()
+    assert msg.startswith("adapter 'legal' (legl): there is no folder 'legl' in " + str(tmp_path)), msg
+    assert "Hub id, it is not in" in msg and "HF_HUB_OFFLINE" in msg and "check the folder name" in msg
+    assert msg.count("adapter 'legal'") == 1, msg
+    with pytest.raises(ResolveError) as e:  # org/name is clearly meant as a Hub id: no folder talk
+        resolve("org/missing", cache_dir=str(tmp_path / "cache"))
+    assert "no folder" not in e.value.one_line()
+
+
 def test_inspect_hub_id_offline(cli, good_adapter, llama_base, tmp_path, monkeypatch, offline):
     make_cache(tmp_path / "cache", "org/legal", good_adapter)
     make_cache(tmp_path / "cache", "org/base", llama_base)
