@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import BinaryIO
@@ -49,6 +50,15 @@ def check_writable(path: str, what: str) -> None:
         raise OutputError(f"cannot write {what} {path}: directory {parent} does not exist")
     if (p.exists() and not os.access(p, os.W_OK)) or not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write {what} {path}: permission denied")
+    # os.access trusts permission bits (always "yes" for root); only creating a file tells for sure (a
+    # read-only mount, /proc, a full quota). The stats file is written there as a temp file + rename.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".probe", dir=parent)
+    except OSError as e:
+        raise OutputError(f"cannot write {what} {path}: cannot create a file in {parent}: {e.strerror or e}",
+                          hint="choose a writable directory") from e
+    os.close(fd)
+    os.unlink(probe)
 
 
 class OrderedWriter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from conftest import read_jsonl, run_cli, write_jsonl
@@ -37,6 +38,16 @@ def test_unwritable_outputs_fail_before_generation(model_dir, inp, tmp_path, fla
     rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), flag, str(tmp_path / "no" / "x.jsonl")])
     assert rc == 1 and stdout == b""
     assert "cannot write" in stderr and "no/x.jsonl" in stderr and stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("flag", ["--errors", "--stats"])
+def test_outputs_where_files_cannot_be_created_fail_before_generation(model_dir, inp, flag):
+    # /proc passes os.access() for root, yet no file can be created there: the whole run used to finish and
+    # then fail writing --stats (exit 1 after all the work). Now it fails up front.
+    rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), flag, "/proc/multilora-x.json"])
+    assert rc == 1 and stdout == b"", stderr
+    assert "cannot write" in stderr and "/proc/multilora-x.json" in stderr and stderr.count("\n") == 1
 
 
 def test_missing_input(model_dir, tmp_path):
