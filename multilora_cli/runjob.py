@@ -279,7 +279,8 @@ class RunJob:
         except BaseException:  # fatal error, bug or Ctrl-C: the output is a valid prefix; say how to go on
             self.progress.close()
             if cfg.output not in (None, "-"):
-                note(f"stopped after {self.stats.resumed + self.writer.written} records in {cfg.output}; "
+                done = self.stats.resumed + self.writer.written
+                note(f"stopped after {done} record{'' if done == 1 else 's'} in {cfg.output}; "
                      "rerun the same command with --resume to finish")
             raise
         self.progress.close()

@@ -112,6 +112,6 @@ def print_summary(stats: dict, console=None) -> None:
         for col in ("adapter", "requests", "errors", "prompt tok", "completion tok", "slot loads"):
             a.add_column(col, justify="left" if col == "adapter" else "right")
         for name, v in stats["per_adapter"].items():
-            a.add_row(name, str(v["requests"]), str(v["errors"]), f"{v['prompt_tokens']:,}",
+            a.add_row(name, f"{v['requests']:,}", f"{v['errors']:,}", f"{v['prompt_tokens']:,}",
                       f"{v['completion_tokens']:,}", str(v["slot_loads"]))
         console.print(a)

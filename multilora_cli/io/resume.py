@@ -81,7 +81,7 @@ def verify_prefix(plan: ResumePlan, specs: Iterator[LineSpec], fmt: Format,
         except ValueError:
             rec = None
         if not isinstance(rec, dict) or not fmt.looks_like_record(rec):
-            raise OutputError(f"--resume: {where} line {n} is not a {fmt.name}-format multilora record; "
+            raise OutputError(f"--resume: {where} line {n} is not a multilora record of the {fmt.name} format; "
                               "it was not written by this run's input format",
                               hint="drop --resume to overwrite it, or choose another -o")
         spec = next(specs, None)

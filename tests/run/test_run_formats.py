@@ -36,7 +36,7 @@ def test_simple_messages_with_text_parts():
     ({"id": 1}, "missing_prompt", "missing 'prompt'"),
     ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "invalid_request", "not both"),
     ({"prompt": 5}, "invalid_request", "prompt must be a string"),
-    ({"messages": []}, "invalid_request", "non-empty array"),
+    ({"messages": []}, "invalid_request", "non-empty array of {role, content} objects, got an empty array"),
     ({"messages": [{"content": "x"}]}, "invalid_request", "messages[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "invalid_request", "text parts"),
     ({"id": [1], "prompt": "x"}, "invalid_request", "id must be a string or an integer"),
