@@ -64,8 +64,8 @@ def test_big_output_scanned_backwards(tmp_path):
     (rec("r0") + rec("r1") + rec("r2"), ["r0", "r1"], "more records"),
     (rec(1), [1], None),  # ok: same integer id
     (rec("1"), [1], "record 1 has id"),  # "1" is not 1: a different input
-    ('{"custom_id": "r0", "response": null, "error": null}\n', None, "not a simple-format"),
-    ("not json\n", None, "not a simple-format"),
+    ('{"custom_id": "r0", "response": null, "error": null}\n', None, "not a multilora record of the simple format"),
+    ("not json\n", None, "not a multilora record of the simple format"),
 ])
 def test_mismatches_refuse_with_a_clear_message(tmp_path, content, ids, words):
     out = tmp_path / "o.jsonl"
