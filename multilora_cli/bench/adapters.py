@@ -1,10 +1,10 @@
-"""Synthetic LoRA adapters held in (pinned) host memory, and an Engine that reads them instead of disk.
+"""Synthetic LoRA adapters held in host memory, and an Engine that reads them instead of disk.
 
 Each adapter has rank `rank` on all seven projections of every layer (PEFT layout: A [r, in], B [out, r]),
 random values, alpha = 2r. At most `max_distinct` distinct weight sets are generated (each ~84 MB at
 Llama-3-8B shapes, rank 16); adapters beyond that reuse one round-robin with their own scaling. The GPU work
 is the same either way: every adapter is copied into its own slot and read from there.
-`SyntheticEngine._load_cpu` packs each adapter into one pinned buffer exactly as `Engine._load_cpu` packs a
+`SyntheticEngine._load_cpu` packs each adapter into one host buffer exactly as `Engine._load_cpu` packs a
 PEFT checkpoint after reading it (engine/packed.py), so the benchmark times the slot-load path real adapters
 take; only the disk read and validation of `load_adapter` are left out.
 """
@@ -91,10 +91,5 @@ class SyntheticEngine(Engine):
         super().__init__(config, {n: Path("synthetic") / n for n in names}, model_config)
 
     def _load_cpu(self, name: str) -> LoraAdapter:
-        """As Engine._load_cpu after its disk read: packed into one pinned buffer on CUDA."""
-        from multilora_cli.engine.packed import pack_adapter
-
-        adapter = self.source.load(name)
-        if self.runner.device.type == "cuda":
-            return pack_adapter(adapter, pin=True, dtype=self.runner.dtype)
-        return adapter
+        """As Engine._load_cpu after its disk read: packed exactly as real adapters are."""
+        return self._pack(self.source.load(name))
