@@ -99,7 +99,34 @@ def parse_line(raw: bytes, key: int, lineno: int, fmt: Format) -> LineSpec:
     obj, failed = decode_line(raw, key, lineno, fmt)
     if failed is not None:
         return failed
-    return fmt.parse(obj, key, lineno)
+    spec = fmt.parse(obj, key, lineno)
+    if spec.error is None:
+        check_text(spec)
+    return spec
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first unpaired UTF-16 surrogate in `text` (JSON lets `"\\ud800"` through; tokenizers reject it)."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return text[e.start]
+
+
+def check_text(spec: LineSpec) -> None:
+    """Fail the line if text bound for the tokenizer (prompt, messages, stop) is not valid Unicode."""
+    stop = spec.sampling.get("stop")
+    fields = [("prompt", spec.prompt)]
+    for i, m in enumerate(spec.messages or []):
+        fields += [(f"messages[{i}].role", m.get("role")), (f"messages[{i}].content", m.get("content"))]
+    fields += [("stop", s) for s in ([stop] if isinstance(stop, str) else stop if isinstance(stop, list) else [])]
+    for name, text in fields:
+        bad = _lone_surrogate(text) if isinstance(text, str) else None
+        if bad is not None:
+            spec.fail(f"{name} holds a lone UTF-16 surrogate (\\u{ord(bad):04x}), which is not text; "
+                      "escape characters outside the BMP as a surrogate pair or write them as UTF-8")
+            return
 
 
 def detect_format(obj: dict) -> str:

@@ -218,3 +218,16 @@ def test_resume_from_stdin_in_the_openai_format(model_dir, tmp_path):
     for rec in a + b:  # `created` is a timestamp: the only field allowed to differ
         rec["response"]["body"].pop("created")
     assert a == b
+
+
+def test_a_lone_surrogate_prompt_is_one_error_record_not_a_crash(model_dir, tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_bytes(b'{"id": "a", "prompt": "The court held that", "max_tokens": 3}\n'
+                    b'{"id": "bad", "prompt": "x \\ud800", "max_tokens": 3}\n'
+                    b'{"id": "c", "prompt": "The court held that", "max_tokens": 3, "adapter": "legal"}\n')
+    rc, stdout, stderr = run_cli(["run", str(inp), *adapters_args(model_dir), "-o", str(out), "-q"])
+    assert rc == 3, stderr
+    recs = read_jsonl(out)
+    assert [r["id"] for r in recs] == ["a", "bad", "c"]
+    assert "error" not in recs[0] and "error" not in recs[2]
+    assert recs[1]["error"]["code"] == "invalid_request" and "surrogate" in recs[1]["error"]["message"]

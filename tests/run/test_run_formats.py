@@ -132,3 +132,24 @@ def test_openai_records_are_deterministic_and_shaped_like_the_batch_api():
     e = O.error_record(s, "unknown_adapter", "nope")
     assert e["response"] is None and e["error"] == {"code": "unknown_adapter", "message": "nope"}
     assert e["id"] == a["id"] and O.is_error_record(e) and O.looks_like_record(e)
+
+
+@pytest.mark.parametrize("raw, field", [
+    (rb'{"prompt": "a \ud800 b"}', "prompt"),
+    (rb'{"messages": [{"role": "user", "content": "\udfff"}]}', "messages[0].content"),
+    (rb'{"messages": [{"role": "\ud800", "content": "x"}]}', "messages[0].role"),
+    (rb'{"prompt": "x", "stop": ["\ud801"]}', "stop"),
+])
+def test_lone_surrogate_escapes_fail_the_line(raw, field):
+    # JSON accepts "\ud800" but it is not text: the tokenizer raised TypeError and the whole run died.
+    s = parse(raw)
+    assert s.error is not None and s.error.code == "invalid_request", s
+    assert s.error.message.startswith(f"line 1: {field} holds a lone UTF-16 surrogate"), s.error.message
+    o = parse(b'{"custom_id": "c", "method": "POST", "url": "/v1/completions", '
+              b'"body": {"model": "base", "prompt": "\\ud800"}}', O)
+    assert o.error is not None and "lone UTF-16 surrogate" in o.error.message
+
+
+def test_surrogate_pairs_and_surrogates_outside_the_text_are_fine():
+    s = parse(rb'{"id": "\ud800", "prompt": "globe \ud83c\udf0d"}')
+    assert s.error is None and s.prompt == "globe \U0001f30d"
