@@ -159,7 +159,8 @@ def json_type(v: Any) -> str:
 def check_messages(spec: LineSpec, messages: Any) -> list[dict] | None:
     """Validate chat messages: a non-empty list of {role: str, content: str | [text parts]}."""
     if not isinstance(messages, list) or not messages:
-        spec.fail(f"messages must be a non-empty array of {{role, content}} objects, got {'an empty array' if messages == [] else json_type(messages)}")
+        got = "an empty array" if messages == [] else json_type(messages)
+        spec.fail(f"messages must be a non-empty array of {{role, content}} objects, got {got}")
         return None
     out = []
     for i, m in enumerate(messages):
