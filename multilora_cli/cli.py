@@ -6,7 +6,9 @@ Command modules keep heavy imports (torch, triton) inside their functions so `--
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 import typer
 
@@ -50,6 +52,24 @@ def debug_enabled() -> bool:
     return os.environ.get("MULTILORA_DEBUG", "") not in ("", "0", "false", "no")
 
 
+EXIT_SIGTERM = 143  # 128 + SIGTERM, what a shell reports for a process the signal ended
+_terminated = False  # set by the SIGTERM handler: typer turns the exception into a plain abort / Exit(130)
+
+
+def _on_sigterm(signum, frame) -> None:
+    # `kill`, Slurm or Kubernetes ask the job to stop: end it like Ctrl-C (in-flight lines are dropped, the output
+    # stays a valid prefix, `run` says how to --resume) instead of dying without a word.
+    global _terminated
+    _terminated = True
+    raise KeyboardInterrupt
+
+
+def _catch_sigterm() -> None:
+    """Route SIGTERM through _on_sigterm, unless someone (torchrun, a test harness) already handles it."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 def report(exc: BaseException) -> int:
     """Print `exc` for a user and return the exit code. The only place errors become messages."""
     if isinstance(exc, MultiloraError):
@@ -60,6 +80,9 @@ def report(exc: BaseException) -> int:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
+        if _terminated:
+            print("error: terminated (SIGTERM)", file=sys.stderr)
+            return EXIT_SIGTERM
         print("error: interrupted", file=sys.stderr)
         return 130
     if debug_enabled():
@@ -94,6 +117,7 @@ def _click_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point. Commands return an exit code (0 or 3) or raise a MultiloraError."""
     click_errors, aborts = _click_types()
+    _catch_sigterm()
     try:
         rc = app(args=argv, standalone_mode=False)
     except aborts:

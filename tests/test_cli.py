@@ -136,3 +136,23 @@ def test_run_help_shows_flags_as_flags_and_states_defaults(capsys, monkeypatch):
         code, out, _ = call(argv, capsys)
         flags = [line for line in out.splitlines() if re.match(r"│\s+(\*\s+)?--", line) and "--help" not in line]
         assert code == 0 and flags and not any("<bool>" in line for line in flags), (argv, out)
+
+
+def test_sigterm_is_reported_like_ctrl_c_with_exit_143(tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+
+    import multilora_cli.cli as cli
+
+    monkeypatch.delenv("MULTILORA_DEBUG", raising=False)
+    monkeypatch.setattr(cli, "_terminated", False)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import multilora_cli.demo.build as build
+
+        monkeypatch.setattr(build, "build_demo", lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM))
+        code, _, err = call(["demo", str(tmp_path / "d")], capsys)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 143
+    assert err.strip() == "error: terminated (SIGTERM)"

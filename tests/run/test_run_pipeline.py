@@ -112,3 +112,27 @@ def test_kill_9_midway_then_resume_gives_every_id_once_with_the_same_text(model_
     final = read_jsonl(out)
     assert [r["id"] for r in final] == [f"r{i}" for i in range(n)]  # every id exactly once, in order
     assert final == ref  # the same text (and usage) as the uninterrupted run, sampled lines included
+
+
+def test_sigterm_midway_stops_with_143_a_valid_prefix_and_the_resume_hint(model_dir, tmp_path):
+    # `kill PID` (and Slurm / Kubernetes cancelling a job) used to end the run without a word.
+    inp = write_jsonl(tmp_path / "in.jsonl", rows(48, 6))
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen(multilora_cmd() + ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "2", "-q",
+                                               "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 3:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    err = stderr.decode()
+    assert proc.returncode == 143, err
+    assert stdout == b"" and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "error: terminated (SIGTERM)"
+    assert "rerun the same command with --resume" in err
+    recs = read_jsonl(out)
+    assert 3 <= len(recs) < 48 and [r["id"] for r in recs] == [f"r{i}" for i in range(len(recs))]
+    assert out.read_bytes().endswith(b"\n")  # whole lines only
