@@ -20,6 +20,9 @@ from multilora_cli.io.formats import SIMPLE, Format, LineSpec, detect_format, ge
 
 LOOKAHEAD = 1000  # lines held while looking for the first JSON object (format detection)
 BOM = b"\xef\xbb\xbf"
+# Magic numbers of files people hand over instead of their decompressed JSONL.
+COMPRESSED = {b"\x1f\x8b": "gzip", b"(\xb5/\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz",
+              b"PK\x03\x04": "zip"}
 
 
 def open_input(path: str) -> tuple[BinaryIO, str]:
@@ -75,6 +78,8 @@ class InputReader:
 
     def _detect(self) -> str:
         for lineno, raw in self._lines:
+            if not self._head:
+                self._refuse_binary(raw)
             self._head.append((lineno, raw))
             try:
                 obj = json.loads(raw)
@@ -85,6 +90,22 @@ class InputReader:
             if len(self._head) >= LOOKAHEAD:
                 break
         return SIMPLE
+
+    def _refuse_binary(self, first: bytes) -> None:
+        """A compressed or binary INPUT is one fatal error, not a record per garbage "line"."""
+        kind = next((k for magic, k in COMPRESSED.items() if first.startswith(magic)), None)
+        if kind is not None:
+            raise InputError(f"input {self.name} is a {kind}-compressed file, not JSONL text",
+                             hint=f"decompress it first, e.g. {'zcat' if kind == 'gzip' else kind + ' -dc'} "
+                                  f"FILE | multilora run - ..." if kind != "zip" else "unzip it first")
+        try:
+            first.decode("utf-8")
+            text = True
+        except UnicodeDecodeError:  # a Latin-1 JSONL line still starts with "{": only those get per-line errors
+            text = first.lstrip().startswith((b"{", b"["))
+        if b"\x00" in first or not text:
+            raise InputError(f"input {self.name} is a binary file, not JSONL text (binary data on its first line)",
+                             hint="give a UTF-8 JSONL file, one JSON object per line")
 
     @property
     def empty(self) -> bool:

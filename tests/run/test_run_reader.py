@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 
@@ -82,3 +83,23 @@ def test_count_records(tmp_path):
     p.write_bytes(b'{"prompt":"a"}\n\n{"prompt":"b"}\n  \n{"prompt":"c"}')
     assert count_records(str(p)) == 3
     assert count_records("-") is None
+
+
+@pytest.mark.parametrize("data, words", [
+    (gzip.compress(b'{"id": "a", "prompt": "x"}\n'), "gzip-compressed"),
+    (b"(\xb5/\xfd\x00\x00garbage", "zstd-compressed"),
+    (b"\x00\x00\x00\x00\n{}\n", "binary file"),
+    (bytes(range(128, 256)) + b"\n" + b'{"prompt": "x"}\n', "binary file"),
+])
+def test_compressed_or_binary_input_is_one_fatal_error(data, words):
+    # These used to become one invalid_utf8 record per garbage "line" (exit 3); a .jsonl.gz is a common slip.
+    with pytest.raises(InputError, match=words) as e:
+        InputReader(io.BytesIO(data), "in.bin")
+    assert e.value.exit_code == 1 and "in.bin" in e.value.message
+
+
+def test_a_latin1_line_is_still_a_per_line_error():
+    # A JSON line in another encoding starts with "{": one bad record, the rest of the file still runs.
+    r = InputReader(io.BytesIO(b'{"id": "l", "prompt": "caf\xe9"}\n{"id": "ok", "prompt": "x"}\n'), "in")
+    specs = list(r)
+    assert specs[0].error.code == "invalid_utf8" and specs[1].error is None
