@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 from multilora_cli.adapters.report import InspectReport, layer_ranges
+
+PIPE_WIDTH = 160  # columns when stdout is not a terminal and COLUMNS is unset
 
 
 def _num(x: float | None) -> str:
@@ -39,7 +43,10 @@ def render(rep: InspectReport, console=None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console(soft_wrap=False)
+    if console is None:
+        console = Console(soft_wrap=False)
+        if not console.is_terminal and not os.environ.get("COLUMNS"):  # piped: rich would wrap at 80 columns
+            console = Console(soft_wrap=False, width=PIPE_WIDTH)
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column(overflow="fold")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from multilora_cli.economics.report import Report
 from multilora_cli.economics.units import n, size
+
+PIPE_WIDTH = 160  # columns when stdout is not a terminal and COLUMNS is unset
 
 
 def render(report: Report, console=None) -> None:
@@ -11,7 +15,10 @@ def render(report: Report, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal and not os.environ.get("COLUMNS"):  # piped: rich would wrap at 80 columns
+            console = Console(width=PIPE_WIDTH)
     t = Table(title="Assumptions", title_justify="left", show_lines=False)
     for col in ("assumption", "value", "source", "note"):
         t.add_column(col, overflow="fold")

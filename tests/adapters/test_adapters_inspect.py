@@ -179,3 +179,17 @@ def test_bad_input_message_and_exit_code(cli, bad, case):
 def test_every_bad_case_is_exercised(bad):
     assert set(bad) == set(CASES)
     assert builders.TINY["hidden_size"] == 64  # the shape fragments above assume the tiny model
+
+
+def test_inspect_piped_keeps_each_row_on_one_line(good_adapter):
+    # Off a terminal rich wrapped the summary at 80 columns ("... 14.3 kB (14,336" / "bytes) in bf16").
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    p = subprocess.run([sys.executable, "-m", "multilora_cli", "inspect", str(good_adapter)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    size = next(line for line in p.stdout.splitlines() if line.startswith("size"))
+    assert size.rstrip().endswith("in bf16"), p.stdout

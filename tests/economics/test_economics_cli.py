@@ -95,3 +95,20 @@ def test_adapter_end_to_end(cli, tiny):
     data = json.loads(out)
     assert data["adapter"]["bytes"] == 2 * 8 * (128 + 96) * 4
     assert data["assumptions"]["adapter"]["source"] == "adapter"
+
+
+def test_tables_piped_to_a_file_are_not_folded_at_80_columns():
+    # `multilora economics ... > report.txt`: rich used 80 columns off a terminal, folding every formula and
+    # splitting the one-line verdict in two.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    p = subprocess.run([sys.executable, "-m", "multilora_cli", "economics", "--tenants", "100"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.rstrip().splitlines()
+    assert lines[-1].startswith("100 tenants on llama-2-7b") and lines[-1].endswith("/month"), lines[-3:]
+    formula = next(line for line in lines if "LoRA parameters" in line)
+    assert "Σ layers×r×(in+out)" in formula  # the whole formula on its row
