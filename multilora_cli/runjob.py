@@ -210,7 +210,9 @@ class RunJob:
             spec, adapter = entry
             self._active[adapter] -= 1
         if res.error is not None:
-            self._emit_error(spec, res.error.code, f"line {spec.lineno}: {res.error.one_line()}", adapter)
+            # the engine names the request by id ("request long: prompt has ..."); the line number does that here
+            msg = res.error.one_line().removeprefix(f"request {res.id}: ")
+            self._emit_error(spec, res.error.code, f"line {spec.lineno}: {msg}", adapter)
             return
         record = self._fmt.ok_record(spec, res.text, res.finish_reason, res.prompt_tokens, res.completion_tokens)
         with self._lock:

@@ -99,6 +99,7 @@ def test_every_bad_line_gets_one_error_record_and_no_good_line_is_lost(model_dir
     assert [r["id"] for r in recs if "error" not in r][-1] == physical  # default id: the physical line number
     long_rec = recs[ids.index("long")]
     assert "96" in long_rec["error"]["message"]  # names the limit it broke
+    assert long_rec["error"]["message"].split(": ")[1].startswith("prompt has")  # not "line 9: request long: ..."
     assert read_jsonl(errors) == [r for r in recs if "error" in r]
 
     ok = {r["id"]: r for r in recs if "error" not in r}
