@@ -111,7 +111,7 @@ def compute(s: Scenario) -> Report:
     report = Report(r.assumptions, modules, [sa, sc, sm, st, fleet, slots])
     _warn(report, s, r, shared, slot_bytes, a_bytes)
     report.summary = (
-        f"{n(s.tenants)} tenants on {r.model.label} with {size(a_bytes)} adapters ({shrink:,.0f}× smaller than a "
+        f"{n(s.tenants)} tenant{'' if s.tenants == 1 else 's'} on {r.model.label} with {size(a_bytes)} adapters ({shrink:,.0f}× smaller than a "
         f"full copy): {n(fleet['dedicated_gpus'])} dedicated vs {n(fleet['shared_gpus'])} shared {gpu.name} GPUs, "
         f"{n(fleet['gpus_saved'])} saved = {usd(fleet['usd_per_month_saved'])}/month")
     return report

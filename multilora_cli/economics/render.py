@@ -45,5 +45,5 @@ def render(report: Report, console=None) -> None:
         console.print(t)
 
     for w in report.warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
-    console.print(f"[bold]{report.summary}[/]", highlight=False)
+        console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+    console.print(f"[bold]{report.summary}[/]", highlight=False, soft_wrap=True)  # one line, whatever its length

@@ -112,3 +112,7 @@ def test_tables_piped_to_a_file_are_not_folded_at_80_columns():
     assert lines[-1].startswith("100 tenants on llama-2-7b") and lines[-1].endswith("/month"), lines[-3:]
     formula = next(line for line in lines if "LoRA parameters" in line)
     assert "Σ layers×r×(in+out)" in formula  # the whole formula on its row
+    p = subprocess.run([sys.executable, "-m", "multilora_cli", "economics", "--tenants", "100000"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    last = p.stdout.rstrip().splitlines()[-1]  # the verdict is one line even past the table width
+    assert last.startswith("100,000 tenants on") and last.endswith("/month"), p.stdout[-400:]
