@@ -39,7 +39,9 @@ class SamplingResolver:
         try:
             SamplingParams(**{**self.base, **cli})
         except ConfigError as e:
-            raise UsageError(f"invalid sampling flag: {e.message}") from e
+            field, _, rest = e.message.partition(" ")  # "temperature must be ...": name the flag the user typed
+            msg = f"--{field.replace('_', '-')} {rest}" if field in cli else f"invalid sampling flag: {e.message}"
+            raise UsageError(msg) from e
         self.base.update(cli)
 
     @property

@@ -56,9 +56,9 @@ def test_missing_input(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--top-p", "2"], "top_p"),
-    (["--temperature", "-1"], "temperature"),
-    (["--max-tokens", "0"], "max_tokens"),
+    (["--top-p", "2"], "--top-p must be a number in (0, 1], got 2.0"),
+    (["--temperature", "-1"], "--temperature must be"),
+    (["--max-tokens", "0"], "--max-tokens must be"),
     (["--max-loras", "0"], "--max-loras"),
     (["--dtype", "float8"], "--dtype"),
     (["--device", "tpu"], "--device"),

@@ -38,7 +38,7 @@ def test_bad_line_fields_become_line_errors(field, value, words):
 
 
 def test_bad_flags_are_usage_errors():
-    with pytest.raises(UsageError, match="top_p") as e:
+    with pytest.raises(UsageError, match="^--top-p must be a number in") as e:
         SamplingResolver({}, {"top_p": 0})
     assert e.value.exit_code == 2
 
