@@ -111,7 +111,7 @@ class RunJob:
         pf = preflight(specs, cfg.model, max_loras=cfg.max_loras, max_lora_rank=cfg.max_lora_rank)
         for name, err in pf.errors.items():
             note(f"warning: adapter {name!r} failed pre-flight; lines naming it get error records: "
-                 f"{err.one_line()}")
+                 f"{_why(name, err)}")
         return pf
 
     def _open_outputs(self, reader: InputReader, specs: Iterator[LineSpec]) -> tuple[OrderedWriter, ResumePlan]:
@@ -161,7 +161,7 @@ class RunJob:
             return name
         if name in self._pf.errors:
             err = self._pf.errors[name]
-            spec.fail(f"adapter {name!r} failed pre-flight: {err.one_line()}", err.code)
+            spec.fail(f"adapter {name!r} failed pre-flight: {_why(name, err)}", err.code)
         else:
             known = ", ".join(sorted(self._good)) or "none"
             spec.fail(f"unknown adapter {name!r} (known: {known}; add it with --adapters {name}=PATH)",
@@ -303,6 +303,19 @@ class RunJob:
             if hasattr(self.engine, "print_summary"):
                 self.engine.print_summary(stats)
         return EXIT_PARTIAL if self.stats.errors or self.stats.kept_errors else EXIT_OK
+
+
+def _why(name: str, err) -> str:
+    """The pre-flight error without its leading "adapter 'x'" (the message around it names the adapter)."""
+    text = err.one_line()
+    for prefix in (f"adapter {name!r}: ", f"adapter {name!r} "):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+            if text.startswith("("):  # "(./path/adapter_config.json) uses DoRA" -> "./path/...: uses DoRA"
+                inside, _, after = text[1:].partition(")")
+                text = f"{inside}: {after.lstrip(': ')}"
+            break
+    return text
 
 
 def _chain(first: LineSpec, rest: Iterator[LineSpec]) -> Iterator[LineSpec]:

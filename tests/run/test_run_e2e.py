@@ -232,3 +232,19 @@ def test_a_lone_surrogate_prompt_is_one_error_record_not_a_crash(model_dir, tmp_
     assert [r["id"] for r in recs] == ["a", "bad", "c"]
     assert "error" not in recs[0] and "error" not in recs[2]
     assert recs[1]["error"]["code"] == "invalid_request" and "surrogate" in recs[1]["error"]["message"]
+
+
+def test_preflight_failures_name_the_adapter_once(model_dir, broken_adapter, tmp_path):
+    # Records used to read "adapter 'dora' failed pre-flight: adapter 'dora' (/x/adapter_config.json) uses DoRA".
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": "d", "prompt": "x", "adapter": "dora"},
+                                              {"id": "m", "prompt": "x", "adapter": "medical"}])
+    rc, stdout, stderr = run_cli(["run", str(inp), "-m", str(model_dir / "base"), "--device", "cpu", "-q",
+                                  "-a", f"dora={broken_adapter},medical={model_dir / 'medical'}",
+                                  "--max-lora-rank", "1"])
+    assert rc == 3, stderr
+    d, m = read_jsonl(stdout)
+    assert d["error"]["message"].startswith(
+        f"line 1: adapter 'dora' failed pre-flight: {broken_adapter / 'adapter_config.json'}: uses DoRA"), d
+    assert m["error"]["message"].startswith("line 2: adapter 'medical' failed pre-flight: has rank "), m
+    for line in stderr.splitlines():
+        assert line.count("adapter '") == 1, line  # the warnings too
