@@ -60,6 +60,9 @@ class RunConfig:
             raise UsageError("--resume needs -o/--output: a run written to stdout cannot be resumed")
         if self.gpu_hour_usd is not None and self.gpu_hour_usd < 0:
             raise UsageError(f"--gpu-hour-usd must be >= 0, got {self.gpu_hour_usd}")
+        for flag, path in (("--errors", self.errors), ("--stats", self.stats)):
+            if path == "-":  # stdout carries the result records, one per input line, and nothing else
+                raise UsageError(f"{flag} - would mix into the results on stdout; give {flag} a file path")
         if not self.model and not self.adapters and not self.adapter_dir:
             raise UsageError("give a base model (--model) or adapters (--adapters / --adapter-dir) to run")
         files = {"INPUT": self.input, "--output": self.output, "--errors": self.errors, "--stats": self.stats}

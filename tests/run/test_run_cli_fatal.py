@@ -65,6 +65,8 @@ def test_missing_input(model_dir, tmp_path):
     (["--gpu-hour-usd", "-1"], "--gpu-hour-usd"),
     (["--resume"], "--resume needs -o"),
     (["--max-tokens", "ten"], "--max-tokens"),
+    (["--errors", "-"], "--errors - would mix into the results on stdout"),  # used to duplicate error records
+    (["--stats", "-"], "--stats - would mix"),  # used to write a file named "-"
 ])
 def test_bad_flags_exit_2(model_dir, inp, extra, words):
     rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), *extra])
