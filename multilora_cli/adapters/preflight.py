@@ -131,9 +131,19 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
             paths.pop(name, None)
             errors[name] = e
 
+    given = model is not None
     if model is None:
         model = _base_from_adapters(paths, configs, errors)
-    model_path = resolve(model, kind="model")
+    try:
+        model_path = resolve(model, kind="model")
+    except ResolveError as e:
+        if given:
+            raise
+        # The user never typed this path: say where it came from (a moved or copied adapter folder keeps the
+        # absolute base path it was trained with) and how to override it.
+        raise ResolveError(f"{e.message} (it is the base_model_name_or_path of adapter(s) "
+                           f"{', '.join(sorted(configs))})",
+                           hint="pass --model with the base model's folder or Hub id") from None
     model_config = ModelConfig.from_dir(model_path)
     named = replace(model_config, name_or_path=model)  # messages name the base as the user knows it
 

@@ -128,3 +128,21 @@ def test_preflight_defaults_and_flag_checks(fleet, llama_base):
         preflight({}, str(llama_base), max_loras=0)
     with pytest.raises(UsageError, match="--max-lora-rank must be at least 1"):
         preflight({}, str(llama_base), max_lora_rank=0)
+
+
+def test_missing_base_from_the_adapters_says_where_it_came_from(fleet, tmp_path):
+    # A copied / moved adapter keeps the absolute base path it was trained with; the error used to read like a
+    # path the user typed ("check the path, or pass a Hub id") without saying it came from adapter_config.json.
+    ad = tmp_path / "moved" / "legal"
+    shutil.copytree(fleet["legal"], ad)
+    cfg = json.loads((ad / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(tmp_path / "gone" / "base")
+    (ad / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ResolveError) as e:
+        preflight({"legal": str(ad)}, None)
+    msg = e.value.one_line()
+    assert "does not exist" in msg and "base_model_name_or_path of adapter(s) legal" in msg, msg
+    assert "pass --model" in msg
+    with pytest.raises(ResolveError) as e:  # a --model the user typed keeps the plain message
+        preflight({"legal": str(ad)}, str(tmp_path / "gone" / "base"))
+    assert "base_model_name_or_path" not in e.value.one_line()
