@@ -13,7 +13,7 @@ from multilora_cli.economics.shapes import DEFAULT_RANK, AdapterShape, parse_tar
 from multilora_cli.economics.slots import POPULARITIES
 from multilora_cli.economics.sources import (
     MeasuredRun, ModelSource, adapter_dir, load_adapter_shape, load_stats, resolve_model)
-from multilora_cli.errors import UsageError
+from multilora_cli.errors import ResolveError, UsageError
 
 
 @dataclass(slots=True)
@@ -103,7 +103,13 @@ def resolve(s: Scenario) -> Resolved:
     stats = load_stats(s.stats) if s.stats else None
     path, base = adapter_dir(s.adapter) if s.adapter else (None, None)
     model_spec = s.model or base
-    model = resolve_model(model_spec)
+    try:
+        model = resolve_model(model_spec)
+    except ResolveError as e:
+        if s.model:
+            raise
+        raise ResolveError(f"{e.message} (it is the base_model_name_or_path of --adapter {s.adapter})",
+                           hint="pass --model with the base model's folder, Hub id or a preset") from None
     if path is not None:
         adapter = load_adapter_shape(path, model.config)
     else:

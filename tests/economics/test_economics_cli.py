@@ -116,3 +116,16 @@ def test_tables_piped_to_a_file_are_not_folded_at_80_columns():
                        capture_output=True, text=True, env=env, timeout=120)
     last = p.stdout.rstrip().splitlines()[-1]  # the verdict is one line even past the table width
     assert last.startswith("100,000 tenants on") and last.endswith("/month"), p.stdout[-400:]
+
+
+def test_adapter_whose_base_is_gone_says_where_the_path_came_from(cli, tiny, tmp_path):
+    import shutil
+
+    moved = tmp_path / "qv"
+    shutil.copytree(tiny["qv"], moved)
+    cfg = json.loads((moved / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(tmp_path / "gone")
+    (moved / "adapter_config.json").write_text(json.dumps(cfg))
+    rc, out, err = cli("--tenants", 5, "--adapter", moved)
+    assert rc == 1 and out == ""
+    assert "base_model_name_or_path of --adapter" in err and "pass --model" in err, err
