@@ -88,4 +88,5 @@ def render(rep: InspectReport, console=None) -> None:
     if rep.servable:
         console.print("[bold green]servable by multilora: yes[/]")
     else:
-        console.print(f"[bold red]servable by multilora: no[/], because {escape(rep.reason or '')}", highlight=False)
+        console.print(f"[bold red]servable by multilora: no[/], because {escape(rep.reason or '')}", highlight=False,
+                      soft_wrap=True)  # one line: easy to grep, whatever its length

@@ -193,3 +193,17 @@ def test_inspect_piped_keeps_each_row_on_one_line(good_adapter):
     assert p.returncode == 0, p.stderr
     size = next(line for line in p.stdout.splitlines() if line.startswith("size"))
     assert size.rstrip().endswith("in bf16"), p.stdout
+
+
+def test_inspect_verdict_is_one_line_however_long(bad):
+    import os
+    import subprocess
+    import sys
+
+    path, extra = bad["base_shape"]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    p = subprocess.run([sys.executable, "-m", "multilora_cli", "inspect", str(path), *map(str, extra)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 1
+    verdict = p.stdout.rstrip().splitlines()[-1]
+    assert verdict.startswith("servable by multilora: no, because") and "maps 128 -> 128" in verdict, p.stdout
