@@ -30,6 +30,8 @@ class SimpleFormat:
             spec.meta["adapter_raw"] = adapter
             return spec.fail(f"adapter must be a string (an adapter name, or 'base'), got {json_type(adapter)}")
         spec.adapter = adapter
+        if adapter is not None and not adapter.strip():
+            return spec.fail("adapter is an empty string: give an adapter name, or 'base' / null for the base model")
         if "custom_id" in obj and "body" in obj:
             return spec.fail("this is an OpenAI batch line, but the file's first line made it a simple-format "
                              "file; use one format per file", "wrong_format")

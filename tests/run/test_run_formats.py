@@ -153,3 +153,10 @@ def test_lone_surrogate_escapes_fail_the_line(raw, field):
 def test_surrogate_pairs_and_surrogates_outside_the_text_are_fine():
     s = parse(rb'{"id": "\ud800", "prompt": "globe \ud83c\udf0d"}')
     assert s.error is None and s.prompt == "globe \U0001f30d"
+
+
+def test_empty_adapter_name_is_a_clear_error():
+    # It used to be "unknown adapter '' (... add it with --adapters =PATH)", advice that cannot work.
+    s = parse({"prompt": "x", "adapter": ""})
+    assert s.error is not None and s.error.code == "invalid_request"
+    assert "adapter is an empty string" in s.error.message and "'base' / null" in s.error.message
