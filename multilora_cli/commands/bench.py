@@ -17,8 +17,8 @@ def command(
     prompt_len: int = typer.Option(128, "--prompt-len", help="Prompt tokens per request."),
     output_len: int = typer.Option(128, "--output-len", help="Generated tokens per request (eos ignored)."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", help="Largest decode batch."),
-    base: bool = typer.Option(True, "--base/--no-base", help="Also run the base model without adapters."),
-    hf: bool = typer.Option(False, "--hf/--no-hf", help="Also time HF transformers + PEFT (slow to build: "
+    base: bool = typer.Option(True, "--base/--no-base", metavar="", help="Also run the base model without adapters."),
+    hf: bool = typer.Option(False, "--hf/--no-hf", metavar="", help="Also time HF transformers + PEFT (slow to build: "
                             "minutes at 8B with 64 adapters; timed on a few tokens and extrapolated)."),
     rows: str | None = typer.Option(None, "--rows", help="Advanced: row specs instead of the flags above, e.g. "
                                     "64,base,hf64,256/64,64z (see multilora_cli/bench/plan.py)."),
