@@ -109,3 +109,19 @@ def build_tokenizer(path: Path, vocab_size: int = 256) -> Path:
                          "{% if add_generation_prompt %}assistant:{% endif %}",
     }))
     return path
+
+
+MIXED_ADAPTERS = {  # name -> build_adapter kwargs: different ranks, targets, rsLoRA, rank_pattern
+    "qv8": dict(r=8, alpha=16, targets=("q_proj", "v_proj"), seed=11),
+    "all4rs": dict(r=4, alpha=8, targets="all-linear", use_rslora=True, seed=12),
+    "mlp16": dict(r=16, alpha=32, targets=("o_proj", "up_proj", "down_proj"), rank_pattern={"down_proj": 2},
+                  seed=13),
+}
+
+
+def build_mixed(root: Path, arch: str = "llama") -> tuple[Path, dict[str, Path]]:
+    """A tiny base of `arch` with a tokenizer, and the three MIXED_ADAPTERS written by PEFT beside it."""
+    root = Path(root)
+    base = build_base(root / "base", arch)
+    build_tokenizer(base)
+    return base, {n: build_adapter(base, root / n, **kw) for n, kw in MIXED_ADAPTERS.items()}

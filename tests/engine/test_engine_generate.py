@@ -15,22 +15,10 @@ import torch
 from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
-from tests.builders import build_adapter, build_base, build_tokenizer
+from tests.builders import build_mixed
 
-ADAPTERS = {  # name -> build_adapter kwargs: different ranks, targets, rsLoRA, rank_pattern
-    "qv8": dict(r=8, alpha=16, targets=("q_proj", "v_proj"), seed=11),
-    "all4rs": dict(r=4, alpha=8, targets="all-linear", use_rslora=True, seed=12),
-    "mlp16": dict(r=16, alpha=32, targets=("o_proj", "up_proj", "down_proj"), rank_pattern={"down_proj": 2},
-                  seed=13),
-}
 PLAN = ["qv8", None, "all4rs", "mlp16", "qv8", None, "mlp16", "all4rs"]  # one mixed batch, base rows included
 NEW = 6
-
-
-def _setup(root: Path, arch: str) -> tuple[Path, dict[str, Path]]:
-    base = build_base(root / "base", arch)
-    build_tokenizer(base)
-    return base, {n: build_adapter(base, root / n, **kw) for n, kw in ADAPTERS.items()}
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -73,7 +61,7 @@ def _hf_greedy(base: Path, adapters: dict[str, Path], prompts, plan) -> list[lis
 
 @pytest.mark.parametrize("arch", ["llama", "llama-tied", "qwen2", "qwen3"])
 def test_mixed_batch_matches_hf_peft(tmp_path, arch):
-    base, adapters = _setup(tmp_path, arch)
+    base, adapters = build_mixed(tmp_path, arch)
     prompts = _prompts(len(PLAN))
     engine = Engine(EngineConfig(model=str(base), max_loras=4, max_lora_rank=16), adapters)
     got = engine.generate_all(_requests(prompts, PLAN))
@@ -88,7 +76,7 @@ def test_mixed_batch_matches_hf_peft(tmp_path, arch):
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    return _setup(tmp_path_factory.mktemp("llama"), "llama")
+    return build_mixed(tmp_path_factory.mktemp("llama"), "llama")
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 7}, {"temperature": 1.3}])

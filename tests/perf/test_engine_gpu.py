@@ -15,26 +15,17 @@ import torch
 from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
-from tests.builders import build_adapter, build_base, build_tokenizer
+from tests.builders import build_mixed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-ADAPTERS = {
-    "qv8": dict(r=8, alpha=16, targets=("q_proj", "v_proj"), seed=11),
-    "all4rs": dict(r=4, alpha=8, targets="all-linear", use_rslora=True, seed=12),
-    "mlp16": dict(r=16, alpha=32, targets=("o_proj", "up_proj", "down_proj"), rank_pattern={"down_proj": 2},
-                  seed=13),
-}
 PLAN = ["qv8", None, "all4rs", "mlp16", "qv8", None, "mlp16", "all4rs", "qv8", "mlp16", None, "all4rs"]
 NEW = 8
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu_engine")
-    base = build_base(root / "base", "llama")
-    build_tokenizer(base)
-    return base, {n: build_adapter(base, root / n, **kw) for n, kw in ADAPTERS.items()}
+    return build_mixed(tmp_path_factory.mktemp("gpu_engine"), "llama")
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
