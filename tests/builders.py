@@ -125,3 +125,16 @@ def build_mixed(root: Path, arch: str = "llama") -> tuple[Path, dict[str, Path]]
     base = build_base(root / "base", arch)
     build_tokenizer(base)
     return base, {n: build_adapter(base, root / n, **kw) for n, kw in MIXED_ADAPTERS.items()}
+
+
+def load_peft(base: Path, adapters: dict[str, Path]):
+    """The HF reference: `base` in fp32 with every adapter of `adapters` loaded into one PeftModel (eval mode)."""
+    import peft
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    names = list(adapters)
+    pm = peft.PeftModel.from_pretrained(model, adapters[names[0]], adapter_name=names[0])
+    for n in names[1:]:
+        pm.load_adapter(adapters[n], adapter_name=n)
+    return pm.eval()

@@ -15,7 +15,7 @@ import torch
 from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
-from tests.builders import build_mixed
+from tests.builders import build_mixed, load_peft
 
 PLAN = ["qv8", None, "all4rs", "mlp16", "qv8", None, "mlp16", "all4rs"]  # one mixed batch, base rows included
 NEW = 6
@@ -34,15 +34,7 @@ def _requests(prompts, plan, **sampling) -> list[Request]:
 
 
 def _hf_greedy(base: Path, adapters: dict[str, Path], prompts, plan) -> list[list[int]]:
-    import peft
-    import transformers as tf
-
-    model = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    names = list(adapters)
-    pm = peft.PeftModel.from_pretrained(model, adapters[names[0]], adapter_name=names[0])
-    for n in names[1:]:
-        pm.load_adapter(adapters[n], adapter_name=n)
-    pm.eval()
+    pm = load_peft(base, adapters)
     out = []
     with torch.no_grad():
         for p, a in zip(prompts, plan):

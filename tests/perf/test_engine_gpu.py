@@ -15,7 +15,7 @@ import torch
 from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
-from tests.builders import build_mixed
+from tests.builders import build_mixed, load_peft
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -42,15 +42,7 @@ def _requests(prompts, plan) -> list[Request]:
 
 def _hf_reference(base: Path, adapters: dict[str, Path], prompts, plan):
     """Greedy tokens of HF + PEFT in fp32 on CPU, and the top-1 minus top-2 logit margin at every step."""
-    import peft
-    import transformers as tf
-
-    model = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    names = list(adapters)
-    pm = peft.PeftModel.from_pretrained(model, adapters[names[0]], adapter_name=names[0])
-    for n in names[1:]:
-        pm.load_adapter(adapters[n], adapter_name=n)
-    pm.eval()
+    pm = load_peft(base, adapters)
     tokens, margins = [], []
     with torch.no_grad():
         for p, a in zip(prompts, plan):
