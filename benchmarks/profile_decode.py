@@ -1,6 +1,7 @@
 """Where does a decode step's time go? Profiles one full-batch decode step of the e2e workload.
 
     python benchmarks/profile_decode.py --preset llama-3-8b --adapters 64      # and --adapters 0 (base)
+    python benchmarks/profile_decode.py --adapters 64 --phase prefill          # the first full prefill step
 
 Runs the benchmark workload until a decode step of max_num_seqs sequences, then re-runs that same step
 (re-running a decode step rewrites the same KV slot with the same values, so nothing changes): host wall time
@@ -35,6 +36,7 @@ def main() -> int:
     ap.add_argument("--adapters", type=int, default=64)
     ap.add_argument("--at-step", type=int, default=40, help="profile the n-th full-batch decode step")
     ap.add_argument("--rows", type=int, default=30, help="kernel table rows")
+    ap.add_argument("--phase", choices=("decode", "prefill"), default="decode")
     args = ap.parse_args()
     dev = torch.device("cuda")
     work = Workload(preset=args.preset, num_adapters=args.adapters, num_requests=256, output_len=96,
@@ -52,6 +54,12 @@ def main() -> int:
 
         def run(batch):
             out = real_run(batch)
+            if args.phase == "prefill":
+                if not seen["done"] and not batch.is_decode_only and batch.num_tokens >= work.max_num_batched_tokens:
+                    seen["done"] = True
+                    profile_prefill(batch)
+                    raise SystemExit(0)  # nothing more to see: skip the rest of the workload
+                return out
             if seen["done"] or not batch.is_decode_only or batch.num_seqs != work.max_num_seqs:
                 return out
             seen["n"] += 1
@@ -59,6 +67,38 @@ def main() -> int:
                 seen["done"] = True
                 profile(batch)
             return out
+
+        def profile_prefill(batch):
+            for _ in range(2):
+                real_run(batch)
+            torch.cuda.synchronize()
+            walls, gpus = [], []
+            for _ in range(5):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
+                a.record()
+                real_run(batch)
+                b.record()
+                torch.cuda.synchronize()
+                walls.append(time.perf_counter() - t0)
+                gpus.append(a.elapsed_time(b))
+            print(f"prefill step: {batch.num_seqs} seqs, {batch.num_tokens} tokens, "
+                  f"{len({s for s in batch.slots if s >= 0})} adapters")
+            print(f"  step wall (runner.run): {statistics.median(walls) * 1e3:.2f} ms, "
+                  f"events around it: {statistics.median(gpus):.2f} ms")
+            kernel_table(lambda: real_run(batch))
+
+        def kernel_table(step):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+            events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+            total = sum(e.self_device_time_total for e in events) / 3 / 1e3
+            print(f"  kernels, GPU time per step: {total:.2f} ms in {sum(e.count for e in events) // 3} kernels")
+            events.sort(key=lambda e: -e.self_device_time_total)
+            for e in events[:args.rows]:
+                print(f"    {e.self_device_time_total / 3 / 1e3:7.3f} ms  {e.count // 3:5d}x  {e.key[:110]}")
 
         def profile(batch):
             g = runner.graphs
@@ -97,19 +137,10 @@ def main() -> int:
                 for _ in range(2):
                     real_run(batch)
                 torch.cuda.synchronize()
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    for _ in range(3):
-                        real_run(batch)
-                    torch.cuda.synchronize()
+                print("  eager run of the same step:")
+                kernel_table(lambda: real_run(batch))
             finally:
                 runner.graphs = g
-            events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-            total = sum(e.self_device_time_total for e in events) / 3 / 1e3
-            print(f"  eager kernels, GPU time per step: {total:.2f} ms in "
-                  f"{sum(e.count for e in events) // 3} kernels")
-            events.sort(key=lambda e: -e.self_device_time_total)
-            for e in events[:args.rows]:
-                print(f"    {e.self_device_time_total / 3 / 1e3:7.3f} ms  {e.count // 3:5d}x  {e.key[:110]}")
 
         runner.run = run
         engine.generate_all(work.requests(cfg.vocab_size))
