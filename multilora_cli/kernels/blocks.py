@@ -93,15 +93,6 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
                         num_stages=3 if nb >= 3 else 2)
 
 
-FUSED_MAX_TOKENS = 1024
-
-
-def use_fused(t: int, in_features: int, out_features: int) -> bool:
-    """One launch (sgmv_fused.py) instead of two: where both kernels are latency-bound, i.e. few tokens."""
-    del in_features, out_features
-    return t <= FUSED_MAX_TOKENS
-
-
 def tile_index(bm: int) -> int:
     """Row of LoraMeta.tiles holding the tile map for row-block size bm."""
     return TILE_BLOCKS.index(bm)

@@ -28,8 +28,6 @@ class LoraMeta:
                 (slot, lo, hi) = one segment's rows sorted_idx[lo:hi], hi - lo <= BM; slot -1 = no work
     tile_counts: host, number of real tiles per BM (eager launches size their grid by it)
     static:     True when the tensors are views of persistent buffers (`LoraMetaBuffers`): safe to capture
-    counters:   [2, cap] int32 zeros: per-tile hand-off counters of the one-launch kernel (sgmv_fused.py), which
-                returns them to zero before it ends, so one buffer serves every layer and every step
     """
 
     token_slot: torch.Tensor
@@ -40,7 +38,6 @@ class LoraMeta:
     tiles: torch.Tensor | None = None
     tile_counts: tuple[int, ...] = ()
     static: bool = False
-    counters: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -110,7 +107,6 @@ def build_lora_meta(token_slot: list[int] | torch.Tensor, device: torch.device |
         segments=segments,
         tiles=mk(flat_tiles).view(len(TILE_BLOCKS), 3, cap),
         tile_counts=counts,
-        counters=torch.zeros(2, cap, dtype=torch.int32, device=device),
     )
 
 
@@ -135,7 +131,6 @@ class LoraMetaBuffers:
         pin = self.device.type == "cuda"
         self._host = torch.empty(total, dtype=torch.int32, pin_memory=pin)
         self._dev = torch.zeros(total, dtype=torch.int32, device=self.device)
-        self._counters = torch.zeros(2, self.cap, dtype=torch.int32, device=self.device)  # never copied over
         self._copied = torch.cuda.Event() if pin else None
 
     def build(self, token_slot: list[int]) -> LoraMeta:
@@ -172,5 +167,4 @@ class LoraMetaBuffers:
             tiles=d[o[4]:].view(len(TILE_BLOCKS), 3, self.cap),
             tile_counts=counts,
             static=True,
-            counters=self._counters,
         )

@@ -122,35 +122,3 @@ def test_add_lora_dispatch_uses_triton_when_forced(monkeypatch):
     assert calls == [1]
     ref = add_lora_reference(torch.zeros(9, 384), x, w, torch.tensor(ts))
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("pattern", POPULARITY)
-def test_one_launch_equals_two_launches(pattern):
-    """sgmv_fused: same bits as shrink + expand, every adapted element checked, counters back at zero, and the
-    same static metadata buffers reused for a second layer with other shapes."""
-    from multilora_cli.kernels.sgmv import add_lora_triton
-
-    ts = token_slots(pattern, 45, seed=11)
-    bufs = LoraMetaBuffers(max_tokens=45, max_loras=12, device="cpu")
-    meta = bufs.build(ts)
-    blocks = dict(shrink=ShrinkBlocks(bm=16, bk=32, split=2), expand=ExpandBlocks(bm=16, bn=32, nb=2))
-    for in_f, slices in (QKV, (200, [40, 24])):
-        w = make_pool(in_f, slices, torch.float32, seed=4)
-        g = torch.Generator().manual_seed(5)
-        x, y0 = torch.randn(45, in_f, generator=g), torch.randn(45, sum(slices), generator=g)
-        one, two = y0.clone(), y0.clone()
-        add_lora_triton(one, x, w, meta, fused=True, **blocks)
-        add_lora_triton(two, x, w, meta, fused=False, **blocks)
-        assert torch.equal(one, two)
-        assert_matches(one, y0, add_lora_reference(y0, x, w, torch.tensor(ts)), ts, w, TOL[torch.float32])
-        assert int(meta.counters.abs().sum()) == 0
-
-
-def test_one_launch_rejects_mismatched_tiles():
-    from multilora_cli.kernels.sgmv_fused import lora_fused
-
-    ts = token_slots("zipf", 20, seed=1)
-    w = make_pool(*QKV, torch.float32)
-    x, y = torch.randn(20, QKV[0]), torch.zeros(20, sum(QKV[1]))
-    with pytest.raises(ValueError, match="bm"):
-        lora_fused(y, x, w, build_lora_meta(ts), ShrinkBlocks(bm=16, bk=32, split=2), ExpandBlocks(bm=32, bn=32, nb=1))
