@@ -103,6 +103,7 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
         st = engine.stats
         loads0, evict0 = st.slot_loads, st.slot_evictions
         install_s = _time_installs(engine)
+        staging0 = engine.runner.staging_stats()
         engine.runner.step_log = []
         _sync(device)
         t0 = time.perf_counter()
@@ -122,7 +123,8 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
                          slot_loads=engine.stats.slot_loads - loads0,
                          slot_evictions=engine.stats.slot_evictions - evict0,
                          enforce_eager=enforce_eager, preemptions=engine.stats.preemptions,
-                         install_host_s=install_s[0], host_warm=host_warm)
+                         install_host_s=install_s[0], host_warm=host_warm,
+                         staging={k: v - staging0.get(k, 0) for k, v in engine.runner.staging_stats().items()})
         log(f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
             f"{row.tokens_per_s:.0f} tok/s, decode step {row.decode_step_ms or 0:.2f} ms at batch "
             f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms)")

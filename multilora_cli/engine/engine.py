@@ -17,13 +17,15 @@ from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.request import EngineStats, Request, Result
-from multilora_cli.engine.runner import ModelRunner
+from multilora_cli.engine.runner import STAGING_BUFFERS, ModelRunner
 from multilora_cli.engine.scheduler import Scheduler
 from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.slots import SlotManager
 from multilora_cli.engine.tokenizer import Tokenizer
 from multilora_cli.errors import EngineError, MultiloraError, RequestError
 from multilora_cli.models.config import ModelConfig
+
+PREFETCH_THREADS = 3  # background adapter reads + packs (SlotManager): 3 beat 1 by 3.7% tok/s (RESULTS.md run 10)
 
 
 class Engine:
@@ -47,7 +49,9 @@ class Engine:
         self.max_model_len = self.runner.max_model_len
         self.slots = SlotManager(config.max_loras, config.max_cpu_loras, load_cpu=self._load_cpu,
                                  install=self.runner.install_adapter, evict=self.runner.evict_adapter,
-                                 prefetch_threads=1 if self.adapters else 0)
+                                 prefetch_threads=PREFETCH_THREADS if self.adapters else 0,
+                                 stage=self.runner.stage_adapter,
+                                 stage_ahead=STAGING_BUFFERS if self.runner.device.type == "cuda" else 0)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager, self.slots, max_model_len=self.max_model_len)
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids, self.max_model_len)
@@ -71,7 +75,8 @@ class Engine:
         """On CUDA: ONE host buffer laid out like the slots (engine/packed.py), so a slot load is one copy plus
         one scatter. Pageable, not pinned: on an H200 a fresh pinned buffer per adapter (~128 MB for a rank-16
         Llama-3-8B adapter) stalled the running steps — 7,951 vs 10,068 tok/s with 64 adapters read during a
-        1024-request run (benchmarks/RESULTS.md) — while the pageable copy costs ~13 ms per slot load."""
+        1024-request run (benchmarks/RESULTS.md). The ~13 ms pageable copy to the device is made ahead, on the
+        prefetch thread, for the next adapters to load (SlotManager.prefetch -> engine/staging.py)."""
         if self.runner.device.type != "cuda":
             return adapter
         from multilora_cli.engine.packed import pack_adapter

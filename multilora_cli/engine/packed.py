@@ -4,10 +4,11 @@
 the staging buffer into the slots. The layout mirrors `LoraWeights` so those scatter copies are few and dense:
 per fused module (layer, "qkv_proj" ...) whose slices are all adapted at the same rank r ("uniform"):
     A block [n_slices, r, in]      -> slot a[slot, :, :r, :]  (dense when r == max_rank, or one slice)
-    B block [r, out_total]         -> slot b storage [slot, :r, :] (B is stored rank-major in the slots)
-other modules (some slices missing, or ranks differ): per adapted slice A [r, in] and B^T [r, out_slice].
-The returned adapter's modules are views of that buffer (A [r, in], B [out, r] as a transposed view), so it
-is still an ordinary `LoraAdapter` for every other use.
+    B block [out_total, r]         -> slot b[slot, :, :r]     (the device copy transposes into rank-major slots)
+other modules (some slices missing, or ranks differ): per adapted slice A [r, in] and B [out_slice, r].
+Every block is a source tensor as PEFT stores it, so packing is one `torch.cat` (one memcpy, GIL released)
+rather than hundreds of small and strided copies on the prefetch thread. The returned adapter's modules are
+views of that buffer (A [r, in], B [out, r]), so it is still an ordinary `LoraAdapter` for every other use.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class PackedAdapter(LoraAdapter):
     flat: torch.Tensor | None = None
     groups: dict[tuple[int, str], PackedGroup] = field(default_factory=dict)
     layout: tuple = ()  # hashable summary of `groups` (offsets + ranks): equal layouts share cached views
+    staged: tuple | None = None  # set by engine/staging.py: (buffer index, copy-done event) of a device copy
 
 
 def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None = None) -> PackedAdapter:
@@ -75,22 +77,32 @@ def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None =
                 total += r * (fin + o)
             plan.append((key, mods, PackedGroup(False, ranks, tuple(m.scaling if m else 0.0 for m in mods), fin,
                                                 outs, slice_offs=tuple(offs))))
+    # ONE copy op fills the buffer (sources in buffer order; B stays [out, r] as PEFT stores it, so every
+    # source is contiguous: a plain memcpy, no strided transpose on the CPU; the slot scatter on the device
+    # does the transpose into the rank-major slots)
+    srcs: list[torch.Tensor] = []
+    for _, mods, g in plan:
+        if g.uniform:
+            srcs += [m.a for m in mods] + [m.b for m in mods]
+        else:
+            for m in mods:
+                if m is not None:
+                    srcs += [m.a, m.b]
     flat = torch.empty(total, dtype=dtype, pin_memory=pin)
+    if srcs:
+        torch.cat([t.to(dtype).reshape(-1) for t in srcs], out=flat)
     modules: dict[tuple[int, str], LoraModule] = {}
     groups: dict[tuple[int, str], PackedGroup] = {}
     for (layer, fused), mods, g in plan:
         groups[(layer, fused)] = g
         names = SLICES[fused]
         if g.uniform:
-            r, fin, out_total = g.ranks[0], g.in_features, sum(g.outs)
-            a_blk = flat[g.a_off:g.a_off + len(mods) * r * fin].view(len(mods), r, fin)
-            b_blk = flat[g.b_off:g.b_off + r * out_total].view(r, out_total)
+            r, fin = g.ranks[0], g.in_features
             lo = 0
             for i, m in enumerate(mods):
-                a_blk[i].copy_(m.a)
-                bt = b_blk[:, lo:lo + g.outs[i]]
-                bt.copy_(m.b.t())
-                modules[(layer, names[i])] = LoraModule(a=a_blk[i], b=bt.t(), scaling=m.scaling)
+                a = flat[g.a_off + i * r * fin:g.a_off + (i + 1) * r * fin].view(r, fin)
+                b = flat[g.b_off + lo * r:g.b_off + (lo + g.outs[i]) * r].view(g.outs[i], r)
+                modules[(layer, names[i])] = LoraModule(a=a, b=b, scaling=m.scaling)
                 lo += g.outs[i]
         else:
             for i, (m, offs) in enumerate(zip(mods, g.slice_offs)):
@@ -98,10 +110,8 @@ def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None =
                     continue
                 r, o = g.ranks[i], g.outs[i]
                 a = flat[offs[0]:offs[0] + r * g.in_features].view(r, g.in_features)
-                bt = flat[offs[1]:offs[1] + r * o].view(r, o)
-                a.copy_(m.a)
-                bt.copy_(m.b.t())
-                modules[(layer, names[i])] = LoraModule(a=a, b=bt.t(), scaling=m.scaling)
+                b = flat[offs[1]:offs[1] + o * r].view(o, r)
+                modules[(layer, names[i])] = LoraModule(a=a, b=b, scaling=m.scaling)
     layout = (dtype, total, tuple((k, g.uniform, g.ranks, g.outs, g.a_off, g.b_off, g.slice_offs)
                                   for k, g in groups.items()))
     return PackedAdapter(name=adapter.name, path=adapter.path, config=adapter.config, modules=modules,

@@ -19,12 +19,15 @@ from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.cuda_graphs import DecodeGraphs
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
 from multilora_cli.engine.slot_writer import SlotWriter
+from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.engine.step_inputs import build_step_inputs
 from multilora_cli.errors import EngineError
 from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta
 from multilora_cli.layers.context import reset_context, set_context
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model, resolve_dtype
+
+STAGING_BUFFERS = 2  # device copies of packed adapters made ahead of their slot loads (engine/staging.py)
 
 
 def pick_device(requested: str) -> torch.device:
@@ -70,6 +73,11 @@ class ModelRunner:
                                 lora_targets=lora_targets, load_format=config.load_format, seed=config.seed)
         self._lora_modules = self.model.lora_modules()
         self._slot_writer = SlotWriter(self._lora_modules, self.device)
+        if self.device.type == "cuda" and self._lora_modules:
+            # allocated before the KV cache is sized, so their bytes are counted; one slot's worth each
+            numel = sum(m.lora.max_rank * (m.lora.n_slices * m.lora.in_features + m.lora.out_features)
+                        for m in self._lora_modules.values())
+            self._slot_writer.stager = DeviceStager(self.device, numel, self.dtype, n_buffers=STAGING_BUFFERS)
         self.block_size = config.block_size
         self.num_blocks = self._size_kv_cache()
         self.model.allocate_kv_cache(self.num_blocks, self.block_size)
@@ -118,6 +126,18 @@ class ModelRunner:
     def install_adapter(self, slot: int, name: str, adapter) -> None:
         """Copy a loaded adapter (adapters.peft.LoraAdapter) into `slot` of every LoRA layer."""
         self._slot_writer.install(slot, adapter)
+
+    def stage_adapter(self, adapter) -> bool:
+        """Copy a packed adapter to the device ahead of its slot load (thread-safe; the prefetch thread calls
+        this). False where there is nothing to gain: on CPU, or no buffer to spare."""
+        stager = self._slot_writer.stager
+        return stager is not None and getattr(adapter, "flat", None) is not None and stager.stage(adapter)
+
+    def staging_stats(self) -> dict:
+        """Counters of the device staging buffers: staged, taken (slot loads that skipped the host copy),
+        reclaimed, skipped; {} without them."""
+        stager = self._slot_writer.stager
+        return stager.stats() if stager is not None else {}
 
     def evict_adapter(self, slot: int, name: str) -> None:
         self._slot_writer.clear(slot)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from multilora_cli.engine.packed import PackedAdapter
+from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.layers.lora import LoRALinear
 
 
@@ -44,6 +45,7 @@ class SlotWriter:
         self._dst: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]] = {}
         self._src: dict[tuple, list[torch.Tensor]] = {}
         self._packed: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # (slot, layout) -> dst, src
+        self.stager: DeviceStager | None = None  # set by the runner on CUDA: device copies made ahead of loads
 
     def install(self, slot: int, adapter) -> None:
         """Copy `adapter` (adapters.peft.LoraAdapter: slices_for(layer, fused)) into `slot` of every module."""
@@ -101,7 +103,10 @@ class SlotWriter:
             extra = sorted(set(groups) - {key for key, _ in self.modules})
             raise ValueError(f"adapter {p.name!r} adapts {extra[0]}, which has no LoRA module here")
         flat = p.flat
-        if self.cuda:
+        staged = self.stager.take(p) if self.stager is not None else None
+        if staged is not None:  # copied to the device by the prefetch thread: only the scatter is left
+            base = staged
+        elif self.cuda:
             if self._staging is None or self._staging.numel() < flat.numel() or self._staging.dtype != flat.dtype:
                 self._staging = torch.empty(flat.numel(), dtype=flat.dtype, device=self.device)
                 self._src.clear()
@@ -110,7 +115,7 @@ class SlotWriter:
             base = self._staging
         else:
             base = flat
-        key = (slot, p.layout)
+        key = (slot, p.layout, base.data_ptr())
         hit = self._packed.get(key) if self.cuda else None
         if hit is None:
             hit = self._packed_views(slot, groups, base)
@@ -119,6 +124,8 @@ class SlotWriter:
         dst, src = hit
         if dst:
             torch._foreach_copy_(dst, src, non_blocking=True)
+        if staged is not None:
+            self.stager.release(staged)
         _, rank_dst, scale_dst = self._destinations(slot, None)
         self._ranks_dev.copy_(self._host(ranks), non_blocking=True)
         self._scales_dev.copy_(self._host(scales), non_blocking=True)
@@ -143,14 +150,14 @@ class SlotWriter:
                 r, k, out = g.ranks[0], w.n_slices, w.out_features
                 dst += [w.a[slot, :, :r], w.b[slot, :, :r]]
                 src += [base[g.a_off:g.a_off + k * r * fin].view(k, r, fin),
-                        base[g.b_off:g.b_off + r * out].view(r, out).t()]
+                        base[g.b_off:g.b_off + out * r].view(out, r)]
                 continue
             for i, offs in enumerate(g.slice_offs):
                 if offs is None:
                     continue
                 r, lo, hi = g.ranks[i], w.slice_offsets[i], w.slice_offsets[i + 1]
                 dst += [w.a[slot, i, :r], w.b[slot, lo:hi, :r]]
-                src += [base[offs[0]:offs[0] + r * fin].view(r, fin), base[offs[1]:offs[1] + r * (hi - lo)].view(r, hi - lo).t()]
+                src += [base[offs[0]:offs[0] + r * fin].view(r, fin), base[offs[1]:offs[1] + (hi - lo) * r].view(hi - lo, r)]
         return dst, src
 
     def clear(self, slot: int) -> None:

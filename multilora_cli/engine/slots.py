@@ -29,7 +29,7 @@ class SlotManager:
 
     def __init__(self, max_loras: int, max_cpu_loras: int, load_cpu: Callable[[str], object],
                  install: Callable[[int, str, object], None], evict: Callable[[int, str], None] | None = None,
-                 prefetch_threads: int = 0):
+                 prefetch_threads: int = 0, stage: Callable[[object], bool] | None = None, stage_ahead: int = 0):
         if max_loras < 1 or max_cpu_loras < 0:
             raise ValueError(f"max_loras must be >= 1 and max_cpu_loras >= 0, got {max_loras}, {max_cpu_loras}")
         self.max_loras = max_loras
@@ -43,6 +43,9 @@ class SlotManager:
         self._refs: dict[str, int] = {}  # running sequences per adapter (pins)
         self._cpu: OrderedDict[str, object] = OrderedDict()  # host cache, least recently used first
         self._inflight: dict[str, Future] = {}  # background reads not yet claimed
+        # host-cached adapters get their device copy made ahead too (engine/staging.py), at most stage_ahead
+        self._stage, self._stage_ahead = stage, stage_ahead
+        self._staging: dict[str, Future] = {}
         self._pool = (ThreadPoolExecutor(prefetch_threads, thread_name_prefix="lora-prefetch")
                       if prefetch_threads > 0 else None)
         # counters
@@ -119,6 +122,7 @@ class SlotManager:
         except BaseException:
             self._free_slots.append(slot)
             raise
+        self._staging.pop(name, None)
         self._slot_of[name] = slot
         self._lru[name] = None
         self.loads += 1
@@ -160,16 +164,35 @@ class SlotManager:
 
     def prefetch(self, names: Iterable[str]) -> None:
         """Start background reads of adapters that are neither resident, cached nor already being read (at
-        most `max_loras` in flight). A no-op without prefetch threads."""
+        most `max_loras` in flight), and device copies of the first `stage_ahead` of `names` (the next loads)
+        once they are read. A no-op without prefetch threads."""
         if self._pool is None:
             return
+        ahead = 0
         for name in names:
-            if len(self._inflight) >= self.max_loras:
-                break
-            if name is None or name in self._slot_of or name in self._cpu or name in self._inflight:
+            if name is None or name in self._slot_of:
                 continue
-            self._inflight[name] = self._pool.submit(self._load_cpu, name)
-            self.prefetches += 1
+            if name not in self._cpu and name not in self._inflight:
+                if len(self._inflight) >= self.max_loras:
+                    break
+                self._inflight[name] = self._pool.submit(self._load_cpu, name)
+                self.prefetches += 1
+            if self._stage is not None and ahead < self._stage_ahead:  # the next loads: device copy ahead too
+                ahead += 1
+                fut = self._staging.get(name)
+                obj = self._cpu.get(name)
+                if fut is None or (fut.done() and obj is not None and getattr(obj, "staged", None) is None):
+                    src = self._inflight.get(name)
+                    self._staging[name] = self._pool.submit(self._stage_loaded, obj, src)
+
+    def _stage_loaded(self, obj: object | None, fut: Future | None) -> bool:
+        """Worker: stage `obj`, or the result of the read `fut` once it is done (a failed read stages nothing)."""
+        if obj is None:
+            try:
+                obj = fut.result()
+            except BaseException:  # noqa: BLE001 - the reader reports it when it claims the read
+                return False
+        return self._stage(obj)
 
     def close(self) -> None:
         """Stop the prefetch thread (waits for reads in flight)."""
@@ -177,6 +200,7 @@ class SlotManager:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._inflight.clear()
+        self._staging.clear()
 
     def stats(self) -> dict:
         return {"loads": self.loads, "hits": self.hits, "evictions": self.evictions, "cpu_loads": self.cpu_loads,
