@@ -68,8 +68,14 @@ def shrink_blocks(t: int, in_features: int, n_slices: int, max_rank: int, num_sm
     # about one CTA per SM from the tiles alone; >= 2 K steps per split; splits of equal length (no ragged K)
     while tiles * split * 2 <= num_sms and steps % (split * 2) == 0 and steps // (split * 2) >= 2:
         split *= 2
-    del n_slices, max_rank  # the rank bucket is picked per slot inside the kernel
-    return ShrinkBlocks(bm=bm, bk=bk, split=split, num_warps=8 if bm >= 64 else 4, num_stages=3 if bk >= 128 else 4)
+    del max_rank  # the rank bucket is picked per slot inside the kernel
+    warps, stages = (8 if bm >= 64 else 4), (3 if bk >= 128 else 4)
+    # H200 sweep at 256 tokens x 16 / 64 adapters (results/kernels-h200-sweep2.json): one- and two-slice
+    # shrinks (o, down, gate_up) are latency-bound; 2 warps with a 5-deep pipeline: down 11.4 -> 9.7 us at
+    # 16 adapters, 17.1 -> 16.0 at 64. qkv (4 x 16 rank columns per tile) is slower with 2 warps.
+    if 128 < t <= 256 and n_slices <= 2 and bk == 128:
+        warps, stages = 2, 5
+    return ShrinkBlocks(bm=bm, bk=bk, split=split, num_warps=warps, num_stages=stages)
 
 
 @lru_cache(maxsize=4096)
@@ -82,13 +88,14 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
     blocks = -(-out_features // bn) + n_slices
     groups_per_tile = max(1, (4 * num_sms) // tiles)
     nb = max(1, min(32, blocks // groups_per_tile))
-    # H200 sweep (benchmarks/results/kernels-h200.json "sweep", 64 adapters at 256 / 8 at 4096 tokens):
-    # at 256 tokens qkv / o / down expand take 11.8 / 10.3 / 10.3 us with 4 column blocks per CTA vs 14.4 /
-    # 11.0 / 11.0 with 1 (gate_up is at its best with the formula). The sweep's 4096-token winners (nb=1,
-    # shrink split 4/16) were tried in e2e run 6 and prefill steps (8k tokens) got slower: not applied.
-    if 128 < t <= 256 and out_features <= 8192:
-        nb = max(nb, min(4, blocks))
+    # The sweep's 4096-token winners (kernels-h200.json: nb=1, shrink split 4/16) were tried in e2e run 6 and
+    # prefill steps (8k tokens) got slower: not applied.
+    # Sweep 2 (kernels-h200-sweep2.json, 256 tokens, 16 / 64 adapters): for the narrow outputs one column block
+    # per CTA with 2 warps wins (o 8.7 -> 6.4 us at 16 adapters, 10.5 -> 10.2 at 64; qkv 9.5 -> 7.4 / 11.9 ->
+    # 12.9): small CTAs, less shared-memory staging (ncu: the expand stalls on barriers as much as on memory).
     del max_rank  # the rank bucket is picked per slot inside the kernel
+    if 128 < t <= 256 and out_features <= 8192:
+        return ExpandBlocks(bm=bm, bn=128, nb=1, num_warps=2, num_stages=2)
     return ExpandBlocks(bm=bm, bn=bn, nb=nb, num_warps=8 if bm * bn >= 64 * 128 else 4,
                         num_stages=3 if nb >= 3 else 2)
 
