@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-warm", action="store_true",
                     help="read + pack each row's adapters into host memory before timing (slots still cold): "
                          "a server that preloaded its adapters; default: they are read during the timed run")
+    ap.add_argument("--note", default="", help="free text stored in the report (e.g. which A/B arm this is)")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_row(report: dict) -> None:
         report["command"] = command.strip()
+        if args.note:
+            report["note"] = args.note
         report["shapes"] = {"preset": args.preset, "rank": args.rank, "lora_targets": "q,k,v,o,gate,up,down",
                             "requests": args.requests, "prompt_len": args.prompt_len, "output_len": args.output_len,
                             "max_num_seqs": args.max_num_seqs, "dtype": "bfloat16" if device.type == "cuda" else "float32"}

@@ -213,11 +213,17 @@ def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: f
                 s_cands.add(ShrinkBlocks(base_s.bm, bk, base_s.split, base_s.num_warps, st))
             s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, base_s.split, 8 if base_s.num_warps == 4 else 4,
                                      base_s.num_stages))
+            for warps, stages in ((2, base_s.num_stages), (4, 2), (4, 5), (2, 5)):  # fewer warps, deeper pipes
+                s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, base_s.split, warps, stages))
             e_cands = {base_e}
             for bn, nb in ((64, 1), (128, 1), (128, 2), (128, 4), (128, 8), (256, 1), (256, 2), (256, 4)):
                 e_cands.add(ExpandBlocks(base_e.bm, bn, nb, base_e.num_warps, 3 if nb >= 3 else 2))
             e_cands.add(ExpandBlocks(base_e.bm, base_e.bn, base_e.nb, 8 if base_e.num_warps == 4 else 4,
                                      base_e.num_stages))
+            # no cp.async pipeline (num_stages 1: no shared-memory staging barriers) and fewer warps
+            for bn, nb in ((128, 1), (128, 4), (256, 1), (256, 2)):
+                for warps, stages in ((4, 1), (2, 1), (2, 2)):
+                    e_cands.add(ExpandBlocks(base_e.bm, bn, nb, warps, stages))
             for kind, cands in (("shrink", s_cands), ("expand", e_cands)):
                 for c in sorted(cands, key=str):
                     if time.time() > deadline:
