@@ -32,10 +32,9 @@ def main() -> int:
 
         engine.PREFETCH_THREADS = args.prefetch_threads
     if args.staging_buffers is not None:
-        import multilora_cli.engine.engine as engine
         import multilora_cli.engine.runner as runner
 
-        engine.STAGING_BUFFERS = runner.STAGING_BUFFERS = args.staging_buffers
+        runner.STAGING_BUFFERS = args.staging_buffers
     import bench_e2e
 
     return bench_e2e.main(rest + ["--note", f"ab_host switch_ms={args.switch_ms} prefetch_threads="

@@ -17,7 +17,7 @@ from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.request import EngineStats, Request, Result
-from multilora_cli.engine.runner import STAGING_BUFFERS, ModelRunner
+from multilora_cli.engine.runner import ModelRunner
 from multilora_cli.engine.scheduler import Scheduler
 from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.slots import SlotManager
@@ -51,7 +51,7 @@ class Engine:
                                  install=self.runner.install_adapter, evict=self.runner.evict_adapter,
                                  prefetch_threads=PREFETCH_THREADS if self.adapters else 0,
                                  stage=self.runner.stage_adapter,
-                                 stage_ahead=STAGING_BUFFERS if self.runner.device.type == "cuda" else 0)
+                                 stage_ahead=self.runner.staging_buffers)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager, self.slots, max_model_len=self.max_model_len)
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids, self.max_model_len)

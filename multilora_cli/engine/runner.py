@@ -27,7 +27,14 @@ from multilora_cli.layers.context import reset_context, set_context
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model, resolve_dtype
 
-STAGING_BUFFERS = 2  # device copies of packed adapters made ahead of their slot loads (engine/staging.py)
+STAGING_BUFFERS = 8  # device copies of packed adapters made ahead of their slot loads (engine/staging.py) ...
+STAGING_BYTES = 1 << 30  # ... within this much GPU memory, and at least 2
+
+
+def staging_buffers(slot_bytes: int) -> int:
+    """How many staging buffers of `slot_bytes` (one slot of every LoRA layer) to keep: 8 rank-16 Llama-3-8B
+    slots (84 MB each), 3 at rank 64 (336 MB)."""
+    return max(2, min(STAGING_BUFFERS, STAGING_BYTES // max(slot_bytes, 1)))
 
 
 def pick_device(requested: str) -> torch.device:
@@ -77,7 +84,8 @@ class ModelRunner:
             # allocated before the KV cache is sized, so their bytes are counted; one slot's worth each
             numel = sum(m.lora.max_rank * (m.lora.n_slices * m.lora.in_features + m.lora.out_features)
                         for m in self._lora_modules.values())
-            self._slot_writer.stager = DeviceStager(self.device, numel, self.dtype, n_buffers=STAGING_BUFFERS)
+            self._slot_writer.stager = DeviceStager(self.device, numel, self.dtype,
+                                                    n_buffers=staging_buffers(numel * self.dtype.itemsize))
         self.block_size = config.block_size
         self.num_blocks = self._size_kv_cache()
         self.model.allocate_kv_cache(self.num_blocks, self.block_size)
@@ -132,6 +140,12 @@ class ModelRunner:
         this). False where there is nothing to gain: on CPU, or no buffer to spare."""
         stager = self._slot_writer.stager
         return stager is not None and getattr(adapter, "flat", None) is not None and stager.stage(adapter)
+
+    @property
+    def staging_buffers(self) -> int:
+        """Device staging buffers (0 without: CPU, or no LoRA)."""
+        stager = self._slot_writer.stager
+        return len(stager.buffers) if stager is not None else 0
 
     def staging_stats(self) -> dict:
         """Counters of the device staging buffers: staged, taken (slot loads that skipped the host copy),

@@ -290,7 +290,8 @@ class Scheduler:
         if not self.bm.can_allocate(seq, n, reserve):
             return _STOP
         try:
-            slot = self.slots.acquire(seq.adapter, keep=self._waiting)  # spare adapters with queued work
+            # spare adapters with queued work; block on a load only when nothing else could run this step
+            slot = self.slots.acquire(seq.adapter, keep=self._waiting, wait=not self.running)
         except MultiloraError as e:
             seq.error = e
             return _FAILED

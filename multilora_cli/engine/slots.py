@@ -55,6 +55,7 @@ class SlotManager:
         self.cpu_loads = 0  # load_cpu calls (disk reads)
         self.cpu_hits = 0  # misses served from the host cache
         self.prefetches = 0  # background reads started
+        self.not_ready = 0  # acquire(wait=False) calls deferred because a read / device copy was in flight
         self.adapter_loads: dict[str, int] = {}
 
     # --- queries ---------------------------------------------------------------------------------------------
@@ -89,12 +90,15 @@ class SlotManager:
         return any(self._refs.get(n, 0) == 0 for n in self._lru)
 
     # --- transitions -----------------------------------------------------------------------------------------
-    def acquire(self, name: str | None, keep: Container[str] = ()) -> int | None:
+    def acquire(self, name: str | None, keep: Container[str] = (), wait: bool = True) -> int | None:
         """Slot for `name`, loading it if needed; None when every slot is pinned by running sequences.
 
         Hit: refresh its LRU position. Miss: take a free slot, else evict the least recently used unpinned
         adapter, sparing those in `keep` (e.g. adapters with queued requests) while any other is evictable;
         the weights come from the host cache, else from `load_cpu` (which may raise: nothing changes).
+        wait=False (the caller has other work to run): with prefetch threads, a miss whose read or device copy
+        is still in flight returns None instead of blocking (the read is started if it was not), so the step
+        loop keeps the GPU busy while adapters load; the caller retries next step.
         """
         if name is None:
             return BASE_SLOT
@@ -105,6 +109,9 @@ class SlotManager:
                 self._cpu.move_to_end(name)
             return self._slot_of[name]
         if not self.can_acquire(name):
+            return None
+        if not wait and not self._ready(name):
+            self.not_ready += 1
             return None
         obj = self._host_copy(name)  # before evicting anything, so a failed load leaves the slots intact
         if self._free_slots:
@@ -128,6 +135,20 @@ class SlotManager:
         self.loads += 1
         self.adapter_loads[name] = self.adapter_loads.get(name, 0) + 1
         return slot
+
+    def _ready(self, name: str) -> bool:
+        """No background work pending for `name` (starting its read if nobody has yet)."""
+        if self._pool is None:
+            return True
+        if name not in self._cpu:
+            fut = self._inflight.get(name)
+            if fut is None:
+                self.prefetch([name])
+                fut = self._inflight.get(name)
+            if fut is not None and not fut.done():
+                return False
+        staging = self._staging.get(name)  # the device copy chained after the read
+        return staging is None or staging.done()
 
     def retain(self, name: str | None) -> None:
         """Pin a resident adapter for one more running sequence."""
@@ -204,7 +225,7 @@ class SlotManager:
 
     def stats(self) -> dict:
         return {"loads": self.loads, "hits": self.hits, "evictions": self.evictions, "cpu_loads": self.cpu_loads,
-                "cpu_hits": self.cpu_hits, "prefetches": self.prefetches,
+                "cpu_hits": self.cpu_hits, "prefetches": self.prefetches, "not_ready": self.not_ready,
                 "adapter_loads": dict(self.adapter_loads)}
 
     # --- host cache ------------------------------------------------------------------------------------------

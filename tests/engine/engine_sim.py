@@ -49,12 +49,15 @@ class Sim:
     scheduler_kw: dict = field(default_factory=dict)
     fail_load: set = field(default_factory=set)
     prefetch_threads: int = 0
+    gates: dict = field(default_factory=dict)  # adapter -> threading.Event its read waits for (slow disks)
 
     def __post_init__(self):
         self.bm = BlockManager(self.num_blocks, self.config.block_size)
         self.installed: dict[int, str] = {}
 
         def load_cpu(name):
+            if name in self.gates:
+                assert self.gates[name].wait(30), f"read of {name} never released"
             if name in self.fail_load:
                 from multilora_cli.errors import AdapterError
                 raise AdapterError(f"adapter {name!r}: cannot read weights")

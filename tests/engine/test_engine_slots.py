@@ -180,3 +180,54 @@ def test_scheduler_prefetches_the_next_adapters():
         assert st["prefetches"] >= 3 and st["cpu_loads"] == 5  # every adapter read once, mostly ahead of time
     finally:
         sim.slots.close()
+
+
+def test_acquire_without_wait_defers_an_adapter_still_being_read():
+    import threading
+
+    gate = threading.Event()
+
+    def load(name):
+        if name == "slow":
+            assert gate.wait(30)
+        return name
+
+    m = SlotManager(2, 4, load, lambda *a: None, prefetch_threads=1)
+    try:
+        assert m.acquire("slow", wait=False) is None  # read started in the background, not waited for
+        assert m.prefetches == 1 and m.not_ready == 1
+        assert m.acquire("slow", wait=False) is None  # still reading: still deferred, not read twice
+        assert m.prefetches == 1
+        gate.set()
+        m._inflight["slow"].result()
+        assert m.acquire("slow", wait=False) == 0 and m.cpu_loads == 1
+    finally:
+        gate.set()
+        m.close()
+
+
+def test_scheduler_keeps_running_other_work_while_an_adapter_loads():
+    import threading
+
+    from engine_sim import Sim, expected_output
+    from multilora_cli.config import EngineConfig
+
+    gate = threading.Event()
+    sim = Sim(EngineConfig(model="m", max_loras=2, max_num_seqs=4, block_size=4), num_blocks=100,
+              prefetch_threads=1, gates={"slow": gate})
+    try:
+        seqs = [make_seq(0, None, 4, max_tokens=6), make_seq(1, "slow", 4, max_tokens=3),
+                make_seq(2, "fast", 4, max_tokens=6)]
+        for s in seqs:
+            sim.sched.add(s)
+        for _ in range(3):  # base + fast run; slow is deferred, not waited for
+            b = sim.step()
+            assert b is not None and all(s.adapter != "slow" for s in b.seqs)
+        assert sim.slots.not_ready >= 1
+        gate.set()
+        done = sim.run([])
+        assert sorted(s.seq_id for s in done) == [0, 1, 2]
+        assert all(s.output_token_ids == expected_output(s) for s in done)
+    finally:
+        gate.set()
+        sim.slots.close()

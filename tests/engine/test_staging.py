@@ -102,3 +102,11 @@ def test_slot_manager_stages_the_next_loads_right_after_reading_them():
         assert sm.prefetches == 3 and st.stats()["staged"] == 2
     finally:
         sm.close()
+
+
+def test_staging_buffer_count_follows_the_memory_budget():
+    from multilora_cli.engine.runner import staging_buffers
+
+    assert staging_buffers(84 << 20) == 8  # rank-16 Llama-3-8B slot: the cap
+    assert staging_buffers(336 << 20) == 3  # rank 64: what fits in 1 GiB
+    assert staging_buffers(4 << 30) == 2  # never fewer than two
