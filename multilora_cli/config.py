@@ -55,7 +55,7 @@ class EngineConfig:
     device: str = "auto"
     max_loras: int = 8  # GPU slots: distinct adapters in one step
     max_lora_rank: int = 64
-    max_cpu_loras: int = 64  # adapters kept in (pinned) host memory
+    max_cpu_loras: int = 64  # adapters kept in host memory (packed, engine/packed.py)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192  # token budget per step (prefill chunks + decodes)
     max_model_len: int | None = None  # None = from the model config
