@@ -60,7 +60,7 @@ class Attention(nn.Module):
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         if self._triton(k):
-            from multilora_cli.kernels.paged_attention import store_kv
+            from multilora_cli.kernels.kv_store import store_kv
 
             store_kv(k, v, self.k_cache, self.v_cache, slot_mapping)
             return
@@ -80,7 +80,7 @@ class Attention(nn.Module):
     # prefill --------------------------------------------------------------------------------------
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         if self._triton(q):
-            from multilora_cli.kernels.paged_attention import paged_attention_prefill
+            from multilora_cli.kernels.paged_prefill import paged_attention_prefill
 
             paged = ctx.block_tables is not None and self.k_cache is not None
             return paged_attention_prefill(

@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
-from multilora_cli.kernels.paged_attention import paged_attention_decode, paged_attention_prefill, store_kv
+from multilora_cli.kernels.kv_store import store_kv
+from multilora_cli.kernels.paged_attention import paged_attention_decode
+from multilora_cli.kernels.paged_prefill import paged_attention_prefill
 from multilora_cli.layers.attention import Attention
 from multilora_cli.layers.context import decode_context, set_context
 
