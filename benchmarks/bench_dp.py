@@ -71,7 +71,8 @@ def build_workload(work: Path, a) -> tuple[Path, Path, list[str]]:
 
 def run_row(spec: dict) -> int:
     """One row in this process: the real run path with dummy weights."""
-    from multilora_cli.runjob import RunConfig, run_job
+    from multilora_cli.runconfig import RunConfig
+    from multilora_cli.runjob import run_job
 
     cfg = RunConfig(input=spec["input"], model=spec["model"], adapter_dir=spec["adapter_dir"],
                     output=spec["output"], stats=spec["stats"], quiet=True, max_loras=spec["max_loras"],
