@@ -74,3 +74,38 @@ def test_packed_install_rejects_a_bigger_rank():
         assert "o_proj" in str(e)
     else:
         raise AssertionError("rank 8 into a rank-4 pool was accepted")
+
+
+def test_cached_views_serve_every_slot_and_buffer(monkeypatch):
+    """The CUDA path caches slot views per (slot, layout) and source views per (layout, buffer): run it on CPU
+    tensors (same code; only the pinned staging of rank/scale rows is swapped for plain tensors) through the
+    staging buffer and through two device-staging buffers, many loads, and check every slot against the
+    tensor-by-tensor path."""
+    import numpy as np
+
+    from multilora_cli.engine.staging import DeviceStager
+
+    adapters = [_adapter(f"a{i}", {m: 8 for m in SHAPES}, seed=10 + i) for i in range(4)]
+    packed = [pack_adapter(a, pin=False) for a in adapters]
+    cached, plain = _modules(max_loras=3), _modules(max_loras=3)
+    w = SlotWriter(cached, torch.device("cpu"))
+    monkeypatch.setattr(w, "cuda", True)
+    monkeypatch.setattr(w, "_host", lambda arr: torch.from_numpy(np.ascontiguousarray(arr)))
+    w.stager = DeviceStager(torch.device("cpu"), numel=packed[0].flat.numel(), dtype=packed[0].flat.dtype,
+                            n_buffers=2)
+    ref = SlotWriter(plain, torch.device("cpu"))
+    # groups of loads; the adapters of a group marked True are staged together first (two buffers in use)
+    plan = [([(0, 0)], False), ([(1, 1), (2, 2)], True), ([(0, 3)], True), ([(1, 0)], False),
+            ([(2, 1), (0, 2)], True), ([(1, 3)], False)]
+    for step, (loads, stage) in enumerate(plan):
+        if stage:
+            assert all(w.stager.stage(packed[i]) for _, i in loads)
+        for slot, i in loads:
+            w.install(slot, packed[i])
+            ref.install(slot, adapters[i])
+            assert packed[i].staged is None  # a staged copy is used once
+            for (a0, b0, r0, s0), (a1, b1, r1, s1) in zip(_state(plain, slot), _state(cached, slot)):
+                assert torch.equal(r0, r1) and torch.equal(s0, s1), step
+                assert torch.equal(a0[:, :8], a1[:, :8]) and torch.equal(b0[:, :8], b1[:, :8]), step
+    assert len(w._packed_dst) == 3 and len(w._packed_src) == 3  # 3 slots; staging buffer + 2 stager buffers
+    assert w.stager.stats()["taken"] == 5
