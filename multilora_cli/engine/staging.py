@@ -39,10 +39,6 @@ class DeviceStager:
         self._lock = threading.Lock()
         self.staged = self.taken = self.reclaimed = self.skipped = 0
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers)
-
     def stage(self, packed) -> bool:
         """Copy `packed.flat` into a buffer (blocking this thread, not the GPU); False if it cannot be staged."""
         flat = packed.flat
