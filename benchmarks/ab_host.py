@@ -1,5 +1,5 @@
 """A/B of host-side knobs of the engine on the end-to-end benchmark: GIL switch interval, prefetch threads,
-device staging buffers.
+device staging buffers, the page-locked host arena.
 
     PYTHONPATH=. python3 benchmarks/ab_host.py --switch-ms 0.5 --prefetch-threads 2 -- --rows base,64 --out X.json
 
@@ -24,7 +24,12 @@ def main() -> int:
     ap.add_argument("--switch-ms", type=float, default=None, help="sys.setswitchinterval, milliseconds")
     ap.add_argument("--prefetch-threads", type=int, default=None)
     ap.add_argument("--staging-buffers", type=int, default=None, help="device staging buffers (engine/staging.py)")
+    ap.add_argument("--no-arena", action="store_true", help="pack adapters into pageable memory (no PinnedArena)")
     args = ap.parse_args(own)
+    if args.no_arena:
+        import multilora_cli.engine.engine as engine
+
+        engine.Engine._make_arena = lambda self: None
     if args.switch_ms is not None:
         sys.setswitchinterval(args.switch_ms / 1000)
     if args.prefetch_threads is not None:
@@ -38,7 +43,8 @@ def main() -> int:
     import bench_e2e
 
     return bench_e2e.main(rest + ["--note", f"ab_host switch_ms={args.switch_ms} prefetch_threads="
-                                            f"{args.prefetch_threads} staging_buffers={args.staging_buffers}"])
+                                            f"{args.prefetch_threads} staging_buffers={args.staging_buffers} "
+                                            f"arena={not args.no_arena}"])
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs
     seed: int = 0  # default seed for sampled requests without their own
     load_format: str = "auto"  # "dummy": random weights from config.json alone (benchmarks, sizing)
+    pinned_arena: bool = True  # CUDA: packed adapters in page-locked host memory registered once (async loads)
 
     def __post_init__(self) -> None:
         if not self.model:

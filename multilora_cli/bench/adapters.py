@@ -93,3 +93,6 @@ class SyntheticEngine(Engine):
     def _load_cpu(self, name: str) -> LoraAdapter:
         """As Engine._load_cpu after its disk read: packed exactly as real adapters are."""
         return self._pack(self.source.load(name))
+
+    def _adapter_nbytes(self, name: str) -> int:
+        return self.source.nbytes * self.runner.dtype.itemsize // 2

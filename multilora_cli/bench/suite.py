@@ -124,7 +124,9 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
                          slot_evictions=engine.stats.slot_evictions - evict0,
                          enforce_eager=enforce_eager, preemptions=engine.stats.preemptions,
                          install_host_s=install_s[0], host_warm=host_warm,
-                         staging={k: v - staging0.get(k, 0) for k, v in engine.runner.staging_stats().items()})
+                         staging={k: v - staging0.get(k, 0) for k, v in engine.runner.staging_stats().items()},
+                         pinned_arena=engine.arena.stats() if engine.arena is not None else None,
+                         arena_s=engine.arena_seconds)
         log(f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
             f"{row.tokens_per_s:.0f} tok/s, decode step {row.decode_step_ms or 0:.2f} ms at batch "
             f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms)")

@@ -16,6 +16,7 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
+from multilora_cli.engine.pinned import PinnedArena, arena_bytes
 from multilora_cli.engine.request import EngineStats, Request, Result
 from multilora_cli.engine.runner import ModelRunner
 from multilora_cli.engine.scheduler import Scheduler
@@ -47,6 +48,9 @@ class Engine:
         self.eos_token_ids = list(dict.fromkeys(eos))
         self.runner = ModelRunner(config, self.model_config, use_lora=bool(self.adapters))
         self.max_model_len = self.runner.max_model_len
+        t0 = time.perf_counter()
+        self.arena = self._make_arena()
+        self.arena_seconds = time.perf_counter() - t0  # page-locking the host arena (startup cost)
         self.slots = SlotManager(config.max_loras, config.max_cpu_loras, load_cpu=self._load_cpu,
                                  install=self.runner.install_adapter, evict=self.runner.evict_adapter,
                                  prefetch_threads=PREFETCH_THREADS if self.adapters else 0,
@@ -73,15 +77,47 @@ class Engine:
 
     def _pack(self, adapter):
         """On CUDA: ONE host buffer laid out like the slots (engine/packed.py), so a slot load is one copy plus
-        one scatter. Pageable, not pinned: on an H200 a fresh pinned buffer per adapter (~128 MB for a rank-16
-        Llama-3-8B adapter) stalled the running steps — 7,951 vs 10,068 tok/s with 64 adapters read during a
-        1024-request run (benchmarks/RESULTS.md). The ~13 ms pageable copy to the device is made ahead, on the
-        prefetch thread, for the next adapters to load (SlotManager.prefetch -> engine/staging.py)."""
+        one scatter. The buffer is a block of the page-locked arena registered at start (engine/pinned.py), so
+        that copy is an async DMA; a fresh pinned buffer per adapter stalled the running steps (7,951 vs 10,068
+        tok/s pageable, benchmarks/RESULTS.md run 7). When the arena is full: pageable memory, whose ~13 ms
+        synchronous copy the prefetch thread makes ahead for the next loads (engine/staging.py)."""
         if self.runner.device.type != "cuda":
             return adapter
         from multilora_cli.engine.packed import pack_adapter
 
-        return pack_adapter(adapter, pin=False, dtype=self.runner.dtype)
+        return pack_adapter(adapter, pin=False, dtype=self.runner.dtype, arena=self.arena)
+
+    def _adapter_nbytes(self, name: str) -> int:
+        """Packed size of adapter `name` in the run dtype, from its file header (no tensor is read)."""
+        from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
+
+        wfile = weights_file(self.adapters[name], name)
+        if wfile.suffix != ".safetensors":
+            return wfile.stat().st_size
+        tf = TensorFile(wfile, name)
+        numel = 0
+        for key in tf.keys():
+            if not isinstance(classify_key(key), str):
+                n = 1
+                for d in tf.shape(key):
+                    n *= d
+                numel += n
+        return numel * self.runner.dtype.itemsize
+
+    def _make_arena(self) -> PinnedArena | None:
+        """The page-locked host arena packed adapters live in (CUDA with adapters only; None if it cannot be
+        registered: loads then take pageable memory, as they do when the arena is full)."""
+        if self.runner.device.type != "cuda" or not self.adapters or not self.config.pinned_arena:
+            return None
+        try:
+            sizes = [self._adapter_nbytes(n) for n in self.adapters]
+        except MultiloraError:
+            return None  # the load reports it, per request
+        nbytes = arena_bytes(sizes, self.config.max_cpu_loras, self.config.max_loras)
+        try:
+            return PinnedArena(nbytes, cuda=True) if nbytes else None
+        except (RuntimeError, AttributeError):  # registration refused (locked-memory limit, old CUDA runtime)
+            return None
 
     # --- generation -------------------------------------------------------------------------------------------
     def _admit(self, request: Request) -> Result | None:
@@ -167,8 +203,10 @@ class Engine:
             self._sync_stats(time.perf_counter() - t0)
 
     def close(self) -> None:
-        """Stop background adapter reads."""
+        """Stop background adapter reads; unpin the host arena."""
         self.slots.close()
+        if self.arena is not None:
+            self.arena.close()
 
     def _sync_stats(self, seconds: float) -> None:
         st, sched, slots = self.stats, self.scheduler, self.slots

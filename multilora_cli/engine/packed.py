@@ -38,18 +38,22 @@ class PackedGroup:
     slice_offs: tuple[tuple[int, int] | None, ...] = ()
 
 
-@dataclass(slots=True)
+@dataclass  # no slots: an arena block is given back when this object dies (weakref, engine/pinned.py)
 class PackedAdapter(LoraAdapter):
-    """A `LoraAdapter` whose tensors are views of `flat` (1-D, pinned on CUDA); `groups` keyed (layer, fused)."""
+    """A `LoraAdapter` whose tensors are views of `flat` (1-D); `groups` keyed (layer, fused). `block`: the
+    `PinnedBlock` holding `flat` when it came from a `PinnedArena` (page-locked: device copies are async)."""
 
     flat: torch.Tensor | None = None
     groups: dict[tuple[int, str], PackedGroup] = field(default_factory=dict)
     layout: tuple = ()  # hashable summary of `groups` (offsets + ranks): equal layouts share cached views
     staged: tuple | None = None  # set by engine/staging.py: (buffer index, copy-done event) of a device copy
+    block: object | None = None  # engine/pinned.PinnedBlock, or None (pageable or pinned by PyTorch)
 
 
-def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None = None) -> PackedAdapter:
-    """Copy `adapter` into one host buffer (pinned if `pin`) in the slot-like layout above."""
+def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None = None,
+                 arena=None) -> PackedAdapter:
+    """Copy `adapter` into one host buffer in the slot-like layout above: a block of `arena` (a PinnedArena)
+    when it has room, else a fresh buffer (pinned by PyTorch if `pin`)."""
     dtype = dtype or next(iter(adapter.modules.values())).a.dtype
     by_group: dict[tuple[int, str], list[LoraModule | None]] = {}
     for (layer, name), m in adapter.modules.items():
@@ -88,7 +92,8 @@ def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None =
             for m in mods:
                 if m is not None:
                     srcs += [m.a, m.b]
-    flat = torch.empty(total, dtype=dtype, pin_memory=pin)
+    block = arena.alloc(total * dtype.itemsize) if arena is not None else None
+    flat = block.tensor(total, dtype) if block is not None else torch.empty(total, dtype=dtype, pin_memory=pin)
     if srcs:
         torch.cat([t.to(dtype).reshape(-1) for t in srcs], out=flat)
     modules: dict[tuple[int, str], LoraModule] = {}
@@ -114,7 +119,11 @@ def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None =
                 modules[(layer, names[i])] = LoraModule(a=a, b=b, scaling=m.scaling)
     layout = (dtype, total, tuple((k, g.uniform, g.ranks, g.outs, g.a_off, g.b_off, g.slice_offs)
                                   for k, g in groups.items()))
-    return PackedAdapter(name=adapter.name, path=adapter.path, config=adapter.config, modules=modules,
-                         base_model=adapter.base_model, weights_path=adapter.weights_path,
-                         stored_dtype=adapter.stored_dtype, stored_nbytes=adapter.stored_nbytes,
-                         module_names=dict(adapter.module_names), flat=flat, groups=groups, layout=layout)
+    packed = PackedAdapter(name=adapter.name, path=adapter.path, config=adapter.config, modules=modules,
+                           base_model=adapter.base_model, weights_path=adapter.weights_path,
+                           stored_dtype=adapter.stored_dtype, stored_nbytes=adapter.stored_nbytes,
+                           module_names=dict(adapter.module_names), flat=flat, groups=groups, layout=layout,
+                           block=block)
+    if block is not None:
+        arena.adopt(block, packed)
+    return packed

@@ -8,7 +8,7 @@ A Llama-3-8B adapter on all seven projections is 224 (A, B) pairs. Copying them 
 - ranks and scalings of all layers: one small host->device copy each, then one foreach copy each.
 A `PackedAdapter` (engine/packed.py: what `Engine._load_cpu` returns on CUDA) goes the fastest way: its ONE
 buffer reaches the device either ahead of time (a prefetch thread's device copy, engine/staging.py) or here, in
-one copy from pageable memory (~13 ms for 84 MB, synchronous); then its ~900 tensors are ~256 block copies
+one copy (async from the page-locked arena, engine/pinned.py; ~13 ms and synchronous from pageable memory); then its ~900 tensors are ~256 block copies
 (one foreach call; B blocks transpose into the rank-major slots on the way), and the per-module Python work is
 cached per slot and per source buffer.
 The slot tensors are addressed through `LoraWeights`' logical views (a[slot, i, :r], b[slot, lo:hi, :r]), so any
@@ -116,7 +116,9 @@ class SlotWriter:
                 self._staging = torch.empty(flat.numel(), dtype=flat.dtype, device=self.device)
                 self._src.clear()
                 self._packed_src.clear()
-            self._staging[:flat.numel()].copy_(flat, non_blocking=True)
+            self._staging[:flat.numel()].copy_(flat, non_blocking=True)  # async from an arena block
+            if p.block is not None:
+                p.block.record()
             base = self._staging
         else:
             base = flat

@@ -1,10 +1,10 @@
 """`DeviceStager`: packed adapters copied to the GPU by the prefetch thread, ahead of their slot load.
 
-Why: packed adapters live in pageable host memory (pinning a fresh ~84-336 MB buffer per adapter stalled the
-running steps, benchmarks/RESULTS.md run 7), and a pageable host->device copy blocks the calling thread for
-its whole length (~10-13 ms per 84 MB on an H200 host). At slot-load time that copy sits on the step loop;
-here it runs on the prefetch thread, on a side stream, while steps run, and the slot load that follows is a
-device-to-device scatter (`SlotWriter`) ordered after the copy by an event.
+Why: at slot-load time the host->device copy of a packed adapter sits on the step loop: ~13 ms of blocked
+thread per 84 MB from pageable memory (adapters that did not fit the pinned arena, engine/pinned.py), and
+~1.6 ms of copy on the compute stream from page-locked memory. Here it runs ahead, on the prefetch thread and
+a side stream, while steps run, and the slot load that follows is a device-to-device scatter (`SlotWriter`)
+ordered after the copy by an event.
 
 `n_buffers` device buffers of `numel` elements are allocated up front (the runner counts them before sizing
 the KV cache). `stage` never waits for a buffer: when none is free it takes back the one staged longest ago
@@ -57,6 +57,9 @@ class DeviceStager:
                 buf[:flat.numel()].copy_(flat, non_blocking=True)  # pageable source: returns once copied
                 done = torch.cuda.Event()
                 done.record(self.stream)
+            block = getattr(packed, "block", None)
+            if block is not None:  # page-locked source: the block stays taken until the DMA ran
+                block.record(self.stream)
         else:
             buf[:flat.numel()].copy_(flat)
             done = None

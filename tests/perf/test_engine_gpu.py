@@ -77,6 +77,7 @@ def test_fp32_cuda_tokens_equal_hf_peft(setup, reference, eager):
     engine = Engine(EngineConfig(model=str(base), device="cuda", dtype="float32", max_loras=3, max_lora_rank=16,
                                  max_num_seqs=16, enforce_eager=eager, num_kv_blocks=256), adapters)
     assert (engine.runner.graphs is None) == eager
+    assert engine.arena is not None and engine.arena.registered  # packed adapters in page-locked memory
     engine.runner.step_log = []
     got = engine.generate_all(_requests(prompts, PLAN))
     assert [r.error for r in got] == [None] * len(PLAN)
@@ -113,4 +114,21 @@ def test_slot_pressure_with_graphs(setup, reference):
     got = engine.generate_all(_requests(prompts, PLAN))
     assert [r.token_ids for r in got] == want
     assert engine.stats.slot_evictions >= 2
+    engine.close()
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_reloads_through_a_small_host_cache(setup, reference, pinned):
+    """1 slot, 1 host-cached adapter: every switch re-reads and re-packs, so arena blocks are given back and
+    reused while their earlier copies may still be in flight; pageable packing (no arena) gives the same."""
+    base, adapters = setup
+    prompts, (want, _) = reference
+    engine = Engine(EngineConfig(model=str(base), device="cuda", dtype="float32", max_loras=1, max_cpu_loras=1,
+                                 max_lora_rank=16, max_num_seqs=4, num_kv_blocks=256, pinned_arena=pinned), adapters)
+    got = engine.generate_all(_requests(prompts, PLAN))
+    assert [r.token_ids for r in got] == want
+    assert (engine.arena is not None) == pinned
+    if pinned:
+        assert engine.arena.stats()["blocks"] > len(adapters)  # blocks were reused for re-reads
+    assert engine.slots.cpu_loads > len(adapters)
     engine.close()

@@ -1,0 +1,156 @@
+"""`PinnedArena`: page-locked host memory registered ONCE, carved into the buffers packed adapters live in.
+
+Why: a host->device copy from pageable memory blocks the calling thread for its whole length (~13 ms per
+84 MB rank-16 Llama-3-8B adapter on an H200 host) and cannot overlap anything; from page-locked memory it is
+an asynchronous DMA (~1.6 ms, the thread returns at once). But pinning a fresh buffer per adapter
+(cudaHostAlloc through PyTorch's pinned allocator) stalled the running steps (benchmarks/RESULTS.md run 7).
+So the engine registers one arena before the first step and packs adapters straight into blocks of it.
+
+Blocks are first-fit ranges, aligned to 4 KiB. A block goes back when its owner dies (`weakref.finalize`
+on the packed adapter), but is reused only once every device copy enqueued from it has run: whoever
+enqueues one calls `block.record(stream)`. A full arena is not an error: `alloc` returns None and the
+caller falls back to pageable memory. On CPU the arena is plain memory (the allocator is the same, tested).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import torch
+
+ALIGN = 4096
+
+
+class PinnedBlock:
+    """`nbytes` at `offset` of the arena; `tensor(numel, dtype)` views it; `record` marks a copy from it."""
+
+    __slots__ = ("arena", "offset", "nbytes", "events")
+
+    def __init__(self, arena: "PinnedArena", offset: int, nbytes: int):
+        self.arena, self.offset, self.nbytes = arena, offset, nbytes
+        self.events: list = []
+
+    def tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.arena.buf[self.offset:self.offset + numel * dtype.itemsize].view(dtype)
+
+    def record(self, stream=None) -> None:
+        """A device copy reading this block was just enqueued on `stream` (default: the current one)."""
+        if self.arena.cuda:
+            ev = torch.cuda.Event()
+            ev.record(stream)
+            with self.arena.lock:
+                self.events = [e for e in self.events if not e.query()] + [ev]
+
+
+class PinnedArena:
+    """`nbytes` of host memory, page-locked on CUDA (cudaHostRegister); `alloc` hands out blocks of it."""
+
+    def __init__(self, nbytes: int, *, cuda: bool):
+        if nbytes < ALIGN:
+            raise ValueError(f"PinnedArena needs at least {ALIGN} bytes, got {nbytes}")
+        self.nbytes = nbytes - nbytes % ALIGN
+        self.cuda = cuda
+        self.buf = torch.empty(self.nbytes, dtype=torch.uint8)
+        self.registered = False
+        if cuda:
+            err = torch.cuda.cudart().cudaHostRegister(self.buf.data_ptr(), self.nbytes, 0)
+            if int(err) != 0:
+                raise RuntimeError(f"cudaHostRegister of {self.nbytes / 2**30:.1f} GiB failed ({err})")
+            self.registered = True
+            self._finalizer = weakref.finalize(self, _unregister, self.buf)  # never free registered memory
+        self.lock = threading.RLock()  # RLock: a finalizer may run on a thread that is inside alloc
+        self._free: list[tuple[int, int]] = [(0, self.nbytes)]  # (offset, size), sorted, coalesced
+        self._pending: list[PinnedBlock] = []  # owners gone, device copies maybe still running
+        self.allocs = self.fallbacks = 0
+        self.peak = self.used = 0
+
+    def alloc(self, nbytes: int) -> PinnedBlock | None:
+        """A block of at least `nbytes`, or None when none fits; `adopt` it to the object holding its views."""
+        size = -(-max(nbytes, 1) // ALIGN) * ALIGN
+        with self.lock:
+            self._reclaim()
+            for i, (off, sz) in enumerate(self._free):
+                if sz >= size:
+                    if sz == size:
+                        del self._free[i]
+                    else:
+                        self._free[i] = (off + size, sz - size)
+                    self.allocs += 1
+                    self.used += size
+                    self.peak = max(self.peak, self.used)
+                    return PinnedBlock(self, off, size)
+            self.fallbacks += 1
+            return None
+
+    def adopt(self, block: PinnedBlock, owner: object) -> None:
+        """Release `block` when `owner` (which holds views of it) is garbage-collected."""
+        weakref.finalize(owner, self.release, block)
+
+    def release(self, block: PinnedBlock) -> None:
+        """The block's owner is gone; it becomes free once the copies recorded on it have run."""
+        with self.lock:
+            self._pending.append(block)
+            self._reclaim()
+
+    def _reclaim(self) -> None:
+        keep = []
+        for b in self._pending:
+            if all(e.query() for e in b.events):
+                self._insert(b.offset, b.nbytes)
+                self.used -= b.nbytes
+            else:
+                keep.append(b)
+        self._pending = keep
+
+    def _insert(self, off: int, size: int) -> None:
+        free = self._free
+        i = 0
+        while i < len(free) and free[i][0] < off:
+            i += 1
+        free.insert(i, (off, size))
+        if i + 1 < len(free) and off + size == free[i + 1][0]:  # merge with the next range
+            free[i] = (off, size + free[i + 1][1])
+            del free[i + 1]
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == off:  # and with the previous one
+            free[i - 1] = (free[i - 1][0], free[i - 1][1] + free[i][1])
+            del free[i]
+
+    @property
+    def free_bytes(self) -> int:
+        with self.lock:
+            self._reclaim()
+            return sum(sz for _, sz in self._free)
+
+    def stats(self) -> dict:
+        return {"arena_bytes": self.nbytes, "pinned": self.registered, "blocks": self.allocs,
+                "fallbacks": self.fallbacks, "peak_bytes": self.peak}
+
+    def close(self) -> None:
+        """Unregister the memory: blocks still in use stay valid, as pageable memory."""
+        if self.registered:
+            self._finalizer()
+            self.registered = False
+
+
+def _unregister(buf: torch.Tensor) -> None:
+    torch.cuda.synchronize()  # no DMA may still read it
+    torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+
+
+PINNED_HOST_FRACTION = 0.25  # at most this share of physical host memory is page-locked
+
+
+def arena_bytes(adapter_bytes: list[int], max_cpu_loras: int, max_loras: int) -> int:
+    """Size of the arena for adapters of these packed sizes: the host cache (`max_cpu_loras`) plus the reads
+    that may be in flight (`max_loras`) of the largest ones, within PINNED_HOST_FRACTION of host memory."""
+    if not adapter_bytes:
+        return 0
+    n = min(len(adapter_bytes), max_cpu_loras + max_loras)
+    want = sum(-(-b // ALIGN) * ALIGN for b in sorted(adapter_bytes, reverse=True)[:n])
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        phys = 16 << 30
+    return int(min(want, PINNED_HOST_FRACTION * phys))

@@ -1,0 +1,75 @@
+"""PinnedArena: the block allocator packed adapters live in (CPU: the same allocator over plain memory)."""
+
+import gc
+
+import pytest
+import torch
+
+from multilora_cli.engine.packed import pack_adapter
+from multilora_cli.engine.pinned import ALIGN, PinnedArena, arena_bytes
+from tests.engine.test_engine_packed import SHAPES, _adapter
+
+
+def test_alloc_first_fit_aligned_and_full_arena_falls_back():
+    arena = PinnedArena(10 * ALIGN, cuda=False)
+    a, b = arena.alloc(1), arena.alloc(ALIGN + 1)  # rounded up to whole pages
+    assert (a.offset, a.nbytes, b.offset, b.nbytes) == (0, ALIGN, ALIGN, 2 * ALIGN)
+    c = arena.alloc(7 * ALIGN)
+    assert c.offset == 3 * ALIGN and arena.free_bytes == 0
+    assert arena.alloc(1) is None and arena.stats()["fallbacks"] == 1
+    arena.release(b)  # a hole of 2 pages between a and c: first fit takes it
+    assert arena.alloc(3 * ALIGN) is None
+    d = arena.alloc(2 * ALIGN)
+    assert d.offset == ALIGN
+
+
+def test_release_coalesces_neighbours():
+    arena = PinnedArena(8 * ALIGN, cuda=False)
+    blocks = [arena.alloc(2 * ALIGN) for _ in range(4)]
+    for i in (0, 2, 1, 3):  # frees out of order must merge back into one range
+        arena.release(blocks[i])
+    assert arena._free == [(0, 8 * ALIGN)]
+    assert arena.alloc(8 * ALIGN).offset == 0
+
+
+def test_block_views_do_not_overlap():
+    arena = PinnedArena(4 * ALIGN, cuda=False)
+    a, b = arena.alloc(ALIGN), arena.alloc(ALIGN)
+    ta, tb = a.tensor(ALIGN // 4, torch.float32), b.tensor(ALIGN // 2, torch.bfloat16)
+    ta.fill_(1.0)
+    tb.fill_(2.0)
+    assert bool((ta == 1.0).all()) and bool((tb == 2.0).all())
+
+
+def test_packed_adapter_lives_in_the_arena_and_gives_its_block_back():
+    adapter = _adapter("u", {m: 8 for m in SHAPES})
+    numel = sum(m.a.numel() + m.b.numel() for m in adapter.modules.values())
+    arena = PinnedArena(2 * numel * 4 + 4 * ALIGN, cuda=False)
+    free0 = arena.free_bytes
+    p = pack_adapter(adapter, pin=False, arena=arena)
+    assert p.block is not None and p.flat.data_ptr() == arena.buf.data_ptr() + p.block.offset
+    for key, m in adapter.modules.items():  # contents identical to the source
+        assert torch.equal(p.modules[key].a, m.a) and torch.equal(p.modules[key].b, m.b)
+    q = pack_adapter(adapter, pin=False, arena=arena)
+    assert q.block.offset >= p.block.offset + p.block.nbytes  # two live adapters, two blocks
+    third = pack_adapter(adapter, pin=False, arena=arena)  # no room left: ordinary memory, same contents
+    assert third.block is None and torch.equal(third.flat, p.flat)
+    del p, q
+    gc.collect()
+    assert arena.free_bytes == free0  # owners gone: both blocks back, merged
+
+
+@pytest.mark.parametrize("sizes,cpu,slots,want", [
+    ([100, 5000, 3000], 64, 8, 4 * ALIGN),  # fewer adapters than cache: all of them, page-rounded
+    ([ALIGN] * 10, 2, 1, 3 * ALIGN),  # cache + reads in flight of the largest
+    ([], 4, 4, 0),
+])
+def test_arena_bytes(sizes, cpu, slots, want):
+    assert arena_bytes(sizes, cpu, slots) == want
+
+
+def test_arena_bytes_capped_by_host_memory():
+    import os
+
+    phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert arena_bytes([phys] * 4, 4, 4) <= phys // 4
