@@ -11,7 +11,6 @@ the B real rows.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from multilora_cli.engine.batch import ScheduledBatch

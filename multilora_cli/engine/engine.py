@@ -6,6 +6,7 @@ adapter-aware admission, run by the `ModelRunner`, and returned as soon as each 
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -27,6 +28,10 @@ from multilora_cli.errors import EngineError, MultiloraError, RequestError
 from multilora_cli.models.config import ModelConfig
 
 PREFETCH_THREADS = 3  # background adapter reads + packs (SlotManager): 3 beat 1 by 3.7% tok/s (RESULTS.md run 10)
+# While prefetch threads run Python (reading, validating, packing adapters), the step loop must get the GIL
+# back quickly after each blocking wait (it gives it up while it waits for the GPU): CPython's default 5 ms
+# switch interval would let a busy reader hold it for up to 5 ms per step.
+GIL_SWITCH_S = 0.0005
 
 
 class Engine:
@@ -171,6 +176,9 @@ class Engine:
         sched = self.scheduler
         t0 = time.perf_counter()
         idle = 0
+        switch = sys.getswitchinterval()
+        if self.slots.prefetching and GIL_SWITCH_S:
+            sys.setswitchinterval(min(switch, GIL_SWITCH_S))
         try:
             while True:
                 while not exhausted and sched.wants_more():
@@ -200,6 +208,7 @@ class Engine:
                 for seq in sched.pop_finished():
                     yield self._result(seq)
         finally:
+            sys.setswitchinterval(switch)
             self._sync_stats(time.perf_counter() - t0)
 
     def close(self) -> None:

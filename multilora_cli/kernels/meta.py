@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 # Row-block sizes the kernels may pick (see blocks.py); a tile map is built for each.
@@ -53,39 +54,41 @@ def tile_capacity(num_tokens: int, max_segments: int) -> int:
     return -(-num_tokens // TILE_BLOCKS[0]) + min(max_segments, num_tokens)
 
 
-def group_tokens(slots: list[int]) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """Stable sort of token indices by slot (base tokens last) and the segments [(slot, start, end)]."""
-    big = 1 << 30
-    order = sorted(range(len(slots)), key=lambda t: (slots[t] if slots[t] >= 0 else big, t))
-    segments: list[tuple[int, int, int]] = []
-    for pos, t in enumerate(order):
-        s = slots[t]
-        if s < 0:
-            break
-        if segments and segments[-1][0] == s:
-            segments[-1] = (s, segments[-1][1], pos + 1)
-        else:
-            segments.append((s, pos, pos + 1))
-    return order, segments
+def group_tokens(slots) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """Stable sort of token indices by slot (base tokens last) and the segments [(slot, start, end)].
+
+    numpy, not Python loops: this runs on the step loop (~1 ms in Python for 256 tokens, ~50 us here)."""
+    s = np.asarray(slots, dtype=np.int64).reshape(-1)
+    order = np.argsort(np.where(s >= 0, s, 1 << 40), kind="stable")
+    ss = s[order][:int((s >= 0).sum())]  # adapted tokens' slots, grouped
+    if ss.size == 0:
+        return order, []
+    starts = np.flatnonzero(np.concatenate(([True], ss[1:] != ss[:-1])))
+    ends = np.append(starts[1:], ss.size)
+    return order, list(zip(ss[starts].tolist(), starts.tolist(), ends.tolist()))
 
 
-def tile_rows(segments: list[tuple[int, int, int]], cap: int) -> tuple[list[int], tuple[int, ...]]:
-    """Flat host tile table [len(TILE_BLOCKS) * 3 * cap] (slot row, lo row, hi row per BM) and real counts."""
-    flat: list[int] = []
+def tile_rows(segments: list[tuple[int, int, int]], cap: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Host tile table [len(TILE_BLOCKS), 3, cap] int32 (slot row, lo row, hi row per BM; slot -1 = padding)
+    and the real tile count per BM."""
+    out = np.zeros((len(TILE_BLOCKS), 3, cap), dtype=np.int32)
+    out[:, 0, :] = -1
     counts = []
-    for bm in TILE_BLOCKS:
-        slot_row, lo_row, hi_row = [], [], []
-        for slot, start, end in segments:
-            for lo in range(start, end, bm):
-                slot_row.append(slot)
-                lo_row.append(lo)
-                hi_row.append(min(lo + bm, end))
-        n = len(slot_row)
+    if not segments:
+        return out, (0,) * len(TILE_BLOCKS)
+    seg = np.asarray(segments, dtype=np.int64)  # [S, 3]: slot, start, end
+    for i, bm in enumerate(TILE_BLOCKS):
+        per = -(-(seg[:, 2] - seg[:, 1]) // bm)  # tiles per segment
+        n = int(per.sum())
         assert n <= cap, (n, cap)
+        which = np.repeat(np.arange(len(seg)), per)
+        k = np.arange(n) - np.repeat(np.cumsum(per) - per, per)  # tile index within its segment
+        lo = seg[which, 1] + k * bm
+        out[i, 0, :n] = seg[which, 0]
+        out[i, 1, :n] = lo
+        out[i, 2, :n] = np.minimum(lo + bm, seg[which, 2])
         counts.append(n)
-        pad = cap - n
-        flat += slot_row + [-1] * pad + lo_row + [0] * pad + hi_row + [0] * pad
-    return flat, tuple(counts)
+    return out, tuple(counts)
 
 
 def build_lora_meta(token_slot: list[int] | torch.Tensor, device: torch.device | str = "cpu") -> LoraMeta:
@@ -93,19 +96,20 @@ def build_lora_meta(token_slot: list[int] | torch.Tensor, device: torch.device |
 
     Fresh tensors each call: fine for eager steps; for CUDA graphs use `LoraMetaBuffers`.
     """
-    slots = token_slot.tolist() if isinstance(token_slot, torch.Tensor) else list(token_slot)
+    slots = np.asarray(token_slot.tolist() if isinstance(token_slot, torch.Tensor) else token_slot,
+                       dtype=np.int32).reshape(-1)
     order, segments = group_tokens(slots)
     starts = [seg[1] for seg in segments] + ([segments[-1][2]] if segments else [0])
     cap = max(tile_capacity(len(slots), len(segments)), 1)
-    flat_tiles, counts = tile_rows(segments, cap)
-    mk = lambda v: torch.tensor(v, dtype=torch.int32).to(device, non_blocking=True)  # noqa: E731
+    tiles, counts = tile_rows(segments, cap)
+    mk = lambda v: torch.as_tensor(np.asarray(v, dtype=np.int32)).to(device, non_blocking=True)  # noqa: E731
     return LoraMeta(
         token_slot=mk(slots),
         sorted_idx=mk(order),
         seg_start=mk(starts),
         seg_slot=mk([seg[0] for seg in segments]),
         segments=segments,
-        tiles=mk(flat_tiles).view(len(TILE_BLOCKS), 3, cap),
+        tiles=mk(tiles),
         tile_counts=counts,
     )
 
@@ -130,12 +134,13 @@ class LoraMetaBuffers:
         total = self._off[-1] + len(TILE_BLOCKS) * 3 * self.cap
         pin = self.device.type == "cuda"
         self._host = torch.empty(total, dtype=torch.int32, pin_memory=pin)
+        self._host_np = self._host.numpy()
         self._dev = torch.zeros(total, dtype=torch.int32, device=self.device)
         self._copied = torch.cuda.Event() if pin else None
 
     def build(self, token_slot: list[int]) -> LoraMeta:
         """Write this step's metadata into the buffers and return views of them (no host sync)."""
-        slots = list(token_slot)
+        slots = np.asarray(token_slot, dtype=np.int32).reshape(-1)
         t = len(slots)
         if t > self.max_tokens:
             raise ValueError(f"{t} tokens exceed LoraMetaBuffers capacity {self.max_tokens}")
@@ -143,18 +148,18 @@ class LoraMetaBuffers:
         if len(segments) > self.max_loras:
             raise ValueError(f"{len(segments)} distinct slots exceed LoraMetaBuffers max_loras {self.max_loras}")
         starts = [seg[1] for seg in segments] + ([segments[-1][2]] if segments else [0])
-        flat_tiles, counts = tile_rows(segments, self.cap)
+        tiles, counts = tile_rows(segments, self.cap)
         o = self._off
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy has long finished; never overwrite it mid-flight
-        h = self._host
-        h[o[0]:o[0] + t] = torch.tensor(slots, dtype=torch.int32)
-        h[o[1]:o[1] + t] = torch.tensor(order, dtype=torch.int32)
-        h[o[2]:o[2] + len(starts)] = torch.tensor(starts, dtype=torch.int32)
+        h = self._host_np
+        h[o[0]:o[0] + t] = slots
+        h[o[1]:o[1] + t] = order
+        h[o[2]:o[2] + len(starts)] = starts
         if segments:
-            h[o[3]:o[3] + len(segments)] = torch.tensor([s[0] for s in segments], dtype=torch.int32)
-        h[o[4]:] = torch.tensor(flat_tiles, dtype=torch.int32)
-        self._dev.copy_(h, non_blocking=True)
+            h[o[3]:o[3] + len(segments)] = [seg[0] for seg in segments]
+        h[o[4]:] = tiles.reshape(-1)
+        self._dev.copy_(self._host, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
         d = self._dev
