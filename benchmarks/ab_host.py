@@ -21,7 +21,7 @@ def main() -> int:
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--switch-ms", type=float, default=None, help="engine.GIL_SWITCH_S in ms (0: leave Python's 5 ms)")
+    ap.add_argument("--switch-ms", type=float, default=None, help="sys.setswitchinterval, milliseconds")
     ap.add_argument("--prefetch-threads", type=int, default=None)
     ap.add_argument("--staging-buffers", type=int, default=None, help="device staging buffers (engine/staging.py)")
     ap.add_argument("--no-arena", action="store_true", help="pack adapters into pageable memory (no PinnedArena)")
@@ -30,10 +30,8 @@ def main() -> int:
         import multilora_cli.engine.engine as engine
 
         engine.Engine._make_arena = lambda self: None
-    if args.switch_ms is not None:  # the engine's GIL switch interval while prefetch threads run (0 = Python's)
-        import multilora_cli.engine.engine as engine
-
-        engine.GIL_SWITCH_S = args.switch_ms / 1000
+    if args.switch_ms is not None:
+        sys.setswitchinterval(args.switch_ms / 1000)
     if args.prefetch_threads is not None:
         import multilora_cli.engine.engine as engine
 

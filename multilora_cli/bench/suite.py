@@ -104,6 +104,7 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
         loads0, evict0 = st.slot_loads, st.slot_evictions
         install_s = _time_installs(engine)
         staging0 = engine.runner.staging_stats()
+        sched0, wait0 = engine.schedule_seconds, engine.slots.read_wait_seconds
         engine.runner.step_log = []
         _sync(device)
         t0 = time.perf_counter()
@@ -126,7 +127,8 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
                          install_host_s=install_s[0], host_warm=host_warm,
                          staging={k: v - staging0.get(k, 0) for k, v in engine.runner.staging_stats().items()},
                          pinned_arena=engine.arena.stats() if engine.arena is not None else None,
-                         arena_s=engine.arena_seconds)
+                         arena_s=engine.arena_seconds, schedule_s=engine.schedule_seconds - sched0,
+                         read_wait_s=engine.slots.read_wait_seconds - wait0)
         log(f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
             f"{row.tokens_per_s:.0f} tok/s, decode step {row.decode_step_ms or 0:.2f} ms at batch "
             f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms)")

@@ -6,7 +6,6 @@ adapter-aware admission, run by the `ModelRunner`, and returned as soon as each 
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -28,10 +27,6 @@ from multilora_cli.errors import EngineError, MultiloraError, RequestError
 from multilora_cli.models.config import ModelConfig
 
 PREFETCH_THREADS = 3  # background adapter reads + packs (SlotManager): 3 beat 1 by 3.7% tok/s (RESULTS.md run 10)
-# While prefetch threads run Python (reading, validating, packing adapters), the step loop must get the GIL
-# back quickly after each blocking wait (it gives it up while it waits for the GPU): CPython's default 5 ms
-# switch interval would let a busy reader hold it for up to 5 ms per step.
-GIL_SWITCH_S = 0.0005
 
 
 class Engine:
@@ -68,6 +63,7 @@ class Engine:
                                  dtype=str(self.runner.dtype).removeprefix("torch."), max_loras=config.max_loras,
                                  max_lora_rank=config.max_lora_rank)
         self._next_seq_id = 0
+        self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
 
     # --- adapters ---------------------------------------------------------------------------------------------
     def _load_cpu(self, name: str):
@@ -176,9 +172,6 @@ class Engine:
         sched = self.scheduler
         t0 = time.perf_counter()
         idle = 0
-        switch = sys.getswitchinterval()
-        if self.slots.prefetching and GIL_SWITCH_S:
-            sys.setswitchinterval(min(switch, GIL_SWITCH_S))
         try:
             while True:
                 while not exhausted and sched.wants_more():
@@ -196,7 +189,9 @@ class Engine:
                     if exhausted:
                         break
                     continue
+                t1 = time.perf_counter()
                 batch = sched.schedule()
+                self.schedule_seconds += time.perf_counter() - t1
                 if batch is None:
                     idle += 1
                     if idle > 3:  # nothing runnable and nothing changes: a scheduler bug, not a user error
@@ -204,11 +199,12 @@ class Engine:
                     continue
                 idle = 0
                 ids = self.runner.run(batch)
+                t1 = time.perf_counter()
                 sched.postprocess(batch, ids, self.stop)
+                self.schedule_seconds += time.perf_counter() - t1
                 for seq in sched.pop_finished():
                     yield self._result(seq)
         finally:
-            sys.setswitchinterval(switch)
             self._sync_stats(time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ All bookkeeping stays on the caller's thread: the worker only runs `load_cpu`.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Container, Iterable
@@ -57,6 +58,7 @@ class SlotManager:
         self.prefetches = 0  # background reads started
         self.not_ready = 0  # acquire(wait=False) calls deferred because a read / device copy was in flight
         self.adapter_loads: dict[str, int] = {}
+        self.read_wait_seconds = 0.0  # caller's time blocked on reads (in flight, or made on its own thread)
 
     # --- queries ---------------------------------------------------------------------------------------------
     def slot_of(self, name: str | None) -> int | None:
@@ -235,7 +237,9 @@ class SlotManager:
             self._cpu.move_to_end(name)
             return self._cpu[name]
         fut = self._inflight.pop(name, None)
+        t0 = time.perf_counter()
         obj = fut.result() if fut is not None else self._load_cpu(name)  # a failed read raises here
+        self.read_wait_seconds += time.perf_counter() - t0
         self.cpu_loads += 1
         if self.max_cpu_loras > 0:
             self._cpu[name] = obj
