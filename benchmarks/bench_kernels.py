@@ -224,9 +224,6 @@ def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: f
             for bn, nb in ((128, 1), (128, 4), (256, 1), (256, 2)):
                 for warps, stages in ((4, 1), (2, 1), (2, 2)):
                     e_cands.add(ExpandBlocks(base_e.bm, bn, nb, warps, stages))
-            for bn, nb in ((64, 1), (128, 1), (256, 1), (128, 2)):  # CUDA-core rank contraction (fma)
-                for warps in (1, 2, 4):
-                    e_cands.add(ExpandBlocks(base_e.bm, bn, nb, warps, 1, fma=True))
             for kind, cands in (("shrink", s_cands), ("expand", e_cands)):
                 for c in sorted(cands, key=str):
                     if time.time() > deadline:

@@ -31,15 +31,13 @@ class ShrinkBlocks:
 
 @dataclass(frozen=True, slots=True)
 class ExpandBlocks:
-    """bm: token rows per tile; bn: output columns per step; nb: column steps per CTA (s loaded once);
-    fma: rank <= 16 contracted with CUDA-core outer products instead of a tensor-core dot (decode tiles)."""
+    """bm: token rows per tile; bn: output columns per step; nb: column steps per CTA (s loaded once)."""
 
     bm: int
     bn: int
     nb: int
     num_warps: int = 4
     num_stages: int = 2
-    fma: bool = False
 
     def __post_init__(self):
         if self.bm not in TILE_BLOCKS or self.bn < 16 or self.bn & (self.bn - 1) or self.nb < 1:

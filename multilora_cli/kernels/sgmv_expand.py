@@ -52,31 +52,6 @@ def _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, strid
 
 
 @triton.jit
-def _stream_columns_fma(s_row1, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
-                        r, n0, col_hi, nb, BM: tl.constexpr, BN: tl.constexpr, RB: tl.constexpr):
-    """r <= RB (small): as `_stream_columns`, the contraction as RB outer products on CUDA cores, so no
-    tensor-core dot and no shared-memory staging or barriers; s is rounded to y's dtype as the dot path does."""
-    CD = y_rows.dtype.element_ty
-    for it in range(nb):
-        cols = n0 + it * BN + tl.arange(0, BN)
-        col_ok = cols < col_hi
-        ok = row_ok[:, None] & col_ok[None, :]
-        y_ptrs = y_rows + cols[None, :]
-        yv = tl.load(y_ptrs, mask=ok, other=0.0)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for j in tl.static_range(RB):
-            # (zeros + j) < r, not j < r: the interpreter rejects a scalar-bool & vector mask
-            s_ok = row_ok & (tl.zeros((BM,), dtype=tl.int32) + j < r)
-            b_ok = col_ok & (tl.zeros((BN,), dtype=tl.int32) + j < r)
-            sj = tl.zeros((BM,), dtype=tl.float32)
-            for p in range(n_split):
-                sj += tl.load(s_row1 + p * stride_s_split + j, mask=s_ok, other=0.0)
-            bj = tl.load(b_slot + j * stride_b_rank + cols * stride_b_out, mask=b_ok, other=0.0)
-            acc += sj.to(CD).to(tl.float32)[:, None] * bj.to(tl.float32)[None, :]
-        tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(CD), mask=ok)
-
-
-@triton.jit
 def _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
                             r, n0, col_hi, nb, DOT_PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             RB: tl.constexpr):
@@ -105,7 +80,7 @@ def _expand_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, y_ptr,
     n_split, tile_cap, n_slices, nb, O1, O2, O3, O4,
     stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt,
-    BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr, FMA: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid_tile = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -139,12 +114,8 @@ def _expand_kernel(
     n0 = col_lo + (pid_g - g_lo) * gw
     # smallest rank bucket that holds r
     if r <= 16:
-        if FMA:
-            _stream_columns_fma(s_ptr + rows * stride_s_t + sl * stride_s_slice, stride_s_split, n_split, b_slot,
-                                stride_b_out, stride_b_rank, y_rows, row_ok, r, n0, col_hi, nb, BM, BN, 16)
-        else:
-            _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
-                            r, n0, col_hi, nb, DOT_PREC, BM, BN, 16)
+        _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
+                        r, n0, col_hi, nb, DOT_PREC, BM, BN, 16)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if r <= 32:
@@ -203,6 +174,5 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
         s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
         BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
-        FMA=b.fma,
         num_warps=b.num_warps, num_stages=b.num_stages,
     )

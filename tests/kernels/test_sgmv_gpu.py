@@ -58,22 +58,6 @@ def test_bf16_llama3_8b_shapes(module, pattern, t):
     _check(y, y0, w, x, ts, 1e-2)
 
 
-@pytest.mark.parametrize("module", list(LLAMA3_8B))
-@pytest.mark.parametrize("warps", [1, 2, 4])
-def test_bf16_cuda_core_expand(module, warps):
-    """The CUDA-core (fma) expand at decode sizes, as the block table may pick it."""
-    from multilora_cli.kernels.blocks import ExpandBlocks, shrink_blocks
-    from multilora_cli.kernels.sgmv import add_lora_triton
-
-    in_f, slices = LLAMA3_8B[module]
-    ts = token_slots("zipf", 256, seed=4)
-    w, x, y = _case(in_f, slices, torch.bfloat16, ts)
-    y0 = y.clone()
-    add_lora_triton(y, x, w, build_lora_meta(ts, "cuda"), shrink=shrink_blocks(256, in_f, len(slices), w.max_rank),
-                    expand=ExpandBlocks(bm=16, bn=128, nb=1, num_warps=warps, num_stages=1, fma=True))
-    _check(y, y0, w, x, ts, 1e-2)
-
-
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-2), (torch.float32, 1e-5)])
 def test_other_dtypes(dtype, tol):
     ts = token_slots("uniform", 77, seed=1)

@@ -52,8 +52,6 @@ def test_add_lora_fp16(pattern):
     (ShrinkBlocks(bm=16, bk=64, split=3), ExpandBlocks(bm=32, bn=32, nb=3)),
     # no split, bigger row tiles, one column step per CTA
     (ShrinkBlocks(bm=32, bk=128, split=1), ExpandBlocks(bm=16, bn=64, nb=1)),
-    # CUDA-core expand for ranks <= 16 (ranks above it in the same pool take the dot), split partials summed
-    (ShrinkBlocks(bm=16, bk=32, split=2), ExpandBlocks(bm=16, bn=32, nb=2, fma=True)),
 ])
 def test_block_variants(shrink, expand):
     ts = token_slots("zipf", 70, seed=5)
