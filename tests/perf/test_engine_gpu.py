@@ -128,7 +128,8 @@ def test_reloads_through_a_small_host_cache(setup, reference, pinned):
     got = engine.generate_all(_requests(prompts, PLAN))
     assert [r.token_ids for r in got] == want
     assert (engine.arena is not None) == pinned
-    if pinned:
-        assert engine.arena.stats()["blocks"] > len(adapters)  # blocks were reused for re-reads
-    assert engine.slots.cpu_loads > len(adapters)
+    if pinned:  # every pack took an arena block or fell back to pageable memory (never an error)
+        st = engine.arena.stats()
+        assert st["blocks"] >= len(adapters) and st["blocks"] + st["fallbacks"] >= engine.slots.cpu_loads
+    assert engine.slots.cpu_loads > len(adapters)  # adapters were re-read and re-packed
     engine.close()
