@@ -78,7 +78,7 @@ class SlotManager:
 
     @property
     def num_pinned(self) -> int:
-        return sum(1 for n in self._slot_of if self._refs.get(n, 0) > 0)
+        return len(self._refs)  # only resident adapters are pinned, and a pin count of 0 is deleted
 
     @property
     def resident(self) -> dict[str, int]:
@@ -89,7 +89,7 @@ class SlotManager:
         """Whether `acquire(name)` would return a slot (no side effects)."""
         if name is None or name in self._slot_of or self._free_slots:
             return True
-        return any(self._refs.get(n, 0) == 0 for n in self._lru)
+        return len(self._refs) < len(self._slot_of)  # some resident adapter is unpinned (O(1): per admission)
 
     # --- transitions -----------------------------------------------------------------------------------------
     def acquire(self, name: str | None, keep: Container[str] = (), wait: bool = True) -> int | None:
