@@ -25,8 +25,6 @@ def main() -> int:
     ap.add_argument("--prefetch-threads", type=int, default=None)
     ap.add_argument("--staging-buffers", type=int, default=None, help="device staging buffers (engine/staging.py)")
     ap.add_argument("--no-arena", action="store_true", help="pack adapters into pageable memory (no PinnedArena)")
-    ap.add_argument("--worker-torch-threads", type=int, default=None,
-                    help="torch threads per prefetch thread (0: torch's default)")
     args = ap.parse_args(own)
     if args.no_arena:
         import multilora_cli.engine.engine as engine
@@ -34,10 +32,6 @@ def main() -> int:
         engine.Engine._make_arena = lambda self: None
     if args.switch_ms is not None:
         sys.setswitchinterval(args.switch_ms / 1000)
-    if args.worker_torch_threads is not None:
-        import multilora_cli.engine.engine as engine
-
-        engine.PREFETCH_TORCH_THREADS = args.worker_torch_threads or None
     if args.prefetch_threads is not None:
         import multilora_cli.engine.engine as engine
 
@@ -50,7 +44,7 @@ def main() -> int:
 
     return bench_e2e.main(rest + ["--note", f"ab_host switch_ms={args.switch_ms} prefetch_threads="
                                             f"{args.prefetch_threads} staging_buffers={args.staging_buffers} "
-                                            f"arena={not args.no_arena} worker_torch_threads={args.worker_torch_threads}"])
+                                            f"arena={not args.no_arena}"])
 
 
 if __name__ == "__main__":

@@ -27,10 +27,6 @@ from multilora_cli.errors import EngineError, MultiloraError, RequestError
 from multilora_cli.models.config import ModelConfig
 
 PREFETCH_THREADS = 3  # background adapter reads + packs (SlotManager): 3 beat 1 by 3.7% tok/s (RESULTS.md run 10)
-# torch CPU threads of each prefetch thread on CUDA (None: torch's default, one per core). Their copies are
-# memory-bound, and every thread calling into ATen gets its own OpenMP team, so 3 readers x N cores of
-# spinning workers compete with the step loop for the CPU.
-PREFETCH_TORCH_THREADS: int | None = 1
 
 
 class Engine:
@@ -59,8 +55,7 @@ class Engine:
                                  install=self.runner.install_adapter, evict=self.runner.evict_adapter,
                                  prefetch_threads=PREFETCH_THREADS if self.adapters else 0,
                                  stage=self.runner.stage_adapter,
-                                 stage_ahead=self.runner.staging_buffers,
-                                 worker_init=self._worker_init if self.runner.device.type == "cuda" else None)
+                                 stage_ahead=self.runner.staging_buffers)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager, self.slots, max_model_len=self.max_model_len)
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids, self.max_model_len)
@@ -92,12 +87,6 @@ class Engine:
         from multilora_cli.engine.packed import pack_adapter
 
         return pack_adapter(adapter, pin=False, dtype=self.runner.dtype, arena=self.arena)
-
-    @staticmethod
-    def _worker_init() -> None:
-        """Prefetch threads: set their own OpenMP thread count (a per-thread setting; the step loop keeps its)."""
-        if PREFETCH_TORCH_THREADS is not None:
-            torch.set_num_threads(PREFETCH_TORCH_THREADS)
 
     def _adapter_nbytes(self, name: str) -> int:
         """Packed size of adapter `name` in the run dtype, from its file header (no tensor is read)."""

@@ -30,8 +30,7 @@ class SlotManager:
 
     def __init__(self, max_loras: int, max_cpu_loras: int, load_cpu: Callable[[str], object],
                  install: Callable[[int, str, object], None], evict: Callable[[int, str], None] | None = None,
-                 prefetch_threads: int = 0, stage: Callable[[object], bool] | None = None, stage_ahead: int = 0,
-                 worker_init: Callable[[], None] | None = None):
+                 prefetch_threads: int = 0, stage: Callable[[object], bool] | None = None, stage_ahead: int = 0):
         if max_loras < 1 or max_cpu_loras < 0:
             raise ValueError(f"max_loras must be >= 1 and max_cpu_loras >= 0, got {max_loras}, {max_cpu_loras}")
         self.max_loras = max_loras
@@ -48,7 +47,7 @@ class SlotManager:
         # host-cached adapters get their device copy made ahead too (engine/staging.py), at most stage_ahead
         self._stage, self._stage_ahead = stage, stage_ahead
         self._staging: dict[str, Future] = {}
-        self._pool = (ThreadPoolExecutor(prefetch_threads, thread_name_prefix="lora-prefetch", initializer=worker_init)
+        self._pool = (ThreadPoolExecutor(prefetch_threads, thread_name_prefix="lora-prefetch")
                       if prefetch_threads > 0 else None)
         # counters
         self.loads = 0  # installs into a GPU slot (misses)
