@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.online_softmax import online_softmax_step
+
 
 @triton.jit
 def _paged_decode_kernel(
@@ -61,23 +63,9 @@ def _paged_decode_kernel(
         kv_mask = nmask[:, None] & dmask[None, :]
         k = tl.load(k_cache_ptr + page[:, None] * stride_kb + within[:, None] * stride_ks + kvh * stride_kh
                     + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        if IEEE:
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            scores = tl.dot(q, tl.trans(k))
-        scores = tl.where(nmask[None, :], scores * scale_log2, float("-inf"))  # [G, N], log2 domain
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + page[:, None] * stride_vb + within[:, None] * stride_vs + kvh * stride_vh
                     + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(q, k, v, nmask[None, :], scale_log2, m_i, l_i, acc, IEEE)
 
     omask = gmask[:, None] & dmask[None, :]
     if SPLIT:

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.online_softmax import online_softmax_step
+
 
 @triton.jit
 def _prefill_kernel(
@@ -65,24 +67,9 @@ def _prefill_kernel(
             v_off = (k0 + kpos)[:, None].to(tl.int64) * stride_vs
         kv_mask = kmask[:, None] & dmask[None, :]
         k = tl.load(k_ptr + k_off + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        visible = kmask[None, :] & (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > wlo[:, None])
-        s = tl.where(visible, s * scale_log2, float("-inf"))  # [R, N]
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + v_off + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        v = tl.load(v_ptr + v_off + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        visible = kmask[None, :] & (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > wlo[:, None])  # [R, N]
+        m_i, l_i, acc = online_softmax_step(q, k, v, visible, scale_log2, m_i, l_i, acc, IEEE)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q0 + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
