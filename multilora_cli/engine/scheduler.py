@@ -18,10 +18,10 @@ that are all prefill or all decode, `chunked_prefill=False` feeds each prompt wh
 
 from __future__ import annotations
 
-import heapq
 from typing import Callable, Sequence as Seq
 
 from multilora_cli.config import EngineConfig
+from multilora_cli.engine.admission import Admission
 from multilora_cli.engine.batch import ScheduledBatch, StepPlan
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.sequence import SeqStatus, Sequence
@@ -30,10 +30,9 @@ from multilora_cli.engine.waiting import WaitingQueues
 from multilora_cli.errors import EngineError, MultiloraError, RequestError
 
 POLICIES = ("group", "fifo")
-_OK, _NO_SLOT, _FAILED, _STOP = range(4)
 
 
-class Scheduler:
+class Scheduler(Admission):
     """Decides which sequences run each step; owns the waiting queues and the running list."""
 
     def __init__(self, config: EngineConfig, block_manager: BlockManager, slots: SlotManager, *,
@@ -160,17 +159,6 @@ class Scheduler:
         if any_done:
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
 
-    def upcoming_adapters(self, k: int) -> list[str]:
-        """Up to k adapters with queued requests that are not in a slot, in the order admission would load
-        them (prefetch candidates)."""
-        w = self._waiting
-        cands = [a for a in w.adapters() if a is not None and not self.slots.is_resident(a)]
-        if self.policy == "group":
-            cands.sort(key=lambda a: w.group_key(a, self.slots))
-        else:
-            cands.sort(key=lambda a: w.head(a).seq_id)
-        return cands[:k]
-
     # --- running sequences -----------------------------------------------------------------------------------
     def _schedule_running(self, plan: StepPlan, decodes: bool) -> None:
         running, ids, bm = self.running, plan.ids, self.bm
@@ -228,83 +216,6 @@ class Scheduler:
         self.num_preemptions += 1
         self._waiting.push(seq, front=True)
         plan.preempted.append(seq)
-
-    # --- admission -------------------------------------------------------------------------------------------
-    def _admit(self, plan: StepPlan) -> None:
-        w = self._waiting
-        if plan.preempted or not len(w):
-            return  # the cache is short: admitting now would only preempt again
-        adapters = w.adapters()
-        oldest = w.oldest()
-        if oldest.adapter is not None and self._admissions - oldest.enqueued_at > self.defer_limit:
-            # deferred too long: drain, only its adapter (and base, which needs no slot) may start
-            adapters = [a for a in adapters if a == oldest.adapter or a is None]
-        if self.policy == "group":
-            adapters.sort(key=lambda a: w.group_key(a, self.slots))
-            for a in adapters:
-                if self._admit_queue(plan, a) == _STOP:
-                    break
-        else:
-            self._admit_fifo(plan, adapters)
-
-    def _admit_queue(self, plan: StepPlan, adapter: str | None) -> int:
-        w = self._waiting
-        while adapter in w:
-            r = self._try_admit(plan, w.head(adapter))
-            if r == _OK:
-                w.pop(adapter)
-            else:
-                if r == _FAILED:
-                    self._fail_queue(adapter)
-                return r
-        return _OK
-
-    def _admit_fifo(self, plan: StepPlan, adapters: list[str | None]) -> None:
-        """Baseline policy: strict arrival order across adapters (still defers what does not get a slot)."""
-        w = self._waiting
-        heap = [(w.head(a).seq_id, i, a) for i, a in enumerate(adapters)]
-        heapq.heapify(heap)
-        while heap:
-            _, i, a = heapq.heappop(heap)
-            r = self._try_admit(plan, w.head(a))
-            if r == _OK:
-                w.pop(a)
-                if a in w:
-                    heapq.heappush(heap, (w.head(a).seq_id, i, a))
-            elif r == _FAILED:
-                self._fail_queue(a)
-            elif r == _STOP:
-                return
-
-    def _try_admit(self, plan: StepPlan, seq: Sequence) -> int:
-        if len(self.running) >= self.max_num_seqs or plan.budget <= 0:
-            return _STOP
-        pending = seq.num_uncomputed_tokens
-        if self.chunked_prefill:
-            n = min(pending, plan.budget)
-        elif pending <= plan.budget or plan.num_prefills == 0:
-            n = pending  # whole prompt; may exceed the budget when it is the step's only prefill
-        else:
-            return _STOP
-        reserve = self.watermark_blocks if self.running else 0
-        if not self.bm.can_allocate(seq, n, reserve):
-            return _STOP
-        try:
-            # spare adapters with queued work; block on a load only when nothing else could run this step
-            slot = self.slots.acquire(seq.adapter, keep=self._waiting, wait=not self.running)
-        except MultiloraError as e:
-            seq.error = e
-            return _FAILED
-        if slot is None:
-            return _NO_SLOT
-        self.bm.allocate(seq, n)  # cannot fail: checked above
-        self.slots.retain(seq.adapter)
-        seq.slot = slot
-        seq.status = SeqStatus.RUNNING
-        self.running.append(seq)
-        self._admissions += 1
-        plan.add(seq, n)
-        return _OK
 
     # --- endings ---------------------------------------------------------------------------------------------
     def _fail_queue(self, adapter: str | None) -> None:
