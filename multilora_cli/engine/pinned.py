@@ -89,20 +89,21 @@ class PinnedArena:
         weakref.finalize(owner, self.release, block)
 
     def release(self, block: PinnedBlock) -> None:
-        """The block's owner is gone; it becomes free once the copies recorded on it have run."""
+        """The block's owner is gone; it becomes free once the copies recorded on it have run (checked by the
+        next `alloc`). Only queues it: a finalizer may run inside `alloc`, which must not see `_free` change."""
         with self.lock:
             self._pending.append(block)
-            self._reclaim()
 
     def _reclaim(self) -> None:
+        pending, self._pending = self._pending, []
         keep = []
-        for b in self._pending:
+        for b in pending:
             if all(e.query() for e in b.events):
                 self._insert(b.offset, b.nbytes)
                 self.used -= b.nbytes
             else:
                 keep.append(b)
-        self._pending = keep
+        self._pending += keep  # blocks released meanwhile (a finalizer inside this loop) stay queued too
 
     def _insert(self, off: int, size: int) -> None:
         free = self._free

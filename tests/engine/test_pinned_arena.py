@@ -28,7 +28,8 @@ def test_release_coalesces_neighbours():
     blocks = [arena.alloc(2 * ALIGN) for _ in range(4)]
     for i in (0, 2, 1, 3):  # frees out of order must merge back into one range
         arena.release(blocks[i])
-    assert arena._free == [(0, 8 * ALIGN)]
+    assert arena._free == [] and len(arena._pending) == 4  # queued: only alloc / free_bytes reclaim
+    assert arena.free_bytes == 8 * ALIGN and arena._free == [(0, 8 * ALIGN)]
     assert arena.alloc(8 * ALIGN).offset == 0
 
 
