@@ -8,9 +8,9 @@ A Llama-3-8B adapter on all seven projections is 224 (A, B) pairs. Copying them 
 - ranks and scalings of all layers: one small host->device copy each, then one foreach copy each.
 A `PackedAdapter` (engine/packed.py: what `Engine._load_cpu` returns on CUDA) goes the fastest way: its ONE
 buffer reaches the device either ahead of time (a prefetch thread's device copy, engine/staging.py) or here, in
-one copy (async from the page-locked arena, engine/pinned.py; ~13 ms and synchronous from pageable memory); then its ~900 tensors are ~256 block copies
-(one foreach call; B blocks transpose into the rank-major slots on the way), and the per-module Python work is
-cached per slot and per source buffer.
+one copy (async from the page-locked arena, engine/pinned.py; ~13 ms and synchronous from pageable memory);
+then its ~900 tensors are ~256 block copies (one foreach call; B blocks transpose into the rank-major slots on
+the way), and the per-module Python work is cached per slot and per source buffer.
 The slot tensors are addressed through `LoraWeights`' logical views (a[slot, i, :r], b[slot, lo:hi, :r]), so any
 storage layout of `LoraWeights` works. Everything stays on the current stream: a step after the install sees it.
 """
