@@ -25,7 +25,12 @@ def main() -> int:
     ap.add_argument("--prefetch-threads", type=int, default=None)
     ap.add_argument("--staging-buffers", type=int, default=None, help="device staging buffers (engine/staging.py)")
     ap.add_argument("--no-arena", action="store_true", help="pack adapters into pageable memory (no PinnedArena)")
+    ap.add_argument("--no-scatter", action="store_true", help="slot loads by foreach copies, not the Triton scatter")
     args = ap.parse_args(own)
+    if args.no_scatter:
+        import multilora_cli.engine.slot_writer as slot_writer
+
+        slot_writer.SCATTER_KERNEL = False
     if args.no_arena:
         import multilora_cli.engine.engine as engine
 
@@ -44,7 +49,7 @@ def main() -> int:
 
     return bench_e2e.main(rest + ["--note", f"ab_host switch_ms={args.switch_ms} prefetch_threads="
                                             f"{args.prefetch_threads} staging_buffers={args.staging_buffers} "
-                                            f"arena={not args.no_arena}"])
+                                            f"arena={not args.no_arena} scatter={not args.no_scatter}"])
 
 
 if __name__ == "__main__":

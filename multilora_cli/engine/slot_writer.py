@@ -9,8 +9,9 @@ A Llama-3-8B adapter on all seven projections is 224 (A, B) pairs. Copying them 
 A `PackedAdapter` (engine/packed.py: what `Engine._load_cpu` returns on CUDA) goes the fastest way: its ONE
 buffer reaches the device either ahead of time (a prefetch thread's device copy, engine/staging.py) or here, in
 one copy (async from the page-locked arena, engine/pinned.py; ~13 ms and synchronous from pageable memory);
-then its ~900 tensors are ~256 block copies (one foreach call; B blocks transpose into the rank-major slots on
-the way), and the per-module Python work is cached per slot and per source buffer.
+then its ~256 A/B blocks go into the slots in ONE Triton scatter launch (kernels/scatter.py; B blocks transpose
+into the rank-major slots on the way) from a plan cached per (slot, adapter layout). Without CUDA (or with
+SCATTER_KERNEL off): one foreach copy of cached views, which PyTorch runs as one copy kernel per block.
 The slot tensors are addressed through `LoraWeights`' logical views (a[slot, i, :r], b[slot, lo:hi, :r]), so any
 storage layout of `LoraWeights` works. Everything stays on the current stream: a step after the install sees it.
 """
@@ -22,7 +23,10 @@ import torch
 
 from multilora_cli.engine.packed import PackedAdapter
 from multilora_cli.engine.staging import DeviceStager
+from multilora_cli.kernels.scatter import scatter_blocks, scatter_plan
 from multilora_cli.layers.lora import LoRALinear
+
+SCATTER_KERNEL = True  # packed loads on CUDA: one Triton scatter instead of ~256 foreach copies (A/B knob)
 
 
 class SlotWriter:
@@ -51,6 +55,10 @@ class SlotWriter:
         self._packed_dst: dict[tuple, list[torch.Tensor]] = {}
         self._packed_src: dict[tuple, list[torch.Tensor]] = {}
         self.stager: DeviceStager | None = None  # set by the runner on CUDA: device copies made ahead of loads
+        # CUDA: one scatter launch per load (kernels/scatter.py), its plan cached per (slot, layout); offsets are
+        # taken from the first module's A tensor
+        self._plans: dict[tuple, torch.Tensor | None] = {}
+        self._dst_base = self.modules[0][1].lora.a if self.modules else None
 
     def install(self, slot: int, adapter) -> None:
         """Copy `adapter` (adapters.peft.LoraAdapter: slices_for(layer, fused)) into `slot` of every module."""
@@ -122,14 +130,11 @@ class SlotWriter:
             base = self._staging
         else:
             base = flat
-        dkey, skey = (slot, p.layout), (p.layout, base.data_ptr())
-        dst, src = self._packed_dst.get(dkey), self._packed_src.get(skey)
-        if dst is None or src is None or not self.cuda:
-            dst, src = self._packed_views(slot, groups, base)
-            if self.cuda:
-                self._packed_dst[dkey], self._packed_src[skey] = dst, src
-        if dst:
-            torch._foreach_copy_(dst, src, non_blocking=True)
+        plan = self._plan((slot, p.layout), slot, groups, base) if self.cuda and SCATTER_KERNEL else None
+        if plan is not None:  # one launch for every A/B block of the adapter
+            scatter_blocks(base, self._dst_base, plan)
+        else:
+            self._copy_views(slot, p.layout, groups, base)
         if staged is not None:
             self.stager.release(staged)
         _, rank_dst, scale_dst = self._destinations(slot, None)
@@ -137,6 +142,26 @@ class SlotWriter:
         self._scales_dev.copy_(self._host(scales), non_blocking=True)
         torch._foreach_copy_(rank_dst, self._rank_src)
         torch._foreach_copy_(scale_dst, self._scale_src)
+
+    def _copy_views(self, slot: int, layout: tuple, groups, base: torch.Tensor) -> None:
+        """The foreach path: slot views cached per (slot, layout), source views per (layout, buffer) on CUDA."""
+        dkey, skey = (slot, layout), (layout, base.data_ptr())
+        dst, src = self._packed_dst.get(dkey), self._packed_src.get(skey)
+        if dst is None or src is None or not self.cuda:
+            dst, src = self._packed_views(slot, groups, base)
+            if self.cuda:
+                self._packed_dst[dkey], self._packed_src[skey] = dst, src
+        if dst:
+            torch._foreach_copy_(dst, src, non_blocking=True)
+
+    def _plan(self, key: tuple, slot: int, groups, base: torch.Tensor) -> torch.Tensor | None:
+        """The scatter plan of (slot, layout), cached; None when a slot tensor's dtype is not the adapter's.
+        Offsets are relative to `base`, so one plan serves every staging buffer."""
+        if key not in self._plans:
+            dst, src = self._packed_views(slot, groups, base)
+            ok = bool(dst) and all(d.dtype == base.dtype == self._dst_base.dtype for d in dst)
+            self._plans[key] = scatter_plan(dst, src, base, self._dst_base) if ok else None
+        return self._plans[key]
 
     def _packed_views(self, slot: int, groups, base: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(slot views, views of `base` laid out as packed.py describes), checked against each module's shape."""

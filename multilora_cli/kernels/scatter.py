@@ -1,0 +1,88 @@
+"""`scatter_blocks`: copy many dense source blocks into strided destination views in ONE launch.
+
+Why: a slot load writes one adapter into ~256 destination views (A and B of every LoRA module; B transposed
+into the rank-major slots). `torch._foreach_copy_` takes its slow route for such mixed strides, i.e. one copy
+kernel and ~5-10 us of host time per view; here the views are described once in a table (cached per slot and
+adapter layout) and one launch copies them all.
+
+A plan is a device int64 table, one row per CHUNK-element piece of a block:
+    (src_off, first, n, dst_off, cols, dst_stride_row, dst_stride_col)
+where the block is a row-major [rows, cols] source at element `src_off - first` of `src`, and its element
+e = first + j (j < n) goes to dst_base + dst_off + (e // cols) * dst_stride_row + (e % cols) * dst_stride_col.
+Destination offsets are element distances from `dst_base`, which may lie in other allocations of the same
+device and dtype (an address difference, so any layout of the slot tensors works).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 4096
+_COLS = 7
+
+
+@triton.jit
+def _scatter_kernel(src_ptr, dst_ptr, plan_ptr, CHUNK: tl.constexpr):
+    row = plan_ptr + tl.program_id(0) * 7
+    src_off = tl.load(row)
+    first = tl.load(row + 1)
+    n = tl.load(row + 2)
+    dst_off = tl.load(row + 3)
+    cols = tl.load(row + 4)
+    s_row = tl.load(row + 5)
+    s_col = tl.load(row + 6)
+    j = tl.arange(0, CHUNK)
+    ok = j < n
+    e = first + j  # element index within the block
+    v = tl.load(src_ptr + src_off + j, mask=ok)
+    tl.store(dst_ptr + dst_off + (e // cols) * s_row + (e % cols) * s_col, v, mask=ok)
+
+
+def scatter_plan(dst: list[torch.Tensor], src: list[torch.Tensor], src_base: torch.Tensor,
+                 dst_base: torch.Tensor) -> torch.Tensor:
+    """The plan table (int64, on dst_base's device) for copying src[i] -> dst[i].
+
+    src[i]: a contiguous view of the 1-D `src_base`; dst[i]: a view of the same shape (2-D, or 3-D whose leading
+    dimension is split into 2-D blocks), same dtype as dst_base, on dst_base's device.
+    """
+    rows: list[tuple[int, ...]] = []
+    isz = dst_base.element_size()
+    for d, s in zip(dst, src):
+        if d.shape != s.shape or not s.is_contiguous() or d.dtype != dst_base.dtype:
+            raise ValueError(f"scatter_plan: dst {tuple(d.shape)} {d.dtype} / src {tuple(s.shape)} contiguous="
+                             f"{s.is_contiguous()} do not pair")
+        blocks = [(d, s)] if d.dim() == 2 else [(d[i], s[i]) for i in range(d.shape[0])]
+        for db, sb in blocks:
+            r, c = db.shape
+            s0 = (sb.data_ptr() - src_base.data_ptr()) // isz
+            d0 = (db.data_ptr() - dst_base.data_ptr()) // isz
+            for first in range(0, r * c, CHUNK):
+                rows.append((s0 + first, first, min(CHUNK, r * c - first), d0, c, db.stride(0), db.stride(1)))
+    return torch.tensor(rows, dtype=torch.int64).reshape(-1, _COLS).to(dst_base.device)
+
+
+def scatter_blocks(src_base: torch.Tensor, dst_base: torch.Tensor, plan: torch.Tensor) -> None:
+    """Run a plan from `scatter_plan`: one launch, stream-ordered, no host sync.
+
+    src_base: [N] any dtype equal to dst_base's; dst_base: any tensor of the destination allocations' dtype;
+    plan: [P, 7] int64 on the same device.
+
+        for (src_off, first, n, dst_off, cols, sr, sc) in plan, for j < n:
+            e = first + j
+            dst_base.flat[dst_off + (e // cols) * sr + (e % cols) * sc] = src_base[src_off + j]
+    """
+    if src_base.dtype != dst_base.dtype or src_base.device != dst_base.device or plan.device != dst_base.device:
+        raise ValueError(f"scatter_blocks: src {src_base.dtype} on {src_base.device}, dst {dst_base.dtype} on "
+                         f"{dst_base.device}, plan on {plan.device}")
+    if plan.dtype != torch.int64 or plan.dim() != 2 or plan.shape[1] != _COLS:
+        raise ValueError(f"scatter_blocks: plan must be int64 [P, {_COLS}], got {plan.dtype} {tuple(plan.shape)}")
+    if plan.shape[0]:
+        _scatter_kernel[(plan.shape[0],)](src_base, dst_base, plan, CHUNK=CHUNK)
+
+
+def scatter_reference(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """What a plan does, with torch copies (tests)."""
+    for d, s in zip(dst, src):
+        d.copy_(s)
