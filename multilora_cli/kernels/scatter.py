@@ -15,6 +15,7 @@ device and dtype (an address difference, so any layout of the slot tensors works
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -47,20 +48,26 @@ def scatter_plan(dst: list[torch.Tensor], src: list[torch.Tensor], src_base: tor
     src[i]: a contiguous view of the 1-D `src_base`; dst[i]: a view of the same shape (2-D, or 3-D whose leading
     dimension is split into 2-D blocks), same dtype as dst_base, on dst_base's device.
     """
-    rows: list[tuple[int, ...]] = []
+    blocks: list[tuple[int, ...]] = []  # (src off, numel, dst off, cols, row stride, col stride)
     isz = dst_base.element_size()
     for d, s in zip(dst, src):
         if d.shape != s.shape or not s.is_contiguous() or d.dtype != dst_base.dtype:
             raise ValueError(f"scatter_plan: dst {tuple(d.shape)} {d.dtype} / src {tuple(s.shape)} contiguous="
                              f"{s.is_contiguous()} do not pair")
-        blocks = [(d, s)] if d.dim() == 2 else [(d[i], s[i]) for i in range(d.shape[0])]
-        for db, sb in blocks:
+        for db, sb in ([(d, s)] if d.dim() == 2 else [(d[k], s[k]) for k in range(d.shape[0])]):
             r, c = db.shape
-            s0 = (sb.data_ptr() - src_base.data_ptr()) // isz
-            d0 = (db.data_ptr() - dst_base.data_ptr()) // isz
-            for first in range(0, r * c, CHUNK):
-                rows.append((s0 + first, first, min(CHUNK, r * c - first), d0, c, db.stride(0), db.stride(1)))
-    return torch.tensor(rows, dtype=torch.int64).reshape(-1, _COLS).to(dst_base.device)
+            blocks.append(((sb.data_ptr() - src_base.data_ptr()) // isz, r * c,
+                           (db.data_ptr() - dst_base.data_ptr()) // isz, c, db.stride(0), db.stride(1)))
+    if not blocks:
+        return torch.zeros((0, _COLS), dtype=torch.int64, device=dst_base.device)
+    # chunk rows in numpy: a Llama-3-8B rank-16 load is ~450 blocks / ~10k chunks (26 -> 3.5 ms on this CPU)
+    b = np.asarray(blocks, dtype=np.int64)  # [nb, 6]
+    per = -(-b[:, 1] // CHUNK)  # chunks per block
+    which = np.repeat(np.arange(len(b)), per)
+    first = (np.arange(len(which)) - np.repeat(np.cumsum(per) - per, per)) * CHUNK
+    plan = np.stack([b[which, 0] + first, first, np.minimum(CHUNK, b[which, 1] - first), b[which, 2],
+                     b[which, 3], b[which, 4], b[which, 5]], axis=1)
+    return torch.from_numpy(np.ascontiguousarray(plan)).to(dst_base.device)
 
 
 def scatter_blocks(src_base: torch.Tensor, dst_base: torch.Tensor, plan: torch.Tensor) -> None:
