@@ -4,7 +4,6 @@ never leaks into stdout, and kill -9 midway followed by --resume (every id exact
 
 from __future__ import annotations
 
-import json
 import os
 import pty
 import signal
@@ -86,13 +85,8 @@ def test_kill_9_midway_then_resume_gives_every_id_once_with_the_same_text(model_
     ref = read_jsonl(ref_out)
 
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen(multilora_cmd() + ["run", str(inp), *model_args(model_dir), *flags, "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env())
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if out.exists() and out.read_bytes().count(b"\n") >= 5:
-            break
-        time.sleep(0.02)
+    proc = _start_until_records(["run", str(inp), *model_args(model_dir), *flags, "-o", str(out)], out, 5,
+                                stdout=subprocess.DEVNULL)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
@@ -114,18 +108,23 @@ def test_kill_9_midway_then_resume_gives_every_id_once_with_the_same_text(model_
     assert final == ref  # the same text (and usage) as the uninterrupted run, sampled lines included
 
 
+def _start_until_records(args: list[str], out, records: int, stdout) -> subprocess.Popen:
+    """Start `multilora ARGS` and return once `out` holds `records` lines (or it exited, or 240 s passed)."""
+    proc = subprocess.Popen(multilora_cmd() + args, stdout=stdout, stderr=subprocess.PIPE, env=subprocess_env())
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= records:
+            break
+        time.sleep(0.02)
+    return proc
+
+
 def test_sigterm_midway_stops_with_143_a_valid_prefix_and_the_resume_hint(model_dir, tmp_path):
     # `kill PID` (and Slurm / Kubernetes cancelling a job) used to end the run without a word.
     inp = write_jsonl(tmp_path / "in.jsonl", rows(48, 6))
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen(multilora_cmd() + ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "2", "-q",
-                                               "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if out.exists() and out.read_bytes().count(b"\n") >= 3:
-            break
-        time.sleep(0.02)
+    proc = _start_until_records(["run", str(inp), *model_args(model_dir), "--max-num-seqs", "2", "-q",
+                                 "-o", str(out)], out, 3, stdout=subprocess.PIPE)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     err = stderr.decode()
