@@ -54,6 +54,14 @@ def tile_capacity(num_tokens: int, max_segments: int) -> int:
     return -(-num_tokens // TILE_BLOCKS[0]) + min(max_segments, num_tokens)
 
 
+def expand_counts(per: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For counts per[i]: (owner, index) of every item when item j of group i is listed in order, i.e.
+    owner = [0]*per[0] + [1]*per[1] + ..., index = [0..per[0]) + [0..per[1]) + ... (tiles per segment,
+    chunks per block)."""
+    owner = np.repeat(np.arange(len(per)), per)
+    return owner, np.arange(len(owner)) - np.repeat(np.cumsum(per) - per, per)
+
+
 def group_tokens(slots) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
     """Stable sort of token indices by slot (base tokens last) and the segments [(slot, start, end)].
 
@@ -81,8 +89,7 @@ def tile_rows(segments: list[tuple[int, int, int]], cap: int) -> tuple[np.ndarra
         per = -(-(seg[:, 2] - seg[:, 1]) // bm)  # tiles per segment
         n = int(per.sum())
         assert n <= cap, (n, cap)
-        which = np.repeat(np.arange(len(seg)), per)
-        k = np.arange(n) - np.repeat(np.cumsum(per) - per, per)  # tile index within its segment
+        which, k = expand_counts(per)  # segment of each tile, tile index within its segment
         lo = seg[which, 1] + k * bm
         out[i, 0, :n] = seg[which, 0]
         out[i, 1, :n] = lo

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.meta import expand_counts
+
 CHUNK = 4096
 _COLS = 7
 
@@ -63,8 +65,8 @@ def scatter_plan(dst: list[torch.Tensor], src: list[torch.Tensor], src_base: tor
     # chunk rows in numpy: a Llama-3-8B rank-16 load is ~450 blocks / ~10k chunks (26 -> 3.5 ms on this CPU)
     b = np.asarray(blocks, dtype=np.int64)  # [nb, 6]
     per = -(-b[:, 1] // CHUNK)  # chunks per block
-    which = np.repeat(np.arange(len(b)), per)
-    first = (np.arange(len(which)) - np.repeat(np.cumsum(per) - per, per)) * CHUNK
+    which, k = expand_counts(per)  # block of each chunk, chunk index within its block
+    first = k * CHUNK
     plan = np.stack([b[which, 0] + first, first, np.minimum(CHUNK, b[which, 1] - first), b[which, 2],
                      b[which, 3], b[which, 4], b[which, 5]], axis=1)
     return torch.from_numpy(np.ascontiguousarray(plan)).to(dst_base.device)
