@@ -16,6 +16,8 @@ import triton.language as tl
 from multilora_cli.kernels.blocks import ExpandBlocks, expand_blocks, tile_index
 from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
 from multilora_cli.kernels.meta import LoraMeta
+from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, launch_dependents, pdl_mode, prefetch_l2,
+                                       wait_predecessor)
 from multilora_cli.kernels.weights import LoraWeights
 
 MAX_SLICES = 4
@@ -81,11 +83,15 @@ def _expand_kernel(
     n_split, tile_cap, n_slices, nb, O1, O2, O3, O4,
     stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt,
     BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
 ):
     pid_tile = tl.program_id(0)
     pid_g = tl.program_id(1)
+    first = (pid_tile == 0) & (pid_g == 0)
     slot = tl.load(tiles_ptr + pid_tile)
     if slot < 0:  # padding tile
+        if first:
+            wait_predecessor(PDL)  # the grid's first CTA always waits (see pdl.py)
         return
     lo = tl.load(tiles_ptr + tile_cap + pid_tile)
     hi = tl.load(tiles_ptr + 2 * tile_cap + pid_tile)
@@ -103,8 +109,9 @@ def _expand_kernel(
     g_lo = tl.where(sl == 0, 0, tl.where(sl == 1, g1, tl.where(sl == 2, g2, g3)))
     r = tl.load(rank_ptr + slot64 * n_slices + sl)
     if r == 0:  # slice not adapted by this slot
+        if first:
+            wait_predecessor(PDL)
         return
-
     m = tl.arange(0, BM)
     row_ok = lo + m < hi
     rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
@@ -112,6 +119,13 @@ def _expand_kernel(
     b_slot = b_ptr + slot64 * stride_b_slot
     y_rows = y_ptr + rows[:, None] * stride_yt  # [BM, 1]
     n0 = col_lo + (pid_g - g_lo) * gw
+    if PREFETCH:  # B is static during the step: fetch this CTA's lines while the shrink finishes
+        pj = tl.arange(0, PF_R)
+        pc = n0 + tl.arange(0, PF_LINES) * LINE  # [PF_LINES] first column of each line
+        prefetch_l2(b_slot, pj[:, None] * stride_b_rank + pc[None, :] * stride_b_out,
+                    (pj < r)[:, None] & ((pc < col_hi) & (pc < n0 + gw))[None, :])
+    wait_predecessor(PDL)  # s comes from the shrink, y from the base matmul
+    launch_dependents(PDL)  # only now: at most two grids of the chain hold SM slots at a time
     # smallest rank bucket that holds r
     if r <= 16:
         _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
@@ -169,10 +183,16 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     gw = b.bn * b.nb
     groups = sum(triton.cdiv(w.slice_offsets[i + 1] - w.slice_offsets[i], gw) for i in range(w.n_slices))
     tiles = meta.tiles[tile_index(b.bm)]
+    pdl = pdl_mode(y.device, t)
+    line = LINE_BYTES // w.b.element_size()
+    pf_r = min(rank_bucket(w.max_rank), 64)
+    pf_lines = triton.next_power_of_2(max(1, min(triton.cdiv(gw, line), PREFETCH_LINES // pf_r)))
     _expand_kernel[(n_tiles, groups)](
         s, w.b, w.rank, meta.sorted_idx, tiles, y,
         s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
         BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
-        num_warps=b.num_warps, num_stages=b.num_stages,
+        PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=pf_lines if pdl.prefetch else 1, LINE=line,
+       
+        num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
     )

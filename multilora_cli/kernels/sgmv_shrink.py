@@ -16,6 +16,8 @@ import triton.language as tl
 from multilora_cli.kernels.blocks import ShrinkBlocks, shrink_blocks, tile_index
 from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
 from multilora_cli.kernels.meta import LoraMeta
+from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, launch_dependents, pdl_mode, prefetch_l2,
+                                       wait_predecessor)
 from multilora_cli.kernels.weights import LoraWeights
 
 
@@ -59,12 +61,16 @@ def _shrink_kernel(
     NSP: tl.constexpr, NSPM: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BK32: tl.constexpr,
     BK64: tl.constexpr, MAX_RB: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
 ):
     pid_tile = tl.program_id(0)
     pid_c = tl.program_id(1)
     pid_k = tl.program_id(2)
+    first = (pid_tile == 0) & (pid_c == 0) & (pid_k == 0)
     slot = tl.load(tiles_ptr + pid_tile)
     if slot < 0:  # padding tile: no work (the grid is sized from a static bound)
+        if first:
+            wait_predecessor(PDL)  # the grid's first CTA always waits (see pdl.py)
         return
     lo = tl.load(tiles_ptr + tile_cap + pid_tile)
     hi = tl.load(tiles_ptr + 2 * tile_cap + pid_tile)
@@ -75,14 +81,25 @@ def _shrink_kernel(
     base = pid_c * 64  # this CTA's rank rows: [base, base + 64)
     left = tl.max(tl.load(rank_row + ii, mask=ii < n_slices, other=0), 0) - base  # rank rows left to do
     if left <= 0:  # chunk past every slice's rank (or an all-zero slot)
+        if first:
+            wait_predecessor(PDL)
         return
-
     m = tl.arange(0, BM)
     row_ok = lo + m < hi
     rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     a_slot = a_ptr + slot64 * stride_a_slot
+    if PREFETCH:  # A is static during the step: fetch this CTA's lines while the predecessor finishes
+        pn = tl.arange(0, NSP * PF_R)
+        psl = pn // PF_R
+        pj = base + pn % PF_R
+        pok = (psl < n_slices) & (pj < tl.load(rank_row + psl, mask=psl < n_slices, other=0))  # [NSP*PF_R]
+        pk = k_lo + tl.arange(0, PF_LINES) * LINE  # [PF_LINES]
+        prefetch_l2(a_slot, psl[:, None] * stride_a_slice + pj[:, None] * stride_a_rank + pk[None, :],
+                    pok[:, None] & (pk < k_hi)[None, :])
+    wait_predecessor(PDL)  # x (and the s buffer's memory) belong to earlier kernels
+    launch_dependents(PDL)  # only now: at most two grids of the chain hold SM slots at a time
     s_out = s_ptr + pid_k * stride_s_split
     # smallest rank bucket holding the rows left; K step shrinks as the bucket grows (same tile bytes)
     if left <= 16:
@@ -142,6 +159,10 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
     nsp = triton.next_power_of_2(w.n_slices)
     grid = (n_tiles, triton.cdiv(w.max_rank, 64), b.split)
     tiles = meta.tiles[tile_index(b.bm)]
+    pdl = pdl_mode(x.device, t)
+    line = LINE_BYTES // w.a.element_size()
+    pf_r = min(rank_bucket(w.max_rank), 64)
+    pf_lines = max(1, min(triton.cdiv(k_per_split, line), PREFETCH_LINES // (nsp * pf_r)))
     _shrink_kernel[grid](
         x, w.a, w.rank, w.scale, meta.sorted_idx, tiles, out,
         w.in_features, k_per_split, tiles.stride(0), w.n_slices,
@@ -150,5 +171,6 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
         NSP=nsp, NSPM=max(nsp, 16), BM=b.bm, BK=b.bk, BK32=max(b.bk // 2, 32), BK64=max(b.bk // 4, 32),
         MAX_RB=min(rank_bucket(w.max_rank), 64),
         EVEN_K=w.in_features % k_per_split == 0, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=b.num_warps, num_stages=b.num_stages,
+        PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=triton.next_power_of_2(pf_lines) if pdl.prefetch
+        else 1, LINE=line, num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
     )

@@ -1,0 +1,80 @@
+"""A/B of programmatic dependent launch for the SGMV kernels, in one process (kernels/pdl.py).
+
+    PYTHONPATH=. python3 benchmarks/ab_pdl.py --out benchmarks/results/kernels-pdl-<device>.json
+
+Same timing as bench_kernels.py (median of CUDA-graph replays of K rotations of one Llama-3-8B layer, L2
+cleared between replays, floor = bytes / copy bandwidth measured in this run). Modes are interleaved per point
+and repeated, so device drift hits every mode alike: off, PDL, PDL + L2 prefetch of the CTA's weight lines.
+(Runs 1-2 of kernels-pdl-h200 also timed an earlier trigger of the next launch: at the CTA's start.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import triton
+
+from bench_kernels import MODULES, Case, Pools, bandwidth, floor_bytes, graph_time_us, rotations_for
+from multilora_cli.kernels import pdl
+
+MODES = {"off": pdl.OFF, "pdl": pdl.PdlMode(launch=True), "pdl+prefetch": pdl.PdlMode(launch=True, prefetch=True)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--points", default="256,64,16;256,16,16;64,64,16;16,8,16;1,1,16;1024,64,16;4096,64,16",
+                   help="tokens,adapters,rank;...")
+    p.add_argument("--pool-rank", type=int, default=16, help="max_rank of the pool (the engine sizes it so)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    start = time.time()
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    bw = bandwidth()
+    pools = Pools(4, 64, args.pool_rank)
+    report = dict(device=props.name, torch=torch.__version__, triton=triton.__version__, copy_bandwidth_Bps=round(bw),
+                  command=" ".join(["python3"] + sys.argv), pool_rank=args.pool_rank, rows=[], modules=[])
+    for point in args.points.split(";"):
+        t, a, r = (int(v) for v in point.split(","))
+        pools.set_rank(r)
+        fb = floor_bytes(t, min(t, a), r)
+        k = rotations_for(fb, l2)
+        case = Case(pools, t, a, r, k)
+        times = {m: [] for m in MODES}
+        for _ in range(args.repeats):
+            for name, mode in MODES.items():
+                pdl.force(mode)
+                times[name].append(graph_time_us(case.ours, k))
+        floor_us = fb / bw * 1e6
+        row = dict(tokens=t, adapters=a, rank=r, floor_us=round(floor_us, 2),
+                   **{f"{m}_us": round(min(v), 2) for m, v in times.items()},
+                   **{f"{m}_all": [round(x, 2) for x in v] for m, v in times.items()})
+        row.update({f"{m}_over_floor": round(min(v) / floor_us, 3) for m, v in times.items()})
+        report["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        if (t, a, r) == (256, 64, 16):  # where the time goes at the target, per module and mode
+            for n in MODULES:
+                mk = rotations_for(fb // 4, l2)
+                mcase = Case(pools, t, a, r, mk)
+                mrow = dict(module=n)
+                for name, mode in MODES.items():
+                    pdl.force(mode)
+                    mrow[f"{name}_us"] = round(graph_time_us(lambda i: mcase.ours(i, modules=[n]), mk), 2)
+                report["modules"].append(mrow)
+                print(json.dumps(mrow), flush=True)
+                del mcase
+        del case
+    pdl.force(None)
+    report["elapsed_s"] = round(time.time() - start, 1)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

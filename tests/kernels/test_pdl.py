@@ -1,0 +1,44 @@
+"""PDL mode selection (host only): never on CPU or under the interpreter, env and override parsing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multilora_cli.kernels import pdl
+
+
+def test_prefetch_needs_launch():
+    with pytest.raises(ValueError, match="prefetch needs launch"):
+        pdl.PdlMode(launch=False, prefetch=True)
+
+
+def test_launch_keywords_only_when_on():
+    assert pdl.OFF.kwargs() == {}
+    assert pdl.PdlMode(launch=True).kwargs() == {"launch_pdl": True}
+
+
+def test_off_on_cpu_even_when_forced():
+    pdl.force(pdl.PdlMode(launch=True, prefetch=True))
+    try:
+        assert pdl.pdl_mode(torch.device("cpu"), 1) == pdl.OFF
+    finally:
+        pdl.force(None)
+
+
+@pytest.mark.parametrize("tokens,mode", [(1, pdl.PdlMode(True, True)), (64, pdl.PdlMode(True, True)),
+                                         (65, pdl.PdlMode(True)), (1024, pdl.PdlMode(True)), (1025, pdl.OFF),
+                                         (8192, pdl.OFF)])
+def test_table_by_token_count(tokens, mode):
+    assert pdl.table_mode(tokens) == mode
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("env,tokens,mode", [("0", 1, pdl.OFF), ("", 1, pdl.PdlMode(True, True)),
+                                             ("", 256, pdl.PdlMode(True)), ("", 4096, pdl.OFF)])
+def test_env_and_table_on_hopper(monkeypatch, env, tokens, mode):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs sm_90+")
+    monkeypatch.setenv("MULTILORA_PDL", env)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert pdl.pdl_mode(torch.device("cuda"), tokens) == mode
