@@ -1,9 +1,16 @@
 """Admission of waiting sequences into a step: the adapter-aware half of the scheduler (engine/scheduler.py).
 
 Grouped policy: adapters pinned by running sequences (and the base model) first, then adapters resident in a
-slot, then the adapter with the most waiting requests (`WaitingQueues.group_key`). A request whose adapter
-cannot get a slot is deferred, not a barrier; one deferred past `defer_limit` admissions drains the slots.
-`fifo` is the baseline: strict arrival order across adapters. Mixed into `Scheduler`, whose state it uses.
+slot (`WaitingQueues.group_key`), then adapters to load, picked by `LoadPicker` so that the free seats and the
+free slots run out together. A request whose adapter cannot get a slot is deferred, not a barrier; one deferred
+past `defer_limit` admissions drains the slots. `fifo` is the baseline: strict arrival order across adapters.
+Mixed into `Scheduler`, whose state it uses.
+
+Why the load order matters: a slot stays pinned until the last request of its adapter finishes, so with requests
+of equal length seats and slots turn over in waves. Loading the most-queued adapters first (the old order) leaves
+the last waves with many adapters of one or two requests each: all slots pinned, seats idle, and a fifth wave for
+the leftovers (CPU simulation, 1024 requests of 128 + 128 tokens, 256 adapters, 64 slots, 256 seats: 642 steps
+against 516 for 64 adapters; with `LoadPicker`: 516).
 """
 
 from __future__ import annotations
@@ -17,6 +24,65 @@ from multilora_cli.errors import MultiloraError
 _OK, _NO_SLOT, _FAILED, _STOP = range(4)
 
 
+class LoadPicker:
+    """Chooses which adapter to load next from `sizes` (adapter -> queued requests, in tie-break order).
+
+    Each pick takes the adapter whose queue is closest to free seats / free slots, so a wave fills its seats
+    with exactly its slots and keeps a mix of small and large queues for the later waves. When the pool is
+    clearly richer than seats per slot (slots to spare overall), the target is the pool's mean instead, so the
+    large queues are not all left for the end, where they would overflow the last wave. With three slots or
+    fewer left, a queue that leaves the remaining seats exactly fillable by the remaining slots is preferred.
+    Adapters are bucketed by queue size, so a pick costs the number of distinct sizes, not of adapters (the
+    scheduler asks for up to `max_loras` picks a step to order prefetches).
+    """
+
+    def __init__(self, sizes: dict, seats_per_slot: float):
+        self._by_size: dict[int, list] = {}
+        for a, q in sizes.items():
+            self._by_size.setdefault(q, []).append(a)
+        for names in self._by_size.values():
+            names.reverse()  # pop() from the end hands out the caller's first
+        self._n = len(sizes)
+        self._total = sum(sizes.values())
+        self._rich = 1.1 * seats_per_slot
+
+    def __len__(self) -> int:
+        return self._n
+
+    def pick(self, free_seqs: int, free_slots: int):
+        """Remove and return the next adapter to load (None when the pool is empty or nothing is free)."""
+        if not self._n or free_seqs <= 0 or free_slots <= 0:
+            return None
+        target = free_seqs / free_slots
+        mean = self._total / self._n
+        if mean > self._rich:
+            target = max(target, mean)
+        exact = free_slots <= 3
+
+        def key(q):
+            fits = exact and q <= free_seqs and self._fillable(free_seqs - q, free_slots - 1, q)
+            return (exact and not fits, abs(q - target), -q)
+
+        q = min(self._by_size, key=key)
+        names = self._by_size[q]
+        a = names.pop()
+        if not names:
+            del self._by_size[q]
+        self._n -= 1
+        self._total -= q
+        return a
+
+    def _fillable(self, seats: int, slots: int, taken: int) -> bool:
+        """Whether at most `slots` (<= 2) other queues sum to exactly `seats` (one of size `taken` is spoken for)."""
+        by = self._by_size
+        have = lambda q, n=1: len(by.get(q, ())) - (q == taken) >= n
+        if seats == 0:
+            return True
+        if slots >= 1 and have(seats):
+            return True
+        return slots >= 2 and any(have(q) and have(seats - q, 1 + (seats - q == q)) for q in by if 0 < q < seats)
+
+
 class Admission:
     """`_admit(plan)` and the adapter order prefetching follows (`upcoming_adapters`)."""
 
@@ -25,11 +91,29 @@ class Admission:
         them (prefetch candidates)."""
         w = self._waiting
         cands = [a for a in w.adapters() if a is not None and not self.slots.is_resident(a)]
-        if self.policy == "group":
-            cands.sort(key=lambda a: w.group_key(a, self.slots))
-        else:
+        if self.policy != "group":
             cands.sort(key=lambda a: w.head(a).seq_id)
-        return cands[:k]
+            return cands[:k]
+        # replay the picks admission would make, assuming each load fills its queue and a new wave of seats
+        # and slots opens when this one is used up
+        picker = self._picker(cands)
+        claimed = sum(w.size(a) for a in w.adapters() if self.slots.is_pinned(a))  # admitted before any load
+        seats = self.max_num_seqs - len(self.running) - claimed
+        slots = self.slots.max_loras - self.slots.num_pinned
+        out = []
+        while len(out) < k and len(picker):
+            if seats <= 0 or slots <= 0:
+                seats, slots = self.max_num_seqs, self.slots.max_loras
+            a = picker.pick(seats, slots)
+            out.append(a)
+            seats -= w.size(a)
+            slots -= 1
+        return out
+
+    def _picker(self, loads: list) -> LoadPicker:
+        w = self._waiting
+        loads = sorted(loads, key=lambda a: w.head(a).seq_id)  # ties go to the longest-waiting queue
+        return LoadPicker({a: w.size(a) for a in loads}, self.max_num_seqs / self.slots.max_loras)
 
     def _admit(self, plan: StepPlan) -> None:
         w = self._waiting
@@ -40,13 +124,19 @@ class Admission:
         if oldest.adapter is not None and self._admissions - oldest.enqueued_at > self.defer_limit:
             # deferred too long: drain, only its adapter (and base, which needs no slot) may start
             adapters = [a for a in adapters if a == oldest.adapter or a is None]
-        if self.policy == "group":
-            adapters.sort(key=lambda a: w.group_key(a, self.slots))
-            for a in adapters:
-                if self._admit_queue(plan, a) == _STOP:
-                    break
-        else:
-            self._admit_fifo(plan, adapters)
+        if self.policy != "group":
+            return self._admit_fifo(plan, adapters)
+        loads = [a for a in adapters if not self.slots.is_resident(a)]
+        cheap = [a for a in adapters if self.slots.is_resident(a)]  # base, pinned or resident: no load
+        cheap.sort(key=lambda a: w.group_key(a, self.slots))
+        for a in cheap:
+            if self._admit_queue(plan, a) == _STOP:
+                return
+        picker = self._picker(loads)
+        while len(picker):
+            a = picker.pick(self.max_num_seqs - len(self.running), self.slots.max_loras - self.slots.num_pinned)
+            if a is None or self._admit_queue(plan, a) == _STOP:  # None: no seat or slot left
+                return
 
     def _admit_queue(self, plan: StepPlan, adapter: str | None) -> int:
         w = self._waiting

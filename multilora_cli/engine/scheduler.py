@@ -6,7 +6,8 @@ Each `schedule()` builds one step:
    not yet in this step (its KV is freed; it goes back to the front of its queue and is recomputed later);
 2. then waiting sequences are admitted (prefill, chunked to the token budget) unless someone was preempted.
    Admission is grouped by adapter to minimise slot swaps: adapters pinned by running sequences (and the
-   base model) first, then adapters resident in a slot, then the adapter with the most waiting requests.
+   base model) first, then adapters resident in a slot, then loads chosen so that free seats and free slots
+   run out together (`admission.LoadPicker`: slots stay pinned until an adapter's last request finishes).
    A request whose adapter cannot get a slot (all `max_loras` slots pinned) is deferred, not a barrier:
    requests of other, resident adapters go ahead. A request deferred past `defer_limit` admissions drains the
    slots (only its adapter and base requests are admitted until it gets a slot), so nothing waits forever and

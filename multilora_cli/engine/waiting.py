@@ -62,7 +62,8 @@ class WaitingQueues:
 
     def group_key(self, adapter: str | None, slots: SlotManager) -> tuple:
         """Admission order: no swap needed (base, or pinned by running sequences), then resident in a slot
-        (a hit), then a load; within a tier the adapter with the most queued requests, then the oldest."""
+        (a hit), then a load; within a tier the adapter with the most queued requests, then the oldest.
+        Admission orders loads by `admission.LoadPicker` instead; this key orders the first two tiers."""
         if adapter is None or slots.is_pinned(adapter):
             tier = 0
         elif slots.is_resident(adapter):
