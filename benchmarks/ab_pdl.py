@@ -19,9 +19,23 @@ import torch
 import triton
 
 from bench_kernels import MODULES, Case, Pools, bandwidth, floor_bytes, graph_time_us, rotations_for
-from multilora_cli.kernels import pdl
+from multilora_cli.kernels import pdl, sgmv_expand, sgmv_shrink
+from multilora_cli.kernels.blocks import tile_index
 
 MODES = {"off": pdl.OFF, "pdl": pdl.PdlMode(launch=True), "pdl+prefetch": pdl.PdlMode(launch=True, prefetch=True)}
+
+
+class ExactGrid:
+    """Launch the real tile count under capture instead of the static bound (valid here only because every
+    replay reuses the captured mix): what the padding CTAs of a decode graph's static grid cost."""
+
+    def __enter__(self):
+        self.saved = sgmv_shrink.tile_grid, sgmv_expand.tile_grid
+        exact = lambda meta, bm, t, max_loras: meta.tile_counts[tile_index(bm)]  # noqa: E731
+        sgmv_shrink.tile_grid = sgmv_expand.tile_grid = exact
+
+    def __exit__(self, *exc):
+        sgmv_shrink.tile_grid, sgmv_expand.tile_grid = self.saved
 
 
 def main() -> int:
@@ -45,11 +59,14 @@ def main() -> int:
         fb = floor_bytes(t, min(t, a), r)
         k = rotations_for(fb, l2)
         case = Case(pools, t, a, r, k)
-        times = {m: [] for m in MODES}
+        times = {m: [] for m in [*MODES, "pdl-exact-grid"]}
         for _ in range(args.repeats):
             for name, mode in MODES.items():
                 pdl.force(mode)
                 times[name].append(graph_time_us(case.ours, k))
+            pdl.force(pdl.table_mode(t))
+            with ExactGrid():
+                times["pdl-exact-grid"].append(graph_time_us(case.ours, k))
         floor_us = fb / bw * 1e6
         row = dict(tokens=t, adapters=a, rank=r, floor_us=round(floor_us, 2),
                    **{f"{m}_us": round(min(v), 2) for m, v in times.items()},
