@@ -4,7 +4,9 @@
 
 Same timing as bench_kernels.py (median of CUDA-graph replays of K rotations of one Llama-3-8B layer, L2
 cleared between replays, floor = bytes / copy bandwidth measured in this run). Modes are interleaved per point
-and repeated, so device drift hits every mode alike: off, PDL, PDL + L2 prefetch of the CTA's weight lines.
+and repeated, so device drift hits every mode alike: off, PDL, PDL + L2 prefetch of the CTA's weight lines; then
+the table's PDL mode with the real tile count instead of the graph's static bound. (Run 4 also timed tiles on
+the fastest grid axis, the layout before session 4, under which a static grid's padding CTAs interleave.)
 (Runs 1-2 of kernels-pdl-h200 also timed an earlier trigger of the next launch: at the CTA's start.)
 """
 

@@ -11,6 +11,7 @@ from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.weights import LoraWeights
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_GRID_TILES = 65535  # tiles sit on a CUDA grid's y / z axis
 
 
 def check_x(x: torch.Tensor, features: int, name: str) -> int:
@@ -85,8 +86,13 @@ def tile_grid(meta: LoraMeta, bm: int, t: int, max_loras: int) -> int:
     if capturing(meta.tiles.device):
         if not meta.static:
             raise ValueError("capturing a CUDA graph needs LoraMeta from LoraMetaBuffers (persistent buffers)")
-        return min(meta.tiles.shape[2], -(-t // bm) + min(max_loras, t))
-    return meta.tile_counts[tile_index(bm)]
+        n = min(meta.tiles.shape[2], -(-t // bm) + min(max_loras, t))
+    else:
+        n = meta.tile_counts[tile_index(bm)]
+    if n > MAX_GRID_TILES:
+        raise ValueError(f"{n} LoRA tiles exceed the grid's tile axis ({MAX_GRID_TILES}): split the batch "
+                         f"(fewer tokens per step, e.g. a smaller max_num_batched_tokens)")
+    return n
 
 
 @lru_cache(maxsize=16)

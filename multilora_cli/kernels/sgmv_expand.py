@@ -1,6 +1,6 @@
 """SGMV expand: y[:, slice] += s @ B^T for every token's adapter, all packed slices in one launch, in place.
 
-Grid: (tiles, column groups). Column groups are numbered slice after slice (each slice's width rounded up
+Grid: (column groups, tiles). Column groups are numbered slice after slice (each slice's width rounded up
 to BN * nb), so a CTA never straddles two slices. A CTA loads its rows' s once, then streams nb column
 blocks of B (rank-major: each rank row is contiguous over out) and y. Rank-aware: the CTA picks the
 smallest rank bucket RB in {16, 32, 64} >= the slot's rank (FLOPs padded to that bucket only), masks
@@ -85,8 +85,8 @@ def _expand_kernel(
     BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
 ):
-    pid_tile = tl.program_id(0)
-    pid_g = tl.program_id(1)
+    pid_g = tl.program_id(0)  # tiles on the slow axis: padding tiles are dispatched last (as in the shrink)
+    pid_tile = tl.program_id(1)
     first = (pid_tile == 0) & (pid_g == 0)
     slot = tl.load(tiles_ptr + pid_tile)
     if slot < 0:  # padding tile
@@ -187,7 +187,7 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     line = LINE_BYTES // w.b.element_size()
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = triton.next_power_of_2(max(1, min(triton.cdiv(gw, line), PREFETCH_LINES // pf_r)))
-    _expand_kernel[(n_tiles, groups)](
+    _expand_kernel[(groups, n_tiles)](
         s, w.b, w.rank, meta.sorted_idx, tiles, y,
         s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
