@@ -90,12 +90,16 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
     nb = max(1, min(32, blocks // groups_per_tile))
     # The sweep's 4096-token winners (kernels-h200.json: nb=1, shrink split 4/16) were tried in e2e run 6 and
     # prefill steps (8k tokens) got slower: not applied.
-    # Sweep 2 (kernels-h200-sweep2.json, 256 tokens, 16 / 64 adapters): for the narrow outputs one column block
-    # per CTA with 2 warps wins (o 8.7 -> 6.4 us at 16 adapters, 10.5 -> 10.2 at 64; qkv 9.5 -> 7.4 / 11.9 ->
-    # 12.9): small CTAs, less shared-memory staging (ncu: the expand stalls on barriers as much as on memory).
+    # 129-256 tokens (decode at large batch): sweep 2 (kernels-h200-sweep2.json) moved narrow outputs to one
+    # column block per CTA (the expand stalls on shared-memory barriers as much as on memory). Sweep 3 (kernels-h200-sweep3.json, after PDL and tiles-last grids; 16 / 64 adapters, us): 4 warps without
+    # a cp.async pipeline now win; narrow outputs take one 256-column block (qkv 6.05 -> 5.47 / 10.34 -> 10.03,
+    # o and down -0.2 us at 16 adapters, equal at 64), gate_up four 128-column blocks (15.64 -> 14.00 / 32.21 ->
+    # 30.14, vs nb=6 with a 3-stage pipeline).
     del max_rank  # the rank bucket is picked per slot inside the kernel
-    if 128 < t <= 256 and out_features <= 8192:
-        return ExpandBlocks(bm=bm, bn=128, nb=1, num_warps=2, num_stages=2)
+    if 128 < t <= 256:
+        if out_features <= 8192:
+            return ExpandBlocks(bm=bm, bn=256, nb=1, num_warps=4, num_stages=1)
+        return ExpandBlocks(bm=bm, bn=128, nb=4, num_warps=4, num_stages=1)
     return ExpandBlocks(bm=bm, bn=bn, nb=nb, num_warps=8 if bm * bn >= 64 * 128 else 4,
                         num_stages=3 if nb >= 3 else 2)
 
