@@ -60,6 +60,7 @@ class Scheduler(Admission):
         self._finished: list[Sequence] = []
         self._admissions = 0
         self._pending: ScheduledBatch | None = None
+        self._upcoming: tuple[tuple, list[str]] = ((), [])  # (state key, prefetch order) memo
         self.num_steps = 0
         self.num_prefill_steps = 0  # steps with at least one prefill chunk
         self.num_decode_steps = 0  # steps of decodes only
@@ -124,7 +125,7 @@ class Scheduler(Admission):
             if not plan.seqs:
                 self._schedule_running(plan, decodes=True)
         if self.slots.prefetching and len(self._waiting):  # read the next adapters while this step runs
-            self.slots.prefetch(self.upcoming_adapters(self.slots.max_loras))
+            self.slots.prefetch(self._prefetch_order())
         if not plan.seqs:
             return None
         batch = plan.to_batch(self.bm.block_size)
@@ -135,6 +136,14 @@ class Scheduler(Admission):
         else:
             self.num_prefill_steps += 1
         return batch
+
+    def _prefetch_order(self) -> list[str]:
+        """`upcoming_adapters`, recomputed only when queues, seats or slots moved: in steady decode it would be
+        the same list every step (0.2-0.4 ms of Python per step in the 64- and 256-adapter bench rows)."""
+        key = (self._waiting.version, len(self.running), self.slots.num_pinned, self.slots.loads)
+        if key != self._upcoming[0]:
+            self._upcoming = (key, self.upcoming_adapters(self.slots.max_loras))
+        return self._upcoming[1]
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int],
                     stop: Callable[[Sequence], str | None]) -> None:

@@ -18,6 +18,7 @@ class WaitingQueues:
     def __init__(self):
         self._q: dict[str | None, deque[Sequence]] = {}
         self._n = 0
+        self.version = 0  # bumped by every push / pop: callers memoise on it
 
     def __len__(self) -> int:
         return self._n
@@ -33,6 +34,7 @@ class WaitingQueues:
         else:
             q.append(seq)
         self._n += 1
+        self.version += 1
 
     def adapters(self) -> list[str | None]:
         return list(self._q)
@@ -49,11 +51,13 @@ class WaitingQueues:
         if not q:
             del self._q[adapter]
         self._n -= 1
+        self.version += 1
         return seq
 
     def take_all(self, adapter: str | None) -> list[Sequence]:
         q = self._q.pop(adapter)
         self._n -= len(q)
+        self.version += 1
         return list(q)
 
     def oldest(self) -> Sequence | None:

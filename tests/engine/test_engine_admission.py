@@ -101,3 +101,29 @@ def test_random_queues_stay_near_the_seat_bound(seed):
     sim = wave_run(sizes, config, seed=seed)
     seat_bound = 256 * 8 // 32  # every seat busy every step
     assert sim.sched.num_steps <= seat_bound + 8 + 2, sim.sched.num_steps
+
+
+def test_prefetch_order_is_recomputed_only_when_state_moves():
+    """The prefetch order is memoised per (queues, seats, slots) state: steady decode steps reuse it, and the
+    memo always equals a fresh `upcoming_adapters`."""
+    config = cfg(max_loras=2, max_num_seqs=4, max_num_batched_tokens=64)
+    sim = Sim(config, num_blocks=400, prefetch_threads=1)
+    sched = sim.sched
+    fresh = sched.upcoming_adapters
+    calls, used = [], []
+    sched.upcoming_adapters = lambda k: calls.append(k) or fresh(k)
+    prefetch = sim.slots.prefetch
+    sim.slots.prefetch = lambda names: used.append(1) or prefetch(names)
+    try:
+        for i, a in enumerate(["a", "a", "b", "b", "c", "d", "e", "e"]):
+            sched.add(make_seq(i, a, 4, max_tokens=6, ignore_eos=True))
+        steps = 0
+        while sched.has_unfinished():
+            sim.step()
+            steps += 1
+            if sched.num_waiting:
+                assert sched._prefetch_order() == fresh(config.max_loras)  # never stale
+        assert len(sim.finished) == 8
+        assert 0 < len(calls) < len(used)  # recomputed when the state moved, not on every step that prefetched
+    finally:
+        sim.slots.close()
