@@ -37,9 +37,7 @@ except ImportError:  # pragma: no cover - older triton: the launchers never enab
 
 LINE_BYTES = 128  # an L2 line: the prefetch granularity
 PREFETCH_LINES = 2048  # most lines one CTA prefetches (their pointers sit in registers while issued)
-
-
-PREFETCH_MAX_TOKENS = 64
+PREFETCH_MAX_TOKENS = 64  # the table: prefetch up to here, PDL alone up to PDL_MAX_TOKENS, off above
 PDL_MAX_TOKENS = 1024
 
 
