@@ -78,7 +78,6 @@ def compute(s: Scenario) -> Report:
 
     # Decode roofline --------------------------------------------------------------------------------------
     st = Section("throughput", "Decode throughput per replica (memory-bandwidth roofline)")
-    bw = g * hw.bandwidth
     st.add("batch", "decode batch", shared.batch, n(shared.batch), f"min({s.batch_size} --batch-size, {fit_seqs} fit)")
     st.add("weights_read_bytes", "base weights read per step", w_read, size(w_read),
            "full copy" + ("" if cfg.tie_word_embeddings else f" − input embedding ({size(emb * db)}, only gathered)"))

@@ -133,7 +133,7 @@ class Attention(nn.Module):
 
     def _decode_torch(self, q: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         lens = ctx.seqlens_k or ctx.context_lens.tolist()
-        B, page = q.shape[0], self.k_cache.shape[1]
+        page = self.k_cache.shape[1]
         nblocks = max(1, -(-max(lens) // page))
         tables = ctx.block_tables[:, :nblocks].long()  # [B, nb]
         k = self.k_cache[tables].flatten(1, 2)  # [B, S, KVH, D], S = nb * page
