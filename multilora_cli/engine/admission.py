@@ -97,9 +97,12 @@ class Admission:
         # replay the picks admission would make, assuming each load fills its queue and a new wave of seats
         # and slots opens when this one is used up
         picker = self._picker(cands)
-        claimed = sum(w.size(a) for a in w.adapters() if self.slots.is_pinned(a))  # admitted before any load
-        seats = self.max_num_seqs - len(self.running) - claimed
-        slots = self.slots.max_loras - self.slots.num_pinned
+        # admission serves base and in-slot queues before any load: their requests take seats first, and the
+        # in-slot adapters that are not pinned yet will pin their slots
+        cheap = [a for a in w.adapters() if a is None or self.slots.is_resident(a)]
+        seats = self.max_num_seqs - len(self.running) - sum(w.size(a) for a in cheap)
+        slots = (self.slots.max_loras - self.slots.num_pinned
+                 - sum(1 for a in cheap if a is not None and not self.slots.is_pinned(a)))
         out = []
         while len(out) < k and len(picker):
             if seats <= 0 or slots <= 0:
@@ -119,6 +122,8 @@ class Admission:
         w = self._waiting
         if plan.preempted or not len(w):
             return  # the cache is short: admitting now would only preempt again
+        if len(self.running) >= self.max_num_seqs or plan.budget <= 0:
+            return  # no seat or token budget: skip the ordering work (steady decode with a queue)
         adapters = w.adapters()
         oldest = w.oldest()
         if oldest.adapter is not None and self._admissions - oldest.enqueued_at > self.defer_limit:

@@ -69,7 +69,12 @@ def force(mode: PdlMode | None) -> None:
 
 @lru_cache(maxsize=16)
 def _supported(index: int) -> bool:
-    return gdc_wait is not None and torch.cuda.get_device_capability(index)[0] >= 9
+    # sm_90+ NVIDIA only: ROCm reports MI300 as capability 9.x, and the PTX below would not build there
+    return gdc_wait is not None and torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on", "y")
 
 
 def table_mode(tokens: int) -> PdlMode:
@@ -81,7 +86,7 @@ def table_mode(tokens: int) -> PdlMode:
 
 def pdl_mode(device: torch.device, tokens: int) -> PdlMode:
     """The mode the launchers use for `tokens` rows on `device`."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or _interpreting():
         return OFF
     if not _supported(device.index if device.index is not None else torch.cuda.current_device()):
         return OFF

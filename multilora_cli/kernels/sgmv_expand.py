@@ -16,8 +16,8 @@ import triton.language as tl
 from multilora_cli.kernels.blocks import ExpandBlocks, expand_blocks, tile_index
 from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
 from multilora_cli.kernels.meta import LoraMeta
-from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, launch_dependents, pdl_mode, prefetch_l2,
-                                       wait_predecessor)
+from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, PdlMode, launch_dependents, pdl_mode,
+                                       prefetch_l2, wait_predecessor)
 from multilora_cli.kernels.weights import LoraWeights
 
 MAX_SLICES = 4
@@ -184,6 +184,8 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     groups = sum(triton.cdiv(w.slice_offsets[i + 1] - w.slice_offsets[i], gw) for i in range(w.n_slices))
     tiles = meta.tiles[tile_index(b.bm)]
     pdl = pdl_mode(y.device, t)
+    if pdl.prefetch and w.b.stride(1) != 1:  # the prefetch walks lines along out: rank-major B only
+        pdl = PdlMode(launch=True)
     line = LINE_BYTES // w.b.element_size()
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = triton.next_power_of_2(max(1, min(triton.cdiv(gw, line), PREFETCH_LINES // pf_r)))

@@ -42,8 +42,11 @@ def test_last_slots_fill_the_seats_exactly():
     assert sorted(sizes[a] for a in got) == [2, 4]
     # one slot left: the exact queue wins over a closer-to-target one
     assert LoadPicker({"x5": 5, "y3": 3}, 4.0).pick(3, 1) == "y3"
-    # a pair of equal queues counts only when two exist
-    assert picks({"a": 2, "b": 9, "c": 1}, 4, 2) != ["a", "a"]
+    # the queue being taken does not count towards filling the rest: a second queue of its size must exist
+    assert not LoadPicker({"a": 2, "c": 1}, 4.0)._fillable(2, 1, taken=2)
+    assert LoadPicker({"a": 2, "b": 2}, 4.0)._fillable(2, 1, taken=2)
+    assert not LoadPicker({"a": 2, "b": 2}, 4.0)._fillable(4, 2, taken=2)  # 2 + 2 needs three queues of 2
+    assert LoadPicker({"a": 2, "b": 2, "c": 2}, 4.0)._fillable(4, 2, taken=2)
 
 
 def test_equal_queues_go_in_caller_order():

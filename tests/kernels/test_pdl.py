@@ -18,6 +18,23 @@ def test_launch_keywords_only_when_on():
     assert pdl.PdlMode(launch=True).kwargs() == {"launch_pdl": True}
 
 
+@pytest.mark.parametrize("value", ["1", "true", "ON", "yes"])
+def test_off_under_the_interpreter(monkeypatch, value):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert pdl._interpreting()
+
+
+def test_tile_axis_bound_is_a_clear_error(monkeypatch):
+    from multilora_cli.kernels import checks
+    from multilora_cli.kernels.meta import build_lora_meta
+
+    meta = build_lora_meta([0] * 40 + [1] * 40, "cpu")  # 3 + 3 tiles of 16 rows
+    assert checks.tile_grid(meta, 16, 80, 4) == 6
+    monkeypatch.setattr(checks, "MAX_GRID_TILES", 5)
+    with pytest.raises(ValueError, match="exceed the grid's tile axis"):
+        checks.tile_grid(meta, 16, 80, 4)
+
+
 def test_off_on_cpu_even_when_forced():
     pdl.force(pdl.PdlMode(launch=True, prefetch=True))
     try:

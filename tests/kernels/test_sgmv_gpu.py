@@ -102,11 +102,14 @@ def test_add_lora_never_syncs_the_host():
 
 
 def _chain(ws, x, ys, meta):
-    """Four dependent LoRA layers: layer i's output (a fresh copy of its base y) is layer i+1's input, so a
-    kernel that read an activation before its predecessor finished would change the result."""
+    """Four dependent LoRA layers with their kernels back to back: layer i's output is layer i+1's input, so a
+    shrink that read x before the previous expand finished, or an expand that read s or y early, changes the
+    bits. Layer 2's input first passes through a plain torch kernel (a predecessor launched without PDL)."""
+    outs = [y.clone() for y in ys]  # copies first, so expand(i) -> shrink(i+1) are adjacent launches
     h = x
-    for w, y in zip(ws, ys):
-        out = y.clone()
+    for i, (w, out) in enumerate(zip(ws, outs)):
+        if i == 2:
+            h = h * 2.0  # exact in bf16
         add_lora(out, h, w, meta)
         h = out
     return h
@@ -131,6 +134,7 @@ def test_pdl_modes_are_bit_identical(graph):
     try:
         for mode in (pdl.OFF, pdl.PdlMode(launch=True), pdl.PdlMode(launch=True, prefetch=True)):
             pdl.force(mode)
+            assert pdl.pdl_mode(x.device, t) == mode, "PDL is not available here: the test would prove nothing"
             meta = bufs.build(token_slots("uniform", t, seed=0))
             res = []
             if graph:
