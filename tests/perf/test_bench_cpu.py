@@ -102,6 +102,11 @@ def test_target_ratios_and_verdicts():
     assert v == {"speedup_vs_hf_peft": "met", "adapters_vs_base": "met", "decode_vs_roofline": "met",
                  "256_adapters_64_slots_vs_64": "missed"}
     assert set(verdicts(target_ratios(rows[1:])).values()) == {"not run"}
+    # repeated rows: the latest of each kind is judged (the first rows of a process run slow)
+    again = rows + [row("multilora-base", 0, 1200.0), row("multilora", 64, 1000.0, roof=1.25)]
+    t = target_ratios(again)
+    assert t["adapters_vs_base"] == 1000 / 1200 and t["decode_vs_roofline"] == 1.25
+    assert t["256_adapters_64_slots_vs_64"] == 600 / 1000
 
 
 def test_bench_command(tmp_path):
