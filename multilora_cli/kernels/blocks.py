@@ -91,8 +91,9 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
     # The sweep's 4096-token winners (kernels-h200.json: nb=1, shrink split 4/16) were tried in e2e run 6 and
     # prefill steps (8k tokens) got slower: not applied.
     # 129-256 tokens (decode at large batch): sweep 2 (kernels-h200-sweep2.json) moved narrow outputs to one
-    # column block per CTA (the expand stalls on shared-memory barriers as much as on memory). Sweep 3 (kernels-h200-sweep3.json, after PDL and tiles-last grids; 16 / 64 adapters, us): 4 warps without
-    # a cp.async pipeline now win; narrow outputs take one 256-column block (qkv 6.05 -> 5.47 / 10.34 -> 10.03,
+    # column block per CTA (the expand stalls on shared-memory barriers as much as on memory). Sweep 3
+    # (kernels-h200-sweep3.json, after PDL and tiles-last grids; 16 / 64 adapters, us): 4 warps without a
+    # cp.async pipeline now win; narrow outputs take one 256-column block (qkv 6.05 -> 5.47 / 10.34 -> 10.03,
     # o and down -0.2 us at 16 adapters, equal at 64), gate_up four 128-column blocks (15.64 -> 14.00 / 32.21 ->
     # 30.14, vs nb=6 with a 3-stage pipeline).
     del max_rank  # the rank bucket is picked per slot inside the kernel
