@@ -65,14 +65,9 @@ class WaitingQueues:
         return min((q[0] for q in self._q.values()), key=lambda s: s.enqueued_at, default=None)
 
     def group_key(self, adapter: str | None, slots: SlotManager) -> tuple:
-        """Admission order: no swap needed (base, or pinned by running sequences), then resident in a slot
-        (a hit), then a load; within a tier the adapter with the most queued requests, then the oldest.
-        Admission orders loads by `admission.LoadPicker` instead; this key orders the first two tiers."""
-        if adapter is None or slots.is_pinned(adapter):
-            tier = 0
-        elif slots.is_resident(adapter):
-            tier = 1
-        else:
-            tier = 2
+        """Admission order of the queues that need no load (base or in a slot; loads are ordered by
+        `admission.LoadPicker`): no swap needed (base, or pinned by running sequences), then resident in a slot
+        (a hit); within a tier the adapter with the most queued requests, then the oldest."""
+        tier = 0 if adapter is None or slots.is_pinned(adapter) else 1
         q = self._q[adapter]
         return (tier, -len(q), q[0].seq_id)
