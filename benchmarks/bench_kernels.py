@@ -195,7 +195,8 @@ def run_modules(pools: Pools, bw: float, l2: int, t: int, adapters: int, rank: i
     return out
 
 
-def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: float) -> list:
+def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: float,
+          kinds: tuple[str, ...] = ("shrink", "expand")) -> list:
     """Time shrink and expand alone per module for a few block-size candidates around the table's choice."""
     rows = []
     for t, adapters, rank in points:
@@ -216,7 +217,7 @@ def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: f
             for warps, stages in ((2, base_s.num_stages), (4, 2), (4, 5), (2, 5)):  # fewer warps, deeper pipes
                 s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, base_s.split, warps, stages))
             e_cands = {base_e}
-            for bn, nb in ((64, 1), (128, 1), (128, 2), (128, 4), (128, 8), (256, 1), (256, 2), (256, 4)):
+            for bn, nb in ((64, 1), (128, 1), (128, 2), (128, 4), (128, 8), (256, 1), (256, 2), (256, 4), (512, 1)):
                 e_cands.add(ExpandBlocks(base_e.bm, bn, nb, base_e.num_warps, 3 if nb >= 3 else 2))
             e_cands.add(ExpandBlocks(base_e.bm, base_e.bn, base_e.nb, 8 if base_e.num_warps == 4 else 4,
                                      base_e.num_stages))
@@ -225,6 +226,8 @@ def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: f
                 for warps, stages in ((4, 1), (2, 1), (2, 2)):
                     e_cands.add(ExpandBlocks(base_e.bm, bn, nb, warps, stages))
             for kind, cands in (("shrink", s_cands), ("expand", e_cands)):
+                if kind not in kinds:
+                    continue
                 for c in sorted(cands, key=str):
                     if time.time() > deadline:
                         print("sweep: deadline reached", flush=True)
@@ -241,7 +244,10 @@ def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: f
                         else:
                             lora_expand(case_s[i], w, r["meta"], r["y"][n], c)
 
-                    case_s = [torch.zeros((1, t, len(slices), pools.pool_rank), device=DEVICE) for _ in range(k)]
+                    # the partials the table's shrink writes at this shape (an expand sums all of them), random:
+                    # a 1-partial zero s (sweeps 1-3) hid the partial-sum cost and could run faster than real data
+                    case_s = [torch.randn((base_s.split, t, len(slices), pools.pool_rank), device=DEVICE)
+                              for _ in range(k)]
                     try:
                         us = graph_time_us(fn, k, rep_ms=30)
                     except Exception as e:  # a candidate that does not fit (shared memory) is skipped
@@ -284,6 +290,7 @@ def main() -> int:
     p.add_argument("--copies", type=int, default=4, help="weight-pool copies rotated through")
     p.add_argument("--target", default="256,64,16", help="tokens,adapters,rank of the target point")
     p.add_argument("--sweep", default="", help="block-size sweep points 't,a,r;t,a,r' (empty: none)")
+    p.add_argument("--sweep-kinds", default="shrink,expand", help="which kernels the sweep times")
     p.add_argument("--budget-s", type=float, default=240, help="stop starting new work after this many seconds")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -329,7 +336,7 @@ def main() -> int:
         del tight
     if args.sweep:
         pts = [tuple(ints(s)) for s in args.sweep.split(";") if s]
-        report["sweep"] = sweep(pools, l2, pts, deadline)
+        report["sweep"] = sweep(pools, l2, pts, deadline, tuple(args.sweep_kinds.split(",")))
     save()
     for row in report["grid"]:
         if (row["tokens"], row["adapters"], row["rank"]) == (t, a, r):

@@ -96,6 +96,10 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
     # cp.async pipeline now win; narrow outputs take one 256-column block (qkv 6.05 -> 5.47 / 10.34 -> 10.03,
     # o and down -0.2 us at 16 adapters, equal at 64), gate_up four 128-column blocks (15.64 -> 14.00 / 32.21 ->
     # 30.14, vs nb=6 with a 3-stage pipeline).
+    # Sweep 4 (kernels-h200-sweep4.json) re-timed every expand with the shrink's real 8 random partials (sweeps
+    # 1-3 fed one partial of zeros) and the straight-line one-block code: the table stays best or within 0.1 us
+    # at 16 adapters; qkv with 2 x 256 columns on 2 warps wins at 64 adapters (10.7 vs 12.9 us) but loses at 16
+    # (8.0 vs 6.0), and a graph's blocks cannot depend on the adapter mix, so e2e decode's ~16 decides.
     del max_rank  # the rank bucket is picked per slot inside the kernel
     if 128 < t <= 256:
         if out_features <= 8192:

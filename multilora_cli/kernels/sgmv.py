@@ -28,4 +28,4 @@ def add_lora_triton(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: Lora
     eb = expand or default_expand_blocks(y, w)
     s = torch.empty((sb.split, x.shape[0], w.n_slices, w.max_rank), dtype=torch.float32, device=x.device)
     lora_shrink(x, w, meta, s, sb)
-    lora_expand(s, w, meta, y, eb)
+    lora_expand(s, w, meta, y, eb, after_shrink=True)

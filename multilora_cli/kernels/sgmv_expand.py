@@ -1,10 +1,12 @@
 """SGMV expand: y[:, slice] += s @ B^T for every token's adapter, all packed slices in one launch, in place.
 
 Grid: (column groups, tiles). Column groups are numbered slice after slice (each slice's width rounded up
-to BN * nb), so a CTA never straddles two slices. A CTA loads its rows' s once, then streams nb column
-blocks of B (rank-major: each rank row is contiguous over out) and y. Rank-aware: the CTA picks the
-smallest rank bucket RB in {16, 32, 64} >= the slot's rank (FLOPs padded to that bucket only), masks
-B rows past the rank (no bytes), and walks chunks of 64 for ranks above 64. Base rows are never touched.
+to BN * nb), so a CTA never straddles two slices. A CTA loads its rows' s once (the sum of the shrink's
+K-split partials), then streams nb column blocks of B (rank-major: each rank row is contiguous over out) and
+y; a single block (every decode size) is straight-line code whose B and y loads may precede the PDL wait.
+Rank-aware: the CTA picks the smallest rank bucket RB in {16, 32, 64} >= the slot's rank (FLOPs padded to
+that bucket only), masks B rows past the rank (no bytes), and walks chunks of 64 for ranks above 64. Base
+rows are never touched.
 """
 
 from __future__ import annotations
@@ -23,41 +25,90 @@ from multilora_cli.kernels.weights import LoraWeights
 MAX_SLICES = 4
 
 
+# Most fp32 elements of s one CTA loads at once ([SPLIT, BM, RB], all K-split partials in flight together);
+# larger products (rank 64 at big splits) sum the partials one at a time to bound registers.
+S_VECTOR_MAX = tl.constexpr(4096)
+# From this many tokens on, K-split partials are loaded at once (split 1 always is: a plain load). Below, the
+# partials are summed one at a time: with many CTAs resident the one-shot load's registers and reduction cost
+# more than the L2 round trips it saves (H200, benchmarks/results/kernels-ab-expand-h200-run2.json: 256 tokens /
+# 64 adapters 89.7 us looped vs 95.4 at once, 64 / 64 110.4 vs 171.9; 4096 tokens 380.4 vs 368.7).
+S_VECTOR_MIN_TOKENS = 1025
+
+
 @triton.jit
-def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr, RB: tl.constexpr):
-    """Sum of the shrink's K-split partials for rank columns jj: [BM, RB] fp32."""
-    sv = tl.zeros((BM, RB), dtype=tl.float32)
-    for p in range(n_split):
-        sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :], other=0.0)
+def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr, RB: tl.constexpr,
+            SPLIT: tl.constexpr, VEC: tl.constexpr):
+    """Sum of the shrink's K-split partials for rank columns jj: [BM, RB] fp32 (SPLIT = n_split rounded up to a
+    power of two). Loaded as one [SPLIT, BM, RB] tensor: one L2 round trip instead of n_split dependent ones."""
+    if VEC and SPLIT * BM * RB <= S_VECTOR_MAX:
+        p = tl.arange(0, SPLIT)
+        ptrs = s_rows[None, :, :] + p[:, None, None] * stride_s_split + jj[None, None, :]
+        ok = (p < n_split)[:, None, None] & row_ok[None, :, None] & j_ok[None, None, :]
+        sv = tl.sum(tl.load(ptrs, mask=ok, other=0.0), axis=0)
+    else:
+        sv = tl.zeros((BM, RB), dtype=tl.float32)
+        for p in range(n_split):
+            sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :],
+                          other=0.0)
     return sv
 
 
 @triton.jit
+def _add_block(y_ptrs, yv, sv, bt, ok, DOT_PREC: tl.constexpr):
+    """y[rows, cols] = yv + sv @ bt, added in fp32 and rounded once."""
+    acc = tl.dot(sv, bt.to(sv.dtype), input_precision=DOT_PREC)  # [BM, BN] fp32
+    tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(y_ptrs.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
-                    r, n0, col_hi, nb, DOT_PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    RB: tl.constexpr):
-    """r <= RB: s loaded once, then nb column blocks: y[rows, cols] += s @ B[cols, :r]^T."""
+                    r, n0, col_hi, nb, PDL: tl.constexpr, DOT_PREC: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
+                    NB1: tl.constexpr, EARLY: tl.constexpr):
+    """r <= RB: y[rows, cols] += s @ B[cols, :r]^T over nb column blocks, s loaded once; waits on the predecessor.
+
+    One block (NB1: every decode size in the table) is straight-line code: no loop for the software pipeliner to
+    wrap (1-16 tokens: -17..-25% per layer). With EARLY (the launch right after its shrink: `add_lora_triton`)
+    the CTA loads its B and y before gdc_wait and only s after it. That is safe: the shrink's first CTA passes
+    its own gdc_wait before this grid may start (pdl.py), so every launch before the shrink, i.e. the slot loads
+    that wrote B and the matmul that wrote y, has completed."""
     CD = y_rows.dtype.element_ty
     offs_r = tl.arange(0, RB)
     j_ok = offs_r < r
-    sv = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, j_ok, BM, RB).to(CD)
     b_base = b_slot + offs_r[:, None] * stride_b_rank  # [RB, 1]
-    for it in range(nb):
-        cols = n0 + it * BN + tl.arange(0, BN)
+    if NB1:
+        cols = n0 + tl.arange(0, BN)
         col_ok = cols < col_hi
         ok = row_ok[:, None] & col_ok[None, :]
         y_ptrs = y_rows + cols[None, :]
-        yv = tl.load(y_ptrs, mask=ok, other=0.0)  # issued before the dot so both loads are in flight
-        bt = tl.load(b_base + cols[None, :] * stride_b_out, mask=j_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = tl.dot(sv, bt.to(CD), input_precision=DOT_PREC)  # [BM, BN] fp32
-        tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(CD), mask=ok)
+        if EARLY:
+            bt = tl.load(b_base + cols[None, :] * stride_b_out, mask=j_ok[:, None] & col_ok[None, :], other=0.0)
+            yv = tl.load(y_ptrs, mask=ok, other=0.0)
+        wait_predecessor(PDL)  # s comes from the shrink
+        launch_dependents(PDL)
+        if not EARLY:
+            bt = tl.load(b_base + cols[None, :] * stride_b_out, mask=j_ok[:, None] & col_ok[None, :], other=0.0)
+            yv = tl.load(y_ptrs, mask=ok, other=0.0)
+        sv = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
+        _add_block(y_ptrs, yv, sv, bt, ok, DOT_PREC)
+    else:
+        wait_predecessor(PDL)
+        launch_dependents(PDL)
+        sv = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
+        for it in range(nb):
+            cols = n0 + it * BN + tl.arange(0, BN)
+            col_ok = cols < col_hi
+            ok = row_ok[:, None] & col_ok[None, :]
+            yv = tl.load(y_rows + cols[None, :], mask=ok, other=0.0)  # issued before the dot: both loads in flight
+            bt = tl.load(b_base + cols[None, :] * stride_b_out, mask=j_ok[:, None] & col_ok[None, :], other=0.0)
+            _add_block(y_rows + cols[None, :], yv, sv, bt, ok, DOT_PREC)
 
 
 @triton.jit
 def _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
                             r, n0, col_hi, nb, DOT_PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                            RB: tl.constexpr):
-    """r > RB: as `_stream_columns`, walking the rank in chunks of RB for every column block."""
+                            RB: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr):
+    """r > RB: as `_stream_columns` after the wait, walking the rank in chunks of RB for every column block."""
     CD = y_rows.dtype.element_ty
     offs_r = tl.arange(0, RB)
     for it in range(nb):
@@ -70,7 +121,7 @@ def _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_ou
         for c in range(0, r, RB):
             jj = c + offs_r
             j_ok = jj < r
-            sv = _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM, RB).to(CD)
+            sv = _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
             bt = tl.load(b_slot + jj[:, None] * stride_b_rank + cols[None, :] * stride_b_out,
                          mask=j_ok[:, None] & col_ok[None, :], other=0.0)
             acc = tl.dot(sv, bt.to(CD), acc, input_precision=DOT_PREC)
@@ -82,7 +133,8 @@ def _expand_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, y_ptr,
     n_split, tile_cap, n_slices, nb, O1, O2, O3, O4,
     stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt,
-    BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr, SPLIT: tl.constexpr,
+    VEC: tl.constexpr, NB1: tl.constexpr, EARLY: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
 ):
     pid_g = tl.program_id(0)  # tiles on the slow axis: padding tiles are dispatched last (as in the shrink)
@@ -124,34 +176,36 @@ def _expand_kernel(
         pc = n0 + tl.arange(0, PF_LINES) * LINE  # [PF_LINES] first column of each line
         prefetch_l2(b_slot, pj[:, None] * stride_b_rank + pc[None, :] * stride_b_out,
                     (pj < r)[:, None] & ((pc < col_hi) & (pc < n0 + gw))[None, :])
-    wait_predecessor(PDL)  # s comes from the shrink, y from the base matmul
-    launch_dependents(PDL)  # only now: at most two grids of the chain hold SM slots at a time
-    # smallest rank bucket that holds r
+    # smallest rank bucket that holds r; _stream_columns waits on the predecessor itself (after its B load)
     if r <= 16:
         _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
-                        r, n0, col_hi, nb, DOT_PREC, BM, BN, 16)
+                        r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 16, SPLIT, VEC, NB1, EARLY)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if r <= 32:
                 _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
-                                row_ok, r, n0, col_hi, nb, DOT_PREC, BM, BN, 32)
+                                row_ok, r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 32, SPLIT, VEC, NB1, EARLY)
             else:
                 if MAX_RB >= 64:
                     if r <= 64:
                         _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank,
-                                        y_rows, row_ok, r, n0, col_hi, nb, DOT_PREC, BM, BN, 64)
+                                        y_rows, row_ok, r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 64, SPLIT, VEC,
+                                        NB1, EARLY)
                     else:
                         if MAX_RB > 64:
+                            wait_predecessor(PDL)
+                            launch_dependents(PDL)
                             _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out,
                                                     stride_b_rank, y_rows, row_ok, r, n0, col_hi, nb, DOT_PREC,
-                                                    BM, BN, 64)
+                                                    BM, BN, 64, SPLIT, VEC)
+
 
 def default_expand_blocks(y: torch.Tensor, w: LoraWeights) -> ExpandBlocks:
     return expand_blocks(y.shape[0], w.out_features, w.n_slices, w.max_rank, num_sms(y.device))
 
 
 def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor,
-                blocks: ExpandBlocks | None = None) -> None:
+                blocks: ExpandBlocks | None = None, after_shrink: bool = False) -> None:
     """Add every adapted token's expanded delta into y, all slices in one launch, in place.
 
     s:    [split, T, n_slices, R] (or [T, n_slices, R])  fp32, partial sums from `lora_shrink`
@@ -163,6 +217,8 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
             y[rows, off_i:off_i+n_i] += (s[:, rows, i, :r].sum(0) @ b[slot, off_i:off_i+n_i, :r].T)
         computed as one dot in y's dtype with fp32 accumulation, added to y in fp32, rounded once.
     Rows of base tokens and columns of rank-0 slices are not written.
+    after_shrink: this launch directly follows the `lora_shrink` that wrote s (as in `add_lora_triton`), so with
+    PDL the CTAs may load B and y before waiting on it (see `_stream_columns`). Leave False otherwise.
     """
     b = blocks or default_expand_blocks(y, w)
     t = check_x(y, w.out_features, "y")
@@ -194,7 +250,8 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
         s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
         BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
+        SPLIT=triton.next_power_of_2(s.shape[0]), VEC=s.shape[0] == 1 or t >= S_VECTOR_MIN_TOKENS, NB1=b.nb == 1,
+        EARLY=after_shrink,
         PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=pf_lines if pdl.prefetch else 1, LINE=line,
-       
         num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
     )

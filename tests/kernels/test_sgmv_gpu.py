@@ -104,12 +104,14 @@ def test_add_lora_never_syncs_the_host():
 def _chain(ws, x, ys, meta):
     """Four dependent LoRA layers with their kernels back to back: layer i's output is layer i+1's input, so a
     shrink that read x before the previous expand finished, or an expand that read s or y early, changes the
-    bits. Layer 2's input first passes through a plain torch kernel (a predecessor launched without PDL)."""
+    bits. Layer 2's input first passes through a plain torch kernel (a predecessor launched without PDL), and
+    its y is written by the launch right before its shrink (the expand loads y before its own wait)."""
     outs = [y.clone() for y in ys]  # copies first, so expand(i) -> shrink(i+1) are adjacent launches
     h = x
     for i, (w, out) in enumerate(zip(ws, outs)):
         if i == 2:
             h = h * 2.0  # exact in bf16
+            out = ys[i] * 2.0  # y's producer is the shrink's predecessor
         add_lora(out, h, w, meta)
         h = out
     return h

@@ -58,6 +58,34 @@ def test_block_variants(shrink, expand):
     _run(*QKV, torch.float32, ts, shrink=shrink, expand=expand)
 
 
+@pytest.mark.parametrize("vector_min_tokens", [0, 1 << 30])  # partials all loaded at once / summed one at a time
+@pytest.mark.parametrize("after_shrink", [False, True])  # B and y loaded before or after the (no-op) wait
+@pytest.mark.parametrize("shrink", [
+    ShrinkBlocks(bm=16, bk=32, split=8),  # rank-64 slots: [8, 16, 64] partials exceed S_VECTOR_MAX: summed in a loop
+    ShrinkBlocks(bm=16, bk=32, split=3),  # a split that is no power of two: the vector load masks partial 3
+    ShrinkBlocks(bm=16, bk=32, split=2),  # [2, 16, 64]: one vector load
+])
+def test_expand_partial_sums_and_early_loads(monkeypatch, shrink, after_shrink, vector_min_tokens):
+    """Every way the expand sums the shrink's K-split partials, for one-column-block CTAs (straight-line code)
+    and column loops: the same result."""
+    import multilora_cli.kernels.sgmv_expand as sgmv_expand
+    from multilora_cli.kernels.sgmv_shrink import lora_shrink
+
+    monkeypatch.setattr(sgmv_expand, "S_VECTOR_MIN_TOKENS", vector_min_tokens)
+    ts = token_slots("zipf", 45, seed=11)
+    w = make_pool(*QKV, torch.float32, seed=2)
+    g = torch.Generator().manual_seed(3)
+    x, y0 = torch.randn(len(ts), QKV[0], generator=g), torch.randn(len(ts), sum(QKV[1]), generator=g)
+    meta = build_lora_meta(ts)
+    s = torch.empty((shrink.split, len(ts), w.n_slices, w.max_rank))
+    lora_shrink(x, w, meta, s, shrink)
+    ref = add_lora_reference(y0, x, w, torch.tensor(ts))
+    for expand in (ExpandBlocks(bm=16, bn=64, nb=1), ExpandBlocks(bm=16, bn=32, nb=3)):
+        y = y0.clone()
+        sgmv_expand.lora_expand(s, w, meta, y, expand, after_shrink=after_shrink)
+        assert_matches(y, y0, ref, ts, w, TOL[torch.float32])
+
+
 @pytest.mark.parametrize("max_rank,slot_ranks", [
     (16, {0: 16, 2: 3, 5: 9}),  # only the 16 bucket is compiled
     (32, {1: 32, 2: 17, 4: 5}),  # 16 and 32 buckets
