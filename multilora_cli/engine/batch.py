@@ -127,11 +127,14 @@ class StepPlan:
 
     def to_batch(self, block_size: int) -> ScheduledBatch:
         """Freeze into a batch, one-token entries first (stable), before any token is computed."""
-        order = sorted(range(len(self.seqs)), key=lambda i: self.n_new[i] != 1)
-        seqs = [self.seqs[i] for i in order]
-        n_new = [self.n_new[i] for i in order]
+        seqs, n_new = self.seqs, self.n_new
+        # a stable partition (n >= 1, so n != 1 is a prefill chunk); a step of decodes only is in order already
+        if self.num_prefills:
+            order = [i for i, n in enumerate(n_new) if n == 1] + [i for i, n in enumerate(n_new) if n != 1]
+            seqs = [seqs[i] for i in order]
+            n_new = [n_new[i] for i in order]
         start = [s.num_computed_tokens for s in seqs]
         return ScheduledBatch(
             seqs=seqs, num_new_tokens=n_new, start=start, slots=[s.slot for s in seqs],
-            sample=[st + n == s.num_tokens for s, st, n in zip(seqs, start, n_new)],
-            num_decodes=sum(n == 1 for n in n_new), block_size=block_size, preempted=self.preempted)
+            sample=[st + n == len(s.token_ids) for s, st, n in zip(seqs, start, n_new)],
+            num_decodes=len(seqs) - self.num_prefills, block_size=block_size, preempted=self.preempted)

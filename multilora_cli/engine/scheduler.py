@@ -116,8 +116,8 @@ class Scheduler(Admission):
             raise RuntimeError("schedule() called twice without postprocess()")
         plan = StepPlan(self.max_num_batched_tokens)
         if self.mix_prefill_decode:
-            self._schedule_running(plan, decodes=True)
-            self._schedule_running(plan, decodes=False)
+            if self._schedule_running(plan, decodes=True):  # False: no prefill chunk is running (steady decode)
+                self._schedule_running(plan, decodes=False)
             self._admit(plan)
         else:  # prefill-only step when there is prefill work that fits, else a decode-only step
             self._schedule_running(plan, decodes=False)
@@ -161,7 +161,7 @@ class Scheduler(Admission):
             seq.num_computed_tokens += n
             if not smp:
                 continue
-            seq.append_token(next(it))
+            seq.token_ids.append(int(next(it)))  # Sequence.append_token, inline: once per sequence a step
             reason = stop(seq)
             if reason is not None:
                 self._finish(seq, reason=reason)
@@ -170,16 +170,26 @@ class Scheduler(Admission):
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
 
     # --- running sequences -----------------------------------------------------------------------------------
-    def _schedule_running(self, plan: StepPlan, decodes: bool) -> None:
+    def _schedule_running(self, plan: StepPlan, decodes: bool) -> bool:
+        """Add the running decodes (or prefill chunks) that fit. Returns False when every running sequence was
+        visited and none was of the other kind: the other pass would then walk the whole list to add nothing."""
         running, ids, bm = self.running, plan.ids, self.bm
+        block_size = bm.block_size
+        other = False
         i = 0
         while i < len(running) and plan.budget > 0:
             seq = running[i]
             pending = len(seq.token_ids) - seq.num_computed_tokens
-            if (pending == 1) != decodes or seq.seq_id in ids:
+            if (pending == 1) != decodes:
+                other = True
                 i += 1
                 continue
-            if self.chunked_prefill:
+            if seq.seq_id in ids:
+                i += 1
+                continue
+            if decodes:
+                n = 1  # pending is 1 and the budget positive: what both rules below give, without their lookups
+            elif self.chunked_prefill:
                 n = min(pending, plan.budget)
             elif pending <= plan.budget or plan.num_prefills == 0:
                 n = pending
@@ -187,7 +197,8 @@ class Scheduler(Admission):
                 i += 1
                 continue
             target = seq.num_computed_tokens + n
-            if not bm.try_allocate(seq, target):
+            # most steps a sequence's last block has room (a decode needs a block every block_size tokens)
+            if target > len(seq.block_table) * block_size and not bm.try_allocate(seq, target):
                 while not bm.can_allocate(seq, target):
                     victim = self._victim(plan, seq)
                     if victim is None:
@@ -206,6 +217,7 @@ class Scheduler(Admission):
                     continue
             plan.add(seq, n)
             i += 1
+        return other or i < len(running)
 
     def _victim(self, plan: StepPlan, keep: Sequence) -> Sequence | None:
         """Most recently admitted running sequence that is not in this step yet (and not `keep`)."""

@@ -219,3 +219,23 @@ def test_schedule_twice_without_postprocess_is_an_error():
     assert sim.sched.schedule() is not None
     with pytest.raises(RuntimeError):
         sim.sched.schedule()
+
+
+def test_step_plan_puts_one_token_entries_first_stably():
+    from multilora_cli.engine.batch import StepPlan
+
+    seqs = [make_seq(i, None, prompt_len=5, max_tokens=4) for i in range(5)]
+    for s in seqs[1::2]:
+        s.num_computed_tokens = 4  # one prompt token left: a one-token entry, sampled
+    plan = StepPlan(64)
+    for s in seqs:  # prefill 3 of 5, one, prefill 3 of 5, one, prefill 3 of 5
+        plan.add(s, 1 if s.num_computed_tokens else 3)
+    b = plan.to_batch(block_size=4)
+    assert [s.seq_id for s in b.seqs] == [1, 3, 0, 2, 4]
+    assert b.num_new_tokens == [1, 1, 3, 3, 3] and b.num_decodes == 2
+    assert b.start == [4, 4, 0, 0, 0] and b.sample == [True, True, False, False, False]
+    decodes = StepPlan(64)
+    for s in (seqs[3], seqs[1]):
+        decodes.add(s, 1)
+    b = decodes.to_batch(block_size=4)
+    assert [s.seq_id for s in b.seqs] == [3, 1] and b.num_decodes == 2 and b.is_decode_only
