@@ -23,9 +23,8 @@ import sys
 import time
 
 import torch
-import triton
 
-from bench_kernels import MODULES, Case, Pools, bandwidth, floor_bytes, graph_time_us, rotations_for
+from bench_kernels import MODULES, Case, Pools, device_report, floor_bytes, graph_time_us, module_times, rotations_for
 from multilora_cli.kernels import sgmv, sgmv_expand
 
 CURRENT = sgmv_expand.lora_expand
@@ -82,12 +81,8 @@ def main() -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     start = time.time()
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
-    bw = bandwidth()
+    l2, bw, report = device_report(rows=[], modules=[])
     arm = arms(load_baseline(args.baseline))
-    report = dict(device=props.name, torch=torch.__version__, triton=triton.__version__, copy_bandwidth_Bps=round(bw),
-                  command=" ".join(["python3"] + sys.argv), rows=[], modules=[])
     pools = {}
     for point in args.points.split(";"):
         t, a, r = (int(v) for v in point.split(","))
@@ -118,16 +113,7 @@ def main() -> int:
         report["rows"].append(row)
         print(json.dumps(row), flush=True)
         if (t, a, r) == (256, 64, 16):  # where the time goes at the target, per module and arm
-            for n in MODULES:
-                mk = rotations_for(fb // 4, l2)
-                mcase = Case(pool, t, a, r, mk)
-                mrow = dict(module=n)
-                for name, install in arm.items():
-                    install()
-                    mrow[f"{name}_us"] = round(graph_time_us(lambda i: mcase.ours(i, modules=[n]), mk), 2)
-                report["modules"].append(mrow)
-                print(json.dumps(mrow), flush=True)
-                del mcase
+            report["modules"] = module_times(pool, t, a, r, l2, arm)
         del case
     arm["current"]()
     report["elapsed_s"] = round(time.time() - start, 1)

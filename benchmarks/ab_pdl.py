@@ -17,10 +17,7 @@ import json
 import sys
 import time
 
-import torch
-import triton
-
-from bench_kernels import MODULES, Case, Pools, bandwidth, floor_bytes, graph_time_us, rotations_for
+from bench_kernels import Case, Pools, device_report, floor_bytes, graph_time_us, module_times, rotations_for
 from multilora_cli.kernels import pdl, sgmv_expand, sgmv_shrink
 from multilora_cli.kernels.blocks import tile_index
 
@@ -49,12 +46,8 @@ def main() -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     start = time.time()
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
-    bw = bandwidth()
+    l2, bw, report = device_report(pool_rank=args.pool_rank, rows=[], modules=[])
     pools = Pools(4, 64, args.pool_rank)
-    report = dict(device=props.name, torch=torch.__version__, triton=triton.__version__, copy_bandwidth_Bps=round(bw),
-                  command=" ".join(["python3"] + sys.argv), pool_rank=args.pool_rank, rows=[], modules=[])
     for point in args.points.split(";"):
         t, a, r = (int(v) for v in point.split(","))
         pools.set_rank(r)
@@ -77,16 +70,8 @@ def main() -> int:
         report["rows"].append(row)
         print(json.dumps(row), flush=True)
         if (t, a, r) == (256, 64, 16):  # where the time goes at the target, per module and mode
-            for n in MODULES:
-                mk = rotations_for(fb // 4, l2)
-                mcase = Case(pools, t, a, r, mk)
-                mrow = dict(module=n)
-                for name, mode in MODES.items():
-                    pdl.force(mode)
-                    mrow[f"{name}_us"] = round(graph_time_us(lambda i: mcase.ours(i, modules=[n]), mk), 2)
-                report["modules"].append(mrow)
-                print(json.dumps(mrow), flush=True)
-                del mcase
+            report["modules"] = module_times(pools, t, a, r, l2, {
+                name: (lambda mode=mode: pdl.force(mode)) for name, mode in MODES.items()})
         del case
     pdl.force(None)
     report["elapsed_s"] = round(time.time() - start, 1)

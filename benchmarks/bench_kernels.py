@@ -148,6 +148,31 @@ def rotations_for(nbytes: int, l2: int) -> int:
     return max(2, min(32, math.ceil(3 * l2 / max(nbytes, 1))))
 
 
+def device_report(**extra) -> tuple[int, float, dict]:
+    """(L2 bytes, copy bandwidth measured now, report header) for the A/B scripts."""
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    bw = bandwidth()
+    return l2, bw, dict(device=props.name, torch=torch.__version__, triton=triton.__version__,
+                        copy_bandwidth_Bps=round(bw), command=" ".join(["python3"] + sys.argv), **extra)
+
+
+def module_times(pools: Pools, t: int, adapters: int, rank: int, l2: int, arms: dict) -> list[dict]:
+    """Per module, the layer's time under each arm (name -> callable that installs it): where the time goes."""
+    rows = []
+    mk = rotations_for(floor_bytes(t, min(t, adapters), rank) // 4, l2)
+    for n in MODULES:
+        case = Case(pools, t, adapters, rank, mk)
+        row = dict(module=n)
+        for name, install in arms.items():
+            install()
+            row[f"{name}_us"] = round(graph_time_us(lambda i, c=case: c.ours(i, modules=[n]), mk), 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del case
+    return rows
+
+
 def run_grid(args, pools: Pools, bw: float, l2: int, results: list, deadline: float) -> None:
     for rank in ints(args.ranks):
         pools.set_rank(rank)
