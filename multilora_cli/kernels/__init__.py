@@ -14,7 +14,8 @@ import torch
 from multilora_cli.kernels.meta import LoraMeta, LoraMetaBuffers, build_lora_meta
 from multilora_cli.kernels.weights import LoraWeights
 
-__all__ = ["LoraMeta", "LoraMetaBuffers", "LoraWeights", "add_lora", "build_lora_meta", "use_triton"]
+__all__ = ["LoraMeta", "LoraMetaBuffers", "LoraWeights", "add_lora", "add_lora_silu_mul", "build_lora_meta",
+           "use_triton"]
 
 
 def use_triton(y: torch.Tensor) -> bool:
@@ -43,3 +44,25 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: LoraMeta) -
     from multilora_cli.kernels.cpu import add_lora_torch
 
     add_lora_torch(y, x, w, meta)
+
+
+def add_lora_silu_mul(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: LoraMeta) -> torch.Tensor:
+    """silu(gate) * up for y = [gate | up] (+ each token's LoRA delta, as `add_lora` adds it): [T, I].
+
+    On the Triton path with a fusable pool (two equal slices, ranks <= 64) one kernel adds the delta and applies
+    the activation, reading y once and leaving it unchanged (sgmv_silu.py). Otherwise `add_lora` updates y in
+    place and the activation follows. Same values either way (the fused kernel rounds as the two steps do).
+    """
+    if use_triton(y):
+        from multilora_cli.kernels.sgmv import add_lora_silu_mul_triton
+        from multilora_cli.kernels.sgmv_silu import fusable
+
+        if fusable(w):
+            return add_lora_silu_mul_triton(y, x, w, meta)
+    add_lora(y, x, w, meta)
+    if y.is_cuda:
+        from multilora_cli.kernels import norm_rope
+
+        return norm_rope.silu_mul(y)
+    gate, up = y.split(w.out_features // 2, dim=-1)
+    return torch.nn.functional.silu(gate) * up

@@ -44,6 +44,20 @@ class ExpandBlocks:
             raise ValueError(f"bad {self}: bm in {TILE_BLOCKS}, bn a power of two >= 16, nb >= 1")
 
 
+@dataclass(frozen=True, slots=True)
+class SiluBlocks:
+    """The fused expand + SiLU-and-mul (sgmv_silu.py). bm: token rows per tile; bn: columns of each of the two
+    slices per CTA (one block per CTA: straight-line code)."""
+
+    bm: int
+    bn: int
+    num_warps: int = 4
+
+    def __post_init__(self):
+        if self.bm not in TILE_BLOCKS or self.bn < 16 or self.bn & (self.bn - 1):
+            raise ValueError(f"bad {self}: bm in {TILE_BLOCKS}, bn a power of two >= 16")
+
+
 def _bm_for(t: int) -> int:
     # Segments are usually much shorter than T (many adapters); masked rows cost no bytes, only FLOPs.
     if t <= 256:
@@ -107,6 +121,19 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
         return ExpandBlocks(bm=bm, bn=128, nb=4, num_warps=4, num_stages=1)
     return ExpandBlocks(bm=bm, bn=bn, nb=nb, num_warps=8 if bm * bn >= 64 * 128 else 4,
                         num_stages=3 if nb >= 3 else 2)
+
+
+@lru_cache(maxsize=256)
+def silu_blocks(t: int) -> SiluBlocks:
+    """Blocks for the fused expand + SiLU-and-mul over T tokens (two [BM, BN] y tiles and B blocks per CTA).
+
+    H200, Llama-3-8B gate_up, rank 16 (benchmarks/results/kernels-ab-silu-h200-run1.json, us): 1 token 64 columns
+    (5.7 vs 6.6 for 128); 16 tokens 128 (10.3 vs 10.8 for 256); 64-256 tokens 256 (256/16: 23.0 vs 25.5 for
+    128); above, 32-row tiles of 128 columns beat 64-row ones (4096 tokens 164 vs 180-203, 8192: 283 vs 291+).
+    """
+    if t <= 256:
+        return SiluBlocks(bm=16, bn=64 if t < 16 else 128 if t < 64 else 256)
+    return SiluBlocks(bm=32, bn=128)
 
 
 def tile_index(bm: int) -> int:

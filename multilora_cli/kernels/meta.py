@@ -29,6 +29,8 @@ class LoraMeta:
                 (slot, lo, hi) = one segment's rows sorted_idx[lo:hi], hi - lo <= BM; slot -1 = no work
     tile_counts: host, number of real tiles per BM (eager launches size their grid by it)
     static:     True when the tensors are views of persistent buffers (`LoraMetaBuffers`): safe to capture
+    num_adapted: [1] int32  adapted tokens (= seg_start[S]) at a fixed address: sorted_idx[num_adapted:] are
+                the base tokens, which kernels covering every row (sgmv_silu.py) find there inside a graph
     """
 
     token_slot: torch.Tensor
@@ -39,6 +41,7 @@ class LoraMeta:
     tiles: torch.Tensor | None = None
     tile_counts: tuple[int, ...] = ()
     static: bool = False
+    num_adapted: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -118,6 +121,7 @@ def build_lora_meta(token_slot: list[int] | torch.Tensor, device: torch.device |
         segments=segments,
         tiles=mk(tiles),
         tile_counts=counts,
+        num_adapted=mk([starts[-1]]),
     )
 
 
@@ -135,9 +139,10 @@ class LoraMetaBuffers:
         self.max_tokens, self.max_loras = max_tokens, max_loras
         self.device = torch.device(device)
         self.cap = tile_capacity(max_tokens, max_loras)
-        # flat layout: token_slot | sorted_idx | seg_start | seg_slot | tiles
+        # flat layout: token_slot | sorted_idx | seg_start | seg_slot | num_adapted | tiles
         self._off = [0, max_tokens, 2 * max_tokens, 2 * max_tokens + max_loras + 1]
         self._off.append(self._off[-1] + max_loras)
+        self._off.append(self._off[-1] + 1)
         total = self._off[-1] + len(TILE_BLOCKS) * 3 * self.cap
         pin = self.device.type == "cuda"
         self._host = torch.empty(total, dtype=torch.int32, pin_memory=pin)
@@ -165,7 +170,8 @@ class LoraMetaBuffers:
         h[o[2]:o[2] + len(starts)] = starts
         if segments:
             h[o[3]:o[3] + len(segments)] = [seg[0] for seg in segments]
-        h[o[4]:] = tiles.reshape(-1)
+        h[o[4]] = starts[-1]
+        h[o[5]:] = tiles.reshape(-1)
         self._dev.copy_(self._host, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
@@ -176,7 +182,8 @@ class LoraMetaBuffers:
             seg_start=d[o[2]:o[2] + len(starts)],
             seg_slot=d[o[3]:o[3] + len(segments)],
             segments=segments,
-            tiles=d[o[4]:].view(len(TILE_BLOCKS), 3, self.cap),
+            tiles=d[o[5]:].view(len(TILE_BLOCKS), 3, self.cap),
             tile_counts=counts,
             static=True,
+            num_adapted=d[o[4]:o[4] + 1],
         )

@@ -34,5 +34,17 @@ class LoRALinear(FusedLinear):
             kernels.add_lora(y, x, self.lora, ctx.lora)
         return y
 
+    def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this [gate | up] layer's output with each token's LoRA delta: [T, I]. With adapted
+        tokens (or graph metadata) the delta and the activation are one kernel (kernels.add_lora_silu_mul), so
+        the [T, 2I] output is read once and never rewritten. For the fused-elementwise path (CUDA)."""
+        y = F.linear(x, self.weight, self.bias)  # [T, 2I]
+        ctx = get_context()
+        if ctx is not None and ctx.lora is not None and (ctx.lora.segments or getattr(ctx.lora, "static", False)):
+            return kernels.add_lora_silu_mul(y, x, self.lora, ctx.lora)
+        from multilora_cli.kernels import norm_rope  # triton: imported only on this (CUDA) path
+
+        return norm_rope.silu_mul(y)
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, max_loras={self.lora.max_loras}, max_rank={self.lora.max_rank}"

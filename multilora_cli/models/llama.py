@@ -68,12 +68,16 @@ class LlamaMLP(nn.Module):
         self.down_proj = linear("down_proj", i, [cfg.hidden_size], cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2I]
-        if gate_up.is_cuda:  # one launch over the fused output (kernels/norm_rope.py)
+        if x.is_cuda:  # one launch over the fused output (kernels/norm_rope.py)
             from multilora_cli.kernels import norm_rope
 
-            if norm_rope.enabled(gate_up):
-                return self.down_proj(norm_rope.silu_mul(gate_up))
+            if norm_rope.enabled(x):
+                # a LoRA layer adds its delta inside the activation's kernel (kernels/sgmv_silu.py)
+                fused = getattr(self.gate_up_proj, "forward_silu_mul", None)
+                if fused is not None:
+                    return self.down_proj(fused(x))
+                return self.down_proj(norm_rope.silu_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
         gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
         return self.down_proj(F.silu(gate) * up)
 
