@@ -19,6 +19,7 @@ def _check(meta, ts):
     assert order[: len(adapted)] == sorted(adapted, key=lambda i: (ts[i], i))
     assert [s for s, _, _ in meta.segments] == sorted({ts[i] for i in adapted})
     assert meta.seg_slot.tolist() == [s for s, _, _ in meta.segments]
+    assert meta.num_adapted.tolist() == [len(adapted)], "num_adapted: where the base tokens start in sorted_idx"
     for k, bm in enumerate(TILE_BLOCKS):
         slot, lo, hi = meta.tiles[k].tolist()
         n = meta.tile_counts[k]
@@ -50,7 +51,8 @@ def test_buffers_reuse_fixed_addresses_and_match():
         _check(meta, ts)
         fresh = build_lora_meta(ts)
         assert meta.segments == fresh.segments and meta.tile_counts == fresh.tile_counts
-        p = (meta.token_slot.data_ptr(), meta.sorted_idx.data_ptr(), meta.tiles.data_ptr())
+        p = (meta.token_slot.data_ptr(), meta.sorted_idx.data_ptr(), meta.tiles.data_ptr(),
+             meta.num_adapted.data_ptr())
         assert ptrs in (None, p), "buffers must keep their addresses (CUDA graphs replay them)"
         ptrs = p
         assert meta.tiles.shape[2] == tile_capacity(150, 12)
