@@ -95,15 +95,23 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 @triton.jit
+def silu_mul_store(out_ptrs, g, u, ok):
+    """out = silu(g) * u in fp32, silu rounded to out's dtype first (as F.silu rounds to the activation dtype),
+    the product rounded once. The one rounding rule of silu_mul and of the fused LoRA path (sgmv_silu.py)."""
+    dt = out_ptrs.dtype.element_ty
+    g = g.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    tl.store(out_ptrs, (act * u.to(tl.float32)).to(dt), mask=ok)
+
+
+@triton.jit
 def _silu_mul_kernel(x_ptr, out_ptr, I, stride_x, stride_o, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < I
-    g = tl.load(x_ptr + t * stride_x + offs, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(x_ptr + t * stride_x + I + offs, mask=m, other=0.0).to(tl.float32)
-    dt = out_ptr.dtype.element_ty
-    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)  # F.silu rounds to the activation dtype
-    tl.store(out_ptr + t * stride_o + offs, (act * u).to(dt), mask=m)
+    g = tl.load(x_ptr + t * stride_x + offs, mask=m, other=0.0)
+    u = tl.load(x_ptr + t * stride_x + I + offs, mask=m, other=0.0)
+    silu_mul_store(out_ptr + t * stride_o + offs, g, u, m)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

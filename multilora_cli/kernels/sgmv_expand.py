@@ -53,6 +53,19 @@ def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr,
     return sv
 
 
+def partial_sum_args(s: torch.Tensor, t: int) -> dict:
+    """Launch constants for `_load_s` from s [split, T, ...]: SPLIT (power of two) and the vector-load choice."""
+    return dict(SPLIT=triton.next_power_of_2(s.shape[0]), VEC=s.shape[0] == 1 or t >= S_VECTOR_MIN_TOKENS)
+
+
+@triton.jit
+def load_block(b_ptrs, y_ptrs, j_ok, col_ok, ok):
+    """A column block's B [RB, BN] (rank rows past j_ok masked: no bytes) and y [BM, BN], both issued at once."""
+    bt = tl.load(b_ptrs, mask=j_ok[:, None] & col_ok[None, :], other=0.0)
+    yv = tl.load(y_ptrs, mask=ok, other=0.0)
+    return bt, yv
+
+
 @triton.jit
 def _add_block(y_ptrs, yv, sv, bt, ok, DOT_PREC: tl.constexpr):
     """y[rows, cols] = yv + sv @ bt, added in fp32 and rounded once."""
@@ -81,14 +94,13 @@ def _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, strid
         col_ok = cols < col_hi
         ok = row_ok[:, None] & col_ok[None, :]
         y_ptrs = y_rows + cols[None, :]
+        b_ptrs = b_base + cols[None, :] * stride_b_out
         if EARLY:
-            bt = tl.load(b_base + cols[None, :] * stride_b_out, mask=j_ok[:, None] & col_ok[None, :], other=0.0)
-            yv = tl.load(y_ptrs, mask=ok, other=0.0)
+            bt, yv = load_block(b_ptrs, y_ptrs, j_ok, col_ok, ok)
         wait_predecessor(PDL)  # s comes from the shrink
         launch_dependents(PDL)
         if not EARLY:
-            bt = tl.load(b_base + cols[None, :] * stride_b_out, mask=j_ok[:, None] & col_ok[None, :], other=0.0)
-            yv = tl.load(y_ptrs, mask=ok, other=0.0)
+            bt, yv = load_block(b_ptrs, y_ptrs, j_ok, col_ok, ok)
         sv = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
         _add_block(y_ptrs, yv, sv, bt, ok, DOT_PREC)
     else:
@@ -99,8 +111,7 @@ def _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, strid
             cols = n0 + it * BN + tl.arange(0, BN)
             col_ok = cols < col_hi
             ok = row_ok[:, None] & col_ok[None, :]
-            yv = tl.load(y_rows + cols[None, :], mask=ok, other=0.0)  # issued before the dot: both loads in flight
-            bt = tl.load(b_base + cols[None, :] * stride_b_out, mask=j_ok[:, None] & col_ok[None, :], other=0.0)
+            bt, yv = load_block(b_base + cols[None, :] * stride_b_out, y_rows + cols[None, :], j_ok, col_ok, ok)
             _add_block(y_rows + cols[None, :], yv, sv, bt, ok, DOT_PREC)
 
 
@@ -250,8 +261,7 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
         s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
         BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
-        SPLIT=triton.next_power_of_2(s.shape[0]), VEC=s.shape[0] == 1 or t >= S_VECTOR_MIN_TOKENS, NB1=b.nb == 1,
-        EARLY=after_shrink,
+        **partial_sum_args(s, t), NB1=b.nb == 1, EARLY=after_shrink,
         PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=pf_lines if pdl.prefetch else 1, LINE=line,
         num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
     )

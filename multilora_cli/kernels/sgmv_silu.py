@@ -21,17 +21,9 @@ from multilora_cli.kernels.blocks import SiluBlocks, silu_blocks, tile_index
 from multilora_cli.kernels.checks import capturing, check_meta, check_weights, check_x, rank_bucket, tile_grid
 from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.pdl import launch_dependents, pdl_mode, wait_predecessor
-from multilora_cli.kernels.sgmv_expand import S_VECTOR_MIN_TOKENS, _load_s
+from multilora_cli.kernels.norm_rope import silu_mul_store
+from multilora_cli.kernels.sgmv_expand import _load_s, load_block, partial_sum_args
 from multilora_cli.kernels.weights import LoraWeights
-
-
-@triton.jit
-def _silu_mul_store(h_ptrs, g, u, ok):
-    """h = silu(g) * u with silu rounded to h's dtype first (as F.silu and norm_rope.silu_mul do)."""
-    dt = h_ptrs.dtype.element_ty
-    g = g.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-    tl.store(h_ptrs, (act * u.to(tl.float32)).to(dt), mask=ok)
 
 
 @triton.jit
@@ -44,24 +36,20 @@ def _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out,
     jg, ju = offs_r < r_g, offs_r < r_u
     ok = row_ok[:, None] & col_ok[None, :]
     b_g = b_slot + offs_r[:, None] * stride_b_rank + cols[None, :] * stride_b_out  # [RB, BN]
-    b_u = b_g + I * stride_b_out
+    y_g = y_rows + cols[None, :]
     if EARLY:  # safe right after the shrink: see sgmv_expand._stream_columns
-        bg = tl.load(b_g, mask=jg[:, None] & col_ok[None, :], other=0.0)
-        bu = tl.load(b_u, mask=ju[:, None] & col_ok[None, :], other=0.0)
-        yg = tl.load(y_rows + cols[None, :], mask=ok, other=0.0)
-        yu = tl.load(y_rows + I + cols[None, :], mask=ok, other=0.0)
+        bg, yg = load_block(b_g, y_g, jg, col_ok, ok)
+        bu, yu = load_block(b_g + I * stride_b_out, y_g + I, ju, col_ok, ok)
     wait_predecessor(PDL)  # s comes from the shrink
     launch_dependents(PDL)
     if not EARLY:
-        bg = tl.load(b_g, mask=jg[:, None] & col_ok[None, :], other=0.0)
-        bu = tl.load(b_u, mask=ju[:, None] & col_ok[None, :], other=0.0)
-        yg = tl.load(y_rows + cols[None, :], mask=ok, other=0.0)
-        yu = tl.load(y_rows + I + cols[None, :], mask=ok, other=0.0)
+        bg, yg = load_block(b_g, y_g, jg, col_ok, ok)
+        bu, yu = load_block(b_g + I * stride_b_out, y_g + I, ju, col_ok, ok)
     sg = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, jg, BM, RB, SPLIT, VEC).to(CD)
     su = _load_s(s_rows + stride_s_slice, stride_s_split, n_split, offs_r, row_ok, ju, BM, RB, SPLIT, VEC).to(CD)
     g = (yg.to(tl.float32) + tl.dot(sg, bg.to(CD), input_precision=DOT_PREC)).to(CD)  # the expand's rounding
     u = (yu.to(tl.float32) + tl.dot(su, bu.to(CD), input_precision=DOT_PREC)).to(CD)
-    _silu_mul_store(h_rows + cols[None, :], g, u, ok)
+    silu_mul_store(h_rows + cols[None, :], g, u, ok)
 
 
 @triton.jit
@@ -92,7 +80,7 @@ def _expand_silu_kernel(
         launch_dependents(PDL)
         g = tl.load(y_rows + cols[None, :], mask=ok, other=0.0)
         u = tl.load(y_rows + I + cols[None, :], mask=ok, other=0.0)
-        _silu_mul_store(h_ptr + rows[:, None] * stride_ht + cols[None, :], g, u, ok)
+        silu_mul_store(h_ptr + rows[:, None] * stride_ht + cols[None, :], g, u, ok)
         return
     slot = tl.load(tiles_ptr + pid_t)
     if slot < 0:  # padding tile of a graph's static grid
@@ -167,7 +155,7 @@ def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: tor
     b = blocks or silu_blocks(t)
     n_tiles = tile_grid(meta, b.bm, t, w.max_loras)
     # base rows: under capture a bound (any later mix fits; CTAs past the base rows exit), else host-known
-    base = t if capturing(y.device) else t - sum(hi - lo for _, lo, hi in meta.segments)
+    base = t if capturing(y.device) else t - (meta.segments[-1][2] if meta.segments else 0)
     base_tiles = triton.cdiv(base, b.bm)
     if n_tiles + base_tiles == 0:
         return
@@ -179,6 +167,6 @@ def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: tor
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
         out.stride(0),
         BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
-        SPLIT=triton.next_power_of_2(s.shape[0]), VEC=s.shape[0] == 1 or t >= S_VECTOR_MIN_TOKENS,
-        EARLY=after_shrink, PDL=pdl.launch, num_warps=b.num_warps, num_stages=1, **pdl.kwargs(),
+        EARLY=after_shrink, PDL=pdl.launch, num_warps=b.num_warps, num_stages=1, **partial_sum_args(s, t),
+        **pdl.kwargs(),
     )
