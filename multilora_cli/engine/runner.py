@@ -195,10 +195,12 @@ class ModelRunner:
         if not seqs:
             self._log(batch, t0, graph)
             return []
-        logits = self.model.compute_logits(hidden)  # [N, V] fp32
         if all(s.sampling.greedy or s.sampling.top_k == 1 for s in seqs):
-            ids = logits.argmax(dim=-1)  # the sampler's greedy rows, without its per-kind bookkeeping
+            # the sampler's greedy rows without its bookkeeping; argmax over the model-dtype logits picks the
+            # index an fp32 copy would (the upcast is exact) and skips a [N, V] fp32 write (256 x 128k: ~50 us)
+            ids = self.model.compute_logits(hidden, upcast=False).argmax(dim=-1)
         else:
+            logits = self.model.compute_logits(hidden)  # [N, V] fp32
             ids = self.sampler(logits, SamplingBatch.for_seqs(seqs, logits.shape[-1], self.device))
         out = ids.tolist()
         self._log(batch, t0, graph)

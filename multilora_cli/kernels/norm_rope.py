@@ -1,4 +1,5 @@
-"""One-launch RMSNorm, rotary embedding and SiLU-and-mul for CUDA tensors (the torch versions take 2-7 kernels
+"""One-launch RMSNorm (optionally fused with the residual add before it), rotary embedding and SiLU-and-mul
+for CUDA tensors (the torch versions take 2-7 kernels
 each, and SiLU / mul run strided over the fused gate|up output).
 
 At decode batch sizes these elementwise ops move a few MB each, so their cost is launches, not bytes: per
@@ -23,6 +24,16 @@ def enabled(x: torch.Tensor) -> bool:
 
 
 @triton.jit
+def _norm_store(x, w_ptr, out_ptrs, offs, mask, N, eps):
+    """out = weight * normalise(x) for one fp32 row x [BLOCK], rounded as layers.norm.RMSNorm rounds."""
+    dt = out_ptrs.dtype.element_ty
+    var = tl.sum(x * x, 0) / N
+    h = (x * (1.0 / tl.sqrt(var + eps))).to(dt)  # HF: h.to(dtype) before the weight
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptrs, (w.to(tl.float32) * h.to(tl.float32)).to(dt), mask=mask)
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, R2, stride_x0, stride_x1, stride_o0, stride_o1, N, eps,
                      BLOCK: tl.constexpr):
     r = tl.program_id(0)
@@ -30,11 +41,20 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, R2, stride_x0, stride_x1, stride_o0,
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     x = tl.load(x_ptr + r0.to(tl.int64) * stride_x0 + r1 * stride_x1 + offs, mask=mask, other=0.0).to(tl.float32)
-    var = tl.sum(x * x, 0) / N
-    h = (x * (1.0 / tl.sqrt(var + eps))).to(out_ptr.dtype.element_ty)  # HF: h.to(dtype) before the weight
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    y = (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + r0.to(tl.int64) * stride_o0 + r1 * stride_o1 + offs, y, mask=mask)
+    _norm_store(x, w_ptr, out_ptr + r0.to(tl.int64) * stride_o0 + r1 * stride_o1 + offs, offs, mask, N, eps)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, stride_o, stride_s, N, eps,
+                         BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + t * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + t * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+    s = (x + r).to(sum_ptr.dtype.element_ty)  # torch's x + r: the fp32 sum rounded once
+    tl.store(sum_ptr + t * stride_s + offs, s, mask=mask)
+    _norm_store(s.to(tl.float32), w_ptr, out_ptr + t * stride_o + offs, offs, mask, N, eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -53,6 +73,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _rms_norm_kernel[(r1 * r2,)](x3, weight, o3, r2, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), n,
                                  float(eps), BLOCK=block, num_warps=8 if block >= 2048 else 4)
     return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) in one launch: the residual add of a decoder layer fused into the
+    norm after it (one kernel and one [T, N] round trip fewer). x, residual: [T, N], unit last stride."""
+    t, n = x.shape
+    out, summed = torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
+        x, memory_format=torch.contiguous_format)
+    if t == 0:
+        return out, summed
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    residual = residual if residual.stride(-1) == 1 else residual.contiguous()
+    block = triton.next_power_of_2(n)
+    _add_rms_norm_kernel[(t,)](x, residual, weight, out, summed, x.stride(0), residual.stride(0), out.stride(0),
+                               summed.stride(0), n, float(eps), BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    return out, summed
 
 
 @triton.jit

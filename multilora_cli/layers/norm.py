@@ -25,3 +25,14 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(x + residual), x + residual): a decoder layer's residual add and the norm after it; one launch
+        on CUDA, the same bits as the two ops."""
+        if x.is_cuda and x.dim() == 2:
+            from multilora_cli.kernels import norm_rope
+
+            if norm_rope.enabled(x):
+                return norm_rope.add_rms_norm(x, residual, self.weight, self.eps)
+        summed = x + residual
+        return self(summed), summed

@@ -90,9 +90,16 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg, linear)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream is carried as (h, residual) with stream = residual + h (residual None: h alone), so
+        each add is fused into the norm that follows it. Returns (mlp output, stream before it): [T, hidden]."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm.forward_add(h, residual)
+        x, residual = self.post_attention_layernorm.forward_add(self.self_attn(x, cos, sin), residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -107,9 +114,10 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary(positions)  # [T, D] each, shared by all layers
+        residual = None
         for layer in self.layers:
-            h = layer(h, cos, sin)
-        return self.norm(h)
+            h, residual = layer(h, residual, cos, sin)
+        return self.norm(h) if residual is None else self.norm.forward_add(h, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -149,9 +157,11 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: [T] -> final-normed hidden states [T, hidden]."""
         return self.model(input_ids, positions)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, hidden] (e.g. each sequence's last token) -> logits [N, vocab] float32."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """hidden: [N, hidden] (e.g. each sequence's last token) -> logits [N, vocab] float32 (upcast=False: in
+        the model dtype, e.g. for a greedy argmax, which picks the same index from either)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if upcast else logits
 
     def lora_modules(self) -> dict[tuple[int, str], LoRALinear]:
         """{(layer index, fused module name): LoRALinear} for every LoRA-wrapped module."""

@@ -15,7 +15,7 @@ import torch
 if not torch.cuda.is_available():  # before the kernel module is imported: Triton runs in the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from multilora_cli.kernels.norm_rope import rms_norm, rotary, silu_mul  # noqa: E402
+from multilora_cli.kernels.norm_rope import add_rms_norm, rms_norm, rotary, silu_mul  # noqa: E402
 from multilora_cli.layers.norm import RMSNorm  # noqa: E402
 from multilora_cli.layers.rotary import RotaryEmbedding, apply_rotary  # noqa: E402
 
@@ -43,6 +43,27 @@ def test_rms_norm_matches_torch(dtype, shape):
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
     if dtype != torch.float32:  # nearly every element identical
         assert (got == want).float().mean() > 0.98
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_matches_add_then_norm(dtype):
+    """The residual add fused into the norm: the sum exactly torch's (x + r), the norm as rms_norm's of it."""
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(6, 3 * 96, generator=g) * 4)[:, 96:192]  # a strided view
+    r = torch.randn(6, 96, generator=g) * 4
+    w = 1 + 0.1 * torch.randn(96, generator=g)
+    xd, rd, wd = (v.to(dtype).to(DEV) for v in (x, r, w))
+    normed, summed = add_rms_norm(xd, rd, wd, 1e-5)
+    want_sum = x.to(dtype) + r.to(dtype)
+    assert summed.dtype == dtype and torch.equal(summed.cpu(), (xd + rd).cpu())
+    torch.testing.assert_close(summed.cpu().float(), want_sum.float(), rtol=0, atol=0)
+    assert torch.equal(normed, rms_norm(summed, wd, 1e-5))  # one rounding rule (_norm_store) for both kernels
+    module = RMSNorm(96, 1e-5)
+    module.weight.data = w.to(dtype)
+    cpu_normed, cpu_sum = module.forward_add(x.to(dtype), r.to(dtype))  # the torch path of the layer
+    assert torch.equal(cpu_sum, want_sum)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(normed.cpu().float(), cpu_normed.float(), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
