@@ -103,13 +103,14 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                            sliding_window: int | None = None, max_context_len: int = 0,
                            num_splits: int | None = None, block_n: int | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """Decode attention of one new token per sequence over its cached context.
 
     q: [B, H, D]; k_cache/v_cache: [num_blocks, block_size, KVH, D]; block_tables: [B, max_blocks] int32;
     context_lens: [B] int32 (tokens incl. the new one, already stored). Returns out: [B, H, D] (q's dtype).
     `max_context_len` (an upper bound, host int) lets long contexts be split over more programs; with
-    `num_splits` > 1 it is required. `block_n`: context tokens per inner step (power of two >= 16).
+    `num_splits` > 1 it is required. `block_n`: context tokens per inner step (power of two >= 16);
+    `num_warps` / `num_stages`: the launch's (benchmarks/bench_attention.py sweeps them).
     Sequences of context length 0 get zeros.
     """
     B, H, D = q.shape
@@ -154,7 +155,7 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         m.stride(0) if split else 0, m.stride(1) if split else 0,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, BLOCK_D=block_d,
         PAGE=page, BLOCK_N=block_n, SPLIT=split, IEEE=q.dtype == torch.float32,
-        num_warps=4,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if split:
         _merge_splits(acc, m, l, out)

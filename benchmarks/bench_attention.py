@@ -1,0 +1,119 @@
+"""Paged decode attention alone (kernels/paged_attention.py) against its bytes floor, over launch settings.
+
+    PYTHONPATH=. python3 benchmarks/bench_attention.py --out $OUT/attention-h200.json
+
+Llama-3-8B attention (32 query heads, 8 kv heads, head dim 128), bf16, 16-token pages scattered at random over
+the cache (as a long-running engine leaves them). Cases: the e2e decode step (256 or 64 sequences, context
+lengths uniform in [129, 256], as 128-token prompts decoding 128 tokens have) and one long-context case that
+takes the split (flash-decoding) path. Each arm (block_n, num_warps, num_stages) is timed as the median of
+CUDA-graph replays over 3 copies of the cache (other pages, other q), interleaved and repeated, min taken; the
+floor is the K and V bytes of every context token (+ q and out) over the copy bandwidth measured here. Every
+arm's output is checked against the table's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+
+import torch
+from triton.testing import do_bench
+
+from bench_kernels import bandwidth
+from multilora_cli.kernels.paged_attention import paged_attention_decode
+
+H, KVH, D, PAGE = 32, 8, 128, 16
+COPIES = 3
+DT = torch.bfloat16
+
+
+class Case:
+    def __init__(self, b: int, lo: int, hi: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.b = b
+        self.lens = torch.randint(lo, hi + 1, (b,), generator=g, dtype=torch.int32)
+        self.max_len = int(self.lens.max())
+        pages = -(-self.max_len // PAGE)
+        self.copies = []
+        for _ in range(COPIES):
+            n_blocks = b * pages
+            k = torch.randn(n_blocks, PAGE, KVH, D, device="cuda", dtype=DT)
+            v = torch.randn(n_blocks, PAGE, KVH, D, device="cuda", dtype=DT)
+            tables = torch.randperm(n_blocks, generator=g).view(b, pages).to(torch.int32).cuda()
+            q = torch.randn(b, H, D, device="cuda", dtype=DT)
+            self.copies.append((q, k, v, tables, self.lens.cuda(), torch.empty_like(q)))
+
+    def run(self, i: int, **kw) -> torch.Tensor:
+        q, k, v, tables, lens, out = self.copies[i]
+        return paged_attention_decode(q, k, v, tables, lens, D ** -0.5, max_context_len=self.max_len, out=out, **kw)
+
+    def floor_bytes(self) -> int:
+        return int(self.lens.sum()) * KVH * D * 2 * 2 + 2 * self.b * H * D * 2
+
+
+def graph_us(fn) -> float:
+    for i in range(COPIES):
+        fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(COPIES):
+            fn(i)
+    ms = do_bench(g.replay, warmup=10, rep=40, return_mode="median")
+    return ms * 1e3 / COPIES
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default="256,129,256;64,129,256;16,4000,4096")
+    p.add_argument("--block-n", default="16,32,64,128")
+    p.add_argument("--warps", default="2,4,8")
+    p.add_argument("--stages", default="1,2,3,4")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    start = time.time()
+    props = torch.cuda.get_device_properties(0)
+    bw = bandwidth()
+    report = dict(device=props.name, torch=torch.__version__, copy_bandwidth_Bps=round(bw),
+                  command=" ".join(["python3"] + sys.argv), shapes=dict(heads=H, kv_heads=KVH, head_dim=D, page=PAGE),
+                  rows=[])
+    arms = [dict(block_n=n, num_warps=w, num_stages=s) for n, w, s in itertools.product(
+        *[[int(v) for v in a.split(",")] for a in (args.block_n, args.warps, args.stages)])]
+    for ci, spec in enumerate(args.cases.split(";")):
+        b, lo, hi = (int(v) for v in spec.split(","))
+        case = Case(b, lo, hi, seed=ci)
+        ref = case.run(0).float().clone()
+        times, ok = {}, {}
+        for _ in range(args.repeats):
+            for arm in arms:
+                key = "n{block_n}w{num_warps}s{num_stages}".format(**arm)
+                try:
+                    if key not in ok:
+                        ok[key] = torch.allclose(case.run(0, **arm).float(), ref, atol=2e-2, rtol=2e-2)
+                    times.setdefault(key, []).append(graph_us(lambda i, arm=arm: case.run(i, **arm)))
+                except Exception as e:  # an arm that does not compile (shared memory) is skipped
+                    print(f"{key}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+                    ok[key] = False
+        table = graph_us(case.run)
+        best = min(times, key=lambda k: min(times[k]))
+        floor = case.floor_bytes() / bw * 1e6
+        row = dict(seqs=b, context=[lo, hi], context_tokens=int(case.lens.sum()), floor_us=round(floor, 2),
+                   table_us=round(table, 2), best=best, best_us=round(min(times[best]), 2),
+                   table_over_floor=round(table / floor, 3), best_over_floor=round(min(times[best]) / floor, 3),
+                   all_close=all(ok.values()), arms={k: round(min(v), 2) for k, v in times.items()})
+        report["rows"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "arms"}), flush=True)
+        print(" ".join(f"{k}={v}" for k, v in sorted(row["arms"].items(), key=lambda kv: kv[1])[:12]), flush=True)
+        del case
+    report["elapsed_s"] = round(time.time() - start, 1)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The base model's decode matmuls alone: how far from the compute and bytes floors is cuBLAS at decode batch
+sizes, and does the weight layout change that?
+
+    python3 benchmarks/bench_gemm.py --out $OUT/gemm-h200.json
+
+Llama-3-8B projections (qkv, o, gate_up, down, LM head), bf16, M = decode tokens. Arms, interleaved and repeated
+(min of medians): "linear" = F.linear(x, W) with W [out, in] (what `PackedLinear` runs); "xwt" = x @ Wt with
+the weight stored transposed, Wt [in, out] contiguous (cuBLAS picks other kernels for the NN layout). Each
+timing is the median of CUDA-graph replays over 3 copies of the weight (each >= 32 MB, so a copy is not in
+L2 when its turn comes). Floors: FLOPs / the bf16 rate of an 8192^3 matmul and bytes (W + x + y) / copy
+bandwidth, both measured in this run; per decode step = 32 layers + the LM head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from bench_kernels import bandwidth
+from triton.testing import do_bench
+
+SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
+          "lm_head": (4096, 128256)}  # name -> (in, out)
+LAYERS = 32
+COPIES = 3
+
+
+def matmul_rate() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = do_bench(lambda: a @ b, warmup=10, rep=100, return_mode="median")
+    return 2 * 8192 ** 3 / (ms * 1e-3)
+
+
+def graph_us(fn) -> float:
+    for k in range(COPIES):
+        fn(k)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for k in range(COPIES):
+            fn(k)
+    ms = do_bench(g.replay, warmup=10, rep=60, return_mode="median")
+    return ms * 1e3 / COPIES
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", default="64,128,256,512")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    start = time.time()
+    props = torch.cuda.get_device_properties(0)
+    bw, flops = bandwidth(), matmul_rate()
+    report = dict(device=props.name, torch=torch.__version__, copy_bandwidth_Bps=round(bw), matmul_flops=round(flops),
+                  command=" ".join(["python3"] + sys.argv), rows=[], steps=[])
+    print(f"{props.name}: copy {bw / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
+    for name, (k, n) in SHAPES.items():
+        w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(COPIES)]
+        wt = [x.t().contiguous() for x in w]
+        for m in (int(v) for v in args.tokens.split(",")):
+            x = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+            arms = {"linear": lambda i: F.linear(x[i], w[i]), "xwt": lambda i: x[i] @ wt[i]}
+            same = torch.allclose(arms["linear"](0).float(), arms["xwt"](0).float(), rtol=2e-2, atol=2e-2)
+            times = {a: [] for a in arms}
+            for _ in range(args.repeats):
+                for a, fn in arms.items():
+                    times[a].append(graph_us(fn))
+            fl, by = 2 * m * k * n, (k * n + m * k + m * n) * 2
+            row = dict(module=name, tokens=m, close=same, compute_floor_us=round(fl / flops * 1e6, 2),
+                       bytes_floor_us=round(by / bw * 1e6, 2), **{f"{a}_us": round(min(v), 2) for a, v in times.items()})
+            row["linear_tflops"] = round(fl / row["linear_us"] / 1e6, 1)
+            report["rows"].append(row)
+            print(json.dumps(row), flush=True)
+        del w, wt
+    for m in (int(v) for v in args.tokens.split(",")):
+        rows = {r["module"]: r for r in report["rows"] if r["tokens"] == m}
+        step = {}
+        for key in ("linear_us", "xwt_us", "compute_floor_us", "bytes_floor_us"):
+            layer = sum(rows[n][key] for n in SHAPES if n != "lm_head")
+            step[key.replace("_us", "_ms")] = round((LAYERS * layer + rows["lm_head"][key]) / 1e3, 3)
+        step["best_of_both_ms"] = round((LAYERS * sum(min(rows[n]["linear_us"], rows[n]["xwt_us"])
+                                                      for n in SHAPES if n != "lm_head")
+                                         + min(rows["lm_head"]["linear_us"], rows["lm_head"]["xwt_us"])) / 1e3, 3)
+        report["steps"].append(dict(tokens=m, **step))
+        print(json.dumps(report["steps"][-1]), flush=True)
+    report["elapsed_s"] = round(time.time() - start, 1)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
