@@ -31,7 +31,10 @@ DT = torch.bfloat16
 
 
 class Case:
-    def __init__(self, b: int, lo: int, hi: int, seed: int):
+    """head_major: the cache is stored [block, kv head, page, D] (a kv head's page is one contiguous 4 KB run) and
+    passed as a permuted [block, page, kv head, D] view: the kernel addresses it through strides, unchanged."""
+
+    def __init__(self, b: int, lo: int, hi: int, seed: int, head_major: bool = False):
         g = torch.Generator().manual_seed(seed)
         self.b = b
         self.lens = torch.randint(lo, hi + 1, (b,), generator=g, dtype=torch.int32)
@@ -40,8 +43,12 @@ class Case:
         self.copies = []
         for _ in range(COPIES):
             n_blocks = b * pages
-            k = torch.randn(n_blocks, PAGE, KVH, D, device="cuda", dtype=DT)
-            v = torch.randn(n_blocks, PAGE, KVH, D, device="cuda", dtype=DT)
+            if head_major:
+                k = torch.randn(n_blocks, KVH, PAGE, D, device="cuda", dtype=DT).permute(0, 2, 1, 3)
+                v = torch.randn(n_blocks, KVH, PAGE, D, device="cuda", dtype=DT).permute(0, 2, 1, 3)
+            else:
+                k = torch.randn(n_blocks, PAGE, KVH, D, device="cuda", dtype=DT)
+                v = torch.randn(n_blocks, PAGE, KVH, D, device="cuda", dtype=DT)
             tables = torch.randperm(n_blocks, generator=g).view(b, pages).to(torch.int32).cuda()
             q = torch.randn(b, H, D, device="cuda", dtype=DT)
             self.copies.append((q, k, v, tables, self.lens.cuda(), torch.empty_like(q)))
@@ -73,19 +80,21 @@ def main() -> int:
     p.add_argument("--warps", default="2,4,8")
     p.add_argument("--stages", default="1,2,3,4")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--head-major", action="store_true", help="cache stored [block, kv head, page, D] (see Case)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     start = time.time()
     props = torch.cuda.get_device_properties(0)
     bw = bandwidth()
     report = dict(device=props.name, torch=torch.__version__, copy_bandwidth_Bps=round(bw),
-                  command=" ".join(["python3"] + sys.argv), shapes=dict(heads=H, kv_heads=KVH, head_dim=D, page=PAGE),
+                  command=" ".join(["python3"] + sys.argv), layout="head-major" if args.head_major else "page-major",
+                  shapes=dict(heads=H, kv_heads=KVH, head_dim=D, page=PAGE),
                   rows=[])
     arms = [dict(block_n=n, num_warps=w, num_stages=s) for n, w, s in itertools.product(
         *[[int(v) for v in a.split(",")] for a in (args.block_n, args.warps, args.stages)])]
     for ci, spec in enumerate(args.cases.split(";")):
         b, lo, hi = (int(v) for v in spec.split(","))
-        case = Case(b, lo, hi, seed=ci)
+        case = Case(b, lo, hi, seed=ci, head_major=args.head_major)
         ref = case.run(0).float().clone()
         times, ok = {}, {}
         for _ in range(args.repeats):
