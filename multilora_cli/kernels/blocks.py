@@ -58,6 +58,14 @@ class SiluBlocks:
             raise ValueError(f"bad {self}: bm in {TILE_BLOCKS}, bn a power of two >= 16")
 
 
+def token_bucket(t: int) -> int:
+    """The token count the tables key on: T itself up to 256 (decode graphs are captured per size), the next
+    power of two above. Eager prefill steps come in any size up to max_num_batched_tokens, and every distinct
+    set of blocks is one more Triton compile (~0.35 s on an H200 host, paid inside the first steps that meet it:
+    benchmarks/profile_jit.py); per bucket, the sizes above 256 share 5 sets up to 8192 tokens."""
+    return t if t <= 256 else 1 << (t - 1).bit_length()
+
+
 def _bm_for(t: int) -> int:
     # Segments are usually much shorter than T (many adapters); masked rows cost no bytes, only FLOPs.
     if t <= 256:
@@ -74,6 +82,7 @@ def shrink_blocks(t: int, in_features: int, n_slices: int, max_rank: int, num_sm
     H100/H200 sweep (benchmarks/results): at 16 tokens splits of 16-32 win (one tile, K is the only big
     dimension); at 256 tokens 4-8 (enough tiles already); large T needs none.
     """
+    t = token_bucket(t)
     bm = _bm_for(t)
     bk = 128 if t <= 1024 else 64
     steps = max(in_features // bk, 1)
@@ -96,6 +105,7 @@ def shrink_blocks(t: int, in_features: int, n_slices: int, max_rank: int, num_sm
 def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_sms: int = 132) -> ExpandBlocks:
     """Blocks for s[T, n_slices, max_rank] -> y[T, out]. Each CTA streams nb column blocks with s loaded once;
     nb grows until there are ~4 CTAs per SM from the tiles T alone would make (more adapters = more tiles)."""
+    t = token_bucket(t)
     bm = _bm_for(t)
     bn = 128 if out_features >= 1024 else 64
     tiles = -(-t // bm)

@@ -139,7 +139,7 @@ def _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_ou
         tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(CD), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tile_cap"])  # a scalar offset; eager metadata sizes it per step
 def _expand_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, y_ptr,
     n_split, tile_cap, n_slices, nb, O1, O2, O3, O4,

@@ -70,3 +70,16 @@ def test_block_table_varies_with_shape():
     assert expand_blocks(1, 6144, 3, 16, 132) != expand_blocks(4096, 6144, 3, 16, 132)
     with pytest.raises(ValueError):
         ShrinkBlocks(bm=24, bk=64, split=1)
+
+
+def test_block_tables_key_on_power_of_two_buckets_above_256():
+    """Eager prefill steps come in every size; each distinct block set is one more Triton compile, so sizes
+    above 256 share their bucket's blocks (decode sizes, one graph each, keep their own)."""
+    from multilora_cli.kernels.blocks import token_bucket
+
+    assert [token_bucket(t) for t in (1, 255, 256, 257, 512, 513, 8192)] == [1, 255, 256, 512, 512, 1024, 8192]
+    for in_f, n_slices, out in [(4096, 3, 6144), (14336, 1, 4096), (4096, 2, 28672)]:
+        sets = {(shrink_blocks(t, in_f, n_slices, 16, 132), expand_blocks(t, out, n_slices, 16, 132))
+                for t in range(257, 8193)}
+        assert len(sets) == 5  # 512, 1024, 2048, 4096, 8192
+        assert shrink_blocks(300, in_f, n_slices, 16, 132) == shrink_blocks(512, in_f, n_slices, 16, 132)

@@ -1,0 +1,74 @@
+"""Which Triton launches are slow on the host (compile, or load from the on-disk cache), row by row of an e2e run?
+
+    python3 benchmarks/profile_jit.py --rows 64,64,64 --requests 1024
+
+Wraps `JITFunction.run` (every Triton launch) and reports launches whose host time exceeds --slow-ms, with the
+kernel name and the row they fall in; also the caching allocator's segment allocations (cudaMalloc) per row.
+The question it answers: is the slow prefill of a process's first rows (RESULTS.md, End to end, session 6)
+Triton kernels compiled or loaded the first time a shape bucket appears, or device memory being allocated?
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def main() -> int:
+    import torch
+    import triton.runtime.jit as jit
+
+    import bench_e2e
+
+    argv = sys.argv[1:]
+    slow_ms = 2.0
+    if "--slow-ms" in argv:
+        i = argv.index("--slow-ms")
+        slow_ms = float(argv[i + 1])
+        del argv[i:i + 2]
+    per_row: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    row = {"name": "row 1", "i": 1}
+    orig = jit.JITFunction.run
+
+    def run(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = orig(self, *args, **kwargs)
+        dt = time.perf_counter() - t0
+        if dt * 1e3 > slow_ms:
+            key = f"{row['name']}: {getattr(self, '__name__', self.fn.__name__)}"
+            per_row[key] += dt
+            counts[key] += 1
+        return out
+
+    jit.JITFunction.run = run
+    import multilora_cli.bench.suite as suite
+
+    orig_suite = suite.run_suite
+
+    def traced_suite(plan, *a, log=print, **kw):
+        def log2(msg):
+            log(msg)
+            if "tok/s" in msg:  # a row's summary line: the row ended
+                segs = torch.cuda.memory_stats().get("segment.all.allocated", 0) if torch.cuda.is_available() else 0
+                log(f"  [{row['name']} ended; cudaMalloc segments so far: {segs}]")
+                row["i"] += 1
+                row["name"] = f"row {row['i']}"
+        return orig_suite(plan, *a, log=log2, **kw)
+
+    suite.run_suite = traced_suite  # bench_e2e imports it inside main()
+    rc = bench_e2e.main(argv)
+    print(f"\nTriton launches slower than {slow_ms} ms on the host, by row (seconds, count):")
+    for key in sorted(per_row, key=lambda k: -per_row[k])[:40]:
+        print(f"  {per_row[key]:7.3f} s  {counts[key]:4d}x  {key}")
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
