@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from bench_kernels import MODULES, Case, Pools, device_report, floor_bytes, graph_time_us, rotations_for
+from bench_kernels import (MODULES, Case, Pools, device_report, floor_bytes, graph_time_us, rotations_for,
+                           save_report)
 from multilora_cli.kernels.blocks import ShrinkBlocks, expand_blocks, shrink_blocks
 from multilora_cli.kernels.sgmv import add_lora_triton
 from multilora_cli.kernels.sgmv_expand import lora_expand
@@ -119,9 +120,7 @@ def main() -> int:
         report["layers"].append(row)
         print(json.dumps(row), flush=True)
         del case
-    report["elapsed_s"] = round(time.time() - start, 1)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    save_report(report, args.out, start)
     return 0
 
 

@@ -20,9 +20,8 @@ import sys
 import time
 
 import torch
-from triton.testing import do_bench
 
-from bench_kernels import bandwidth
+from bench_kernels import bandwidth, graph_time_us, save_report
 from multilora_cli.kernels.paged_attention import paged_attention_decode
 
 H, KVH, D, PAGE = 32, 8, 128, 16
@@ -61,18 +60,6 @@ class Case:
         return int(self.lens.sum()) * KVH * D * 2 * 2 + 2 * self.b * H * D * 2
 
 
-def graph_us(fn) -> float:
-    for i in range(COPIES):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(COPIES):
-            fn(i)
-    ms = do_bench(g.replay, warmup=10, rep=40, return_mode="median")
-    return ms * 1e3 / COPIES
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="256,129,256;64,129,256;16,4000,4096")
@@ -103,11 +90,12 @@ def main() -> int:
                 try:
                     if key not in ok:
                         ok[key] = torch.allclose(case.run(0, **arm).float(), ref, atol=2e-2, rtol=2e-2)
-                    times.setdefault(key, []).append(graph_us(lambda i, arm=arm: case.run(i, **arm)))
+                    fn = lambda i, arm=arm: case.run(i, **arm)  # noqa: E731
+                    times.setdefault(key, []).append(graph_time_us(fn, COPIES, 40))
                 except Exception as e:  # an arm that does not compile (shared memory) is skipped
                     print(f"{key}: {type(e).__name__}: {str(e)[:100]}", flush=True)
                     ok[key] = False
-        table = graph_us(case.run)
+        table = graph_time_us(case.run, COPIES, 40)
         best = min(times, key=lambda k: min(times[k]))
         floor = case.floor_bytes() / bw * 1e6
         row = dict(seqs=b, context=[lo, hi], context_tokens=int(case.lens.sum()), floor_us=round(floor, 2),
@@ -118,9 +106,7 @@ def main() -> int:
         print(json.dumps({k: v for k, v in row.items() if k != "arms"}), flush=True)
         print(" ".join(f"{k}={v}" for k, v in sorted(row["arms"].items(), key=lambda kv: kv[1])[:12]), flush=True)
         del case
-    report["elapsed_s"] = round(time.time() - start, 1)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    save_report(report, args.out, start)
     return 0
 
 

@@ -21,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench_kernels import bandwidth
+from bench_kernels import bandwidth, graph_time_us, save_report
 from triton.testing import do_bench
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
@@ -35,18 +35,6 @@ def matmul_rate() -> float:
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ms = do_bench(lambda: a @ b, warmup=10, rep=100, return_mode="median")
     return 2 * 8192 ** 3 / (ms * 1e-3)
-
-
-def graph_us(fn) -> float:
-    for k in range(COPIES):
-        fn(k)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for k in range(COPIES):
-            fn(k)
-    ms = do_bench(g.replay, warmup=10, rep=60, return_mode="median")
-    return ms * 1e3 / COPIES
 
 
 def main() -> int:
@@ -71,10 +59,11 @@ def main() -> int:
             times = {a: [] for a in arms}
             for _ in range(args.repeats):
                 for a, fn in arms.items():
-                    times[a].append(graph_us(fn))
+                    times[a].append(graph_time_us(fn, COPIES, 60))
             fl, by = 2 * m * k * n, (k * n + m * k + m * n) * 2
             row = dict(module=name, tokens=m, close=same, compute_floor_us=round(fl / flops * 1e6, 2),
-                       bytes_floor_us=round(by / bw * 1e6, 2), **{f"{a}_us": round(min(v), 2) for a, v in times.items()})
+                       bytes_floor_us=round(by / bw * 1e6, 2),
+                       **{f"{a}_us": round(min(v), 2) for a, v in times.items()})
             row["linear_tflops"] = round(fl / row["linear_us"] / 1e6, 1)
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
@@ -90,9 +79,7 @@ def main() -> int:
                                          + min(rows["lm_head"]["linear_us"], rows["lm_head"]["xwt_us"])) / 1e3, 3)
         report["steps"].append(dict(tokens=m, **step))
         print(json.dumps(report["steps"][-1]), flush=True)
-    report["elapsed_s"] = round(time.time() - start, 1)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    save_report(report, args.out, start)
     return 0
 
 

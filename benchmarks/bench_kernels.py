@@ -157,6 +157,13 @@ def device_report(**extra) -> tuple[int, float, dict]:
                         copy_bandwidth_Bps=round(bw), command=" ".join(["python3"] + sys.argv), **extra)
 
 
+def save_report(report: dict, path: str, start: float) -> None:
+    """Stamp the elapsed seconds and write the report json (the A/B and profiling scripts' last step)."""
+    report["elapsed_s"] = round(time.time() - start, 1)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
 def module_times(pools: Pools, t: int, adapters: int, rank: int, l2: int, arms: dict) -> list[dict]:
     """Per module, the layer's time under each arm (name -> callable that installs it): where the time goes."""
     rows = []
