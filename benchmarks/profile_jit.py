@@ -1,6 +1,6 @@
 """Which Triton launches are slow on the host (compile, or load from the on-disk cache), row by row of an e2e run?
 
-    python3 benchmarks/profile_jit.py --rows 64,64,64 --requests 1024
+    python3 benchmarks/profile_jit.py --rows 64,64,64 --requests 1024 [--slow-ms 2] [--detail]
 
 Wraps `JITFunction.run` (every Triton launch) and reports launches whose host time exceeds --slow-ms, with the
 kernel name and the row they fall in; also the caching allocator's segment allocations (cudaMalloc) per row.
@@ -27,6 +27,9 @@ def main() -> int:
     import bench_e2e
 
     argv = sys.argv[1:]
+    detail = "--detail" in argv  # also print each slow launch's scalar arguments and constexprs
+    if detail:
+        argv.remove("--detail")
     slow_ms = 2.0
     if "--slow-ms" in argv:
         i = argv.index("--slow-ms")
@@ -45,6 +48,10 @@ def main() -> int:
             key = f"{row['name']}: {getattr(self, '__name__', self.fn.__name__)}"
             per_row[key] += dt
             counts[key] += 1
+            if detail:
+                scalars = [a for a in args if isinstance(a, (int, float, bool))]
+                consts = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+                print(f"SLOW {dt * 1e3:.0f} ms {key} scalars={scalars} {consts}", flush=True)
         return out
 
     jit.JITFunction.run = run

@@ -11,7 +11,7 @@ import triton.language as tl
 from multilora_cli.kernels.online_softmax import online_softmax_step
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])  # block-table width varies step to step: one compile
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, out_ptr,
     scale_log2, window,

@@ -139,7 +139,9 @@ def _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_ou
         tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(CD), mask=ok)
 
 
-@triton.jit(do_not_specialize=["tile_cap"])  # a scalar offset; eager metadata sizes it per step
+# scalars that vary with the step (offsets, loop bounds): value-specialising them (== 1, % 16) would compile a
+# variant per metadata size / token bucket mid-run (benchmarks/profile_jit.py)
+@triton.jit(do_not_specialize=["n_split", "tile_cap", "nb"])
 def _expand_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, y_ptr,
     n_split, tile_cap, n_slices, nb, O1, O2, O3, O4,

@@ -52,7 +52,7 @@ def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo
     tl.store(s_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["tile_cap"])  # a scalar offset; eager metadata sizes it per step
+@triton.jit(do_not_specialize=["tile_cap"])  # an offset that varies with the metadata: no variant per value
 def _shrink_kernel(
     x_ptr, a_ptr, rank_ptr, scale_ptr, idx_ptr, tiles_ptr, s_ptr,
     K, k_per_split, tile_cap, n_slices,

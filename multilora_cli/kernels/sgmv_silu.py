@@ -52,7 +52,7 @@ def _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out,
     silu_mul_store(h_rows + cols[None, :], g, u, ok)
 
 
-@triton.jit(do_not_specialize=["T", "tile_cap", "n_tiles"])  # vary step to step: no compile per value class
+@triton.jit(do_not_specialize=["T", "n_split", "tile_cap", "n_tiles"])  # scalars: no compile per value class
 def _expand_silu_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, nad_ptr, y_ptr, h_ptr,
     T, I, n_split, tile_cap, n_tiles,
