@@ -37,7 +37,7 @@ def main() -> int:
         del argv[i:i + 2]
     per_row: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
-    row = {"name": "row 1", "i": 1}
+    row = {"i": 1}  # the e2e row now running (1-based), advanced by the row summary line
     orig = jit.JITFunction.run
 
     def run(self, *args, **kwargs):
@@ -45,7 +45,7 @@ def main() -> int:
         out = orig(self, *args, **kwargs)
         dt = time.perf_counter() - t0
         if dt * 1e3 > slow_ms:
-            key = f"{row['name']}: {getattr(self, '__name__', self.fn.__name__)}"
+            key = f"row {row['i']}: {getattr(self, '__name__', self.fn.__name__)}"
             per_row[key] += dt
             counts[key] += 1
             if detail:
@@ -64,9 +64,8 @@ def main() -> int:
             log(msg)
             if "tok/s" in msg:  # a row's summary line: the row ended
                 segs = torch.cuda.memory_stats().get("segment.all.allocated", 0) if torch.cuda.is_available() else 0
-                log(f"  [{row['name']} ended; cudaMalloc segments so far: {segs}]")
+                log(f"  [row {row['i']} ended; cudaMalloc segments so far: {segs}]")
                 row["i"] += 1
-                row["name"] = f"row {row['i']}"
         return orig_suite(plan, *a, log=log2, **kw)
 
     suite.run_suite = traced_suite  # bench_e2e imports it inside main()

@@ -80,8 +80,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     """(rms_norm(x + residual), x + residual) in one launch: the residual add of a decoder layer fused into the
     norm after it (one kernel and one [T, N] round trip fewer). x, residual: [T, N], unit last stride."""
     t, n = x.shape
-    out, summed = torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
-        x, memory_format=torch.contiguous_format)
+    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
+    summed = torch.empty_like(out)
     if t == 0:
         return out, summed
     x = x if x.stride(-1) == 1 else x.contiguous()
