@@ -58,25 +58,6 @@ class SiluBlocks:
             raise ValueError(f"bad {self}: bm in {TILE_BLOCKS}, bn a power of two >= 16")
 
 
-@dataclass(frozen=True, slots=True)
-class FusedBlocks:
-    """The one-launch shrink + expand (sgmv_fused.py). bm: token rows per tile; bk: in-features per K step for
-    the rank-16 bucket (halved for 32, quartered for 64, at least 32); bn: output columns per step; nb: column
-    steps per CTA (a column group is bn * nb wide; each group re-reads its tile's A rows)."""
-
-    bm: int
-    bk: int
-    bn: int
-    nb: int
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def __post_init__(self):
-        if (self.bm not in TILE_BLOCKS or self.bk < 32 or self.bk & (self.bk - 1) or self.bn < 16
-                or self.bn & (self.bn - 1) or self.nb < 1):
-            raise ValueError(f"bad {self}: bm in {TILE_BLOCKS}, bk >= 32 and bn >= 16 powers of two, nb >= 1")
-
-
 def token_bucket(t: int) -> int:
     """The token count the tables key on: T itself up to 256 (decode graphs are captured per size), the next
     power of two above. Eager prefill steps come in any size up to max_num_batched_tokens, and every distinct
@@ -163,14 +144,6 @@ def silu_blocks(t: int) -> SiluBlocks:
     if t <= 256:
         return SiluBlocks(bm=16, bn=64 if t < 16 else 128 if t < 64 else 256)
     return SiluBlocks(bm=32, bn=128)
-
-
-@lru_cache(maxsize=4096)
-def fused_blocks(t: int, in_features: int, out_features: int, n_slices: int, max_rank: int,
-                 num_sms: int = 132) -> FusedBlocks | None:
-    """Blocks for the one-launch path, or None where the two-launch path (shrink, then expand) is faster."""
-    del t, in_features, out_features, n_slices, max_rank, num_sms
-    return None
 
 
 def tile_index(bm: int) -> int:
