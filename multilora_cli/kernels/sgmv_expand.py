@@ -153,13 +153,17 @@ def _expand_kernel(
     pid_g = tl.program_id(0)  # tiles on the slow axis: padding tiles are dispatched last (as in the shrink)
     pid_tile = tl.program_id(1)
     first = (pid_tile == 0) & (pid_g == 0)
+    # tile and token ids before any branch (as in the shrink): two round trips to the rows, not three
     slot = tl.load(tiles_ptr + pid_tile)
+    lo = tl.load(tiles_ptr + tile_cap + pid_tile)
+    hi = tl.load(tiles_ptr + 2 * tile_cap + pid_tile)
+    m = tl.arange(0, BM)
+    row_ok = lo + m < hi
+    rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
     if slot < 0:  # padding tile
         if first:
             wait_predecessor(PDL)  # the grid's first CTA always waits (see pdl.py)
         return
-    lo = tl.load(tiles_ptr + tile_cap + pid_tile)
-    hi = tl.load(tiles_ptr + 2 * tile_cap + pid_tile)
     slot64 = slot.to(tl.int64)
 
     # which slice owns column group pid_g: groups are counted slice by slice (O_i = start column of slice i,
@@ -177,9 +181,6 @@ def _expand_kernel(
         if first:
             wait_predecessor(PDL)
         return
-    m = tl.arange(0, BM)
-    row_ok = lo + m < hi
-    rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
     s_rows = s_ptr + rows[:, None] * stride_s_t + sl * stride_s_slice  # [BM, 1]
     b_slot = b_ptr + slot64 * stride_b_slot
     y_rows = y_ptr + rows[:, None] * stride_yt  # [BM, 1]

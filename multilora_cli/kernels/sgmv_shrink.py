@@ -70,13 +70,18 @@ def _shrink_kernel(
     pid_c = tl.program_id(1)
     pid_tile = tl.program_id(2)
     first = (pid_tile == 0) & (pid_c == 0) & (pid_k == 0)
+    # the tile and its token ids are loaded before any branch: slot, lo and hi in one round trip, the rows in
+    # the next (a padding tile has lo == hi: the row load is fully masked)
     slot = tl.load(tiles_ptr + pid_tile)
+    lo = tl.load(tiles_ptr + tile_cap + pid_tile)
+    hi = tl.load(tiles_ptr + 2 * tile_cap + pid_tile)
+    m = tl.arange(0, BM)
+    row_ok = lo + m < hi
+    rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
     if slot < 0:  # padding tile: no work (the grid is sized from a static bound)
         if first:
             wait_predecessor(PDL)  # the grid's first CTA always waits (see pdl.py)
         return
-    lo = tl.load(tiles_ptr + tile_cap + pid_tile)
-    hi = tl.load(tiles_ptr + 2 * tile_cap + pid_tile)
     slot64 = slot.to(tl.int64)
     rank_row = rank_ptr + slot64 * n_slices
     scale_row = scale_ptr + slot64 * n_slices
@@ -87,9 +92,6 @@ def _shrink_kernel(
         if first:
             wait_predecessor(PDL)
         return
-    m = tl.arange(0, BM)
-    row_ok = lo + m < hi
-    rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     a_slot = a_ptr + slot64 * stride_a_slot

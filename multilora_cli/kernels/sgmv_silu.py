@@ -82,18 +82,19 @@ def _expand_silu_kernel(
         u = tl.load(y_rows + I + cols[None, :], mask=ok, other=0.0)
         silu_mul_store(h_ptr + rows[:, None] * stride_ht + cols[None, :], g, u, ok)
         return
+    # tile and token ids before any branch (as in the shrink): two round trips to the rows, not three
     slot = tl.load(tiles_ptr + pid_t)
+    lo = tl.load(tiles_ptr + tile_cap + pid_t)
+    hi = tl.load(tiles_ptr + 2 * tile_cap + pid_t)
+    row_ok = lo + m < hi
+    rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
     if slot < 0:  # padding tile of a graph's static grid
         if first:
             wait_predecessor(PDL)
         return
-    lo = tl.load(tiles_ptr + tile_cap + pid_t)
-    hi = tl.load(tiles_ptr + 2 * tile_cap + pid_t)
     slot64 = slot.to(tl.int64)
     r_g = tl.load(rank_ptr + slot64 * 2)
     r_u = tl.load(rank_ptr + slot64 * 2 + 1)
-    row_ok = lo + m < hi
-    rows = tl.load(idx_ptr + lo + m, mask=row_ok, other=0).to(tl.int64)  # [BM] token ids
     s_rows = s_ptr + rows[:, None] * stride_s_t  # [BM, 1], slice 0
     b_slot = b_ptr + slot64 * stride_b_slot
     y_rows = y_ptr + rows[:, None] * stride_yt
