@@ -121,6 +121,7 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
         system = ("multilora-base" if base_only else "multilora") + ("-eager" if enforce_eager else "")
         row = _summarise(work, steps, roof, system, out_tokens, wall)
         row.extra.update(startup_s=startup, capture_s=engine.runner.capture_seconds,
+                         precompile_s=engine.runner.precompile_seconds, precompiled=engine.runner.precompiled,
                          slot_loads=engine.stats.slot_loads - loads0,
                          slot_evictions=engine.stats.slot_evictions - evict0,
                          enforce_eager=enforce_eager, preemptions=engine.stats.preemptions,

@@ -113,13 +113,8 @@ class DecodeGraphs:
         try:
             for bs in reversed(self.sizes):
                 ids, pos = self._views(bs)[:2]
-                lora = None
-                if self.lora_buffers is not None:
-                    # warm-up with every row on slot 0 so the LoRA kernels compile before capture (an empty slot
-                    # has rank 0: the kernels exit early); the captured grid is a static bound anyway
-                    lora = self.lora_buffers.build([0] * bs)
-                set_context(self._context(bs, lora))
-                self.model(ids, pos)
+                set_context(self._context(bs, self._warm_lora(bs)))
+                self.model(ids, pos)  # warm-up: compiles what engine/precompile.py did not, grows the allocator
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):
@@ -132,6 +127,24 @@ class DecodeGraphs:
             reset_context()
             self.lora_key = None
         torch.cuda.synchronize(self.device)
+
+    def _warm_lora(self, bs: int):
+        # every row on slot 0 so the LoRA kernels take their adapted path (an empty slot has rank 0: the kernels
+        # exit early); the captured grid is a static bound anyway
+        return self.lora_buffers.build([0] * bs) if self.lora_buffers is not None else None
+
+    @torch.inference_mode()
+    def dry_run(self) -> None:
+        """Every bucket's forward once, for `kernels.launch.collect` to record its Triton launches (the caller
+        holds the collect; nothing is captured)."""
+        try:
+            for bs in self.sizes:
+                ids, pos = self._views(bs)[:2]
+                set_context(self._context(bs, self._warm_lora(bs)))
+                self.model(ids, pos)
+        finally:
+            reset_context()
+            self.lora_key = None
 
     def run(self, batch: ScheduledBatch, token_slots: list[int] | None) -> torch.Tensor:
         """Replay the bucket's graph for a decode-only batch; returns hidden states [B, hidden] (a view)."""

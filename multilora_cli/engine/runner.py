@@ -17,6 +17,7 @@ import torch
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.cuda_graphs import DecodeGraphs
+from multilora_cli.engine.precompile import precompile
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
 from multilora_cli.engine.slot_writer import SlotWriter
 from multilora_cli.engine.staging import DeviceStager
@@ -98,10 +99,16 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.capture_seconds = 0.0
         if self.device.type == "cuda" and not config.enforce_eager:
-            t0 = time.perf_counter()
             self.graphs = DecodeGraphs(self.model, max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
                                        block_size=self.block_size, lora_buffers=self._meta_buffers,
                                        device=self.device)
+        # every Triton kernel the run will launch, compiled in parallel now (a cold cache compiled them one by
+        # one inside the graph warm-ups and the first prefill steps)
+        self.precompiled, self.precompile_seconds = precompile(
+            self.model, self.graphs, self._meta_buffers, max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len, block_size=self.block_size, device=self.device)
+        if self.graphs is not None:
+            t0 = time.perf_counter()
             self.graphs.capture()
             self.capture_seconds = time.perf_counter() - t0
 

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.launch import launch
+
 
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_k, stride_v,
@@ -35,5 +37,5 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k = k.contiguous()
     if v.stride(2) != 1 or v.stride(1) != d:
         v = v.contiguous()
-    _store_kv_kernel[(T,)](k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0),
-                           ROW=row, BLOCK=triton.next_power_of_2(row))
+    launch(_store_kv_kernel, (T,), k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0),
+           ROW=row, BLOCK=triton.next_power_of_2(row))

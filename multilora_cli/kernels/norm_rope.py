@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.launch import launch
+
 
 def enabled(x: torch.Tensor) -> bool:
     """Whether the layers use these kernels for `x` (CUDA tensors, unless MULTILORA_FUSED_ELEMENTWISE=0)."""
@@ -70,8 +72,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     o3 = out if out.dim() == 3 else out.view(-1, 1, n)
     r1, r2 = x3.shape[0], x3.shape[1]
     block = triton.next_power_of_2(n)
-    _rms_norm_kernel[(r1 * r2,)](x3, weight, o3, r2, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), n,
-                                 float(eps), BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    launch(_rms_norm_kernel, (r1 * r2,), x3, weight, o3, r2, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1),
+           n, float(eps), BLOCK=block, num_warps=8 if block >= 2048 else 4)
     return out
 
 
@@ -87,8 +89,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     x = x if x.stride(-1) == 1 else x.contiguous()
     residual = residual if residual.stride(-1) == 1 else residual.contiguous()
     block = triton.next_power_of_2(n)
-    _add_rms_norm_kernel[(t,)](x, residual, weight, out, summed, x.stride(0), residual.stride(0), out.stride(0),
-                               summed.stride(0), n, float(eps), BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    launch(_add_rms_norm_kernel, (t,), x, residual, weight, out, summed, x.stride(0), residual.stride(0),
+           out.stride(0), summed.stride(0), n, float(eps), BLOCK=block, num_warps=8 if block >= 2048 else 4)
     return out, summed
 
 
@@ -125,9 +127,9 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
         x = x.contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
     half = D // 2
-    _rope_kernel[(T,)](x, cos, sin, out, H, x.stride(0), x.stride(1), cos.stride(0), out.stride(0), out.stride(1),
-                       HALF=half, BLOCK_H=triton.next_power_of_2(H), BLOCK_D=triton.next_power_of_2(half),
-                       num_warps=4)
+    launch(_rope_kernel, (T,), x, cos, sin, out, H, x.stride(0), x.stride(1), cos.stride(0), out.stride(0),
+           out.stride(1), HALF=half, BLOCK_H=triton.next_power_of_2(H), BLOCK_D=triton.next_power_of_2(half),
+           num_warps=4)
     return out
 
 
@@ -161,6 +163,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.stride(-1) != 1:
         gate_up = gate_up.contiguous()
     block = 1024
-    _silu_mul_kernel[(T, triton.cdiv(i, block))](gate_up, out, i, gate_up.stride(0), out.stride(0), BLOCK=block,
-                                                  num_warps=4)
+    launch(_silu_mul_kernel, (T, triton.cdiv(i, block)), gate_up, out, i, gate_up.stride(0), out.stride(0),
+           BLOCK=block, num_warps=4)
     return out

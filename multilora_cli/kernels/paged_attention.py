@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.online_softmax import online_softmax_step
 
 
@@ -144,7 +145,8 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         m = l = out  # unused
         dst, so = out, 0
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-    _paged_decode_kernel[(B, kvh, num_splits)](
+    launch(
+        _paged_decode_kernel, (B, kvh, num_splits),
         q, k_cache, v_cache, block_tables, context_lens, dst, m, l,
         scale * 1.4426950408889634, part, int(sliding_window or 0),
         q.stride(0), q.stride(1),

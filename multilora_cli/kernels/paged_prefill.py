@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.online_softmax import online_softmax_step
 
 
@@ -122,7 +123,8 @@ def paged_attention_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         block_tables, bt_stride = cu_seqlens_q, 0  # unused
     B = cu_seqlens_q.shape[0] - 1
     grid = (triton.cdiv(max_seqlen_q, block_m), B, kvh)
-    _prefill_kernel[grid](
+    launch(
+        _prefill_kernel, grid,
         q, src_k, src_v, block_tables, cu_seqlens_q, cu_seqlens_k, out,
         scale * 1.4426950408889634, int(sliding_window or 0),
         q.stride(0), q.stride(1), *sk, *sv, bt_stride, out.stride(0), out.stride(1),

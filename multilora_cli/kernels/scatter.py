@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import expand_counts
 
 CHUNK = 4096
@@ -88,7 +89,7 @@ def scatter_blocks(src_base: torch.Tensor, dst_base: torch.Tensor, plan: torch.T
     if plan.dtype != torch.int64 or plan.dim() != 2 or plan.shape[1] != _COLS:
         raise ValueError(f"scatter_blocks: plan must be int64 [P, {_COLS}], got {plan.dtype} {tuple(plan.shape)}")
     if plan.shape[0]:
-        _scatter_kernel[(plan.shape[0],)](src_base, dst_base, plan, CHUNK=CHUNK)
+        launch(_scatter_kernel, (plan.shape[0],), src_base, dst_base, plan, CHUNK=CHUNK)
 
 
 def scatter_reference(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:

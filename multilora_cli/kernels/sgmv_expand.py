@@ -17,6 +17,7 @@ import triton.language as tl
 
 from multilora_cli.kernels.blocks import ExpandBlocks, expand_blocks, tile_index
 from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
+from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, PdlMode, launch_dependents, pdl_mode,
                                        prefetch_l2, wait_predecessor)
@@ -259,7 +260,8 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     line = LINE_BYTES // w.b.element_size()
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = triton.next_power_of_2(max(1, min(triton.cdiv(gw, line), PREFETCH_LINES // pf_r)))
-    _expand_kernel[(groups, n_tiles)](
+    launch(
+        _expand_kernel, (groups, n_tiles),
         s, w.b, w.rank, meta.sorted_idx, tiles, y,
         s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),

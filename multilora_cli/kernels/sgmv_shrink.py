@@ -15,6 +15,7 @@ import triton.language as tl
 
 from multilora_cli.kernels.blocks import ShrinkBlocks, shrink_blocks, tile_index
 from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
+from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, launch_dependents, pdl_mode, prefetch_l2,
                                        wait_predecessor)
@@ -168,7 +169,8 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
     line = LINE_BYTES // w.a.element_size()
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = max(1, min(triton.cdiv(k_per_split, line), PREFETCH_LINES // (nsp * pf_r)))
-    _shrink_kernel[grid](
+    launch(
+        _shrink_kernel, grid,
         x, w.a, w.rank, w.scale, meta.sorted_idx, tiles, out,
         w.in_features, k_per_split, tiles.stride(0), w.n_slices,
         x.stride(0), w.a.stride(0), w.a.stride(1), w.a.stride(2),

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from multilora_cli.kernels.blocks import SiluBlocks, silu_blocks, tile_index
 from multilora_cli.kernels.checks import capturing, check_meta, check_weights, check_x, rank_bucket, tile_grid
+from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.pdl import launch_dependents, pdl_mode, wait_predecessor
 from multilora_cli.kernels.norm_rope import silu_mul_store
@@ -162,7 +163,8 @@ def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: tor
         return
     tiles = meta.tiles[tile_index(b.bm)]
     pdl = pdl_mode(y.device, t)
-    _expand_silu_kernel[(triton.cdiv(i, b.bn), n_tiles + base_tiles)](
+    launch(
+        _expand_silu_kernel, (triton.cdiv(i, b.bn), n_tiles + base_tiles),
         s, w.b, w.rank, meta.sorted_idx, tiles, meta.num_adapted, y, out,
         t, i, s.shape[0], tiles.stride(0), n_tiles,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),

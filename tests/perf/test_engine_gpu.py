@@ -78,6 +78,7 @@ def test_fp32_cuda_tokens_equal_hf_peft(setup, reference, eager):
                                  max_num_seqs=16, enforce_eager=eager, num_kv_blocks=256), adapters)
     assert (engine.runner.graphs is None) == eager
     assert engine.arena is not None and engine.arena.registered  # packed adapters in page-locked memory
+    assert engine.runner.precompiled > 0  # the Triton kernels were compiled (or loaded) before the first step
     engine.runner.step_log = []
     got = engine.generate_all(_requests(prompts, PLAN))
     assert [r.error for r in got] == [None] * len(PLAN)

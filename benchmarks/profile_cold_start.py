@@ -1,0 +1,96 @@
+"""What a one-shot `multilora run` pays before and around its work: phase times of a fresh process.
+
+    TRITON_CACHE_DIR=$(mktemp -d) PYTHONPATH=. python3 benchmarks/profile_cold_start.py --out $OUT/cold.json
+    PYTHONPATH=. python3 benchmarks/profile_cold_start.py --out $OUT/warm.json     # same cache dir: warm
+
+Phases: imports (torch, triton, the engine), the dummy-weight engine (model build, KV cache, the parallel Triton
+precompile of engine/precompile.py where the code has it, CUDA-graph capture, pinned host arena), then the same workload twice (`generate_all`, fresh adapters each time). The first pass
+includes every Triton compile the run needs (none with a warm TRITON_CACHE_DIR); the second is the steady
+state, so first - second is what compiling mid-run costs. Also counts the kernels Triton compiled in each pass.
+"""
+
+from __future__ import annotations
+
+import time
+
+T0 = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from dataclasses import replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from multilora_cli.bench.adapters import SyntheticAdapters, SyntheticEngine  # noqa: E402
+from multilora_cli.bench.model_dir import write_model_dir  # noqa: E402
+from multilora_cli.bench.suite import engine_config  # noqa: E402
+from multilora_cli.bench.workload import Workload  # noqa: E402
+from multilora_cli.models.config import ModelConfig  # noqa: E402
+
+IMPORT_S = time.perf_counter() - T0
+
+
+def compiled_count() -> int:
+    """Kernels in Triton's disk cache: a fresh cache grows by one directory per compile."""
+    root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    return len(os.listdir(root)) if os.path.isdir(root) else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="llama-3-8b")
+    p.add_argument("--adapters", type=int, default=64)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    work = Workload(preset=args.preset, num_adapters=args.adapters, max_loras=min(args.adapters, 64), rank=16, distribution="uniform",
+                    num_requests=args.requests, prompt_len=args.prompt_len, output_len=args.output_len,
+                    max_num_seqs=256, max_num_batched_tokens=8192, seed=0)
+    report = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__, triton=triton.__version__,
+                  command=" ".join(["python3"] + sys.argv), import_s=round(IMPORT_S, 2),
+                  cache_entries_at_start=compiled_count())
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model_dir(args.preset, Path(tmp) / "model")
+        cfg = ModelConfig.from_dir(model_dir)
+        names = work.adapter_names + [f"second{i}" for i in range(args.adapters)]
+        source = SyntheticAdapters(cfg, names, work.rank, seed=0)
+        t = time.perf_counter()
+        engine = SyntheticEngine(engine_config(work, model_dir, device), source, cfg)
+        sync()
+        report.update(engine_s=round(time.perf_counter() - t, 2), capture_s=round(engine.runner.capture_seconds, 2),
+                      arena_s=round(engine.arena_seconds, 2),
+                      precompile_s=round(getattr(engine.runner, "precompile_seconds", 0.0), 2),
+                      precompiled=getattr(engine.runner, "precompiled", None))
+        source.prepare(engine.runner.dtype, engine.device)
+        for i, tag in enumerate(("first", "second")):
+            reqs = work.requests(cfg.vocab_size) if i == 0 else replace(work, seed=1).requests(cfg.vocab_size)
+            if i:
+                for j, r in enumerate(reqs):
+                    r.adapter = f"second{j % args.adapters}"
+            before = compiled_count()
+            t = time.perf_counter()
+            engine.generate_all(reqs)
+            sync()
+            report[f"{tag}_pass_s"] = round(time.perf_counter() - t, 2)
+            report[f"{tag}_pass_compiles"] = compiled_count() - before
+        engine.close()
+    report["wall_s"] = round(time.perf_counter() - T0, 2)
+    print(json.dumps(report), flush=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

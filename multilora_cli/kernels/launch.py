@@ -1,0 +1,88 @@
+"""Every Triton launch of the package goes through `launch`, so a forward can be dry-run to learn which kernel
+variants it needs, and those variants compiled in parallel before anything runs.
+
+Why: a cold process (empty TRITON_CACHE_DIR, e.g. a fresh container) compiled ~44 kernel variants one after
+another inside the decode-graph warm-ups and the first prefill steps, ~15 s of a 35 s one-shot Llama-3-8B run on
+an H200 host (benchmarks/RESULTS.md, cold start). Triton's compiler releases the GIL for most of its work: 8
+variants took 1.83 s one by one and 0.49 s from 8 threads on that host.
+
+    with collect() as calls:      # Triton launches inside are recorded, not run (torch ops still run)
+        model(ids, positions)
+    compile_all(calls)            # kernel.warmup(...) per distinct variant, in a thread pool
+
+Inside `collect` the outputs of Triton kernels are left unwritten, so a dry run must not read its results.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import torch
+
+_calls: list | None = None
+
+
+def launch(kernel, grid, *args, **kwargs) -> None:
+    """`kernel[grid](*args, **kwargs)`, or only recorded inside `collect()`."""
+    if _calls is not None:
+        _calls.append((kernel, args, kwargs))
+        return
+    kernel[grid](*args, **kwargs)
+
+
+@contextmanager
+def collect():
+    """Record the Triton launches made inside (not nestable); yields the list they are appended to."""
+    global _calls
+    if _calls is not None:
+        raise RuntimeError("launch.collect() is already active")
+    _calls = []
+    try:
+        yield _calls
+    finally:
+        _calls = None
+
+
+def _variant(call) -> tuple:
+    """A key equal for launches Triton compiles alike: the kernel, constexprs and launch options by value, tensors
+    by dtype and 16-byte alignment, other ints by the classes Triton specialises on (== 1, % 16, 32-bit) unless
+    the parameter is `do_not_specialize`. Parameter kinds come from the JITFunction's `params`; without them a
+    positional int counts by class and a keyword by value."""
+    kernel, args, kwargs = call
+    params = {p.name: p for p in getattr(kernel, "params", ())}
+    names = list(params)
+
+    def spec(v, name, by_value):
+        p = params.get(name)
+        if isinstance(v, torch.Tensor):
+            return (v.dtype, v.data_ptr() % 16 == 0)
+        if isinstance(v, bool) or not isinstance(v, int) or (p.is_constexpr if p is not None else by_value):
+            return v
+        fits = -(1 << 31) <= v < (1 << 31)
+        if p is not None and p.do_not_specialize:
+            return ("int", fits)
+        return ("int", v == 1, v % 16 == 0, fits)
+
+    pos = tuple(spec(a, names[i] if i < len(names) else None, False) for i, a in enumerate(args))
+    return (id(kernel), pos, tuple(sorted((k, spec(v, k, True)) for k, v in kwargs.items())))
+
+
+def compile_all(calls: list, threads: int | None = None) -> int:
+    """Compile (or load from Triton's cache) every distinct variant among `calls`, in parallel; returns how
+    many were submitted. Launches afterwards find them in Triton's in-memory cache."""
+    unique = {}
+    for call in calls:
+        unique.setdefault(_variant(call), call)
+    if not unique:
+        return 0
+    n = threads or min(len(unique), max(1, (os.cpu_count() or 2) - 1), 16)
+
+    def warm(call):
+        kernel, args, kwargs = call
+        kernel.warmup(*args, grid=(1,), **kwargs)
+
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(warm, unique.values()))  # re-raises the first compile error
+    return len(unique)

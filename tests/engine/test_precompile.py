@@ -1,0 +1,35 @@
+"""engine/precompile.py: which prefill steps are dry-run, and that their inputs are valid step contexts."""
+
+from __future__ import annotations
+
+import torch
+
+from multilora_cli.engine.precompile import _prefill_inputs, precompile, prefill_sizes
+from multilora_cli.kernels.blocks import token_bucket
+
+
+def test_prefill_sizes_cover_every_bucket_up_to_the_step_budget():
+    assert prefill_sizes(8192) == [256, 512, 1024, 2048, 4096, 8192]
+    assert prefill_sizes(5000) == [256, 512, 1024, 2048, 4096, 8192]  # 5000 tokens use the 8192 bucket
+    assert prefill_sizes(300) == [256, 512]
+    assert prefill_sizes(100) == [100]
+    for t in range(1, 9000, 37):  # every step size's table key is a dry-run size or exact (<= 256)
+        assert t <= 256 or token_bucket(t) in prefill_sizes(9000)
+
+
+def test_prefill_inputs_are_a_consistent_context():
+    ids, pos, ctx = _prefill_inputs(1000, 384, 16, 16, torch.device("cpu"), None)
+    assert ids.shape == pos.shape == (1000,)
+    assert ctx.seqlens_q == [384, 384, 232] and ctx.seqlens_k == [400, 400, 248]
+    assert ctx.cu_seqlens_q.tolist() == [0, 384, 768, 1000]
+    assert ctx.cu_seqlens_k.tolist() == [0, 400, 800, 1048]
+    assert pos[:2].tolist() == [16, 17] and pos[384].item() == 16  # positions continue after the prefix
+    assert ctx.block_tables.shape == (3, 25) and ctx.max_seqlen_q == 384
+    assert (ctx.slot_mapping == -1).all(), "a dry step stores nothing"
+    _, _, flat = _prefill_inputs(256, 256, 0, 16, torch.device("cpu"), None)
+    assert flat.block_tables is None and flat.seqlens_q == flat.seqlens_k == [256]
+
+
+def test_precompile_is_cuda_only():
+    assert precompile(None, None, None, max_num_batched_tokens=512, max_model_len=256, block_size=16,
+                      device=torch.device("cpu")) == (0, 0.0)

@@ -1,0 +1,107 @@
+"""kernels/launch.py: launches recorded inside collect() and not run, variants deduplicated, compiled in parallel."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from multilora_cli.kernels import launch as L
+
+
+class FakeKernel:
+    """Stands in for a JITFunction: `kernel[grid](...)` runs, `warmup(...)` compiles (both recorded)."""
+
+    def __init__(self):
+        self.runs, self.warmups, self.threads = [], [], set()
+        self._lock = threading.Lock()
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: self.runs.append((grid, a, k))
+
+    def warmup(self, *args, grid, **kwargs):
+        with self._lock:
+            self.warmups.append((args, kwargs))
+            self.threads.add(threading.get_ident())
+
+
+def test_launch_runs_outside_collect_and_only_records_inside():
+    k = FakeKernel()
+    x = torch.zeros(4)
+    L.launch(k, (2,), x, 3, BLOCK=16)
+    assert k.runs == [((2,), (x, 3), {"BLOCK": 16})]
+    with L.collect() as calls:
+        L.launch(k, (5,), x, 3, BLOCK=16)
+    assert len(k.runs) == 1, "a launch inside collect() must not run"
+    assert calls == [(k, (x, 3), {"BLOCK": 16})]
+    L.launch(k, (1,), x, 3, BLOCK=16)
+    assert len(k.runs) == 2, "collect() ends with its block"
+
+
+def test_collect_is_not_nestable_and_resets_after_an_error():
+    with pytest.raises(RuntimeError, match="already active"):
+        with L.collect():
+            with L.collect():
+                pass
+    with pytest.raises(ValueError):
+        with L.collect():
+            raise ValueError("boom")
+    k = FakeKernel()
+    L.launch(k, (1,), 1)
+    assert k.runs, "a failed collect() must not leave launches recorded"
+
+
+def test_compile_all_compiles_each_variant_once():
+    k1, k2 = FakeKernel(), FakeKernel()
+    a = torch.zeros(64, dtype=torch.float16)
+    b = torch.zeros(64, dtype=torch.float16)  # same dtype and alignment: the same variant as a
+    c = torch.zeros(64, dtype=torch.float32)
+    calls = [
+        (k1, (a, 4096), {"BM": 16}), (k1, (b, 8192), {"BM": 16}),  # ints specialised alike (% 16): one variant
+        (k1, (c, 4096), {"BM": 16}),  # another dtype
+        (k1, (a, 1), {"BM": 16}),  # an int equal to 1 specialises apart
+        (k1, (a, 4096), {"BM": 32}),  # another constexpr
+        (k2, (a, 4096), {"BM": 16}),  # another kernel
+    ]
+    assert L.compile_all(calls, threads=4) == 5
+    assert len(k1.warmups) == 4 and len(k2.warmups) == 1
+    assert L.compile_all([]) == 0
+
+
+def test_compile_all_uses_threads_and_reraises():
+    k = FakeKernel()
+    calls = [(k, (torch.zeros(4), i * 16 + 3), {"V": i}) for i in range(8)]
+    assert L.compile_all(calls, threads=4) == 8
+    assert len(k.warmups) == 8
+
+    class Broken(FakeKernel):
+        def warmup(self, *args, grid, **kwargs):
+            raise RuntimeError("compile failed")
+
+    with pytest.raises(RuntimeError, match="compile failed"):
+        L.compile_all([(Broken(), (1,), {})])
+
+
+def test_variant_keys_follow_the_kernels_parameter_kinds():
+    """A do_not_specialize int never splits variants, a constexpr always does (even passed positionally), other
+    ints split by Triton's classes. The kernel exposes `params` as a JITFunction does (under the interpreter,
+    kernels have none; test_launch_gpu.py checks real ones)."""
+    from types import SimpleNamespace as P
+
+    kern = FakeKernel()
+    kern.params = [P(name="x_ptr", is_constexpr=False, do_not_specialize=False),
+                   P(name="n", is_constexpr=False, do_not_specialize=True),
+                   P(name="m", is_constexpr=False, do_not_specialize=False),
+                   P(name="B", is_constexpr=True, do_not_specialize=False)]
+    x = torch.zeros(64)
+
+    def key(*args, **kw):
+        return L._variant((kern, args, kw))
+
+    assert key(x, 5, 32, 16) == key(x, 7, 64, 16)  # n ignored; m 32 and 64 both % 16
+    assert key(x, 5, 32, 16) != key(x, 5, 33, 16)  # m's class changes
+    assert key(x, 5, 32, 16) != key(x, 5, 32, 32)  # constexpr B by value
+    assert key(x, 5, 32, B=16) != key(x, 5, 32, B=32)
+    assert key(x, 5, 32, 16, num_warps=4) != key(x, 5, 32, 16, num_warps=8)
+    assert key(x, 5, 1 << 40, 16) != key(x, 5, 64, 16)  # 64-bit vs 32-bit
