@@ -15,7 +15,7 @@ from multilora_cli.kernels.meta import LoraMeta, LoraMetaBuffers, build_lora_met
 from multilora_cli.kernels.weights import LoraWeights
 
 __all__ = ["LoraMeta", "LoraMetaBuffers", "LoraWeights", "add_lora", "add_lora_silu_mul", "build_lora_meta",
-           "fork_shrink", "join_expand", "join_expand_silu_mul", "silu_fusable", "use_triton"]
+           "use_triton"]
 
 
 def use_triton(y: torch.Tensor) -> bool:
@@ -66,33 +66,3 @@ def add_lora_silu_mul(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: Lo
         return norm_rope.silu_mul(y)
     gate, up = y.split(w.out_features // 2, dim=-1)
     return torch.nn.functional.silu(gate) * up
-
-
-# The shrink beside the base matmul (Triton path only; see overlap.py). Imported lazily: triton stays off the
-# CPU path.
-def fork_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, side) -> torch.Tensor:
-    """Launch the LoRA shrink of x on stream `side`; returns the fp32 partials the join consumes."""
-    from multilora_cli.kernels.overlap import fork_shrink as fork
-
-    return fork(x, w, meta, side)
-
-
-def join_expand(y: torch.Tensor, s: torch.Tensor, w: LoraWeights, meta: LoraMeta, side) -> None:
-    """After the side stream's shrink: y += each adapted token's delta (what `add_lora` adds)."""
-    from multilora_cli.kernels.overlap import join_expand as join
-
-    join(y, s, w, meta, side)
-
-
-def join_expand_silu_mul(y: torch.Tensor, s: torch.Tensor, w: LoraWeights, meta: LoraMeta, side) -> torch.Tensor:
-    """After the side stream's shrink: what `add_lora_silu_mul` returns for y = [gate | up]."""
-    from multilora_cli.kernels.overlap import join_expand_silu_mul as join
-
-    return join(y, s, w, meta, side)
-
-
-def silu_fusable(w: LoraWeights) -> bool:
-    """Whether the [gate | up] pool `w` takes the fused expand + SiLU-and-mul kernel."""
-    from multilora_cli.kernels.sgmv_silu import fusable
-
-    return fusable(w)

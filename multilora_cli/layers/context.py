@@ -29,8 +29,6 @@ class StepContext:
       seqlens_k:    host list[int] of B, tokens in the sequence's context incl. the new ones
                     (= cached prefix + new). The CPU path uses these instead of syncing on device tensors.
       lora:         kernels.LoraMeta of the step (one row per token), or None when no token is adapted.
-      lora_stream:  a CUDA stream for the LoRA shrinks beside the base matmuls (kernels/overlap.py), or None
-                    to run them after the matmul on the current stream.
 
     Prefill
       cu_seqlens_q: [B+1] int32 cumulative seqlens_q;  cu_seqlens_k: [B+1] int32 cumulative seqlens_k.
@@ -55,7 +53,6 @@ class StepContext:
     context_lens: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None
     lora: LoraMeta | None = None
-    lora_stream: torch.cuda.Stream | None = None
 
     def __post_init__(self) -> None:
         if len(self.seqlens_q) != len(self.seqlens_k):

@@ -26,38 +26,25 @@ class LoRALinear(FusedLinear):
                                               dtype=self.weight.dtype, device=self.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)  # [T, out]
         ctx = get_context()
-        if not _adapted(ctx):
-            return F.linear(x, self.weight, self.bias)  # [T, out]
-        if ctx.lora_stream is not None:  # the shrink beside the matmul (kernels/overlap.py)
-            s = kernels.fork_shrink(x, self.lora, ctx.lora, ctx.lora_stream)
-            y = F.linear(x, self.weight, self.bias)
-            kernels.join_expand(y, s, self.lora, ctx.lora, ctx.lora_stream)
-            return y
-        y = F.linear(x, self.weight, self.bias)
-        kernels.add_lora(y, x, self.lora, ctx.lora)
+        # Eager steps without adapted tokens skip the call; static (CUDA-graph) metadata always calls, since
+        # the captured graph must contain the kernels whatever the batch at capture time was.
+        if ctx is not None and ctx.lora is not None and (ctx.lora.segments or getattr(ctx.lora, "static", False)):
+            kernels.add_lora(y, x, self.lora, ctx.lora)
         return y
 
     def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this [gate | up] layer's output with each token's LoRA delta: [T, I]. With adapted
         tokens (or graph metadata) the delta and the activation are one kernel (kernels.add_lora_silu_mul), so
         the [T, 2I] output is read once and never rewritten. For the fused-elementwise path (CUDA)."""
+        y = F.linear(x, self.weight, self.bias)  # [T, 2I]
         ctx = get_context()
-        if not _adapted(ctx):
-            from multilora_cli.kernels import norm_rope  # triton: imported only on this (CUDA) path
+        if ctx is not None and ctx.lora is not None and (ctx.lora.segments or getattr(ctx.lora, "static", False)):
+            return kernels.add_lora_silu_mul(y, x, self.lora, ctx.lora)
+        from multilora_cli.kernels import norm_rope  # triton: imported only on this (CUDA) path
 
-            return norm_rope.silu_mul(F.linear(x, self.weight, self.bias))
-        if ctx.lora_stream is not None and kernels.silu_fusable(self.lora):
-            s = kernels.fork_shrink(x, self.lora, ctx.lora, ctx.lora_stream)
-            y = F.linear(x, self.weight, self.bias)  # [T, 2I]
-            return kernels.join_expand_silu_mul(y, s, self.lora, ctx.lora, ctx.lora_stream)
-        return kernels.add_lora_silu_mul(F.linear(x, self.weight, self.bias), x, self.lora, ctx.lora)
+        return norm_rope.silu_mul(y)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, max_loras={self.lora.max_loras}, max_rank={self.lora.max_rank}"
-
-
-def _adapted(ctx) -> bool:
-    # Eager steps without adapted tokens skip the LoRA kernels; static (CUDA-graph) metadata always runs them,
-    # since the captured graph must contain the kernels whatever the batch at capture time was.
-    return ctx is not None and ctx.lora is not None and bool(ctx.lora.segments or getattr(ctx.lora, "static", False))
