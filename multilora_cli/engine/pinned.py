@@ -6,6 +6,13 @@ an asynchronous DMA (~1.6 ms, the thread returns at once). But pinning a fresh b
 (cudaHostAlloc through PyTorch's pinned allocator) stalled the running steps (benchmarks/RESULTS.md run 7).
 So the engine registers one arena before the first step and packs adapters straight into blocks of it.
 
+Registration is page-locking, and its cost is the pages: cudaHostRegister faults in and pins a fresh buffer 4 KiB
+at a time (0.47 s per GiB on the H200 host, and it holds a driver lock that stalls every other thread's CUDA
+calls meanwhile). So the arena is an anonymous mapping advised for transparent huge pages and pre-faulted by
+writing it from all cores first: 0.06 s per GiB in all, and host->device copies from it run at 55 instead of
+31 GB/s (`benchmarks/probe_pinning.py`, RESULTS.md "Session 8"). Where huge pages are unavailable the pre-fault
+still runs in parallel.
+
 Blocks are first-fit ranges, aligned to 4 KiB. A block goes back when its owner dies (`weakref.finalize`
 on the packed adapter), but is reused only once every device copy enqueued from it has run: whoever
 enqueues one calls `block.record(stream)`. A full arena is not an error: `alloc` returns None and the
@@ -14,6 +21,7 @@ caller falls back to pageable memory. On CPU the arena is plain memory (the allo
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import weakref
@@ -52,14 +60,15 @@ class PinnedArena:
             raise ValueError(f"PinnedArena needs at least {ALIGN} bytes, got {nbytes}")
         self.nbytes = nbytes - nbytes % ALIGN
         self.cuda = cuda
-        self.buf = torch.empty(self.nbytes, dtype=torch.uint8)
+        self.buf, self._map = host_buffer(self.nbytes, prefault=cuda)
         self.registered = False
         if cuda:
             err = torch.cuda.cudart().cudaHostRegister(self.buf.data_ptr(), self.nbytes, 0)
             if int(err) != 0:
                 raise RuntimeError(f"cudaHostRegister of {self.nbytes / 2**30:.1f} GiB failed ({err})")
             self.registered = True
-            self._finalizer = weakref.finalize(self, _unregister, self.buf)  # never free registered memory
+            # never free registered memory: the finalizer holds the buffer and its mapping until it unregisters
+            self._finalizer = weakref.finalize(self, _unregister, self.buf, self._map)
         self.lock = threading.RLock()  # RLock: a finalizer may run on a thread that is inside alloc
         self._free: list[tuple[int, int]] = [(0, self.nbytes)]  # (offset, size), sorted, coalesced
         self._pending: list[PinnedBlock] = []  # owners gone, device copies maybe still running
@@ -135,9 +144,33 @@ class PinnedArena:
             self.registered = False
 
 
-def _unregister(buf: torch.Tensor) -> None:
+def _unregister(buf: torch.Tensor, _mapping) -> None:
     torch.cuda.synchronize()  # no DMA may still read it
     torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+
+
+def host_buffer(nbytes: int, *, prefault: bool) -> tuple[torch.Tensor, mmap.mmap | None]:
+    """`nbytes` of zeroed host memory as a uint8 tensor, and the mapping behind it (keep it alive as long).
+
+    An anonymous private mapping advised MADV_HUGEPAGE (2 MiB pages where the kernel grants them), written
+    once when `prefault` so that every page exists before cudaHostRegister walks them. Falls back to
+    torch.empty where mmap flags or madvise are missing (non-Linux)."""
+    try:
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (AttributeError, OSError, ValueError):
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        if prefault:
+            buf.zero_()
+        return buf, None
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # THP off in this kernel: 4 KiB pages, still pre-faulted in parallel below
+            pass
+    buf = torch.frombuffer(m, dtype=torch.uint8)  # anonymous pages read as zero already
+    if prefault:
+        buf.fill_(0)  # fault every page in now, from torch's intra-op threads
+    return buf, m
 
 
 PINNED_HOST_FRACTION = 0.25  # at most this share of physical host memory is page-locked

@@ -74,3 +74,17 @@ def test_arena_bytes_capped_by_host_memory():
 
     phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert arena_bytes([phys] * 4, 4, 4) <= phys // 4
+
+
+@pytest.mark.parametrize("prefault", [False, True])
+def test_host_buffer_is_zeroed_writable_memory_of_the_asked_size(prefault):
+    from multilora_cli.engine.pinned import host_buffer
+
+    n = 3 * (2 << 20) + ALIGN  # not a whole number of huge pages
+    buf, mapping = host_buffer(n, prefault=prefault)
+    assert buf.dtype == torch.uint8 and buf.numel() == n and not buf.any()
+    buf[-1] = 7  # the last byte exists and belongs to this buffer
+    if mapping is not None:  # Linux: the tensor is a view of the mapping, not a copy
+        assert mapping[n - 1] == 7
+    arena = PinnedArena(n, cuda=False)
+    assert arena.buf.numel() == n - n % ALIGN
