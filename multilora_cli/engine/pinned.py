@@ -7,11 +7,10 @@ an asynchronous DMA (~1.6 ms, the thread returns at once). But pinning a fresh b
 So the engine registers one arena before the first step and packs adapters straight into blocks of it.
 
 Registration is page-locking, and its cost is the pages: cudaHostRegister faults in and pins a fresh buffer 4 KiB
-at a time (0.47 s per GiB on the H200 host, and it holds a driver lock that stalls every other thread's CUDA
+at a time (0.30-0.47 s per GiB on the H200 host, holding a driver lock that stalls every other thread's CUDA
 calls meanwhile). So the arena is an anonymous mapping advised for transparent huge pages and pre-faulted by
-writing it from all cores first: 0.06 s per GiB in all, and host->device copies from it run at 55 instead of
-31 GB/s (`benchmarks/probe_pinning.py`, RESULTS.md "Session 8"). Where huge pages are unavailable the pre-fault
-still runs in parallel.
+writing it from all cores first: ~0.05 s per GiB in all (`benchmarks/probe_pinning.py`, RESULTS.md "Session 8").
+Where huge pages are unavailable the pre-fault still runs in parallel (~0.1-0.19 s per GiB).
 
 Blocks are first-fit ranges, aligned to 4 KiB. A block goes back when its owner dies (`weakref.finalize`
 on the packed adapter), but is reused only once every device copy enqueued from it has run: whoever
