@@ -26,7 +26,11 @@ from multilora_cli.engine.tokenizer import Tokenizer
 from multilora_cli.errors import EngineError, MultiloraError, RequestError
 from multilora_cli.models.config import ModelConfig
 
-PREFETCH_THREADS = 3  # background adapter reads + packs (SlotManager): 3 beat 1 by 3.7% tok/s (RESULTS.md run 10)
+# background adapter reads + packs (SlotManager). Packs contend for the host's copy bandwidth: a Llama-3-8B
+# adapter packs in ~11 ms alone but 27-34 / 55-63 / 145-149 ms with 1 / 3 / 6 threads beside the step loop, so 2
+# threads read fastest in total (256 adapters / 64 slots: 10.5-10.8k tok/s with 3, 10.8-11.6k with 2; 64 adapters
+# 13.5-13.7k with 3, 13.7-13.8k with 2; RESULTS.md "Session 8", benchmarks/profile_reads.py)
+PREFETCH_THREADS = 2
 
 
 class Engine:
