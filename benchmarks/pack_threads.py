@@ -23,7 +23,7 @@ from multilora_cli.models.config import ModelConfig
 def main() -> None:
     cfg = ModelConfig.from_dir(write_model_dir("llama-3-8b", Path(tempfile.mkdtemp()) / "m"))
     src = SyntheticAdapters(cfg, [f"a{i}" for i in range(3)], 16)
-    src.prepare(torch.bfloat16, torch.device("cpu"))
+    src.prepare(torch.bfloat16, torch.device("cpu"), write=False)
     adapters = [src.load(f"a{i}") for i in range(3)]
     arena = PinnedArena(4 * src.nbytes + (1 << 20), cuda=torch.cuda.is_available())
     print(f"default torch threads {torch.get_num_threads()}, adapter {src.nbytes / 1e6:.0f} MB")

@@ -42,7 +42,7 @@ def main() -> int:
         cfg = ModelConfig.from_dir(write_model_dir(args.preset, Path(tmp) / "m"))
     names = [f"a{i}" for i in range(8)]
     src = SyntheticAdapters(cfg, names, 16, max_distinct=4)
-    src.prepare(torch.bfloat16, torch.device("cuda" if cuda else "cpu"))
+    src.prepare(torch.bfloat16, torch.device("cuda" if cuda else "cpu"), write=False)
     arena = PinnedArena(4 * args.packs * (src.nbytes + (1 << 20)), cuda=cuda)
     report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch_threads": torch.get_num_threads(),
               "adapter_mb": src.nbytes / 1e6, "arms": {}}

@@ -65,6 +65,7 @@ def main() -> int:
         cfg = ModelConfig.from_dir(model_dir)
         names = work.adapter_names + [f"second{i}" for i in range(args.adapters)]
         source = SyntheticAdapters(cfg, names, work.rank, seed=0)
+        source.prepare(torch.bfloat16 if device.type == "cuda" else torch.float32, device)  # PEFT folders
         t = time.perf_counter()
         engine = SyntheticEngine(engine_config(work, model_dir, device), source, cfg)
         sync()
@@ -72,7 +73,6 @@ def main() -> int:
                       arena_s=round(engine.arena_seconds, 2),
                       precompile_s=round(getattr(engine.runner, "precompile_seconds", 0.0), 2),
                       precompiled=getattr(engine.runner, "precompiled", None))
-        source.prepare(engine.runner.dtype, engine.device)
         for i, tag in enumerate(("first", "second")):
             reqs = work.requests(cfg.vocab_size) if i == 0 else replace(work, seed=1).requests(cfg.vocab_size)
             if i:

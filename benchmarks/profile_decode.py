@@ -45,9 +45,9 @@ def main() -> int:
         model_dir = write_model_dir(args.preset, Path(tmp) / "m")
         cfg = ModelConfig.from_dir(model_dir)
         source = SyntheticAdapters(cfg, work.adapter_names, work.rank) if args.adapters else None
-        engine = SyntheticEngine(engine_config(work, model_dir, dev), source, cfg)
         if source is not None:
-            source.prepare(engine.runner.dtype, dev)
+            source.prepare(torch.bfloat16, dev)  # PEFT folders, before the engine starts
+        engine = SyntheticEngine(engine_config(work, model_dir, dev), source, cfg)
         runner = engine.runner
         real_run = runner.run
         seen = {"n": 0, "done": False}

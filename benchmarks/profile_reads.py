@@ -2,6 +2,7 @@
 
     python3 benchmarks/profile_reads.py --rows 256/64 --out $OUT/profile-reads.json
     python3 benchmarks/profile_reads.py --rows 256/64#3,256/64#1 --out ...   # prefetch threads, A/B
+    python3 benchmarks/profile_reads.py --rows 256/64,256/64o,256/64m --out ...  # read paths, A/B (see main)
 
 Runs bench_e2e rows (Llama-3-8B shapes, 1024 x (128 + 128)) with the engine's adapter reads (`_load_cpu`, on the
 prefetch threads or the step loop's thread) and the step loop's waits for them (`SlotManager._host_copy`) logged
@@ -110,6 +111,12 @@ def main() -> int:
         for row in args.rows.split(","):
             spec, _, threads = row.partition("#")  # "256/64#1": one prefetch thread (A/B in one process)
             engine_mod.PREFETCH_THREADS = int(threads or default_threads)
+            # read path: "256/64" files read straight into the arena (engine/direct_read.py); "256/64o" files
+            # through load_adapter + pack_adapter; "256/64m" tensors packed from memory (the bench until session 9)
+            mode = spec[-1] if spec[-1] in "om" else "d"
+            spec = spec.rstrip("om")
+            engine_mod.DIRECT_READ = mode == "d"
+            synth.SyntheticEngine.FROM_MEMORY = mode == "m"
             n, _, slots = spec.partition("/")
             work = Workload(preset=args.preset, num_adapters=int(n), max_loras=int(slots or n),
                             num_requests=args.requests)
@@ -118,7 +125,8 @@ def main() -> int:
             res = run_multilora_row(work, model_dir, device, bandwidth=bw)
             t_run = [e["t0"] for e in EVENTS if e["kind"] == "generate"][-1]  # the timed run's start
             timed = [e for e in EVENTS if e["kind"] != "generate" and e["t1"] >= t_run]
-            out = {"row": row, "prefetch_threads": engine_mod.PREFETCH_THREADS, "tok_s": res.tokens_per_s, "wall_s": res.wall_s,
+            out = {"row": row, "read_path": {"d": "direct", "o": "load+pack", "m": "memory"}[mode],
+                   "prefetch_threads": engine_mod.PREFETCH_THREADS, "tok_s": res.tokens_per_s, "wall_s": res.wall_s,
                    "read_wait_s": res.extra["read_wait_s"], "host_outside_steps_s": res.extra["host_outside_steps_s"],
                    "timed": summarise(timed, t_run), "setup_s": t_run - t_start}
             report["rows"].append(out)
@@ -127,7 +135,7 @@ def main() -> int:
                   f"{out['host_outside_steps_s']:.2f} s, reads {tm['reads']} median {tm['read_ms_median']:.1f} ms "
                   f"p90 {tm['read_ms_p90']:.1f}, on the step thread {tm['reads_on_step_thread']}, claims "
                   f"{json.dumps(tm['claims'])}, waits by second {json.dumps(tm['wait_s_by_second'])}", flush=True)
-    args.out.write_text(json.dumps(report, indent=1))
+            args.out.write_text(json.dumps(report, indent=1))  # after each row: a cut-off run keeps what it has
     return 0
 
 

@@ -1,13 +1,17 @@
 """Read the tensors of a PEFT adapter checkpoint and sort its keys into LoRA pairs and unsupported extras.
 
-`adapter_model.safetensors` is opened memory-mapped (`safe_open`), so reading the key list costs nothing and
-only the tensors asked for are paged in. Legacy `adapter_model.bin` is loaded with
+`adapter_model.safetensors`: keys, dtypes, shapes and byte spans come from its JSON header, parsed here and checked
+against the file's size (no tensor is touched); tensors are read memory-mapped (`safe_open`) when asked for, or
+straight into a caller's buffer by byte span (engine/direct_read.py). Legacy `adapter_model.bin` is loaded with
 `torch.load(weights_only=True)` and nothing else: a pickle that needs code to run is refused.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import struct
 from pathlib import Path
 
 import torch
@@ -25,6 +29,11 @@ LORA_KEY = re.compile(
     r"\.(?P<name>[A-Za-z_]\w*))\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$"
 )
 _PARENT = {m: ("self_attn" if m in ATTN_MODULES else "mlp") for m in LINEAR_MODULES}
+# safetensors dtype names -> torch (the ones a LoRA checkpoint may hold; others are refused as unknown)
+ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+             "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 
 
 def weights_file(path: Path, name: str) -> Path:
@@ -44,14 +53,13 @@ class TensorFile:
         self.adapter = adapter
         self._st = None
         self._tensors: dict[str, torch.Tensor] | None = None
+        self._index: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
         if file.suffix == ".safetensors":
-            from safetensors import safe_open
-
             try:
-                self._st = safe_open(str(file), framework="pt")
-                self._keys = list(self._st.keys())
-            except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: header corrupt or truncated
+                self._index = read_header(file)
+            except (OSError, ValueError, KeyError, TypeError) as e:  # unreadable, truncated, or not safetensors
                 raise self.corrupt(e) from None
+            self._keys = list(self._index)
         else:
             try:
                 obj = torch.load(str(file), map_location="cpu", weights_only=True, mmap=False)
@@ -80,18 +88,64 @@ class TensorFile:
     def shape(self, key: str) -> tuple[int, ...]:
         if self._tensors is not None:
             return tuple(self._tensors[key].shape)
-        try:
-            return tuple(self._st.get_slice(key).get_shape())
-        except Exception as e:  # noqa: BLE001
-            raise self.corrupt(e) from None
+        return self._index[key][1]
+
+    def dtype(self, key: str) -> torch.dtype:
+        if self._tensors is not None:
+            return self._tensors[key].dtype
+        return self._index[key][0]
+
+    def span(self, key: str) -> tuple[int, int] | None:
+        """[begin, end) bytes of `key`'s data in the file (safetensors), None for a .bin checkpoint."""
+        if self._tensors is not None:
+            return None
+        return self._index[key][2:]
 
     def get(self, key: str) -> torch.Tensor:
         if self._tensors is not None:
             return self._tensors[key]
         try:
+            if self._st is None:
+                from safetensors import safe_open
+
+                self._st = safe_open(str(self.file), framework="pt")
             return self._st.get_tensor(key)
-        except Exception as e:  # noqa: BLE001 - data region shorter than the header says
+        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: changed on disk since the header read
             raise self.corrupt(e) from None
+
+
+def read_header(file: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
+    """key -> (dtype, shape, begin, end) of a safetensors file, spans in absolute file bytes. Raises ValueError
+    when the header is not valid JSON of that format, or a span is inconsistent with its shape or the file."""
+    size = os.path.getsize(file)
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{size} bytes: too short for a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(MAX_HEADER, size - 8):
+            raise ValueError(f"header of {n} bytes does not fit the file's {size}")
+        raw = json.loads(f.read(n))
+    if not isinstance(raw, dict):
+        raise ValueError("header is not a JSON object")
+    start, out = 8 + n, {}
+    for key, e in raw.items():
+        if key == "__metadata__":
+            continue
+        dtype = ST_DTYPES.get(e["dtype"])
+        shape = tuple(int(d) for d in e["shape"])
+        begin, end = (int(x) for x in e["data_offsets"])
+        numel = 1
+        for d in shape:
+            numel *= d
+        if dtype is None:
+            raise ValueError(f"{key}: unsupported dtype {e['dtype']}")
+        if not 0 <= begin <= end or end - begin != numel * dtype.itemsize:
+            raise ValueError(f"{key}: data_offsets {begin}..{end} do not hold shape {list(shape)} {e['dtype']}")
+        if start + end > size:
+            raise ValueError(f"{key}: data ends at byte {start + end}, past the end of the file ({size} bytes)")
+        out[key] = (dtype, shape, start + begin, start + end)
+    return out
 
 
 def classify_key(key: str) -> tuple[str, int, str, str] | str:

@@ -1,16 +1,24 @@
-"""Synthetic LoRA adapters held in host memory, and an Engine that reads them instead of disk.
+"""Synthetic LoRA adapters written as real PEFT checkpoints, and an Engine that serves them.
 
 Each adapter has rank `rank` on all seven projections of every layer (PEFT layout: A [r, in], B [out, r]),
 random values, alpha = 2r. At most `max_distinct` distinct weight sets are generated (each ~84 MB at
 Llama-3-8B shapes, rank 16); adapters beyond that reuse one round-robin with their own scaling. The GPU work
 is the same either way: every adapter is copied into its own slot and read from there.
-`SyntheticEngine._load_cpu` packs each adapter into one host buffer exactly as `Engine._load_cpu` packs a
-PEFT checkpoint after reading it (engine/packed.py), so the benchmark times the slot-load path real adapters
-take; only the disk read and validation of `load_adapter` are left out.
+
+`prepare` writes each weight set once as an `adapter_model.safetensors` (PEFT's key names, the run dtype) and
+each adapter as a folder of its own: that file (hard-linked) and an `adapter_config.json` with its alpha. So the
+engine reads and validates them exactly as it reads a user's adapters (`Engine._load_cpu`), from the OS page
+cache: a benchmark row times the whole read path except the disk itself. `SyntheticEngine.FROM_MEMORY` instead
+packs the prepared tensors from memory (the benchmark's read path until session 9; kept for A/B runs).
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -18,7 +26,10 @@ import torch
 from multilora_cli.adapters.peft import LoraAdapter, LoraModule
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.engine import Engine
-from multilora_cli.models.config import LINEAR_MODULES, ModelConfig
+from multilora_cli.models.config import ATTN_MODULES, LINEAR_MODULES, ModelConfig
+
+_FILES: dict[tuple, Path] = {}  # (shapes, rank, seed, dtype, weight set) -> safetensors file, per process
+_ROOT: list[Path] = []
 
 
 class SyntheticAdapters:
@@ -33,6 +44,7 @@ class SyntheticAdapters:
         self.max_distinct = max(1, max_distinct)
         self._banks: list[dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]] = []
         self._cache: dict[str, LoraAdapter] = {}
+        self.paths: dict[str, Path] = {}  # name -> PEFT folder, once `prepare` wrote them
 
     @property
     def nbytes(self) -> int:
@@ -41,9 +53,15 @@ class SyntheticAdapters:
         per_layer = sum(self.rank * sum(cfg.linear_shape(m)) for m in LINEAR_MODULES)
         return 2 * per_layer * cfg.num_hidden_layers
 
-    def prepare(self, dtype: torch.dtype, device: torch.device) -> None:
+    def prepare(self, dtype: torch.dtype, device: torch.device, *, write: bool = True) -> None:
         """Draw the distinct weight sets on `device` (fast), keep them in ordinary (pageable) host memory, like
-        the tensors `load_adapter` returns: one flat buffer per set, viewed as each module's A [r, in], B [out, r]."""
+        the tensors `load_adapter` returns: one flat buffer per set, viewed as each module's A [r, in], B [out, r];
+        with `write`, also as PEFT checkpoint folders (`paths`)."""
+        self._draw(dtype, device)
+        if write:
+            self.paths = self._write(dtype)
+
+    def _draw(self, dtype: torch.dtype, device: torch.device) -> None:
         cfg = self.model_config
         layout, total = [], 0
         for layer in range(cfg.num_hidden_layers):
@@ -64,6 +82,46 @@ class SyntheticAdapters:
                                       host[off + r * fin:off + r * (fin + fout)].view(fout, r))
                                 for key, off, fin, fout in layout})
 
+    def _write(self, dtype: torch.dtype) -> dict[str, Path]:
+        cfg, r = self.model_config, self.rank
+        if not _ROOT:
+            _ROOT.append(Path(tempfile.mkdtemp(prefix="multilora-bench-adapters-")))
+            atexit.register(shutil.rmtree, _ROOT[0], True)
+        root = _ROOT[0]
+        sig = (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+               cfg.num_key_value_heads, r, self.seed, str(dtype))
+        files = []
+        for i, bank in enumerate(self._banks):
+            f = _FILES.get((*sig, i))
+            if f is None:
+                from safetensors.torch import save_file
+
+                f = root / f"set{len(_FILES)}.safetensors"
+                tensors = {}
+                for (layer, m), (a, b) in bank.items():
+                    parent = "self_attn" if m in ATTN_MODULES else "mlp"
+                    key = f"base_model.model.model.layers.{layer}.{parent}.{m}"
+                    tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a.clone(), b.clone()
+                save_file(tensors, str(f))
+                _FILES[(*sig, i)] = f
+            files.append(f)
+        paths = {}
+        for i, name in enumerate(self.names):
+            d = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+            try:
+                os.link(files[i % len(files)], d / "adapter_model.safetensors")
+            except OSError:  # no hard links here: a copy
+                shutil.copyfile(files[i % len(files)], d / "adapter_model.safetensors")
+            (d / "adapter_config.json").write_text(json.dumps({
+                "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": self._scaling(i) * r,
+                "target_modules": list(LINEAR_MODULES), "lora_dropout": 0.0, "bias": "none",
+                "base_model_name_or_path": cfg.name_or_path or None}))
+            paths[name] = d
+        return paths
+
+    def _scaling(self, i: int) -> float:
+        return 2.0 * (1.0 + 0.01 * (i // len(self._banks)))  # alpha / r = 2, nudged for shared sets
+
     def load(self, name: str) -> LoraAdapter:
         """The adapter `name` (thread-safe: only reads prepared tensors)."""
         if name in self._cache:
@@ -72,7 +130,7 @@ class SyntheticAdapters:
             raise RuntimeError("SyntheticAdapters.prepare() was not called")
         i = self.names.index(name)
         bank = self._banks[i % len(self._banks)]
-        scaling = 2.0 * (1.0 + 0.01 * (i // len(self._banks)))  # alpha / r = 2, nudged for shared banks
+        scaling = self._scaling(i)
         modules = {key: LoraModule(a=a, b=b, scaling=scaling) for key, (a, b) in bank.items()}
         adapter = LoraAdapter(name=name, path=Path("synthetic") / name, config=None, modules=modules,
                               base_model=None, weights_path=Path("synthetic") / name,
@@ -82,17 +140,22 @@ class SyntheticAdapters:
 
 
 class SyntheticEngine(Engine):
-    """An `Engine` whose adapters come from a `SyntheticAdapters` source instead of PEFT folders."""
+    """An `Engine` serving a `SyntheticAdapters` source: its PEFT folders once `prepare` wrote them (call it
+    first), else (or with FROM_MEMORY) its tensors packed from memory."""
+
+    FROM_MEMORY = False
 
     def __init__(self, config: EngineConfig, source: SyntheticAdapters | None,
                  model_config: ModelConfig | None = None):
         self.source = source
         names = source.names if source is not None else []
-        super().__init__(config, {n: Path("synthetic") / n for n in names}, model_config)
+        paths = source.paths if source is not None else {}
+        super().__init__(config, {n: paths.get(n, Path("synthetic") / n) for n in names}, model_config)
 
     def _load_cpu(self, name: str) -> LoraAdapter:
-        """As Engine._load_cpu after its disk read: packed exactly as real adapters are."""
-        return self._pack(self.source.load(name))
+        if self.FROM_MEMORY or self.adapters[name] != self.source.paths.get(name):
+            return self._pack(self.source.load(name))  # as Engine._load_cpu packs after its disk read
+        return super()._load_cpu(name)
 
     def _adapter_nbytes(self, name: str) -> int:
         return self.source.nbytes * self.runner.dtype.itemsize // 2

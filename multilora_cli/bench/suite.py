@@ -74,12 +74,12 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
     if not base_only and work.num_adapters:
         warm_names = [f"warm{i}" for i in range(work.max_loras)]
         source = SyntheticAdapters(cfg, work.adapter_names + warm_names, work.rank, seed=work.seed)
+    if source is not None:  # PEFT folders on disk before the engine starts (not timed)
+        source.prepare(getattr(torch, econf.dtype), device)
     t0 = time.perf_counter()
     engine = SyntheticEngine(econf, source, cfg)
     startup = time.perf_counter() - t0
     try:
-        if source is not None:
-            source.prepare(engine.runner.dtype, engine.device)
         if warmup:
             n = min(work.num_requests, 2 * work.max_num_seqs)
             # long enough that sequences finish in waves and mixed prefill/decode steps of many sizes occur:

@@ -31,6 +31,9 @@ from multilora_cli.models.config import ModelConfig
 # threads read fastest in total (256 adapters / 64 slots: 10.5-10.8k tok/s with 3, 10.8-11.6k with 2; 64 adapters
 # 13.5-13.7k with 3, 13.7-13.8k with 2; RESULTS.md "Session 8", benchmarks/profile_reads.py)
 PREFETCH_THREADS = 2
+# read adapters from their files straight into the arena (engine/direct_read.py); False: load_adapter, then pack
+# (kept for the A/B in benchmarks/profile_reads.py)
+DIRECT_READ = True
 
 
 class Engine:
@@ -73,12 +76,20 @@ class Engine:
     def _load_cpu(self, name: str):
         """Read + validate an adapter into host memory, packed for one-copy slot loads (see `_pack`)."""
         from multilora_cli.adapters.peft import load_adapter
+        from multilora_cli.engine.direct_read import read_packed
 
+        if self.arena is not None and DIRECT_READ:  # file -> arena block in a few calls (engine/direct_read.py)
+            packed = read_packed(self.adapters[name], name, self.model_config, self.runner.dtype, self.arena)
+            if packed is not None:
+                return self._check_rank(packed)
         adapter = load_adapter(self.adapters[name], name, self.model_config, dtype=self.runner.dtype)
+        return self._pack(self._check_rank(adapter))
+
+    def _check_rank(self, adapter):
         if adapter.max_rank > self.config.max_lora_rank:
-            raise EngineError(f"adapter {name!r} has rank {adapter.max_rank} > max_lora_rank "
+            raise EngineError(f"adapter {adapter.name!r} has rank {adapter.max_rank} > max_lora_rank "
                               f"{self.config.max_lora_rank}", hint="raise --max-lora-rank")
-        return self._pack(adapter)
+        return adapter
 
     def _pack(self, adapter):
         """On CUDA: ONE host buffer laid out like the slots (engine/packed.py), so a slot load is one copy plus

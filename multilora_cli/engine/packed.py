@@ -8,11 +8,14 @@ per fused module (layer, "qkv_proj" ...) whose slices are all adapted at the sam
 other modules (some slices missing, or ranks differ): per adapted slice A [r, in] and B [out_slice, r].
 Every block is a source tensor as PEFT stores it, so packing is one `torch.cat` (one memcpy, GIL released)
 rather than hundreds of small and strided copies on the prefetch thread. The returned adapter's modules are
-views of that buffer (A [r, in], B [out, r]), so it is still an ordinary `LoraAdapter` for every other use.
+views of that buffer (A [r, in], B [out, r], made when first used), so it is still an ordinary `LoraAdapter` for
+every other use. `plan_pack` computes the layout from shapes alone, so engine/direct_read.py can fill the same
+buffer straight from a checkpoint file.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -49,81 +52,138 @@ class PackedAdapter(LoraAdapter):
     staged: tuple | None = None  # set by engine/staging.py: (buffer index, copy-done event) of a device copy
     block: object | None = None  # engine/pinned.PinnedBlock, or None (pageable or pinned by PyTorch)
 
+    # from `groups`, not `modules`: those would make every view (PackedModules)
+    @property
+    def max_rank(self) -> int:
+        return max(max(g.ranks) for g in self.groups.values())
+
+    @property
+    def min_rank(self) -> int:
+        return min(r for g in self.groups.values() for r in g.ranks if r)
+
+    @property
+    def num_params(self) -> int:
+        return sum(r * (g.in_features + o) for g in self.groups.values() for r, o in zip(g.ranks, g.outs) if r)
+
+
+@dataclass(frozen=True, slots=True)
+class PackPlan:
+    """Where every tensor of an adapter goes in the flat buffer (elements); shared by both packers.
+
+    order: ((layer, PEFT module), "a" | "b", element offset) in buffer order; index: (layer, PEFT module) ->
+    ((layer, fused), slice index)."""
+
+    groups: dict[tuple[int, str], PackedGroup]
+    total: int
+    order: tuple[tuple[tuple[int, str], str, int], ...]
+    index: dict[tuple[int, str], tuple[tuple[int, str], int]]
+
+    def layout(self, dtype: torch.dtype) -> tuple:
+        return (dtype, self.total, tuple((k, g.uniform, g.ranks, g.outs, g.a_off, g.b_off, g.slice_offs)
+                                         for k, g in self.groups.items()))
+
+
+def plan_pack(shapes: dict[tuple[int, str], tuple[int, int, int, float]]) -> PackPlan:
+    """The slot-like layout above for modules (layer, PEFT name) -> (rank, in, out, scaling)."""
+    by_group: dict[tuple[int, str], list] = {}
+    for (layer, name), shp in shapes.items():
+        fused, i = FUSED[name]
+        by_group.setdefault((layer, fused), [None] * len(SLICES[fused]))[i] = shp
+    groups, order, index, total = {}, [], {}, 0
+    for key in sorted(by_group):
+        mods = by_group[key]
+        names = [(key[0], n) for n in SLICES[key[1]]]
+        for i, m in enumerate(mods):
+            if m is not None:
+                index[names[i]] = (key, i)
+        ranks = tuple(m[0] if m is not None else 0 for m in mods)
+        outs = tuple(m[2] if m is not None else 0 for m in mods)
+        fin = next(m[1] for m in mods if m is not None)
+        if all(m is not None for m in mods) and len(set(ranks)) == 1:  # uniform: A block, then B block
+            r = ranks[0]
+            a_off, b_off = total, total + len(mods) * r * fin
+            order += [(n, "a", a_off + i * r * fin) for i, n in enumerate(names)]
+            lo = 0
+            for i, n in enumerate(names):
+                order.append((n, "b", b_off + lo * r))
+                lo += outs[i]
+            total = b_off + r * sum(outs)
+            groups[key] = PackedGroup(True, ranks, tuple(m[3] for m in mods), fin, outs, a_off, b_off)
+        else:
+            offs = []
+            for n, m, r, o in zip(names, mods, ranks, outs):
+                if m is None:
+                    offs.append(None)
+                    continue
+                offs.append((total, total + r * fin))
+                order += [(n, "a", total), (n, "b", total + r * fin)]
+                total += r * (fin + o)
+            groups[key] = PackedGroup(False, ranks, tuple(m[3] if m else 0.0 for m in mods), fin, outs,
+                                      slice_offs=tuple(offs))
+    return PackPlan(groups, total, tuple(order), index)
+
+
+class PackedModules(Mapping):
+    """(layer, PEFT module) -> LoraModule whose A [r, in] / B [out, r] are views of the flat buffer, made on first
+    access: every view is a torch call that lets go of the GIL, and a reader thread making ~450 of them per
+    adapter waits for the step loop's thread at each one (engine/direct_read.py)."""
+
+    def __init__(self, flat: torch.Tensor, plan: PackPlan):
+        self._flat, self._plan, self._made = flat, plan, {}
+
+    def __getitem__(self, key: tuple[int, str]) -> LoraModule:
+        m = self._made.get(key)
+        if m is None:
+            gkey, i = self._plan.index[key]  # KeyError: not adapted
+            g = self._plan.groups[gkey]
+            r, fin, o = g.ranks[i], g.in_features, g.outs[i]
+            if g.uniform:
+                a0, b0 = g.a_off + i * r * fin, g.b_off + sum(g.outs[:i]) * r
+            else:
+                a0, b0 = g.slice_offs[i]
+            flat = self._flat
+            m = LoraModule(a=flat[a0:a0 + r * fin].view(r, fin), b=flat[b0:b0 + o * r].view(o, r),
+                           scaling=g.scalings[i])
+            self._made[key] = m
+        return m
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        return iter(self._plan.index)
+
+    def __len__(self) -> int:
+        return len(self._plan.index)
+
+    def __contains__(self, key) -> bool:
+        return key in self._plan.index
+
+
+def packed_adapter(src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, arena) -> PackedAdapter:
+    """The PackedAdapter over `flat` (filled per `plan`), with `src`'s metadata; `block` goes back to `arena`
+    when it dies."""
+    packed = PackedAdapter(name=src.name, path=src.path, config=src.config, modules=PackedModules(flat, plan),
+                           base_model=src.base_model, weights_path=src.weights_path,
+                           stored_dtype=src.stored_dtype, stored_nbytes=src.stored_nbytes,
+                           module_names=dict(src.module_names), flat=flat, groups=plan.groups,
+                           layout=plan.layout(flat.dtype), block=block)
+    if block is not None:
+        arena.adopt(block, packed)
+    return packed
+
 
 def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None = None,
                  arena=None) -> PackedAdapter:
     """Copy `adapter` into one host buffer in the slot-like layout above: a block of `arena` (a PinnedArena)
     when it has room, else a fresh buffer (pinned by PyTorch if `pin`)."""
-    dtype = dtype or next(iter(adapter.modules.values())).a.dtype
-    by_group: dict[tuple[int, str], list[LoraModule | None]] = {}
-    for (layer, name), m in adapter.modules.items():
-        fused, i = FUSED[name]
-        by_group.setdefault((layer, fused), [None] * len(SLICES[fused]))[i] = m
-    plan, total = [], 0
-    for key in sorted(by_group):
-        mods = by_group[key]
-        ranks = tuple(m.rank if m is not None else 0 for m in mods)
-        outs = tuple(m.b.shape[0] if m is not None else 0 for m in mods)
-        fin = next(m.a.shape[1] for m in mods if m is not None)
-        uniform = all(m is not None for m in mods) and len(set(ranks)) == 1
-        if uniform:
-            r = ranks[0]
-            a_off, b_off = total, total + len(mods) * r * fin
-            total = b_off + r * sum(outs)
-            plan.append((key, mods, PackedGroup(True, ranks, tuple(m.scaling for m in mods), fin, outs, a_off, b_off)))
-        else:
-            offs = []
-            for m, r, o in zip(mods, ranks, outs):
-                if m is None:
-                    offs.append(None)
-                    continue
-                offs.append((total, total + r * fin))
-                total += r * (fin + o)
-            plan.append((key, mods, PackedGroup(False, ranks, tuple(m.scaling if m else 0.0 for m in mods), fin,
-                                                outs, slice_offs=tuple(offs))))
+    mods = adapter.modules
+    dtype = dtype or next(iter(mods.values())).a.dtype
+    plan = plan_pack({k: (m.rank, m.a.shape[1], m.b.shape[0], m.scaling) for k, m in mods.items()})
+    block = arena.alloc(plan.total * dtype.itemsize) if arena is not None else None
+    flat = (block.tensor(plan.total, dtype) if block is not None
+            else torch.empty(plan.total, dtype=dtype, pin_memory=pin))
     # ONE copy op fills the buffer (sources in buffer order; B stays [out, r] as PEFT stores it, so every
     # source is contiguous: a plain memcpy, no strided transpose on the CPU; the slot scatter on the device
     # does the transpose into the rank-major slots)
-    srcs: list[torch.Tensor] = []
-    for _, mods, g in plan:
-        if g.uniform:
-            srcs += [m.a for m in mods] + [m.b for m in mods]
-        else:
-            for m in mods:
-                if m is not None:
-                    srcs += [m.a, m.b]
-    block = arena.alloc(total * dtype.itemsize) if arena is not None else None
-    flat = block.tensor(total, dtype) if block is not None else torch.empty(total, dtype=dtype, pin_memory=pin)
+    srcs = [getattr(mods[n], ab) for n, ab, _ in plan.order]
     if srcs:
         torch.cat([t.to(dtype).reshape(-1) for t in srcs], out=flat)
-    modules: dict[tuple[int, str], LoraModule] = {}
-    groups: dict[tuple[int, str], PackedGroup] = {}
-    for (layer, fused), mods, g in plan:
-        groups[(layer, fused)] = g
-        names = SLICES[fused]
-        if g.uniform:
-            r, fin = g.ranks[0], g.in_features
-            lo = 0
-            for i, m in enumerate(mods):
-                a = flat[g.a_off + i * r * fin:g.a_off + (i + 1) * r * fin].view(r, fin)
-                b = flat[g.b_off + lo * r:g.b_off + (lo + g.outs[i]) * r].view(g.outs[i], r)
-                modules[(layer, names[i])] = LoraModule(a=a, b=b, scaling=m.scaling)
-                lo += g.outs[i]
-        else:
-            for i, (m, offs) in enumerate(zip(mods, g.slice_offs)):
-                if m is None:
-                    continue
-                r, o = g.ranks[i], g.outs[i]
-                a = flat[offs[0]:offs[0] + r * g.in_features].view(r, g.in_features)
-                b = flat[offs[1]:offs[1] + o * r].view(o, r)
-                modules[(layer, names[i])] = LoraModule(a=a, b=b, scaling=m.scaling)
-    layout = (dtype, total, tuple((k, g.uniform, g.ranks, g.outs, g.a_off, g.b_off, g.slice_offs)
-                                  for k, g in groups.items()))
-    packed = PackedAdapter(name=adapter.name, path=adapter.path, config=adapter.config, modules=modules,
-                           base_model=adapter.base_model, weights_path=adapter.weights_path,
-                           stored_dtype=adapter.stored_dtype, stored_nbytes=adapter.stored_nbytes,
-                           module_names=dict(adapter.module_names), flat=flat, groups=groups, layout=layout,
-                           block=block)
-    if block is not None:
-        arena.adopt(block, packed)
-    return packed
+    return packed_adapter(adapter, flat, plan, block, arena)

@@ -42,6 +42,10 @@ class PinnedBlock:
     def tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return self.arena.buf[self.offset:self.offset + numel * dtype.itemsize].view(dtype)
 
+    def memoryview(self) -> memoryview:
+        """The block's bytes as a writable memoryview (no torch call: a reader thread can fill it by syscall)."""
+        return self.arena.bytes[self.offset:self.offset + self.nbytes]
+
     def record(self, stream=None) -> None:
         """A device copy reading this block was just enqueued on `stream` (default: the current one)."""
         if self.arena.cuda:
@@ -60,6 +64,7 @@ class PinnedArena:
         self.nbytes = nbytes - nbytes % ALIGN
         self.cuda = cuda
         self.buf, self._map = host_buffer(self.nbytes, prefault=cuda)
+        self.bytes = memoryview(self.buf.numpy())  # the same memory, for os.preadv (engine/direct_read.py)
         self.registered = False
         if cuda:
             err = torch.cuda.cudart().cudaHostRegister(self.buf.data_ptr(), self.nbytes, 0)

@@ -134,7 +134,7 @@ CASES = {
     "fan_in_fan_out": (["fan_in_fan_out=true"], True),
     "ia3": (["peft_type IA3 (only LoRA adapters are served)"], True),
     "garbage": (["adapter_model.safetensors is corrupt or truncated", "re-download"], True),
-    "truncated": (["adapter_model.safetensors is corrupt or truncated", "incomplete metadata"], True),
+    "truncated": (["adapter_model.safetensors is corrupt or truncated", "past the end of the file"], True),
     "no_config": (["no adapter_config.json", "save_pretrained"], False),
     "bad_json": (["adapter_config.json: unreadable JSON"], False),
     "no_weights": (["no adapter_model.safetensors or adapter_model.bin"], True),

@@ -125,3 +125,30 @@ def test_bench_command(tmp_path):
     p = subprocess.run([sys.executable, "-m", "multilora_cli", "bench", "--device", "cpu"], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 2 and "--preset tiny" in p.stderr
+
+
+def test_synthetic_adapters_are_real_peft_folders(tmp_path):
+    """The bench's adapters on disk are the adapters it holds in memory: load_adapter and the direct reader
+    give back its tensors (scaling nudged per reuse of a weight set), and PEFT's own loader reads them."""
+    from multilora_cli.adapters.peft import load_adapter
+    from multilora_cli.bench.adapters import SyntheticAdapters
+    from multilora_cli.engine.direct_read import read_packed
+    from multilora_cli.engine.packed import pack_adapter
+    from multilora_cli.engine.pinned import PinnedArena
+
+    cfg = ModelConfig.from_dir(write_model_dir("tiny", tmp_path / "tiny"))
+    src = SyntheticAdapters(cfg, ["a", "b", "c"], 4, max_distinct=2)
+    src.prepare(torch.float32, torch.device("cpu"))
+    assert set(src.paths) == {"a", "b", "c"}
+    arena = PinnedArena(8 << 20, cuda=False)
+    for name in src.names:
+        mem, disk = src.load(name), load_adapter(src.paths[name], name, cfg)
+        assert disk.max_rank == 4 and len(disk.modules) == 7 * cfg.num_hidden_layers
+        for key, m in mem.modules.items():
+            d = disk.modules[key]
+            assert torch.equal(d.a, m.a) and torch.equal(d.b, m.b) and d.scaling == pytest.approx(m.scaling)
+        direct = read_packed(src.paths[name], name, cfg, torch.float32, arena)
+        assert torch.equal(direct.flat, pack_adapter(mem, pin=False).flat)
+    assert load_adapter(src.paths["c"], "c", cfg).modules[(0, "q_proj")].scaling == pytest.approx(2.02)
+    import peft  # the reference loader agrees on what the folder is
+    assert peft.LoraConfig.from_pretrained(str(src.paths["b"])).r == 4

@@ -138,3 +138,35 @@ def test_reloads_through_a_small_host_cache(setup, reference, pinned):
         st = engine.arena.stats()
         assert st["blocks"] >= len(adapters) and st["blocks"] + st["fallbacks"] >= engine.slots.cpu_loads
     engine.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_direct_file_reads_serve_the_adapters(setup, reference, monkeypatch, dtype):
+    """On CUDA adapters go file -> arena block (engine/direct_read.py; fp32 files: as stored, bf16: converted);
+    the tokens equal those of the load_adapter + pack_adapter path in the same dtype, and HF's in fp32."""
+    from multilora_cli.engine import direct_read
+    from multilora_cli.engine import engine as engine_mod
+
+    base, adapters = setup
+    prompts, (want, _) = reference
+    real, hits = direct_read.read_packed, []
+
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        hits.append(out is not None)
+        return out
+
+    monkeypatch.setattr(direct_read, "read_packed", counted)
+    runs = {}
+    for direct in (True, False):
+        monkeypatch.setattr(engine_mod, "DIRECT_READ", direct)
+        engine = Engine(EngineConfig(model=str(base), device="cuda", dtype=dtype, max_loras=3, max_lora_rank=16,
+                                     max_num_seqs=16, num_kv_blocks=256), adapters)
+        got = engine.generate_all(_requests(prompts, PLAN))
+        assert [r.error for r in got] == [None] * len(PLAN)
+        runs[direct] = [r.token_ids for r in got]
+        engine.close()
+    assert hits and all(hits) and len(hits) == len(adapters)  # every adapter read directly, only when asked
+    assert runs[True] == runs[False]
+    if dtype == "float32":
+        assert runs[True] == want

@@ -1,0 +1,159 @@
+"""`scan_adapter`: a PEFT LoRA checkpoint validated from its config and tensor header alone, no tensor read.
+
+It is every check `load_adapter` makes except NaN/Inf (which needs the values), in that order: config unreadable
+or invalid; features multilora cannot serve (from the config, then from the tensor keys); broken weights file; a
+lora_A without its lora_B (or the reverse); inconsistent shapes or ranks; a dtype that is not floating point;
+and, given a `ModelConfig`, layers or in/out features that do not fit the base model. Both readers build on it:
+`load_adapter` (tensors, per module) and `engine/direct_read.read_packed` (the file's bytes straight into a
+packed host buffer), so both accept and refuse exactly the same checkpoints with the same messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from multilora_cli.adapters.config import AdapterConfig
+from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
+from multilora_cli.errors import AdapterError, UnsupportedAdapterError
+from multilora_cli.models.config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleSpec:
+    """One adapted linear layer as the header describes it: lora_A [rank, in], lora_B [out, rank]."""
+
+    key_a: str
+    key_b: str
+    rank: int
+    in_features: int
+    out_features: int
+    scaling: float
+    dtype_a: torch.dtype
+    dtype_b: torch.dtype
+
+
+@dataclass(slots=True)
+class AdapterScan:
+    """A checkpoint that passed every check but NaN/Inf. `modules` keyed (layer, PEFT module), sorted."""
+
+    name: str
+    path: Path
+    config: AdapterConfig
+    weights_path: Path
+    tensors: TensorFile
+    modules: dict[tuple[int, str], ModuleSpec]
+    module_names: dict[tuple[int, str], str] = field(default_factory=dict)  # full PEFT module names
+    stored_dtype: torch.dtype | None = None
+    stored_nbytes: int = 0
+
+    @property
+    def max_rank(self) -> int:
+        return max(m.rank for m in self.modules.values())
+
+    @property
+    def base_model(self) -> str | None:
+        return self.config.base_model_name_or_path
+
+
+def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None) -> AdapterScan:
+    """Validate the PEFT LoRA adapter in folder `path` (named `name` in messages) without reading its tensors.
+    Raises AdapterError / UnsupportedAdapterError."""
+    path = Path(path)
+    config = AdapterConfig.from_dir(path)
+    features = config.unsupported()
+    if features:
+        raise unsupported(name, path / "adapter_config.json", features)
+    wfile = weights_file(path, name)
+    tf = TensorFile(wfile, name)
+
+    # Sort keys: LoRA pairs by (layer, module), everything else is a feature we cannot serve.
+    pairs: dict[tuple[int, str], dict[str, str]] = {}
+    full_names: dict[tuple[int, str], str] = {}
+    features = []
+    for key in tf.keys():
+        kind = classify_key(key)
+        if isinstance(kind, str):
+            if kind not in features:
+                features.append(kind)
+            continue
+        full, layer, module, ab = kind
+        pairs.setdefault((layer, module), {})[ab] = key
+        full_names[(layer, module)] = full
+    if features:
+        raise unsupported(name, wfile, features)
+    if not pairs:
+        raise AdapterError(f"adapter {name!r}: {wfile} holds no LoRA tensors", hint="re-save the adapter with PEFT")
+
+    scan = AdapterScan(name=name, path=path, config=config, weights_path=wfile, tensors=tf, modules={},
+                       module_names=full_names)
+    for (layer, module), keys in sorted(pairs.items()):
+        full = full_names[(layer, module)]
+        where = f"adapter {name!r}: {wfile}: {full}"
+        for ab in ("A", "B"):
+            if ab not in keys:
+                have = "lora_B" if ab == "A" else "lora_A"
+                raise AdapterError(f"{where} has {have} but no lora_{ab}",
+                                   hint="the checkpoint is incomplete; re-save or re-download it")
+        if not config.target_matches(full):
+            raise AdapterError(f"{where} has LoRA tensors but adapter_config.json target_modules does not select it "
+                               "(PEFT would ignore them)", hint="fix target_modules or re-save the adapter with PEFT")
+        sa, sb = tf.shape(keys["A"]), tf.shape(keys["B"])
+        if len(sa) != 2 or len(sb) != 2 or sa[0] != sb[1]:
+            raise AdapterError(f"{where}: lora_A {tuple(sa)} and lora_B {tuple(sb)} are not a [r, in] / "
+                               "[out, r] pair", hint="the checkpoint is corrupt; re-save it")
+        r = sa[0]
+        if r == 0:
+            raise AdapterError(f"{where} has rank 0", hint="re-train or re-save the adapter with r >= 1")
+        want = config.rank_for(full)
+        if r != want:
+            raise AdapterError(f"{where} has rank {r} but adapter_config.json gives it r={want} "
+                               "(r / rank_pattern)", hint="fix adapter_config.json so PEFT and multilora agree")
+        dtypes = tf.dtype(keys["A"]), tf.dtype(keys["B"])
+        for dt, ab, shape in ((dtypes[0], "A", sa), (dtypes[1], "B", sb)):
+            if not dt.is_floating_point:
+                raise AdapterError(f"{where}: lora_{ab} has dtype {dt}; LoRA weights must be floating point")
+            scan.stored_nbytes += shape[0] * shape[1] * dt.itemsize
+            scan.stored_dtype = scan.stored_dtype or dt
+        scan.modules[(layer, module)] = ModuleSpec(keys["A"], keys["B"], r, sa[1], sb[0],
+                                                   config.scaling_for(full, r), *dtypes)
+    if model_config is not None:
+        check_fits(name, config.base_model_name_or_path,
+                   {k: (m.in_features, m.out_features) for k, m in scan.modules.items()}, full_names, model_config)
+    return scan
+
+
+def check_fits(name: str, base_model: str | None, features: dict[tuple[int, str], tuple[int, int]],
+               module_names: dict[tuple[int, str], str], model_config: ModelConfig) -> None:
+    """Raise AdapterError if a module (layer, PEFT name) -> (in, out) is a layer or feature count the base lacks."""
+    base = model_config.name_or_path or "the base model"
+    trained = f" (it was trained on {base_model!r})" if base_model else ""
+    head = f"adapter {name!r} does not fit base model {base!r}{trained}"
+    hint = "pass the base model the adapter was trained on with --model, or use an adapter made for this base"
+    n_layers = model_config.num_hidden_layers
+    for (layer, module), (got_in, got_out) in sorted(features.items()):
+        full = module_names.get((layer, module), f"layers.{layer}.{module}")
+        if layer >= n_layers:
+            raise AdapterError(f"{head}: {full} is layer {layer} but the base has {n_layers} layers (0..{n_layers - 1})",
+                               hint=hint)
+        want_in, want_out = model_config.linear_shape(module)
+        if (got_in, got_out) != (want_in, want_out):
+            raise AdapterError(f"{head}: {full} maps {got_in} -> {got_out} features, the base's {module} maps "
+                               f"{want_in} -> {want_out}", hint=hint)
+
+
+def nonfinite(name: str, file: Path, full: str, ab: str) -> AdapterError:
+    """The error for a lora_A / lora_B (`ab`) holding NaN or Inf, whichever reader found it."""
+    return AdapterError(f"adapter {name!r}: {file}: {full}: lora_{ab} contains NaN or Inf values",
+                        hint="the adapter is broken (diverged training?); use another checkpoint")
+
+
+def unsupported(name: str, file: Path, features: list[str]) -> UnsupportedAdapterError:
+    listed = "; ".join(features)
+    return UnsupportedAdapterError(
+        f"adapter {name!r} ({file}) uses {listed}, which multilora cannot serve yet",
+        hint="merge it into the base model with PEFT merge_and_unload, or re-train a plain LoRA "
+             "on q/k/v/o/gate/up/down projections",
+    )

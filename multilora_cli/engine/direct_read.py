@@ -1,0 +1,112 @@
+"""`read_packed`: a PEFT checkpoint read straight from its file into a packed arena block, in a handful of calls.
+
+Why: adapters are read on prefetch threads beside the step loop. `load_adapter` + `pack_adapter` make ~2,700 torch
+calls per Llama-3-8B adapter (get, isfinite, all, to, reshape per tensor). Each call lets go of the GIL and
+must win it back from the step loop's thread, which holds it between its own torch calls: a pack that takes
+~9 ms alone took 80 ms median inside a bench run (benchmarks/RESULTS.md, session 9). Here the header gives each
+tensor's byte span (adapters/scan.py has validated everything but the values), `plan_pack` gives its place,
+and one `os.preadv` per contiguous run of the file puts every tensor in its place, the GIL released once.
+
+- Stored in the run dtype: read into the arena block itself. Another dtype: read into a scratch buffer the same
+  way, then one converting copy into the block.
+- NaN/Inf: one float32 sum of the values read (non-finite iff a value is, or the sum overflows; then each tensor
+  is checked, in `load_adapter`'s order, to name the first bad one with `load_adapter`'s message).
+- None (the caller loads the usual way) for a .bin checkpoint, tensors of mixed dtypes, or a full arena.
+The buffer is bit-identical to `pack_adapter(load_adapter(...))` (tests/engine/test_direct_read.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from multilora_cli.adapters.scan import AdapterScan, nonfinite, scan_adapter
+from multilora_cli.engine.packed import PackedAdapter, PackPlan, packed_adapter, plan_pack
+from multilora_cli.errors import AdapterError
+from multilora_cli.models.config import ModelConfig
+
+IOV_MAX = 1024  # POSIX minimum of iovecs per preadv (Linux: 1024)
+
+
+def read_packed(path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype,
+                arena) -> PackedAdapter | None:
+    """The adapter in folder `path` packed into a block of `arena` (engine/pinned.PinnedArena) in `dtype`,
+    validated as `load_adapter` validates it (raises the same errors); None where this path does not apply."""
+    scan = scan_adapter(path, name, model_config)
+    tf = scan.tensors
+    first = next(iter(scan.modules.values()))
+    if tf.span(first.key_a) is None:
+        return None  # .bin: torch.load has it in memory already
+    stored = {d for m in scan.modules.values() for d in (m.dtype_a, m.dtype_b)}
+    if len(stored) != 1:
+        return None
+    fdtype = stored.pop()
+    plan = plan_pack({k: (m.rank, m.in_features, m.out_features, m.scaling) for k, m in scan.modules.items()})
+    block = arena.alloc(plan.total * dtype.itemsize)
+    if block is None:
+        return None
+    try:
+        flat = block.tensor(plan.total, dtype)
+        if fdtype == dtype:
+            values, target = flat, block.memoryview()
+        else:
+            values = torch.empty(plan.total, dtype=fdtype)
+            target = memoryview(values.view(torch.uint8).numpy())
+        isz = fdtype.itemsize
+        spans = []
+        for key, ab, off in plan.order:
+            spec = scan.modules[key]
+            begin, end = tf.span(spec.key_a if ab == "a" else spec.key_b)
+            spans.append((begin, end, off * isz))
+        read_spans(scan.weights_path, target, spans, scan)
+        check_finite(values, plan, scan)
+        if values is not flat:
+            flat.copy_(values)
+    except BaseException:
+        arena.release(block)
+        raise
+    return packed_adapter(scan, flat, plan, block, arena)
+
+
+def read_spans(file: Path, target: memoryview, spans: list[tuple[int, int, int]], scan: AdapterScan) -> None:
+    """Copy file bytes [begin, end) to target[dst:] for each (begin, end, dst): one preadv per run of spans
+    that are back to back in the file (a PEFT checkpoint is one run)."""
+    spans = sorted(spans)
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        i = 0
+        while i < len(spans):
+            j = i + 1
+            while j < len(spans) and j - i < IOV_MAX and spans[j][0] == spans[j - 1][1]:
+                j += 1
+            bufs = [target[d:d + e - b] for b, e, d in spans[i:j]]
+            pos = spans[i][0]
+            while bufs:
+                n = os.preadv(fd, bufs, pos)
+                if n <= 0:
+                    raise AdapterError(f"adapter {scan.name!r}: {file} ended at byte {pos} while reading its tensors "
+                                       "(changed on disk?)", hint="re-download or re-save the adapter")
+                pos += n
+                while bufs and n >= len(bufs[0]):  # a short read: drop what is full, resume in the rest
+                    n -= len(bufs[0])
+                    bufs.pop(0)
+                if n:
+                    bufs[0] = bufs[0][n:]
+            i = j
+    finally:
+        os.close(fd)
+
+
+def check_finite(values: torch.Tensor, plan: PackPlan, scan: AdapterScan) -> None:
+    """Raise `load_adapter`'s NaN/Inf error for the first (module, A/B) holding one."""
+    if math.isfinite(float(values.sum(dtype=torch.float32))):
+        return
+    where = {(n, ab): off for n, ab, off in plan.order}
+    for key, spec in scan.modules.items():
+        for ab, numel in (("A", spec.rank * spec.in_features), ("B", spec.out_features * spec.rank)):
+            off = where[(key, ab.lower())]
+            if not bool(torch.isfinite(values[off:off + numel]).all()):
+                raise nonfinite(scan.name, scan.weights_path, scan.module_names[key], ab)

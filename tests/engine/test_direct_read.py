@@ -1,0 +1,136 @@
+"""read_packed (checkpoint file -> arena block) against pack_adapter(load_adapter(...)), on real PEFT checkpoints."""
+
+import os
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from builders import build_adapter, build_base  # noqa: E402
+
+from multilora_cli.adapters.peft import load_adapter  # noqa: E402
+from multilora_cli.adapters.scan import scan_adapter  # noqa: E402
+from multilora_cli.engine.direct_read import read_packed, read_spans  # noqa: E402
+from multilora_cli.engine.packed import PackedAdapter, pack_adapter  # noqa: E402
+from multilora_cli.engine.pinned import PinnedArena  # noqa: E402
+from multilora_cli.errors import AdapterError  # noqa: E402
+from multilora_cli.models.config import ModelConfig  # noqa: E402
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("direct")
+    base = build_base(root / "base")
+    out = {"all": build_adapter(base, root / "all", r=8, alpha=16, targets=ALL),
+           "qv": build_adapter(base, root / "qv", r=4, alpha=8, targets=("q_proj", "v_proj"), seed=2),
+           "pattern": build_adapter(base, root / "pattern", r=8, alpha=16, targets=ALL, seed=3,
+                                    rank_pattern={"k_proj": 4, "down_proj": 2}, alpha_pattern={"o_proj": 3},
+                                    use_rslora=True),
+           "bin": build_adapter(base, root / "bin", r=4, targets=("q_proj",), seed=4, safetensors=False)}
+    for dt, tag in ((torch.bfloat16, "all_bf16"), (torch.float16, "all_fp16")):
+        out[tag] = _recast(out["all"], root / tag, lambda k, t, dt=dt: t.to(dt))
+    out["mixed"] = _recast(out["all"], root / "mixed", lambda k, t: t.half() if "lora_A" in k else t)
+    return ModelConfig.from_dir(base), out
+
+
+def _recast(src: Path, dst: Path, fn) -> Path:
+    shutil.copytree(src, dst)
+    f = dst / "adapter_model.safetensors"
+    save_file({k: fn(k, t).contiguous() for k, t in load_file(f).items()}, f)
+    return dst
+
+
+def _arena(mb=64):
+    return PinnedArena(mb << 20, cuda=False)
+
+
+@pytest.mark.parametrize("tag", ["all", "qv", "pattern", "all_bf16", "all_fp16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_bit_identical_to_load_then_pack(ckpts, tag, dtype):
+    cfg, paths = ckpts
+    arena = _arena()
+    got = read_packed(paths[tag], tag, cfg, dtype, arena)
+    want = pack_adapter(load_adapter(paths[tag], tag, cfg, dtype=dtype), pin=False, dtype=dtype)
+    assert isinstance(got, PackedAdapter) and got.block is not None and arena.allocs == 1
+    assert got.flat.dtype == dtype and torch.equal(got.flat, want.flat)
+    assert got.groups == want.groups and got.layout == want.layout
+    assert (got.max_rank, got.min_rank, got.num_params) == (want.max_rank, want.min_rank, want.num_params)
+    ref = load_adapter(paths[tag], tag, cfg)
+    assert (got.max_rank, got.min_rank, got.num_params) == (ref.max_rank, ref.min_rank, ref.num_params)
+    assert set(got.modules) == set(ref.modules) and len(got.modules) == len(ref.modules)
+    for key, m in ref.modules.items():  # lazily made views: the adapter as load_adapter gives it
+        pm = got.modules[key]
+        assert torch.equal(pm.a, m.a.to(dtype)) and torch.equal(pm.b, m.b.to(dtype)) and pm.scaling == m.scaling
+    assert (got.stored_dtype, got.stored_nbytes, got.module_names) == (ref.stored_dtype, ref.stored_nbytes,
+                                                                     ref.module_names)
+
+
+def test_falls_back_where_it_does_not_apply(ckpts):
+    cfg, paths = ckpts
+    assert read_packed(paths["bin"], "bin", cfg, torch.float32, _arena()) is None  # .bin
+    assert read_packed(paths["mixed"], "mixed", cfg, torch.float32, _arena()) is None  # fp16 A, fp32 B
+    full = _arena(1)
+    hog = full.alloc(full.nbytes)
+    assert hog is not None and read_packed(paths["all"], "all", cfg, torch.float32, full) is None
+
+
+def test_nan_named_like_load_adapter_and_block_returned(ckpts, tmp_path):
+    cfg, paths = ckpts
+    bad = _recast(paths["all"], tmp_path / "nan", lambda k, t: t)
+    f = bad / "adapter_model.safetensors"
+    sd = load_file(f)
+    key = next(k for k in sorted(sd) if "layers.1.mlp.up_proj.lora_B" in k)
+    sd[key][3, 1] = float("inf")
+    save_file(sd, f)
+    with pytest.raises(AdapterError) as want:
+        load_adapter(bad, "nan", cfg)
+    arena = _arena()
+    with pytest.raises(AdapterError) as got:
+        read_packed(bad, "nan", cfg, torch.bfloat16, arena)
+    assert got.value.message == want.value.message and "up_proj: lora_B contains NaN or Inf" in got.value.message
+    arena.alloc(1)  # the failed read's block went back
+    assert arena.free_bytes == arena.nbytes - 4096
+
+
+def test_structural_errors_are_load_adapters(ckpts, tmp_path):
+    cfg, paths = ckpts
+    other = ModelConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "hidden_size": cfg.hidden_size * 2})
+    for path, model in ((paths["all"], other), (tmp_path / "missing", cfg)):
+        with pytest.raises(AdapterError) as want:
+            load_adapter(path, "x", model)
+        with pytest.raises(AdapterError) as got:
+            read_packed(path, "x", model, torch.float32, _arena())
+        assert got.value.message == want.value.message
+    assert scan_adapter(paths["pattern"], "p", cfg).max_rank == 8
+
+
+def test_read_spans_runs_gaps_and_short_files(tmp_path):
+    rng = random.Random(0)
+    data = os.urandom(300_000)
+    f = tmp_path / "blob"
+    f.write_bytes(data)
+    # 2,500 pieces (more than one preadv's IOV_MAX), some skipped (gaps), written to shuffled places
+    cuts = sorted(rng.sample(range(1, len(data)), 2499))
+    pieces = [(b, e) for b, e in zip([0] + cuts, cuts + [len(data)]) if rng.random() > 0.1]
+    order = list(range(len(pieces)))
+    rng.shuffle(order)
+    dst, spans, pos = {}, [], 0
+    for i in order:
+        b, e = pieces[i]
+        spans.append((b, e, pos))
+        dst[i] = pos
+        pos += e - b
+    target = bytearray(pos)
+    scan = type("S", (), {"name": "blob"})()
+    read_spans(f, memoryview(target), spans, scan)
+    for i, (b, e) in enumerate(pieces):
+        assert target[dst[i]:dst[i] + e - b] == data[b:e]
+    with pytest.raises(AdapterError, match="ended at byte"):
+        read_spans(f, memoryview(bytearray(16)), [(len(data) - 8, len(data) + 8, 0)], scan)
