@@ -15,7 +15,7 @@ import torch
 
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.scan import check_fits as fits
-from multilora_cli.adapters.scan import nonfinite, scan_adapter
+from multilora_cli.adapters.scan import all_finite, nonfinite, scan_adapter
 from multilora_cli.models.config import FUSED, FUSED_MODULES, ModelConfig
 
 # fused module -> PEFT names of its slices, in slice order: qkv_proj -> [q_proj, k_proj, v_proj]
@@ -98,7 +98,7 @@ def load_adapter(path: Path, name: str, model_config: ModelConfig | None = None,
     for (layer, module), spec in scan.modules.items():
         a, b = tf.get(spec.key_a), tf.get(spec.key_b)
         for t, ab in ((a, "A"), (b, "B")):
-            if not bool(torch.isfinite(t).all()):
+            if not all_finite(t):
                 raise nonfinite(name, scan.weights_path, scan.module_names[(layer, module)], ab)
         if dtype is not None:
             a, b = a.to(dtype), b.to(dtype)

@@ -1,8 +1,11 @@
 """Pre-flight for a run: from `--adapters` / `--adapter-dir` / `--model` to validated adapters and pool sizes.
 
-Everything here happens before any GPU work, so a bad adapter costs seconds, not a model load. Errors are
-collected per adapter (`Preflight.errors`) so the CLI can report them all at once; only problems with the
-base model itself (or with the flags) raise.
+Everything here happens before any GPU work, so a bad adapter costs seconds, not a model load. Adapters are
+checked from their config and tensor header (`adapters/scan.scan_adapter`: every check but NaN/Inf, no tensor
+read: 256 Llama-3-8B adapters are 21 GB of values the engine reads once, when it needs them; NaN/Inf found
+then fails that adapter's requests with the same message). Errors are collected per adapter
+(`Preflight.errors`) so the CLI can report them all at once; only problems with the base model itself (or with
+the flags) raise.
 """
 
 from __future__ import annotations
@@ -147,12 +150,12 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
     model_config = ModelConfig.from_dir(model_path)
     named = replace(model_config, name_or_path=model)  # messages name the base as the user knows it
 
-    from multilora_cli.adapters.peft import load_adapter  # torch: only once there is work to do
+    from multilora_cli.adapters.scan import scan_adapter  # torch: only once there is work to do
 
     ranks: dict[str, int] = {}
     for name, path in paths.items():
         try:
-            adapter = load_adapter(path, name, named)
+            adapter = scan_adapter(path, name, named)
         except AdapterError as e:
             errors[name] = e
             continue
@@ -161,7 +164,6 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
                                         f"{max_lora_rank}", hint=f"raise --max-lora-rank to {adapter.max_rank}")
             continue
         ranks[name] = adapter.max_rank
-        del adapter  # tensors are loaded again into the slot cache at run time; do not hold them here
     return Preflight(
         model_path=model_path,
         model_config=model_config,

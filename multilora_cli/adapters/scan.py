@@ -10,6 +10,7 @@ packed host buffer), so both accept and refuse exactly the same checkpoints with
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,6 +143,15 @@ def check_fits(name: str, base_model: str | None, features: dict[tuple[int, str]
         if (got_in, got_out) != (want_in, want_out):
             raise AdapterError(f"{head}: {full} maps {got_in} -> {got_out} features, the base's {module} maps "
                                f"{want_in} -> {want_out}", hint=hint)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in `t` (non-empty, floating). One min/max pass (NaN propagates through both): 2.4 ms for
+    42M bf16 values on 2 cores, against 130 ms for isfinite().all() and 59 ms for a float32 sum."""
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        return bool(torch.isfinite(t).all())
+    lo, hi = torch.aminmax(t)
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
 def nonfinite(name: str, file: Path, full: str, ab: str) -> AdapterError:

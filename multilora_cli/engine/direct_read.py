@@ -9,21 +9,20 @@ and one `os.preadv` per contiguous run of the file puts every tensor in its plac
 
 - Stored in the run dtype: read into the arena block itself. Another dtype: read into a scratch buffer the same
   way, then one converting copy into the block.
-- NaN/Inf: one float32 sum of the values read (non-finite iff a value is, or the sum overflows; then each tensor
-  is checked, in `load_adapter`'s order, to name the first bad one with `load_adapter`'s message).
+- NaN/Inf: one min/max pass over the values read (`scan.all_finite`); if it fails, each tensor is checked, in
+  `load_adapter`'s order, to name the first bad one with `load_adapter`'s message.
 - None (the caller loads the usual way) for a .bin checkpoint, tensors of mixed dtypes, or a full arena.
 The buffer is bit-identical to `pack_adapter(load_adapter(...))` (tests/engine/test_direct_read.py).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 import torch
 
-from multilora_cli.adapters.scan import AdapterScan, nonfinite, scan_adapter
+from multilora_cli.adapters.scan import AdapterScan, all_finite, nonfinite, scan_adapter
 from multilora_cli.engine.packed import PackedAdapter, PackPlan, packed_adapter, plan_pack
 from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import ModelConfig
@@ -102,11 +101,11 @@ def read_spans(file: Path, target: memoryview, spans: list[tuple[int, int, int]]
 
 def check_finite(values: torch.Tensor, plan: PackPlan, scan: AdapterScan) -> None:
     """Raise `load_adapter`'s NaN/Inf error for the first (module, A/B) holding one."""
-    if math.isfinite(float(values.sum(dtype=torch.float32))):
+    if all_finite(values):
         return
     where = {(n, ab): off for n, ab, off in plan.order}
     for key, spec in scan.modules.items():
         for ab, numel in (("A", spec.rank * spec.in_features), ("B", spec.out_features * spec.rank)):
             off = where[(key, ab.lower())]
-            if not bool(torch.isfinite(values[off:off + numel]).all()):
+            if not all_finite(values[off:off + numel]):
                 raise nonfinite(scan.name, scan.weights_path, scan.module_names[key], ab)

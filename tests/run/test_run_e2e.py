@@ -248,3 +248,30 @@ def test_preflight_failures_name_the_adapter_once(model_dir, broken_adapter, tmp
     assert m["error"]["message"].startswith("line 2: adapter 'medical' failed pre-flight: has rank "), m
     for line in stderr.splitlines():
         assert line.count("adapter '") == 1, line  # the warnings too
+
+
+def test_an_adapter_with_nan_fails_its_own_lines_when_read(model_dir, tmp_path):
+    """Pre-flight reads headers only; NaN/Inf is found when the engine reads the adapter: its lines get one
+    error record each, naming the tensor, and every other line still completes."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "nanad"
+    shutil.copytree(model_dir / "legal", bad)
+    f = bad / "adapter_model.safetensors"
+    sd = load_file(f)
+    key = sorted(k for k in sd if "lora_B" in k)[0]
+    sd[key][0, 0] = float("nan")
+    save_file(sd, f)
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": "n1", "prompt": "x", "adapter": "nanad"},
+                                              {"id": "g", "prompt": "The court held that", "adapter": "medical"},
+                                              {"id": "n2", "prompt": "y", "adapter": "nanad"}])
+    rc, stdout, stderr = run_cli(["run", str(inp), "-m", str(model_dir / "base"), "--device", "cpu", "-q",
+                                  "--max-model-len", "96", "-a", f"nanad={bad},medical={model_dir / 'medical'}"])
+    assert rc == 3, stderr
+    n1, g, n2 = read_jsonl(stdout)
+    assert "error" not in g and g["text"]
+    for rec, line in ((n1, 1), (n2, 3)):
+        msg = rec["error"]["message"]
+        assert msg.startswith(f"line {line}: ") and "lora_B contains NaN or Inf" in msg, rec
+    assert torch.isnan(sd[key]).any()
