@@ -158,4 +158,6 @@ class SyntheticEngine(Engine):
         return super()._load_cpu(name)
 
     def _adapter_nbytes(self, name: str) -> int:
-        return self.source.nbytes * self.runner.dtype.itemsize // 2
+        if self.FROM_MEMORY or self.adapters[name] != self.source.paths.get(name):
+            return self.source.nbytes * self.runner.dtype.itemsize // 2
+        return super()._adapter_nbytes(name)  # from the file, as for a user's adapter

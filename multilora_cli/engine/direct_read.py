@@ -6,6 +6,9 @@ must win it back from the step loop's thread, which holds it between its own tor
 ~9 ms alone took 80 ms median inside a bench run (benchmarks/RESULTS.md, session 9). Here the header gives each
 tensor's byte span (adapters/scan.py has validated everything but the values), `plan_pack` gives its place,
 and one `os.preadv` per contiguous run of the file puts every tensor in its place, the GIL released once.
+All of that but the bytes is a `ReadPlan`, which the engine makes for every adapter at start (`plan_read`, on
+its own thread: ~3 ms of pure Python per Llama-3-8B adapter that would otherwise hold the GIL on a reader
+thread while the step loop waits for it); a read then only checks the file is unchanged.
 
 - Stored in the run dtype: read into the arena block itself. Another dtype: read into a scratch buffer the same
   way, then one converting copy into the block.
@@ -18,6 +21,7 @@ The buffer is bit-identical to `pack_adapter(load_adapter(...))` (tests/engine/t
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,50 +34,87 @@ from multilora_cli.models.config import ModelConfig
 IOV_MAX = 1024  # POSIX minimum of iovecs per preadv (Linux: 1024)
 
 
-def read_packed(path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype,
-                arena) -> PackedAdapter | None:
-    """The adapter in folder `path` packed into a block of `arena` (engine/pinned.PinnedArena) in `dtype`,
-    validated as `load_adapter` validates it (raises the same errors); None where this path does not apply."""
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """Everything about one adapter's read but its bytes: validated metadata, layout, file spans (begin, end,
+    destination byte), and the files' identity (`_ident`) when planned: a changed adapter is re-planned."""
+
+    scan: AdapterScan
+    plan: PackPlan
+    spans: tuple[tuple[int, int, int], ...]
+    stored: torch.dtype
+    dtype: torch.dtype
+    ident: tuple | None
+
+    @property
+    def nbytes(self) -> int:
+        return self.plan.total * self.dtype.itemsize
+
+
+def plan_read(path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype) -> ReadPlan | None:
+    """Validate the adapter in folder `path` from its config and header (raises `load_adapter`'s errors) and
+    plan its read in `dtype`; None where this path does not apply (.bin, mixed dtypes)."""
     scan = scan_adapter(path, name, model_config)
     tf = scan.tensors
-    first = next(iter(scan.modules.values()))
-    if tf.span(first.key_a) is None:
+    if tf.span(next(iter(scan.modules.values())).key_a) is None:
         return None  # .bin: torch.load has it in memory already
     stored = {d for m in scan.modules.values() for d in (m.dtype_a, m.dtype_b)}
     if len(stored) != 1:
         return None
     fdtype = stored.pop()
     plan = plan_pack({k: (m.rank, m.in_features, m.out_features, m.scaling) for k, m in scan.modules.items()})
-    block = arena.alloc(plan.total * dtype.itemsize)
+    spans = []
+    for key, ab, off in plan.order:
+        spec = scan.modules[key]
+        begin, end = tf.span(spec.key_a if ab == "a" else spec.key_b)
+        spans.append((begin, end, off * fdtype.itemsize))
+    return ReadPlan(scan, plan, tuple(sorted(spans)), fdtype, dtype, _ident(scan))
+
+
+def read_packed(path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype,
+                arena, planned: ReadPlan | None = None) -> PackedAdapter | None:
+    """The adapter in folder `path` packed into a block of `arena` (engine/pinned.PinnedArena) in `dtype`,
+    validated as `load_adapter` validates it (raises the same errors); None where this path does not apply.
+    `planned`: its `plan_read` from earlier (the engine plans every adapter at start, on its own thread); used
+    unless the file changed since."""
+    rp = planned
+    if rp is None or rp.dtype != dtype or _ident(rp.scan) != rp.ident:
+        rp = plan_read(path, name, model_config, dtype)
+        if rp is None:
+            return None
+    block = arena.alloc(rp.nbytes)
     if block is None:
         return None
     try:
-        flat = block.tensor(plan.total, dtype)
-        if fdtype == dtype:
+        flat = block.tensor(rp.plan.total, dtype)
+        if rp.stored == dtype:
             values, target = flat, block.memoryview()
         else:
-            values = torch.empty(plan.total, dtype=fdtype)
+            values = torch.empty(rp.plan.total, dtype=rp.stored)
             target = memoryview(values.view(torch.uint8).numpy())
-        isz = fdtype.itemsize
-        spans = []
-        for key, ab, off in plan.order:
-            spec = scan.modules[key]
-            begin, end = tf.span(spec.key_a if ab == "a" else spec.key_b)
-            spans.append((begin, end, off * isz))
-        read_spans(scan.weights_path, target, spans, scan)
-        check_finite(values, plan, scan)
+        read_spans(rp.scan.weights_path, target, list(rp.spans), rp.scan)
+        check_finite(values, rp.plan, rp.scan)
         if values is not flat:
             flat.copy_(values)
     except BaseException:
         arena.release(block)
         raise
-    return packed_adapter(scan, flat, plan, block, arena)
+    return packed_adapter(rp.scan, flat, rp.plan, block, arena)
+
+
+def _ident(scan: AdapterScan) -> tuple | None:
+    """(size, mtime, inode) of the weights file and of adapter_config.json: a plan is stale when either moved."""
+    try:
+        return tuple((st.st_size, st.st_mtime_ns, st.st_ino)
+                     for st in (os.stat(scan.weights_path), os.stat(scan.path / "adapter_config.json")))
+    except OSError:
+        return None
 
 
 def read_spans(file: Path, target: memoryview, spans: list[tuple[int, int, int]], scan: AdapterScan) -> None:
     """Copy file bytes [begin, end) to target[dst:] for each (begin, end, dst): one preadv per run of spans
     that are back to back in the file (a PEFT checkpoint is one run)."""
-    spans = sorted(spans)
+    spans = sorted(spans)  # by file offset
     fd = os.open(file, os.O_RDONLY)
     try:
         i = 0

@@ -56,8 +56,9 @@ class Engine:
         self.runner = ModelRunner(config, self.model_config, use_lora=bool(self.adapters))
         self.max_model_len = self.runner.max_model_len
         t0 = time.perf_counter()
+        self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
         self.arena = self._make_arena()
-        self.arena_seconds = time.perf_counter() - t0  # page-locking the host arena (startup cost)
+        self.arena_seconds = time.perf_counter() - t0  # startup: planning the adapters' reads, page-locking the arena
         self.slots = SlotManager(config.max_loras, config.max_cpu_loras, load_cpu=self._load_cpu,
                                  install=self.runner.install_adapter, evict=self.runner.evict_adapter,
                                  prefetch_threads=PREFETCH_THREADS if self.adapters else 0,
@@ -79,7 +80,8 @@ class Engine:
         from multilora_cli.engine.direct_read import read_packed
 
         if self.arena is not None and DIRECT_READ:  # file -> arena block in a few calls (engine/direct_read.py)
-            packed = read_packed(self.adapters[name], name, self.model_config, self.runner.dtype, self.arena)
+            packed = read_packed(self.adapters[name], name, self.model_config, self.runner.dtype, self.arena,
+                                 planned=self._read_plans.get(name))
             if packed is not None:
                 return self._check_rank(packed)
         adapter = load_adapter(self.adapters[name], name, self.model_config, dtype=self.runner.dtype)
@@ -104,9 +106,19 @@ class Engine:
         return pack_adapter(adapter, pin=False, dtype=self.runner.dtype, arena=self.arena)
 
     def _adapter_nbytes(self, name: str) -> int:
-        """Packed size of adapter `name` in the run dtype, from its file header (no tensor is read)."""
+        """Packed size of adapter `name` in the run dtype, from its file header (no tensor is read). With the
+        direct reads, also its `ReadPlan`, kept for its reads (engine/direct_read.py)."""
         from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
+        from multilora_cli.engine.direct_read import plan_read
 
+        if DIRECT_READ and self.runner.device.type == "cuda":
+            try:
+                rp = plan_read(self.adapters[name], name, self.model_config, self.runner.dtype)
+            except MultiloraError:
+                rp = None  # invalid: its load reports it, per request; the header may still size it below
+            if rp is not None:
+                self._read_plans[name] = rp
+                return rp.nbytes
         wfile = weights_file(self.adapters[name], name)
         if wfile.suffix != ".safetensors":
             return wfile.stat().st_size

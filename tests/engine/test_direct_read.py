@@ -134,3 +134,25 @@ def test_read_spans_runs_gaps_and_short_files(tmp_path):
         assert target[dst[i]:dst[i] + e - b] == data[b:e]
     with pytest.raises(AdapterError, match="ended at byte"):
         read_spans(f, memoryview(bytearray(16)), [(len(data) - 8, len(data) + 8, 0)], scan)
+
+
+def test_a_read_plan_is_reused_until_the_file_changes(ckpts, tmp_path):
+    from multilora_cli.engine.direct_read import plan_read
+
+    cfg, paths = ckpts
+    path = _recast(paths["all"], tmp_path / "edit", lambda k, t: t)
+    rp = plan_read(path, "e", cfg, torch.bfloat16)
+    assert rp is not None and rp.nbytes == rp.plan.total * 2
+    assert plan_read(paths["bin"], "b", cfg, torch.float32) is None
+    arena = _arena()
+    first = read_packed(path, "e", cfg, torch.bfloat16, arena, planned=rp)
+    want = pack_adapter(load_adapter(path, "e", cfg), pin=False, dtype=torch.bfloat16)
+    assert torch.equal(first.flat, want.flat)
+    f = path / "adapter_model.safetensors"  # rewritten: new values, and a new rank 8 -> rank 4 layout
+    sd = {k: (t[:4] if "lora_A" in k else t[:, :4]).mul(3).contiguous() for k, t in load_file(f).items()}
+    save_file(sd, f)
+    cfgj = path / "adapter_config.json"
+    cfgj.write_text(cfgj.read_text().replace('"r": 8', '"r": 4'))
+    again = read_packed(path, "e", cfg, torch.bfloat16, arena, planned=rp)  # the stale plan is not used
+    want = pack_adapter(load_adapter(path, "e", cfg), pin=False, dtype=torch.bfloat16)
+    assert again.max_rank == 4 and torch.equal(again.flat, want.flat)
