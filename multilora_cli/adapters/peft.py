@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 
 from multilora_cli.adapters.config import AdapterConfig
-from multilora_cli.adapters.scan import check_fits as fits
 from multilora_cli.adapters.scan import all_finite, nonfinite, scan_adapter
 from multilora_cli.models.config import FUSED, FUSED_MODULES, ModelConfig
 
@@ -108,8 +107,3 @@ def load_adapter(path: Path, name: str, model_config: ModelConfig | None = None,
                        stored_dtype=scan.stored_dtype, stored_nbytes=scan.stored_nbytes,
                        module_names=scan.module_names)
 
-
-def check_fits(adapter: LoraAdapter, model_config: ModelConfig) -> None:
-    """Raise AdapterError if `adapter` has a layer or an in/out feature count the base model lacks."""
-    features = {k: (m.a.shape[1], m.b.shape[0]) for k, m in adapter.modules.items()}
-    fits(adapter.name, adapter.base_model, features, adapter.module_names, model_config)

@@ -152,12 +152,15 @@ class SyntheticEngine(Engine):
         paths = source.paths if source is not None else {}
         super().__init__(config, {n: paths.get(n, Path("synthetic") / n) for n in names}, model_config)
 
+    def _from_memory(self, name: str) -> bool:
+        return self.FROM_MEMORY or self.adapters[name] != self.source.paths.get(name)
+
     def _load_cpu(self, name: str) -> LoraAdapter:
-        if self.FROM_MEMORY or self.adapters[name] != self.source.paths.get(name):
+        if self._from_memory(name):
             return self._pack(self.source.load(name))  # as Engine._load_cpu packs after its disk read
         return super()._load_cpu(name)
 
     def _adapter_nbytes(self, name: str) -> int:
-        if self.FROM_MEMORY or self.adapters[name] != self.source.paths.get(name):
+        if self._from_memory(name):
             return self.source.nbytes * self.runner.dtype.itemsize // 2
         return super()._adapter_nbytes(name)  # from the file, as for a user's adapter

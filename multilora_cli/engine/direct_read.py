@@ -21,6 +21,7 @@ The buffer is bit-identical to `pack_adapter(load_adapter(...))` (tests/engine/t
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def read_packed(path: Path, name: str, model_config: ModelConfig | None, dtype: 
         else:
             values = torch.empty(rp.plan.total, dtype=rp.stored)
             target = memoryview(values.view(torch.uint8).numpy())
-        read_spans(rp.scan.weights_path, target, list(rp.spans), rp.scan)
+        read_spans(rp.scan.weights_path, target, rp.spans, rp.scan)
         check_finite(values, rp.plan, rp.scan)
         if values is not flat:
             flat.copy_(values)
@@ -111,7 +112,7 @@ def _ident(scan: AdapterScan) -> tuple | None:
         return None
 
 
-def read_spans(file: Path, target: memoryview, spans: list[tuple[int, int, int]], scan: AdapterScan) -> None:
+def read_spans(file: Path, target: memoryview, spans: Iterable[tuple[int, int, int]], scan: AdapterScan) -> None:
     """Copy file bytes [begin, end) to target[dst:] for each (begin, end, dst): one preadv per run of spans
     that are back to back in the file (a PEFT checkpoint is one run)."""
     spans = sorted(spans)  # by file offset
