@@ -207,7 +207,7 @@ class RunJob:
         if self._engine_factory is not None:
             self.engine = self._engine_factory(self, engine_cfg)
         else:
-            self.engine = Engine(engine_cfg, self._good)
+            self.engine = Engine(engine_cfg, self._good, scans=self._pf.scans)
         defaults = getattr(self.engine, "default_sampling", None)
         if defaults is None:  # engines without the attribute: read generation_config.json the same way
             from multilora_cli.engine.generation_config import read_generation_config

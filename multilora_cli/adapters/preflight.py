@@ -35,6 +35,7 @@ class Preflight:
     max_loras: int
     errors: dict[str, MultiloraError] = field(default_factory=dict)  # AdapterError or ResolveError per name
     model: str = ""  # the base model as named (the --model given, or the adapters' base_model_name_or_path)
+    scans: dict = field(default_factory=dict)  # name -> adapters/scan.AdapterScan of the adapters that passed
 
 
 def default_name(spec: str) -> str:
@@ -153,6 +154,7 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
     from multilora_cli.adapters.scan import scan_adapter  # torch: only once there is work to do
 
     ranks: dict[str, int] = {}
+    scans = {}
     for name, path in paths.items():
         try:
             adapter = scan_adapter(path, name, named)
@@ -164,6 +166,7 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
                                         f"{max_lora_rank}", hint=f"raise --max-lora-rank to {adapter.max_rank}")
             continue
         ranks[name] = adapter.max_rank
+        scans[name] = adapter
     return Preflight(
         model_path=model_path,
         model_config=model_config,
@@ -173,6 +176,7 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
         max_loras=max_loras if max_loras is not None else max(1, min(len(ranks), DEFAULT_MAX_LORAS, MAX_AUTO_LORAS)),
         errors=errors,
         model=model,
+        scans=scans,
     )
 
 

@@ -11,6 +11,7 @@ packed host buffer), so both accept and refuse exactly the same checkpoints with
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,7 @@ class AdapterScan:
     module_names: dict[tuple[int, str], str] = field(default_factory=dict)  # full PEFT module names
     stored_dtype: torch.dtype | None = None
     stored_nbytes: int = 0
+    ident: tuple | None = None  # `file_ident` of the config and weights, taken before they were read
 
     @property
     def max_rank(self) -> int:
@@ -63,11 +65,13 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
     """Validate the PEFT LoRA adapter in folder `path` (named `name` in messages) without reading its tensors.
     Raises AdapterError / UnsupportedAdapterError."""
     path = Path(path)
+    config_ident = file_ident(path / "adapter_config.json")  # before the read: a later change shows as a mismatch
     config = AdapterConfig.from_dir(path)
     features = config.unsupported()
     if features:
         raise unsupported(name, path / "adapter_config.json", features)
     wfile = weights_file(path, name)
+    weights_ident = file_ident(wfile)
     tf = TensorFile(wfile, name)
 
     # Sort keys: LoRA pairs by (layer, module), everything else is a feature we cannot serve.
@@ -88,8 +92,9 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
     if not pairs:
         raise AdapterError(f"adapter {name!r}: {wfile} holds no LoRA tensors", hint="re-save the adapter with PEFT")
 
+    ident = (config_ident, weights_ident) if config_ident and weights_ident else None
     scan = AdapterScan(name=name, path=path, config=config, weights_path=wfile, tensors=tf, modules={},
-                       module_names=full_names)
+                       module_names=full_names, ident=ident)
     for (layer, module), keys in sorted(pairs.items()):
         full = full_names[(layer, module)]
         where = f"adapter {name!r}: {wfile}: {full}"
@@ -124,6 +129,21 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         check_fits(name, config.base_model_name_or_path,
                    {k: (m.in_features, m.out_features) for k, m in scan.modules.items()}, full_names, model_config)
     return scan
+
+
+def file_ident(file: Path) -> tuple | None:
+    """(size, mtime, inode) of `file`, None if it cannot be stat'ed: equal idents = the same bytes, for reuse."""
+    try:
+        st = os.stat(file)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def scan_ident(scan: AdapterScan) -> tuple | None:
+    """The adapter's files' identity now, comparable with `scan.ident` (None if either is gone)."""
+    a, b = file_ident(scan.path / "adapter_config.json"), file_ident(scan.weights_path)
+    return (a, b) if a and b else None
 
 
 def check_fits(name: str, base_model: str | None, features: dict[tuple[int, str], tuple[int, int]],

@@ -77,7 +77,7 @@ class DistributedEngine:
             torch.set_num_threads(threads)
         if ctx.cuda:
             torch.cuda.set_device(ctx.device_index)
-        self.local = Engine(engine_cfg, job._good)
+        self.local = Engine(engine_cfg, job._good, scans=getattr(job._pf, "scans", None))
         self.default_sampling = self.local.default_sampling
         self.info[0] = {**P.where(str(self.local.device)), "rank": 0,
                         "load_seconds": round(time.perf_counter() - t0, 3)}

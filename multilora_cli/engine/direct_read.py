@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from multilora_cli.adapters.scan import AdapterScan, all_finite, nonfinite, scan_adapter
+from multilora_cli.adapters.scan import AdapterScan, all_finite, nonfinite, scan_adapter, scan_ident
 from multilora_cli.engine.packed import PackedAdapter, PackPlan, packed_adapter, plan_pack
 from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import ModelConfig
@@ -38,7 +38,7 @@ IOV_MAX = 1024  # POSIX minimum of iovecs per preadv (Linux: 1024)
 @dataclass(frozen=True, slots=True)
 class ReadPlan:
     """Everything about one adapter's read but its bytes: validated metadata, layout, file spans (begin, end,
-    destination byte), and the files' identity (`_ident`) when planned: a changed adapter is re-planned."""
+    destination byte), and the files' identity when scanned (`scan.ident`): a changed adapter is re-planned."""
 
     scan: AdapterScan
     plan: PackPlan
@@ -52,10 +52,13 @@ class ReadPlan:
         return self.plan.total * self.dtype.itemsize
 
 
-def plan_read(path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype) -> ReadPlan | None:
+def plan_read(path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype,
+              scan: AdapterScan | None = None) -> ReadPlan | None:
     """Validate the adapter in folder `path` from its config and header (raises `load_adapter`'s errors) and
-    plan its read in `dtype`; None where this path does not apply (.bin, mixed dtypes)."""
-    scan = scan_adapter(path, name, model_config)
+    plan its read in `dtype`; None where this path does not apply (.bin, mixed dtypes). `scan`: its
+    `scan_adapter` from earlier (pre-flight's), used instead of a second scan."""
+    if scan is None:
+        scan = scan_adapter(path, name, model_config)
     tf = scan.tensors
     if tf.span(next(iter(scan.modules.values())).key_a) is None:
         return None  # .bin: torch.load has it in memory already
@@ -69,7 +72,7 @@ def plan_read(path: Path, name: str, model_config: ModelConfig | None, dtype: to
         spec = scan.modules[key]
         begin, end = tf.span(spec.key_a if ab == "a" else spec.key_b)
         spans.append((begin, end, off * fdtype.itemsize))
-    return ReadPlan(scan, plan, tuple(sorted(spans)), fdtype, dtype, _ident(scan))
+    return ReadPlan(scan, plan, tuple(sorted(spans)), fdtype, dtype, scan.ident)
 
 
 def read_packed(path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype,
@@ -79,7 +82,7 @@ def read_packed(path: Path, name: str, model_config: ModelConfig | None, dtype: 
     `planned`: its `plan_read` from earlier (the engine plans every adapter at start, on its own thread); used
     unless the file changed since."""
     rp = planned
-    if rp is None or rp.dtype != dtype or _ident(rp.scan) != rp.ident:
+    if rp is None or rp.dtype != dtype or rp.ident is None or scan_ident(rp.scan) != rp.ident:
         rp = plan_read(path, name, model_config, dtype)
         if rp is None:
             return None
@@ -101,15 +104,6 @@ def read_packed(path: Path, name: str, model_config: ModelConfig | None, dtype: 
         arena.release(block)
         raise
     return packed_adapter(rp.scan, flat, rp.plan, block, arena)
-
-
-def _ident(scan: AdapterScan) -> tuple | None:
-    """(size, mtime, inode) of the weights file and of adapter_config.json: a plan is stale when either moved."""
-    try:
-        return tuple((st.st_size, st.st_mtime_ns, st.st_ino)
-                     for st in (os.stat(scan.weights_path), os.stat(scan.path / "adapter_config.json")))
-    except OSError:
-        return None
 
 
 def read_spans(file: Path, target: memoryview, spans: Iterable[tuple[int, int, int]], scan: AdapterScan) -> None:
@@ -145,9 +139,9 @@ def check_finite(values: torch.Tensor, plan: PackPlan, scan: AdapterScan) -> Non
     """Raise `load_adapter`'s NaN/Inf error for the first (module, A/B) holding one."""
     if all_finite(values):
         return
-    where = {(n, ab): off for n, ab, off in plan.order}
     for key, spec in scan.modules.items():
-        for ab, numel in (("A", spec.rank * spec.in_features), ("B", spec.out_features * spec.rank)):
-            off = where[(key, ab.lower())]
+        a_off, b_off = plan.where[key][2:]
+        for ab, off, numel in (("A", a_off, spec.rank * spec.in_features),
+                               ("B", b_off, spec.out_features * spec.rank)):
             if not all_finite(values[off:off + numel]):
                 raise nonfinite(scan.name, scan.weights_path, scan.module_names[key], ab)

@@ -41,12 +41,15 @@ class Engine:
 
     config:   EngineConfig (config.model is a local model directory).
     adapters: {name: local adapter directory}, already resolved and validated (adapters.preflight).
+    scans:    {name: adapters.scan.AdapterScan} from that validation (`Preflight.scans`), optional: the engine
+              plans each adapter's reads from them instead of scanning every adapter again (~3-9 ms each).
     """
 
     def __init__(self, config: EngineConfig, adapters: dict[str, Path] | None = None,
-                 model_config: ModelConfig | None = None):
+                 model_config: ModelConfig | None = None, scans: dict | None = None):
         self.config = config
         self.adapters = {name: Path(p) for name, p in (adapters or {}).items()}
+        self._scans = {n: s for n, s in (scans or {}).items() if n in self.adapters and s.path == self.adapters[n]}
         self.model_config = model_config or ModelConfig.from_dir(config.model)
         self.tokenizer = Tokenizer.from_dir(config.model)
         gen = read_generation_config(config.model)
@@ -113,7 +116,8 @@ class Engine:
 
         if DIRECT_READ and self.runner.device.type == "cuda":
             try:
-                rp = plan_read(self.adapters[name], name, self.model_config, self.runner.dtype)
+                rp = plan_read(self.adapters[name], name, self.model_config, self.runner.dtype,
+                               scan=self._scans.pop(name, None))
             except MultiloraError:
                 rp = None  # invalid: its load reports it, per request; the header may still size it below
             if rp is not None:

@@ -70,13 +70,13 @@ class PackedAdapter(LoraAdapter):
 class PackPlan:
     """Where every tensor of an adapter goes in the flat buffer (elements); shared by both packers.
 
-    order: ((layer, PEFT module), "a" | "b", element offset) in buffer order; index: (layer, PEFT module) ->
-    ((layer, fused), slice index)."""
+    order: ((layer, PEFT module), "a" | "b", element offset) in buffer order; where: (layer, PEFT module) ->
+    ((layer, fused), slice index, A offset, B offset), the one map both the views and the NaN check use."""
 
     groups: dict[tuple[int, str], PackedGroup]
     total: int
     order: tuple[tuple[tuple[int, str], str, int], ...]
-    index: dict[tuple[int, str], tuple[tuple[int, str], int]]
+    where: dict[tuple[int, str], tuple[tuple[int, str], int, int, int]]
 
     def layout(self, dtype: torch.dtype) -> tuple:
         return (dtype, self.total, tuple((k, g.uniform, g.ranks, g.outs, g.a_off, g.b_off, g.slice_offs)
@@ -89,13 +89,10 @@ def plan_pack(shapes: dict[tuple[int, str], tuple[int, int, int, float]]) -> Pac
     for (layer, name), shp in shapes.items():
         fused, i = FUSED[name]
         by_group.setdefault((layer, fused), [None] * len(SLICES[fused]))[i] = shp
-    groups, order, index, total = {}, [], {}, 0
+    groups, order, total = {}, [], 0
     for key in sorted(by_group):
         mods = by_group[key]
         names = [(key[0], n) for n in SLICES[key[1]]]
-        for i, m in enumerate(mods):
-            if m is not None:
-                index[names[i]] = (key, i)
         ranks = tuple(m[0] if m is not None else 0 for m in mods)
         outs = tuple(m[2] if m is not None else 0 for m in mods)
         fin = next(m[1] for m in mods if m is not None)
@@ -120,7 +117,10 @@ def plan_pack(shapes: dict[tuple[int, str], tuple[int, int, int, float]]) -> Pac
                 total += r * (fin + o)
             groups[key] = PackedGroup(False, ranks, tuple(m[3] if m else 0.0 for m in mods), fin, outs,
                                       slice_offs=tuple(offs))
-    return PackPlan(groups, total, tuple(order), index)
+    offs = {(n, ab): off for n, ab, off in order}
+    slice_of = {n: (g, i) for g in groups for i, n in enumerate((g[0], m) for m in SLICES[g[1]])}
+    where = {n: (*slice_of[n], offs[(n, "a")], offs[(n, "b")]) for n in sorted(shapes)}
+    return PackPlan(groups, total, tuple(order), where)
 
 
 class PackedModules(Mapping):
@@ -134,13 +134,9 @@ class PackedModules(Mapping):
     def __getitem__(self, key: tuple[int, str]) -> LoraModule:
         m = self._made.get(key)
         if m is None:
-            gkey, i = self._plan.index[key]  # KeyError: not adapted
+            gkey, i, a0, b0 = self._plan.where[key]  # KeyError: not adapted
             g = self._plan.groups[gkey]
             r, fin, o = g.ranks[i], g.in_features, g.outs[i]
-            if g.uniform:
-                a0, b0 = g.a_off + i * r * fin, g.b_off + sum(g.outs[:i]) * r
-            else:
-                a0, b0 = g.slice_offs[i]
             flat = self._flat
             m = LoraModule(a=flat[a0:a0 + r * fin].view(r, fin), b=flat[b0:b0 + o * r].view(o, r),
                            scaling=g.scalings[i])
@@ -148,13 +144,13 @@ class PackedModules(Mapping):
         return m
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
-        return iter(self._plan.index)
+        return iter(self._plan.where)
 
     def __len__(self) -> int:
-        return len(self._plan.index)
+        return len(self._plan.where)
 
     def __contains__(self, key) -> bool:
-        return key in self._plan.index
+        return key in self._plan.where
 
 
 def packed_adapter(src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, arena) -> PackedAdapter:

@@ -71,6 +71,9 @@ def test_preflight_base_from_adapters(fleet, llama_base):
     assert pf.model_config.hidden_size == 64
     assert pf.ranks == {"legal": 8, "medical": 32} and pf.max_lora_rank == 32
     assert pf.max_loras == 2 and set(pf.adapters) == {"legal", "medical"}
+    # the scans the engine plans its reads from (Engine(scans=...)): one per adapter that passed, of its folder
+    assert set(pf.scans) == {"legal", "medical"} and pf.scans["medical"].max_rank == 32
+    assert all(pf.scans[n].path == pf.adapters[n] and pf.scans[n].ident is not None for n in pf.scans)
     sized = preflight(specs, str(llama_base), max_loras=5, max_lora_rank=64)
     assert (sized.max_loras, sized.max_lora_rank) == (5, 64)
 
@@ -93,6 +96,7 @@ def test_preflight_collects_every_error(fleet, llama_base, tmp_path):
              "dora": str(fleet["dora"]), "medical": str(fleet["medical"])}
     pf = preflight(specs, str(llama_base), max_lora_rank=16)
     assert set(pf.adapters) == {"legal"} and pf.ranks == {"legal": 8} and pf.max_lora_rank == 16
+    assert set(pf.scans) == {"legal"}  # none for adapters that failed
     assert isinstance(pf.errors["gone"], ResolveError)
     assert pf.errors["gone"].message.startswith("adapter 'gone' (./no/such/dir): path")
     assert isinstance(pf.errors["broken"], AdapterError) and "no adapter_config.json" in pf.errors["broken"].message

@@ -156,3 +156,25 @@ def test_a_read_plan_is_reused_until_the_file_changes(ckpts, tmp_path):
     again = read_packed(path, "e", cfg, torch.bfloat16, arena, planned=rp)  # the stale plan is not used
     want = pack_adapter(load_adapter(path, "e", cfg), pin=False, dtype=torch.bfloat16)
     assert again.max_rank == 4 and torch.equal(again.flat, want.flat)
+
+
+def test_a_plan_from_preflights_scan_is_the_same_and_a_change_after_the_scan_is_caught(ckpts, tmp_path):
+    from multilora_cli.engine.direct_read import plan_read
+
+    cfg, paths = ckpts
+    path = _recast(paths["pattern"], tmp_path / "pf", lambda k, t: t)
+    scan = scan_adapter(path, "p", cfg)  # what pre-flight keeps (Preflight.scans)
+    given, fresh = plan_read(path, "p", cfg, torch.float16, scan=scan), plan_read(path, "p", cfg, torch.float16)
+    assert given.scan is scan and given.ident == fresh.ident is not None
+    assert (given.plan, given.spans, given.stored) == (fresh.plan, fresh.spans, fresh.stored)
+    # the file changes after the scan but before the plan: the plan carries the scan's identity, so the read
+    # re-plans instead of reading the new file with the old spans
+    f = path / "adapter_model.safetensors"
+    save_file({k: t.mul(2).contiguous() for k, t in load_file(f).items()}, f)
+    st = os.stat(f)  # same size: make the new mtime certain (file times tick coarser than this test runs)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    late = plan_read(path, "p", cfg, torch.float16, scan=scan)
+    assert late.ident == scan.ident
+    got = read_packed(path, "p", cfg, torch.float16, _arena(), planned=late)
+    want = pack_adapter(load_adapter(path, "p", cfg), pin=False, dtype=torch.float16)
+    assert torch.equal(got.flat, want.flat)

@@ -157,11 +157,17 @@ def test_direct_file_reads_serve_the_adapters(setup, reference, monkeypatch, dty
         return out
 
     monkeypatch.setattr(direct_read, "read_packed", counted)
+    from multilora_cli.adapters.scan import scan_adapter
+
+    scans = {n: scan_adapter(p, n) for n, p in adapters.items()}  # as pre-flight hands them over (runjob)
     runs = {}
     for direct in (True, False):
         monkeypatch.setattr(engine_mod, "DIRECT_READ", direct)
         engine = Engine(EngineConfig(model=str(base), device="cuda", dtype=dtype, max_loras=3, max_lora_rank=16,
-                                     max_num_seqs=16, num_kv_blocks=256), adapters)
+                                     max_num_seqs=16, num_kv_blocks=256), adapters, scans=scans)
+        if direct:  # planned from the given scans: no adapter scanned a second time
+            assert set(engine._read_plans) == set(scans)
+            assert all(rp.scan is scans[n] for n, rp in engine._read_plans.items())
         got = engine.generate_all(_requests(prompts, PLAN))
         assert [r.error for r in got] == [None] * len(PLAN)
         runs[direct] = [r.token_ids for r in got]
