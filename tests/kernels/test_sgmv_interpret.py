@@ -150,3 +150,48 @@ def test_add_lora_dispatch_uses_triton_when_forced(monkeypatch):
     assert calls == [1]
     ref = add_lora_reference(torch.zeros(9, 384), x, w, torch.tensor(ts))
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pattern", POPULARITY)
+@pytest.mark.parametrize("split,max_rank,t", [(2, 64, 7), (3, 16, 133), (8, 128, 45)])
+def test_shrink_reduces_its_partials_in_split_order(pattern, split, max_rank, t):
+    """reduce=True: the tile's last CTA writes ((0 + p0) + p1) + ... into out[0], the bits the expand's own sum
+    gives; nothing past each rank or for base tokens is written; the arrival counters are left at zero."""
+    from multilora_cli.kernels import sgmv_shrink
+    from multilora_cli.kernels.sgmv_shrink import lora_shrink
+
+    ranks = {0: 16, 1: 3, 2: 9, 3: min(max_rank, 100), 5: 1, 6: min(max_rank, 65), 7: 8}
+    w = make_pool(64, [96, 32, 32], torch.float32, slot_ranks=ranks, max_loras=8, max_rank=max_rank, seed=split)
+    ts = token_slots(pattern, t, seed=split, slots=list(ranks))
+    x = torch.randn(t, 64, generator=torch.Generator().manual_seed(4))
+    meta, blocks = build_lora_meta(ts), ShrinkBlocks(bm=16, bk=32, split=split)
+    plain = torch.full((split, t, 3, max_rank), float("nan"))
+    reduced = plain.clone()
+    assert lora_shrink(x, w, meta, plain, blocks) == split
+    assert lora_shrink(x, w, meta, reduced, blocks, reduce=True) == (1 if any(s >= 0 for s in ts) else split)
+    want = torch.zeros_like(plain[0])
+    for p in range(split):
+        want += plain[p]
+    assert torch.equal(reduced[1:].nan_to_num(7.0), plain[1:].nan_to_num(7.0))  # the partials themselves
+    assert torch.equal(reduced[0].nan_to_num(7.0), want.nan_to_num(7.0))  # NaN (never written) stays NaN
+    assert not sgmv_shrink._COUNTERS[torch.device("cpu")].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_reduced_splits_give_the_same_bits_in_both_layer_paths(monkeypatch, dtype):
+    from multilora_cli.kernels import sgmv
+
+    ts = token_slots("zipf", 70, seed=9)
+    w2 = make_pool(64, [80, 80], dtype, seed=4)  # gate_up: the expand fused with SiLU-and-mul too
+    g = torch.Generator().manual_seed(5)
+    x, y0 = torch.randn(70, 64, generator=g).to(dtype), torch.randn(70, 160, generator=g).to(dtype)
+    meta, shrink = build_lora_meta(ts), ShrinkBlocks(bm=16, bk=32, split=4)
+    got = {}
+    for reduce in (False, True):
+        monkeypatch.setattr(sgmv, "REDUCE_SPLITS", reduce)
+        y = y0.clone()
+        sgmv.add_lora_triton(y, x, w2, meta, shrink=shrink)
+        got[reduce] = (y, sgmv.add_lora_silu_mul_triton(y0, x, w2, meta, shrink=shrink))
+    assert all(torch.equal(a, b) for a, b in zip(got[False], got[True]))
+    ref = add_lora_reference(y0, x, w2, torch.tensor(ts))
+    assert_matches(got[True][0], y0, ref, ts, w2, TOL[dtype])
