@@ -64,14 +64,26 @@ def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo
 
 @triton.jit
 def _reduce_partials(s_ptr, stride_s_split, rel, ok, cnt, BM: tl.constexpr, N: tl.constexpr):
-    """The last of the tile's K-split CTAs to finish sums every partial, in split order, into s[0]."""
+    """The last of the tile's K-split CTAs to finish sums every partial, in split order, into s[0]. Four
+    partials are loaded at once ([BM, N, 4]: one L2 round trip per four, not per partial), then split apart
+    and added one by one: 0 + p0 + p1 + ..., the order (and bits) of the expand's own sum."""
     n_split = tl.num_programs(0)
     tl.debug_barrier()  # every thread's partial stores happen before the release below
     done = tl.atomic_add(cnt, 1, sem="acq_rel")
     if done == n_split - 1:
-        acc = tl.zeros((BM, N), dtype=tl.float32)  # 0 + p0 + p1 ...: the order (and bits) the expand used
-        for p in range(n_split):
-            acc += tl.load(s_ptr + p * stride_s_split + rel, mask=ok, other=0.0, cache_modifier=".cg")
+        acc = tl.zeros((BM, N), dtype=tl.float32)
+        g = tl.arange(0, 4)
+        for p0 in range(0, n_split, 4):
+            p = tl.minimum(p0 + g, n_split - 1)  # past the last: a valid partial, dropped below
+            four = tl.load(s_ptr + p[None, None, :] * stride_s_split + rel[:, :, None], mask=ok[:, :, None],
+                           other=0.0, cache_modifier=".cg")  # [BM, N, 4]
+            even, odd = tl.split(tl.reshape(four, (BM, N, 2, 2)))  # partials p0 + {0, 2}, p0 + {1, 3}
+            q0, q2 = tl.split(even)
+            q1, q3 = tl.split(odd)
+            acc += q0  # (acc + 0.0 for a missing partial would turn -0.0 into 0.0: tl.where keeps acc)
+            acc = tl.where(p0 + 1 < n_split, acc + q1, acc)
+            acc = tl.where(p0 + 2 < n_split, acc + q2, acc)
+            acc = tl.where(p0 + 3 < n_split, acc + q3, acc)
         tl.store(s_ptr + rel, acc, mask=ok)
         tl.atomic_xchg(cnt, 0)  # back to zero for the next launch (CUDA-graph replays)
 
