@@ -7,7 +7,7 @@
 The baseline folder holds copies of kernels/sgmv_shrink.py, sgmv_expand.py and sgmv_silu.py (any subset); each
 is loaded as its own module and swapped into `kernels.sgmv`, so both arms share everything else (blocks, PDL,
 metadata). Or, with `--toggle NAME` instead of `--baseline`, both arms run the current kernels with the boolean
-`kernels.sgmv.NAME` off ("base") and on ("current"), e.g. `--toggle REDUCE_SPLITS`.
+`kernels.sgmv.NAME` off ("base") and on ("current"), e.g. `--toggle REDUCE_SPLITS` at commit 0b4ae9b.
 Per point: the layer as bench_kernels.py times it (add_lora on qkv, o, gate_up, down) and the gate_up module as
 the engine runs it (shrink + expand fused with SiLU-and-mul). Same timing as bench_kernels.py (median
 of CUDA-graph replays of K rotations, L2 cleared between replays); arms interleaved per point and repeated, min

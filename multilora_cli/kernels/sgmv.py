@@ -14,10 +14,6 @@ from multilora_cli.kernels.weights import LoraWeights
 
 __all__ = ["add_lora_silu_mul_triton", "add_lora_triton", "lora_expand", "lora_shrink"]
 
-# the shrink sums its K-split partials once per tile (its last CTA) instead of every expand CTA re-summing them
-# (benchmarks/RESULTS.md, kernels session 10); False: the expand sums them (kept for the A/B, ab_kernels.py)
-REDUCE_SPLITS = True
-
 
 def add_lora_triton(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: LoraMeta,
                     shrink: ShrinkBlocks | None = None, expand: ExpandBlocks | None = None) -> None:
@@ -32,8 +28,8 @@ def add_lora_triton(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: Lora
     sb = shrink or default_shrink_blocks(x, w)
     eb = expand or default_expand_blocks(y, w)
     s = torch.empty((sb.split, x.shape[0], w.n_slices, w.max_rank), dtype=torch.float32, device=x.device)
-    n = lora_shrink(x, w, meta, s, sb, reduce=REDUCE_SPLITS)
-    lora_expand(s[:n], w, meta, y, eb, after_shrink=True)
+    lora_shrink(x, w, meta, s, sb)
+    lora_expand(s, w, meta, y, eb, after_shrink=True)
 
 
 def add_lora_silu_mul_triton(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: LoraMeta,
@@ -44,6 +40,7 @@ def add_lora_silu_mul_triton(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, m
     s = torch.empty((sb.split, x.shape[0], w.n_slices, w.max_rank), dtype=torch.float32, device=x.device)
     out = torch.empty((y.shape[0], w.out_features // 2), dtype=y.dtype, device=y.device)
     shrunk = bool(meta.segments) or capturing(y.device)  # an eager step of base rows only needs no shrink
-    n = lora_shrink(x, w, meta, s, sb, reduce=REDUCE_SPLITS) if shrunk else sb.split
-    lora_expand_silu_mul(s[:n], w, meta, y, out, silu, after_shrink=shrunk)
+    if shrunk:
+        lora_shrink(x, w, meta, s, sb)
+    lora_expand_silu_mul(s, w, meta, y, out, silu, after_shrink=shrunk)
     return out

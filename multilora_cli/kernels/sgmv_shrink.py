@@ -5,12 +5,6 @@ CTA streams one adapter's A once for its rows. The CTA's N dimension holds every
 (NSP slices x RB rank rows), so the x tile is read once per K step for all slices. Rank-aware: the CTA
 picks the smallest bucket RB in {16, 32, 64} holding the slot's largest slice rank (FLOPs padded to that
 bucket only), rows of A past each slice's rank are masked (no bytes), and ranks above 64 add chunks.
-
-With `reduce`, the K-split partials are summed here, once per (tile, rank chunk): each CTA stores its partial
-and counts itself in on a per-tile counter (release); the last to arrive (acquire) sums all partials in split
-order into partial 0 and resets the counter. The expand then loads one partial instead of each of its CTAs
-(up to hundreds per tile) re-summing them all. No CTA ever waits for another, unlike the one-launch kernel
-rejected in session 2 (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -20,8 +14,7 @@ import triton
 import triton.language as tl
 
 from multilora_cli.kernels.blocks import ShrinkBlocks, shrink_blocks, tile_index
-from multilora_cli.kernels.checks import (capturing, check_meta, check_weights, check_x, num_sms, rank_bucket,
-                                          tile_grid)
+from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, launch_dependents, pdl_mode, prefetch_l2,
@@ -56,59 +49,19 @@ def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo
         acc = tl.dot(xt, at.to(xt.dtype), acc, input_precision=DOT_PREC)
     scale = tl.load(scale_row + sl, mask=sl_ok, other=0.0)
     acc = acc * scale[None, :]
-    rel = rows[:, None] * stride_s_t + sl[None, :] * stride_s_slice + j[None, :]  # [BM, NSP*RB]
-    ok = row_ok[:, None] & col_ok[None, :]
-    tl.store(s_out + rel, acc, mask=ok)
-    return rel, ok
-
-
-@triton.jit
-def _reduce_partials(s_ptr, stride_s_split, rel, ok, cnt, BM: tl.constexpr, N: tl.constexpr):
-    """The last of the tile's K-split CTAs to finish sums every partial, in split order, into s[0]. Four
-    partials are loaded at once ([BM, N, 4]: one L2 round trip per four, not per partial), then split apart
-    and added one by one: 0 + p0 + p1 + ..., the order (and bits) of the expand's own sum."""
-    n_split = tl.num_programs(0)
-    tl.debug_barrier()  # every thread's partial stores happen before the release below
-    done = tl.atomic_add(cnt, 1, sem="acq_rel")
-    if done == n_split - 1:
-        acc = tl.zeros((BM, N), dtype=tl.float32)
-        g = tl.arange(0, 4)
-        for p0 in range(0, n_split, 4):
-            p = tl.minimum(p0 + g, n_split - 1)  # past the last: a valid partial, dropped below
-            four = tl.load(s_ptr + p[None, None, :] * stride_s_split + rel[:, :, None], mask=ok[:, :, None],
-                           other=0.0, cache_modifier=".cg")  # [BM, N, 4]
-            even, odd = tl.split(tl.reshape(four, (BM, N, 2, 2)))  # partials p0 + {0, 2}, p0 + {1, 3}
-            q0, q2 = tl.split(even)
-            q1, q3 = tl.split(odd)
-            acc += q0  # (acc + 0.0 for a missing partial would turn -0.0 into 0.0: tl.where keeps acc)
-            acc = tl.where(p0 + 1 < n_split, acc + q1, acc)
-            acc = tl.where(p0 + 2 < n_split, acc + q2, acc)
-            acc = tl.where(p0 + 3 < n_split, acc + q3, acc)
-        tl.store(s_ptr + rel, acc, mask=ok)
-        tl.atomic_xchg(cnt, 0)  # back to zero for the next launch (CUDA-graph replays)
-
-
-@triton.jit
-def _shrink_rb(x_ptr, a_slot, rank_row, scale_row, s_ptr, pid_k, cnt, rows, row_ok, k_lo, k_hi, n_slices, base,
-               stride_xt, stride_a_slice, stride_a_rank, stride_s_split, stride_s_t, stride_s_slice,
-               EVEN_K: tl.constexpr, NSP: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr,
-               DOT_PREC: tl.constexpr, REDUCE: tl.constexpr):
-    rel, ok = _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_ptr + pid_k * stride_s_split, rows, row_ok,
-                             k_lo, k_hi, n_slices, base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t,
-                             stride_s_slice, EVEN_K, NSP, BM, RB, BK, DOT_PREC)
-    if REDUCE:
-        _reduce_partials(s_ptr, stride_s_split, rel, ok, cnt, BM, NSP * RB)
+    s_ptrs = s_out + rows[:, None] * stride_s_t + sl[None, :] * stride_s_slice + j[None, :]
+    tl.store(s_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["tile_cap"])  # an offset that varies with the metadata: no variant per value
 def _shrink_kernel(
-    x_ptr, a_ptr, rank_ptr, scale_ptr, idx_ptr, tiles_ptr, s_ptr, cnt_ptr,
+    x_ptr, a_ptr, rank_ptr, scale_ptr, idx_ptr, tiles_ptr, s_ptr,
     K, k_per_split, tile_cap, n_slices,
     stride_xt, stride_a_slot, stride_a_slice, stride_a_rank,
     stride_s_split, stride_s_t, stride_s_slice,
     NSP: tl.constexpr, NSPM: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BK32: tl.constexpr,
     BK64: tl.constexpr, MAX_RB: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr, REDUCE: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
 ):
     # tiles on the slowest grid axis: a graph's padding tiles (static grid) are dispatched after all real work,
@@ -153,23 +106,23 @@ def _shrink_kernel(
                     pok[:, None] & (pk < k_hi)[None, :])
     wait_predecessor(PDL)  # x (and the s buffer's memory) belong to earlier kernels
     launch_dependents(PDL)  # only now: at most two grids of the chain hold SM slots at a time
-    cnt = cnt_ptr + pid_tile * tl.num_programs(1) + pid_c  # this (tile, rank chunk)'s arrivals (REDUCE)
+    s_out = s_ptr + pid_k * stride_s_split
     # smallest rank bucket holding the rows left; K step shrinks as the bucket grows (same tile bytes)
     if left <= 16:
-        _shrink_rb(x_ptr, a_slot, rank_row, scale_row, s_ptr, pid_k, cnt, rows, row_ok, k_lo, k_hi, n_slices, base,
-                   stride_xt, stride_a_slice, stride_a_rank, stride_s_split, stride_s_t, stride_s_slice,
-                   EVEN_K, NSP, BM, 16, BK, DOT_PREC, REDUCE)
+        _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
+                       stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
+                       EVEN_K, NSP, BM, 16, BK, DOT_PREC)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if left <= 32:
-                _shrink_rb(x_ptr, a_slot, rank_row, scale_row, s_ptr, pid_k, cnt, rows, row_ok, k_lo, k_hi,
-                           n_slices, base, stride_xt, stride_a_slice, stride_a_rank, stride_s_split, stride_s_t,
-                           stride_s_slice, EVEN_K, NSP, BM, 32, BK32, DOT_PREC, REDUCE)
+                _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
+                               base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
+                               EVEN_K, NSP, BM, 32, BK32, DOT_PREC)
             else:
                 if MAX_RB >= 64:
-                    _shrink_rb(x_ptr, a_slot, rank_row, scale_row, s_ptr, pid_k, cnt, rows, row_ok, k_lo, k_hi,
-                               n_slices, base, stride_xt, stride_a_slice, stride_a_rank, stride_s_split, stride_s_t,
-                               stride_s_slice, EVEN_K, NSP, BM, 64, BK64, DOT_PREC, REDUCE)
+                    _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
+                                   base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
+                                   EVEN_K, NSP, BM, 64, BK64, DOT_PREC)
 
 
 def shrink_out_shape(x: torch.Tensor, w: LoraWeights, blocks: ShrinkBlocks | None = None) -> tuple[int, int, int, int]:
@@ -182,23 +135,8 @@ def default_shrink_blocks(x: torch.Tensor, w: LoraWeights) -> ShrinkBlocks:
     return shrink_blocks(x.shape[0], w.in_features, w.n_slices, w.max_rank, num_sms(x.device))
 
 
-# arrival counters of the K-split reduction, one zeroed buffer per device: each launch leaves them at zero, so
-# launches on one stream (graph replays included) share it; two concurrent reducing launches on one device may not
-COUNTERS = 1 << 16
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, need: int) -> torch.Tensor | None:
-    c = _COUNTERS.get(device)
-    if c is None:
-        if capturing(device):  # not allocated inside a graph: that launch sums in the expand instead
-            return None
-        c = _COUNTERS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    return c if need <= c.numel() else None
-
-
 def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tensor,
-                blocks: ShrinkBlocks | None = None, reduce: bool = False) -> int:
+                blocks: ShrinkBlocks | None = None) -> None:
     """Shrink every adapted token onto its adapter's rank space, all slices in one launch.
 
     x:    [T, in]                         fp16 | bf16 | fp32, row stride free, unit column stride
@@ -209,10 +147,7 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
         for tile (slot, rows) in meta, for slice i with r = rank[slot, i] > 0, for split p:
             out[p, rows, i, :r] = scale[slot, i] * x[rows, K_p] @ a[slot, i, :r, K_p].T   (fp32 accumulate)
         where K_p is the p-th chunk of in-features, so that  s = out.sum(0).
-        with reduce (and split > 1): the last CTA of each tile to finish then sets
-            out[0, rows, i, :r] = ((0 + out[0]) + out[1]) + ... + out[split - 1]      (fp32, in split order)
     Entries of `out` for base tokens, for j >= rank and for rank-0 slices are left untouched.
-    Returns n, the leading partials of `out` that sum to s (1 when reduced, else split): pass out[:n] to the expand.
     """
     b = blocks or default_shrink_blocks(x, w)
     t = check_x(x, w.in_features, "x")
@@ -225,11 +160,10 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
         raise ValueError(f"lora_shrink: out on {out.device}, x on {x.device}")
     n_tiles = tile_grid(meta, b.bm, t, w.max_loras)
     if n_tiles == 0:
-        return b.split
-    grid = (b.split, triton.cdiv(w.max_rank, 64), n_tiles)
-    cnt = _counters(x.device, grid[1] * n_tiles) if reduce and b.split > 1 else None
+        return
     k_per_split = -(-w.in_features // (b.split * b.bk)) * b.bk
     nsp = triton.next_power_of_2(w.n_slices)
+    grid = (b.split, triton.cdiv(w.max_rank, 64), n_tiles)
     tiles = meta.tiles[tile_index(b.bm)]
     pdl = pdl_mode(x.device, t)
     line = LINE_BYTES // w.a.element_size()
@@ -237,15 +171,13 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
     pf_lines = max(1, min(triton.cdiv(k_per_split, line), PREFETCH_LINES // (nsp * pf_r)))
     launch(
         _shrink_kernel, grid,
-        x, w.a, w.rank, w.scale, meta.sorted_idx, tiles, out, out if cnt is None else cnt,
+        x, w.a, w.rank, w.scale, meta.sorted_idx, tiles, out,
         w.in_features, k_per_split, tiles.stride(0), w.n_slices,
         x.stride(0), w.a.stride(0), w.a.stride(1), w.a.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         NSP=nsp, NSPM=max(nsp, 16), BM=b.bm, BK=b.bk, BK32=max(b.bk // 2, 32), BK64=max(b.bk // 4, 32),
         MAX_RB=min(rank_bucket(w.max_rank), 64),
         EVEN_K=w.in_features % k_per_split == 0, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
-        REDUCE=cnt is not None, PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r,
-        PF_LINES=triton.next_power_of_2(pf_lines) if pdl.prefetch else 1, LINE=line, num_warps=b.num_warps,
-        num_stages=b.num_stages, **pdl.kwargs(),
+        PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=triton.next_power_of_2(pf_lines) if pdl.prefetch
+        else 1, LINE=line, num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
     )
-    return b.split if cnt is None else 1
