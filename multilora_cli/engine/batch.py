@@ -26,6 +26,9 @@ class ScheduledBatch:
     num_decodes: int  # seqs[:num_decodes] have one new token each
     block_size: int
     preempted: list[Sequence] = field(default_factory=list)  # sequences preempted while planning this step
+    # decodes fed the token the previous step samples, not yet on the host (Scheduler.schedule_ahead): the
+    # runner takes those ids from the device; `input_ids` holds placeholders for them
+    ahead: bool = False
 
     # --- sizes -----------------------------------------------------------------------------------------------
     @property
@@ -51,6 +54,8 @@ class ScheduledBatch:
 
     # --- flat per-token lists (length num_tokens, sequence-major) ------------------------------------------
     def input_ids(self) -> list[int]:
+        if self.ahead:
+            return [0] * self.num_tokens
         out: list[int] = []
         for seq, s, n in zip(self.seqs, self.start, self.num_new_tokens):
             out.extend(seq.token_ids[s:s + n])

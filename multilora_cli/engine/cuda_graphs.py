@@ -79,12 +79,13 @@ class DecodeGraphs:
     def can_run(self, batch: ScheduledBatch) -> bool:
         return batch.is_decode_only and batch.num_seqs <= self.max_bs
 
-    def _fill(self, batch: ScheduledBatch, bs: int) -> None:
-        """Write the batch (padded to bs rows) into the pinned staging buffer and copy it over."""
+    def _fill(self, batch: ScheduledBatch, bs: int, ids: torch.Tensor | None = None) -> None:
+        """Write the batch (padded to bs rows) into the pinned staging buffer and copy it over; `ids` [B] on the
+        device: the token ids of an `ahead` batch (the previous step's samples), copied in after."""
         self._copied.synchronize()  # the previous step's copy has finished before its source is rewritten
         h, o, B, bsz = self._np, self._off, batch.num_seqs, self.block_size
         start = batch.start
-        h[o[0]:o[0] + B] = [seq.token_ids[s] for seq, s in zip(batch.seqs, start)]
+        h[o[0]:o[0] + B] = 0 if ids is not None else [seq.token_ids[s] for seq, s in zip(batch.seqs, start)]
         h[o[1]:o[1] + B] = start
         h[o[2]:o[2] + B] = [seq.block_table[s // bsz] * bsz + s % bsz for seq, s in zip(batch.seqs, start)]
         h[o[3]:o[3] + B] = [s + 1 for s in start]
@@ -99,6 +100,8 @@ class DecodeGraphs:
         end = o[4] + bs * self.width
         self._dev[:end].copy_(self._host[:end], non_blocking=True)
         self._copied.record()
+        if ids is not None:
+            self._dev[o[0]:o[0] + B].copy_(ids)  # device to device, after the copy above in stream order
 
     # --- capture / replay ------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -146,11 +149,13 @@ class DecodeGraphs:
             reset_context()
             self.lora_key = None
 
-    def run(self, batch: ScheduledBatch, token_slots: list[int] | None) -> torch.Tensor:
-        """Replay the bucket's graph for a decode-only batch; returns hidden states [B, hidden] (a view)."""
+    def run(self, batch: ScheduledBatch, token_slots: list[int] | None,
+            ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Replay the bucket's graph for a decode-only batch; returns hidden states [B, hidden] (a view).
+        ids: [B] token ids on the device for an `ahead` batch (see `_fill`)."""
         B = batch.num_seqs
         bs = self.bucket(B)
-        self._fill(batch, bs)
+        self._fill(batch, bs, ids)
         if self.lora_buffers is not None:
             slots = list(token_slots) if token_slots is not None else [-1] * B
             key = tuple(slots) + (-1,) * (bs - B)

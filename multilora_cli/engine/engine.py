@@ -34,6 +34,9 @@ PREFETCH_THREADS = 2
 # read adapters from their files straight into the arena (engine/direct_read.py); False: load_adapter, then pack
 # (kept for the A/B in benchmarks/profile_reads.py)
 DIRECT_READ = True
+# launch the next decode step before reading this one's ids back (Scheduler.schedule_ahead), so the host's
+# bookkeeping between steps overlaps the device's work instead of leaving it idle; False: one step at a time
+RUN_AHEAD = True
 
 
 class Engine:
@@ -203,6 +206,8 @@ class Engine:
         sched = self.scheduler
         t0 = time.perf_counter()
         idle = 0
+        runner = self.runner
+        ahead = None  # (batch, Launched): a step launched before the one before it was read back
         try:
             while True:
                 while not exhausted and sched.wants_more():
@@ -216,20 +221,30 @@ class Engine:
                         yield res
                 for seq in sched.pop_finished():
                     yield self._result(seq)
-                if not sched.has_unfinished():
-                    if exhausted:
-                        break
-                    continue
+                if ahead is not None:
+                    launched, ahead = ahead, None
+                else:
+                    if not sched.has_unfinished():
+                        if exhausted:
+                            break
+                        continue
+                    t1 = time.perf_counter()
+                    batch = sched.schedule()
+                    self.schedule_seconds += time.perf_counter() - t1
+                    if batch is None:
+                        idle += 1
+                        if idle > 3:  # nothing runnable and nothing changes: a scheduler bug, not a user error
+                            raise EngineError("the scheduler made no progress with work pending")
+                        continue
+                    idle = 0
+                    launched = runner.launch(batch)
                 t1 = time.perf_counter()
-                batch = sched.schedule()
+                batch = launched.batch
+                nxt = sched.schedule_ahead(batch) if RUN_AHEAD and runner.can_run_ahead(batch) else None
                 self.schedule_seconds += time.perf_counter() - t1
-                if batch is None:
-                    idle += 1
-                    if idle > 3:  # nothing runnable and nothing changes: a scheduler bug, not a user error
-                        raise EngineError("the scheduler made no progress with work pending")
-                    continue
-                idle = 0
-                ids = self.runner.run(batch)
+                if nxt is not None:
+                    ahead = runner.launch(nxt, prev=launched)
+                ids = runner.collect(launched)
                 t1 = time.perf_counter()
                 sched.postprocess(batch, ids, self.stop)
                 self.schedule_seconds += time.perf_counter() - t1

@@ -52,7 +52,8 @@ def pick_device(requested: str) -> torch.device:
 class StepRecord:
     """One step as the runner saw it (kept only when `ModelRunner.step_log` is a list: benchmarks).
 
-    seconds: host wall time of `run` (metadata build, forward, LM head, sampling, reading the ids back);
+    seconds: host wall time of the step (metadata build, forward, LM head, sampling, reading the ids back; a
+             step launched while the one before it ran counts from that one's end, see `ModelRunner._log`);
     kv_tokens: context tokens of all sequences after the step (what decode attention reads);
     adapters: distinct LoRA slots in the step."""
 
@@ -63,6 +64,19 @@ class StepRecord:
     kv_tokens: int
     adapters: int
     seconds: float
+
+
+@dataclass(slots=True)
+class Launched:
+    """A step queued on the device (`ModelRunner.launch`): ids [N] sampled on the device (None: nothing
+    sampled), host: where they arrive (page-locked; the ids themselves on CPU), done: the event after that copy."""
+
+    batch: ScheduledBatch
+    ids: torch.Tensor | None
+    host: torch.Tensor | None
+    done: torch.cuda.Event | None
+    t0: float
+    graph: bool
 
 
 class ModelRunner:
@@ -96,6 +110,10 @@ class ModelRunner:
         self._meta_buffers = (LoraMetaBuffers(max_step_tokens, self.max_loras, self.device)
                               if self.device.type == "cuda" and self.max_loras else None)
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
+        self._last_done = 0.0  # when the last step's ids were read (step times, `_log`)
+        self._turn = 0
+        self._host_ids = ([torch.empty(config.max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+                          if self.device.type == "cuda" else [])
         self.graphs: DecodeGraphs | None = None
         self.capture_seconds = 0.0
         if self.device.type == "cuda" and not config.enforce_eager:
@@ -164,20 +182,36 @@ class ModelRunner:
         self._slot_writer.clear(slot)
 
     # --- one step --------------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int]:
-        """Run `batch` through the model; returns one sampled token id per `batch.sampled_seqs()`.
+        """Run `batch` through the model; returns one sampled token id per `batch.sampled_seqs()`."""
+        return self.collect(self.launch(batch))
+
+    def can_run_ahead(self, batch: ScheduledBatch) -> bool:
+        """Whether the step after `batch` may be launched before `batch`'s ids are read (Scheduler.schedule_ahead):
+        greedy sequences only, whose next token is a function of the device ids alone (a sampler's noise
+        counter would still be one token behind on the host)."""
+        return all(s.sampling.greedy or s.sampling.top_k == 1 for s in batch.seqs)
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, prev: Launched | None = None) -> Launched:
+        """Queue `batch` on the device and return at once; `collect` waits for its sampled ids. An `ahead` batch
+        takes its input ids from `prev` (the launch before it) on the device.
 
         Decode-only steps replay a CUDA graph when one is captured; other steps run eagerly. Either way the
         step's metadata is built once, copied with one host->device copy (plus one for LoRA metadata), and
-        the only host sync is reading the sampled ids.
+        the only host sync is reading the sampled ids, in `collect`.
         """
-        t0 = time.perf_counter() if self.step_log is not None else 0.0
+        t0 = time.perf_counter()
+        feed = None
+        if batch.ahead:
+            if prev is None or prev.ids is None or prev.ids.shape[0] != batch.num_seqs:
+                raise EngineError("internal: an ahead step needs the ids of the step before it")
+            feed = prev.ids
         adapted = self.max_loras > 0 and any(s >= 0 for s in batch.slots)
         token_slots = batch.token_lora_slots() if adapted else None
         graph = self.graphs is not None and self.graphs.can_run(batch)
         if graph:
-            hidden = self.graphs.run(batch, token_slots)  # [B, H]
+            hidden = self.graphs.run(batch, token_slots, feed)  # [B, H]
             if batch.num_sampled != batch.num_seqs:
                 keep = torch.tensor([i for i, s in enumerate(batch.sample) if s], dtype=torch.long)
                 hidden = hidden.index_select(0, keep.to(self.device, non_blocking=True))
@@ -189,19 +223,19 @@ class ModelRunner:
                 if self.graphs is not None:
                     self.graphs.lora_key = None  # the shared LoRA buffers no longer hold the graphs' metadata
             inputs = build_step_inputs(batch, self.device, lora)
+            if feed is not None:
+                inputs.input_ids.copy_(feed)  # [B]: one token per sequence, in the order the ids were sampled
             set_context(inputs.ctx)
             try:
                 hidden = self.model(inputs.input_ids, inputs.positions)  # [T, H]
             finally:
                 reset_context()
             if inputs.num_logits == 0:
-                self._log(batch, t0, graph)
-                return []
+                return Launched(batch, None, None, None, t0, graph)
             hidden = hidden.index_select(0, inputs.logits_rows)
         seqs = batch.sampled_seqs()
         if not seqs:
-            self._log(batch, t0, graph)
-            return []
+            return Launched(batch, None, None, None, t0, graph)
         if all(s.sampling.greedy or s.sampling.top_k == 1 for s in seqs):
             # the sampler's greedy rows without its bookkeeping; argmax over the model-dtype logits picks the
             # index an fp32 copy would (the upcast is exact) and skips a [N, V] fp32 write (256 x 128k: ~50 us)
@@ -209,14 +243,33 @@ class ModelRunner:
         else:
             logits = self.model.compute_logits(hidden)  # [N, V] fp32
             ids = self.sampler(logits, SamplingBatch.for_seqs(seqs, logits.shape[-1], self.device))
-        out = ids.tolist()
-        self._log(batch, t0, graph)
+        if self.device.type != "cuda":
+            return Launched(batch, ids, ids, None, t0, graph)
+        # the ids come back through page-locked memory, two buffers taking turns (at most two steps in flight)
+        self._turn ^= 1
+        host = self._host_ids[self._turn][:ids.shape[0]]
+        host.copy_(ids, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Launched(batch, ids, host, done, t0, graph)
+
+    def collect(self, launched: Launched) -> list[int]:
+        """Wait for a launched step; its sampled ids (one per `batch.sampled_seqs()`)."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        out = launched.host.tolist() if launched.host is not None else []
+        self._log(launched)
         return out
 
-    def _log(self, batch: ScheduledBatch, t0: float, graph: bool) -> None:
+    def _log(self, launched: Launched) -> None:
+        """A step's wall time runs from its launch (or the end of the step before it, when it was launched
+        while that one ran) to its ids being read back: the steps' times add up to wall time, not more."""
+        now = time.perf_counter()
+        since, self._last_done = max(launched.t0, self._last_done), now
         if self.step_log is None:
             return
+        batch = launched.batch
         self.step_log.append(StepRecord(
-            decode=batch.is_decode_only, graph=graph, seqs=batch.num_seqs, tokens=batch.num_tokens,
+            decode=batch.is_decode_only, graph=launched.graph, seqs=batch.num_seqs, tokens=batch.num_tokens,
             kv_tokens=sum(batch.seq_lens()), adapters=len({s for s in batch.slots if s >= 0}),
-            seconds=time.perf_counter() - t0))
+            seconds=now - since))

@@ -59,12 +59,13 @@ class Scheduler(Admission):
         self.running: list[Sequence] = []  # admission order
         self._finished: list[Sequence] = []
         self._admissions = 0
-        self._pending: ScheduledBatch | None = None
+        self._pending: list[ScheduledBatch] = []  # scheduled, not yet postprocessed (2 with `schedule_ahead`)
         self._upcoming: tuple[tuple, list[str]] = ((), [])  # (state key, prefetch order) memo
         self.num_steps = 0
         self.num_prefill_steps = 0  # steps with at least one prefill chunk
         self.num_decode_steps = 0  # steps of decodes only
         self.num_preemptions = 0
+        self.num_ahead_steps = 0  # decode steps planned by `schedule_ahead`
 
     # --- feeding ---------------------------------------------------------------------------------------------
     @property
@@ -112,7 +113,7 @@ class Scheduler(Admission):
     def schedule(self) -> ScheduledBatch | None:
         """Plan the next step. None when there is nothing to run right now (e.g. the last sequences failed);
         keep calling while `has_unfinished()`. Call `postprocess` with the batch before the next `schedule`."""
-        if self._pending is not None:
+        if self._pending:
             raise RuntimeError("schedule() called twice without postprocess()")
         plan = StepPlan(self.max_num_batched_tokens)
         if self.mix_prefill_decode:
@@ -129,13 +130,47 @@ class Scheduler(Admission):
         if not plan.seqs:
             return None
         batch = plan.to_batch(self.bm.block_size)
-        self._pending = batch
+        self._pending.append(batch)
         self.num_steps += 1
         if batch.is_decode_only:
             self.num_decode_steps += 1
         else:
             self.num_prefill_steps += 1
         return batch
+
+    def schedule_ahead(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+        """The step after `batch` (scheduled, its tokens not yet known), planned before `postprocess(batch)` so
+        it can be launched while `batch` still runs: the same sequences, one decode each, fed the token `batch`
+        samples (`ahead`: the runner takes it from the device). None unless that is the step `schedule()`
+        would plan after `batch` if no sequence hits eos or a stop string: `batch` is all decodes, holds every
+        running sequence, none of them reaches max_tokens / max_model_len with its token, no waiting request
+        could take a free seat, and every next token's KV fits without preemption. A sequence that does stop at
+        `batch` is fed one token too many here; `postprocess` drops it (its KV write lands in blocks freed at
+        the stop, before any later step can reuse them, as steps run in order on the device)."""
+        if self._pending != [batch] or not batch.is_decode_only or not all(batch.sample):
+            return None
+        running = self.running
+        if len(running) != batch.num_seqs or (len(self._waiting) and len(running) < self.max_num_seqs):
+            return None
+        limit = self.max_model_len
+        for seq in batch.seqs:
+            if seq.num_completion_tokens + 1 >= seq.sampling.max_tokens:
+                return None
+            if limit is not None and len(seq.token_ids) + 1 >= limit:
+                return None
+        bm, size = self.bm, self.bm.block_size
+        start = [s + 1 for s in batch.start]  # N's token sits at index start: fed now, its KV at that position
+        for seq, st in zip(batch.seqs, start):
+            if st + 1 > len(seq.block_table) * size and not bm.try_allocate(seq, st + 1):
+                return None  # the next schedule() decides who is preempted
+        ahead = ScheduledBatch(seqs=list(batch.seqs), num_new_tokens=[1] * batch.num_seqs, start=start,
+                               slots=list(batch.slots), sample=[True] * batch.num_seqs, num_decodes=batch.num_seqs,
+                               block_size=size, ahead=True)
+        self._pending.append(ahead)
+        self.num_steps += 1
+        self.num_decode_steps += 1
+        self.num_ahead_steps += 1
+        return ahead
 
     def _prefetch_order(self) -> list[str]:
         """`upcoming_adapters`, recomputed only when queues, seats or slots moved: in steady decode it would be
@@ -149,15 +184,18 @@ class Scheduler(Admission):
                     stop: Callable[[Sequence], str | None]) -> None:
         """Record the step: advance computed tokens, append one sampled id per `batch.sampled_seqs()` (in
         order), and finish sequences for which `stop(seq)` returns a finish reason."""
-        if batch is not self._pending:
-            raise RuntimeError("postprocess() got a batch that is not the pending one")
-        self._pending = None
+        if not self._pending or batch is not self._pending[0]:
+            raise RuntimeError("postprocess() got a batch that is not the oldest pending one")
+        self._pending.pop(0)
         ids = list(sampled_token_ids)
         if len(ids) != batch.num_sampled:
             raise ValueError(f"expected {batch.num_sampled} sampled ids, got {len(ids)}")
         it = iter(ids)
         any_done = False
         for seq, n, smp in zip(batch.seqs, batch.num_new_tokens, batch.sample):
+            if seq.status is not SeqStatus.RUNNING:  # stopped at the step before this `ahead` one: drop its token
+                next(it)
+                continue
             seq.num_computed_tokens += n
             if not smp:
                 continue

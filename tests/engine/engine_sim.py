@@ -50,6 +50,7 @@ class Sim:
     fail_load: set = field(default_factory=set)
     prefetch_threads: int = 0
     gates: dict = field(default_factory=dict)  # adapter -> threading.Event its read waits for (slow disks)
+    run_ahead: bool = False  # plan each next decode step before postprocess, as the engine does on a GPU
 
     def __post_init__(self):
         self.bm = BlockManager(self.num_blocks, self.config.block_size)
@@ -78,23 +79,33 @@ class Sim:
         self.finished: list[Sequence] = []
         self.admitted_step: dict[int, int] = {}
         self.finished_step: dict[int, int] = {}
+        self._ahead: ScheduledBatch | None = None
 
     def step(self, stop=None) -> ScheduledBatch | None:
-        b = self.sched.schedule()
+        b, self._ahead = self._ahead, None
+        if b is None:
+            b = self.sched.schedule()
+            if b is not None:
+                self._run(b)
         if b is not None:
-            self._run(b)
-            smp = b.sampled_seqs()
+            ids = [fake_token(s.seed, s.sample_position) for s in b.sampled_seqs()]  # what the device samples
+            if self.run_ahead:  # the next step runs (writes its KV) before b's ids reach the host
+                self._ahead = self.sched.schedule_ahead(b)
+                if self._ahead is not None:
+                    self._run(self._ahead, fed=ids)
             stop = stop or StopChecker(max_model_len=self.sched.max_model_len)
-            self.sched.postprocess(b, [fake_token(s.seed, s.sample_position) for s in smp], stop)
+            self.sched.postprocess(b, ids, stop)
         for s in self.sched.pop_finished():
             self.finished.append(s)
             self.finished_step[s.seq_id] = len(self.log)
         return b
 
-    def _run(self, b: ScheduledBatch) -> None:
-        """Check the batch like a model would use it, write its KV, log invariants."""
+    def _run(self, b: ScheduledBatch, fed: list[int] | None = None) -> None:
+        """Check the batch like a model would use it, write its KV, log invariants. `fed`: an ahead batch's
+        input ids (the previous step's samples, which only the device has yet)."""
         bs = b.block_size
-        ids, pos, slot_map = b.input_ids(), b.positions(), b.kv_slot_mapping()
+        assert b.ahead == (fed is not None)
+        ids, pos, slot_map = fed if b.ahead else b.input_ids(), b.positions(), b.kv_slot_mapping()
         assert len(ids) == len(pos) == len(slot_map) == b.num_tokens == b.query_start_loc()[-1]
         owners = {}
         for s in self.sched.running:
@@ -113,11 +124,13 @@ class Sim:
             ctx = b.seq_lens()[i]
             for p in range(ctx):  # everything attended to is this sequence's own, correct KV
                 cs = seq.block_table[p // bs] * bs + p % bs
-                assert self.kv.get(cs) == (seq.seq_id, p, seq.token_ids[p]), (seq, p)
+                tok = seq.token_ids[p] if p < seq.num_tokens else fed[i]  # (ahead: the fed token is not appended)
+                assert self.kv.get(cs) == (seq.seq_id, p, tok), (seq, p)
         assert b.logits_indices() == [qs[i + 1] - 1 for i in range(b.num_seqs) if b.sample[i]]
         assert all(n == 1 for n in b.num_new_tokens[:b.num_decodes])
         assert all(n > 1 for n in b.num_new_tokens[b.num_decodes:])
-        decodes = [n == 1 and st + 1 == s.num_tokens and st >= s.num_prompt_tokens
+        ahead = int(b.ahead)  # an ahead decode feeds the token sampled after the last one appended
+        decodes = [n == 1 and st + 1 == s.num_tokens + ahead and st >= s.num_prompt_tokens
                    for s, st, n in zip(b.seqs, b.start, b.num_new_tokens)]
         self.log.append(StepLog(b, {s.adapter for s in b.seqs}, self.sched.num_running,
                                 dict(self.slots.resident), decodes))
@@ -135,7 +148,7 @@ class Sim:
                     it = None
                     break
                 self.sched.add(nxt)
-            if not self.sched.has_unfinished() and it is None:
+            if self._ahead is None and not self.sched.has_unfinished() and it is None:
                 for s in self.sched.pop_finished():
                     self.finished.append(s)
                 return self.finished

@@ -151,3 +151,39 @@ def test_stop_strings_and_eos(llama):
     cut = engine.generate_all([Request(key=0, id="a", prompt_token_ids=p,
                                        sampling=SamplingParams(max_tokens=8, stop=[stop], ignore_eos=True))])[0]
     assert cut.finish_reason == "stop" and cut.text == free.text[:free.text.index(stop)]
+
+
+def test_run_ahead_changes_no_output(llama, monkeypatch):
+    """The engine launching each next decode step before reading this one's ids (engine.RUN_AHEAD; on CPU the
+    same control flow, run synchronously): the same results as one step at a time, with stops by eos, by stop
+    string and by length in one run; sampled requests are never run ahead."""
+    from multilora_cli.engine import engine as engine_mod
+
+    base, adapters = llama
+    prompts = _prompts(12, seed=6)
+    plan = (PLAN + PLAN)[:12]
+
+    def requests():
+        out = []
+        for i, (p, a) in enumerate(zip(prompts, plan)):
+            sp = dict(max_tokens=10 + 4 * (i % 2))
+            if i % 3 == 1:
+                sp["stop"] = ["w1", "w2", "w3", "w4", "w5"]  # common words of the tiny vocabulary: stops early
+            elif i % 3 == 2:
+                sp["ignore_eos"] = True
+            out.append(Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=SamplingParams(**sp)))
+        return out
+
+    runs = {}
+    for ahead in (False, True):
+        monkeypatch.setattr(engine_mod, "RUN_AHEAD", ahead)
+        engine = Engine(EngineConfig(model=str(base), max_loras=4, max_lora_rank=16, max_num_seqs=6), adapters)
+        got = engine.generate_all(requests())
+        runs[ahead] = [(r.token_ids, r.text, r.finish_reason, r.error) for r in got]
+        if ahead:
+            n = engine.scheduler.num_ahead_steps
+            assert n > 0
+            sampled = engine.generate_all(_requests(prompts[:4], PLAN[:4], temperature=0.8, seed=1))
+            assert all(r.error is None for r in sampled) and engine.scheduler.num_ahead_steps == n
+    assert runs[True] == runs[False]
+    assert {r for _, _, r, _ in runs[True]} == {"stop", "length"}
