@@ -91,6 +91,30 @@ def test_fp32_cuda_tokens_equal_hf_peft(setup, reference, eager):
     engine.close()
 
 
+@pytest.mark.parametrize("eager", [False, True])
+def test_run_ahead_gives_the_same_tokens(setup, reference, monkeypatch, eager):
+    """Decode steps launched before the previous step's ids are read back (engine.RUN_AHEAD: ids fed on the
+    device, into the graph's buffers or the eager inputs) give the same bf16 tokens as one step at a time, and
+    the fp32 tokens equal HF + PEFT's."""
+    from multilora_cli.engine import engine as engine_mod
+
+    base, adapters = setup
+    prompts, (want, _) = reference
+    got = {}
+    for dtype in ("bfloat16", "float32"):
+        for ahead in (False, True):
+            monkeypatch.setattr(engine_mod, "RUN_AHEAD", ahead)
+            engine = Engine(EngineConfig(model=str(base), device="cuda", dtype=dtype, max_loras=3, max_lora_rank=16,
+                                         max_num_seqs=16, enforce_eager=eager, num_kv_blocks=256), adapters)
+            res = engine.generate_all(_requests(prompts, PLAN))
+            assert [r.error for r in res] == [None] * len(PLAN)
+            got[dtype, ahead] = [r.token_ids for r in res]
+            assert (engine.scheduler.num_ahead_steps > 0) == ahead
+            engine.close()
+        assert got[dtype, True] == got[dtype, False]
+    assert got["float32", True] == want
+
+
 def test_bf16_cuda_close_to_hf_fp32(setup, reference):
     base, adapters = setup
     prompts, (want, margins) = reference
