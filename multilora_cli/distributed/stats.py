@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "steps", "prefill_steps", "decode_steps",
-          "preemptions", "slot_loads", "slot_hits", "slot_evictions")
+          "ahead_steps", "preemptions", "slot_loads", "slot_hits", "slot_evictions")
 ADAPTER_SUMMED = ("requests", "prompt_tokens", "completion_tokens", "slot_loads")
 
 

@@ -263,7 +263,7 @@ class Engine:
         st, sched, slots = self.stats, self.scheduler, self.slots
         st.wall_seconds += seconds
         st.steps, st.prefill_steps, st.decode_steps = sched.num_steps, sched.num_prefill_steps, sched.num_decode_steps
-        st.preemptions = sched.num_preemptions
+        st.preemptions, st.ahead_steps = sched.num_preemptions, sched.num_ahead_steps
         st.slot_loads, st.slot_hits, st.slot_evictions = slots.loads, slots.hits, slots.evictions
         for name, n in slots.adapter_loads.items():
             st.adapter(name).slot_loads = n

@@ -61,6 +61,7 @@ class EngineStats:
     steps: int = 0
     prefill_steps: int = 0
     decode_steps: int = 0
+    ahead_steps: int = 0  # decode steps launched before the previous step's ids were read (engine.RUN_AHEAD)
     preemptions: int = 0
     slot_loads: int = 0
     slot_hits: int = 0
