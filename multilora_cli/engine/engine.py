@@ -251,6 +251,8 @@ class Engine:
                 for seq in sched.pop_finished():
                     yield self._result(seq)
         finally:
+            if ahead is not None:  # closed between two steps: finish the one in flight, so the scheduler has
+                sched.postprocess(ahead.batch, runner.collect(ahead), self.stop)  # no step left pending
             self._sync_stats(time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -155,29 +155,34 @@ def test_stop_strings_and_eos(llama):
 
 def test_run_ahead_changes_no_output(llama, monkeypatch):
     """The engine launching each next decode step before reading this one's ids (engine.RUN_AHEAD; on CPU the
-    same control flow, run synchronously): the same results as one step at a time, with stops by eos, by stop
-    string and by length in one run; sampled requests are never run ahead."""
+    same control flow, run synchronously): the same results as one step at a time, with sequences stopping
+    mid-decode on stop strings (their extra fed token dropped) and by length in one run; sampled requests are
+    never run ahead; a caller that stops reading while a step is in flight leaves the engine usable."""
     from multilora_cli.engine import engine as engine_mod
 
     base, adapters = llama
     prompts = _prompts(12, seed=6)
     plan = (PLAN + PLAN)[:12]
+    cfg = EngineConfig(model=str(base), max_loras=4, max_lora_rank=16, max_num_seqs=6)
+    monkeypatch.setattr(engine_mod, "RUN_AHEAD", False)
+    free = Engine(cfg, adapters).generate_all([  # each prompt's greedy text, to pick stop strings from
+        Request(key=i, id=str(i), adapter=a, prompt_token_ids=p,
+                sampling=SamplingParams(max_tokens=14, ignore_eos=True)) for i, (p, a) in enumerate(zip(prompts, plan))])
 
     def requests():
         out = []
         for i, (p, a) in enumerate(zip(prompts, plan)):
-            sp = dict(max_tokens=10 + 4 * (i % 2))
-            if i % 3 == 1:
-                sp["stop"] = ["w1", "w2", "w3", "w4", "w5"]  # common words of the tiny vocabulary: stops early
-            elif i % 3 == 2:
-                sp["ignore_eos"] = True
+            sp = dict(max_tokens=10 + 4 * (i % 2), ignore_eos=True)
+            words = free[i].text.split()
+            if i % 2 == 0 and len(words) > 5:
+                sp["stop"] = [words[3 + i % 3]]  # a word of its own greedy text: it stops mid-decode
             out.append(Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=SamplingParams(**sp)))
         return out
 
     runs = {}
     for ahead in (False, True):
         monkeypatch.setattr(engine_mod, "RUN_AHEAD", ahead)
-        engine = Engine(EngineConfig(model=str(base), max_loras=4, max_lora_rank=16, max_num_seqs=6), adapters)
+        engine = Engine(cfg, adapters)
         got = engine.generate_all(requests())
         runs[ahead] = [(r.token_ids, r.text, r.finish_reason, r.error) for r in got]
         if ahead:
@@ -186,4 +191,16 @@ def test_run_ahead_changes_no_output(llama, monkeypatch):
             sampled = engine.generate_all(_requests(prompts[:4], PLAN[:4], temperature=0.8, seed=1))
             assert all(r.error is None for r in sampled) and engine.scheduler.num_ahead_steps == n
     assert runs[True] == runs[False]
-    assert {r for _, _, r, _ in runs[True]} == {"stop", "length"}
+    assert sum(r == "stop" and len(t) > 2 for t, _, r, _ in runs[True]) >= 3  # stops well into the decode
+
+    engine = Engine(cfg, adapters)  # RUN_AHEAD on
+    gen = engine.generate(requests())
+    for res in gen:  # read until a result arrives while the next step is in flight (one that stopped early)
+        assert res.error is None
+        if engine.scheduler._pending:
+            break
+    assert engine.scheduler._pending, "no result was handed out while a step was in flight"
+    gen.close()
+    assert not engine.scheduler._pending
+    again = engine.generate_all(_requests(prompts[:2], plan[:2]))
+    assert all(r.error is None for r in again)
