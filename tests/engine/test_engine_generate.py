@@ -166,8 +166,9 @@ def test_run_ahead_changes_no_output(llama, monkeypatch):
     cfg = EngineConfig(model=str(base), max_loras=4, max_lora_rank=16, max_num_seqs=6)
     monkeypatch.setattr(engine_mod, "RUN_AHEAD", False)
     free = Engine(cfg, adapters).generate_all([  # each prompt's greedy text, to pick stop strings from
-        Request(key=i, id=str(i), adapter=a, prompt_token_ids=p,
-                sampling=SamplingParams(max_tokens=14, ignore_eos=True)) for i, (p, a) in enumerate(zip(prompts, plan))])
+        Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=SamplingParams(max_tokens=14,
+                                                                                        ignore_eos=True))
+        for i, (p, a) in enumerate(zip(prompts, plan))])
 
     def requests():
         out = []
