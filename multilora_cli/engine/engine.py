@@ -240,7 +240,8 @@ class Engine:
                     launched = runner.launch(batch)
                 t1 = time.perf_counter()
                 batch = launched.batch
-                nxt = sched.schedule_ahead(batch) if RUN_AHEAD and runner.can_run_ahead(batch) else None
+                nxt = (sched.schedule_ahead(batch, more_requests=not exhausted)
+                       if RUN_AHEAD and runner.can_run_ahead(batch) else None)
                 self.schedule_seconds += time.perf_counter() - t1
                 if nxt is not None:
                     ahead = runner.launch(nxt, prev=launched)
@@ -251,8 +252,10 @@ class Engine:
                 for seq in sched.pop_finished():
                     yield self._result(seq)
         finally:
-            if ahead is not None:  # closed between two steps: finish the one in flight, so the scheduler has
-                sched.postprocess(ahead.batch, runner.collect(ahead), self.stop)  # no step left pending
+            # closed between two steps (at a yield): finish the step in flight, so none is left pending. Anything
+            # else (Ctrl-C inside a step, an error) propagates as it is: the step before it is unfinished too
+            if ahead is not None and sched.oldest_pending() is ahead.batch:
+                sched.postprocess(ahead.batch, runner.collect(ahead), self.stop)
             self._sync_stats(time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -138,19 +138,25 @@ class Scheduler(Admission):
             self.num_prefill_steps += 1
         return batch
 
-    def schedule_ahead(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+    def oldest_pending(self) -> ScheduledBatch | None:
+        """The scheduled step `postprocess` expects next (None when none is pending)."""
+        return self._pending[0] if self._pending else None
+
+    def schedule_ahead(self, batch: ScheduledBatch, more_requests: bool = False) -> ScheduledBatch | None:
         """The step after `batch` (scheduled, its tokens not yet known), planned before `postprocess(batch)` so
         it can be launched while `batch` still runs: the same sequences, one decode each, fed the token `batch`
         samples (`ahead`: the runner takes it from the device). None unless that is the step `schedule()`
         would plan after `batch` if no sequence hits eos or a stop string: `batch` is all decodes, holds every
         running sequence, none of them reaches max_tokens / max_model_len with its token, no waiting request
-        could take a free seat, and every next token's KV fits without preemption. A sequence that does stop at
+        (nor one the caller feeds before the next `schedule()`: `more_requests`) could take a free seat, and
+        every next token's KV fits without preemption. A sequence that does stop at
         `batch` is fed one token too many here; `postprocess` drops it (its KV write lands in blocks freed at
         the stop, before any later step can reuse them, as steps run in order on the device)."""
         if self._pending != [batch] or not batch.is_decode_only or not all(batch.sample):
             return None
         running = self.running
-        if len(running) != batch.num_seqs or (len(self._waiting) and len(running) < self.max_num_seqs):
+        if len(running) != batch.num_seqs or ((len(self._waiting) or more_requests)
+                                              and len(running) < self.max_num_seqs):
             return None
         limit = self.max_model_len
         for seq in batch.seqs:

@@ -203,5 +203,25 @@ def test_run_ahead_changes_no_output(llama, monkeypatch):
     assert engine.scheduler._pending, "no result was handed out while a step was in flight"
     gen.close()
     assert not engine.scheduler._pending
-    again = engine.generate_all(_requests(prompts[:2], plan[:2]))
-    assert all(r.error is None for r in again)
+    new = [Request(key=100 + i, id=f"new{i}", adapter=a, prompt_token_ids=p, sampling=SamplingParams(max_tokens=3))
+           for i, (p, a) in enumerate(zip(prompts[:2], plan[:2]))]
+    again = engine.generate_all(new)  # (the unread requests of the closed call finish here too, as before)
+    assert all(r.error is None for r in again) and {"new0", "new1"} <= {r.id for r in again}
+
+    # Ctrl-C while waiting for a step's ids with the next step in flight: the interrupt reaches the caller as it
+    # is (the engine does not postprocess the step in flight ahead of the one before it)
+    from multilora_cli.engine import runner as runner_mod
+
+    real, hit = runner_mod.ModelRunner.collect, []
+
+    def interrupted(self, launched):
+        if not hit and engine.scheduler.num_ahead_steps >= 2 and len(engine.scheduler._pending) == 2:
+            hit.append(launched)  # once
+            raise KeyboardInterrupt
+        return real(self, launched)
+
+    engine = Engine(cfg, adapters)
+    monkeypatch.setattr(runner_mod.ModelRunner, "collect", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate_all(requests())
+    assert hit

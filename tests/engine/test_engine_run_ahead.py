@@ -109,3 +109,21 @@ def test_no_ahead_step_where_schedule_would_do_something_else():
     s = fresh()  # a prefill step is never run ahead of
     s.add(make_seq(0, None, 3, max_tokens=5))
     assert s.schedule_ahead(s.schedule()) is None
+
+
+def test_no_ahead_step_while_requests_still_come_and_a_seat_is_free():
+    from multilora_cli.engine.block_manager import BlockManager
+    from multilora_cli.engine.scheduler import Scheduler
+    from multilora_cli.engine.slots import SlotManager
+
+    slots = SlotManager(2, 4, lambda n: {"name": n}, lambda *a: None, lambda *a: None)
+    s = Scheduler(cfg(max_num_seqs=3), BlockManager(100, 4), slots)
+    for i in range(2):
+        s.add(make_seq(i, None, 3, max_tokens=6))
+    b = s.schedule()
+    s.postprocess(b, [7, 7], StopChecker())
+    b = s.schedule()
+    assert b.is_decode_only and s.num_waiting == 0
+    assert s.schedule_ahead(b, more_requests=True) is None  # the caller's next requests would take the seat
+    assert s.schedule_ahead(b) is not None
+
