@@ -6,10 +6,8 @@
 
 The baseline folder holds copies of kernels/sgmv_shrink.py, sgmv_expand.py and sgmv_silu.py (any subset); each
 is loaded as its own module and swapped into `kernels.sgmv`, so both arms share everything else (blocks, PDL,
-metadata). Or, with `--toggle NAME` instead of `--baseline`, both arms run the current kernels with the boolean
-`kernels.sgmv.NAME` off ("base") and on ("current"), e.g. `--toggle REDUCE_SPLITS` at commit 0b4ae9b.
-Per point: the layer as bench_kernels.py times it (add_lora on qkv, o, gate_up, down) and the gate_up module as
-the engine runs it (shrink + expand fused with SiLU-and-mul). Same timing as bench_kernels.py (median
+metadata). Per point: the layer as bench_kernels.py times it (add_lora on qkv, o, gate_up, down) and the gate_up
+module as the engine runs it (shrink + expand fused with SiLU-and-mul). Same timing as bench_kernels.py (median
 of CUDA-graph replays of K rotations, L2 cleared between replays); arms interleaved per point and repeated, min
 taken; floor = bytes / copy bandwidth measured here. Outputs of the two arms are compared bit for bit.
 """
@@ -45,12 +43,10 @@ def load_baseline(folder: str) -> dict:
     return out
 
 
-def installer(fns: dict, **flags):
+def installer(fns: dict):
     def install():
         for fn, f in fns.items():
             setattr(sgmv, fn, f)
-        for name, value in flags.items():
-            setattr(sgmv, name, value)
     return install
 
 
@@ -76,22 +72,14 @@ def outputs(case: Case, pools: Pools, install) -> list[torch.Tensor]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--baseline", help="folder with earlier copies of sgmv_shrink/expand/silu.py")
-    which.add_argument("--toggle", help="a boolean of kernels.sgmv: off in the base arm, on in the current one")
+    p.add_argument("--baseline", required=True, help="folder with earlier copies of sgmv_shrink/expand/silu.py")
     p.add_argument("--points", default="256,64,16;256,16,16;64,64,16;16,8,16;1,1,16;1024,64,16;4096,64,16")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True)
     args = p.parse_args()
     start = time.time()
     l2, bw, report = device_report(rows=[])
-    if args.toggle:
-        if not isinstance(getattr(sgmv, args.toggle, None), bool):
-            p.error(f"kernels.sgmv has no boolean {args.toggle!r}")
-        arms = {"base": installer(CURRENT, **{args.toggle: False}),
-                "current": installer(CURRENT, **{args.toggle: True})}
-    else:
-        arms = {"base": installer(load_baseline(args.baseline)), "current": installer(CURRENT)}
+    arms = {"base": installer(load_baseline(args.baseline)), "current": installer(CURRENT)}
     pools = Pools(4, 64, 16)
     pools.set_rank(16)
     for point in args.points.split(";"):

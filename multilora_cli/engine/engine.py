@@ -207,7 +207,7 @@ class Engine:
         t0 = time.perf_counter()
         idle = 0
         runner = self.runner
-        ahead = None  # (batch, Launched): a step launched before the one before it was read back
+        ahead = None  # runner.Launched: a step launched before the one before it was read back
         try:
             while True:
                 while not exhausted and sched.wants_more():

@@ -79,6 +79,10 @@ class Launched:
     graph: bool
 
 
+def _greedy(seqs) -> bool:
+    return all(s.sampling.greedy or s.sampling.top_k == 1 for s in seqs)
+
+
 class ModelRunner:
     """Model + paged KV cache + LoRA slot tensors on one device; decode CUDA graphs on CUDA unless
     `config.enforce_eager`."""
@@ -190,7 +194,7 @@ class ModelRunner:
         """Whether the step after `batch` may be launched before `batch`'s ids are read (Scheduler.schedule_ahead):
         greedy sequences only, whose next token is a function of the device ids alone (a sampler's noise
         counter would still be one token behind on the host)."""
-        return all(s.sampling.greedy or s.sampling.top_k == 1 for s in batch.seqs)
+        return _greedy(batch.seqs)
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, prev: Launched | None = None) -> Launched:
@@ -236,7 +240,7 @@ class ModelRunner:
         seqs = batch.sampled_seqs()
         if not seqs:
             return Launched(batch, None, None, None, t0, graph)
-        if all(s.sampling.greedy or s.sampling.top_k == 1 for s in seqs):
+        if _greedy(seqs):
             # the sampler's greedy rows without its bookkeeping; argmax over the model-dtype logits picks the
             # index an fp32 copy would (the upcast is exact) and skips a [N, V] fp32 write (256 x 128k: ~50 us)
             ids = self.model.compute_logits(hidden, upcast=False).argmax(dim=-1)
