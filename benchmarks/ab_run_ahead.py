@@ -2,10 +2,11 @@
 
     python3 benchmarks/ab_run_ahead.py --rows base,64,256/64 --repeats 2 --out $OUT/ab-run-ahead.json
 
-bench_e2e rows (Llama-3-8B shapes, random weights, 1024 x (128 + 128) greedy, ignore_eos) in ONE process, the
-two arms interleaved per row and repeated: "sync" reads each step's ids back before the next is planned;
-"ahead" plans and launches the next decode step first (Scheduler.schedule_ahead). Per row: tok/s, the median
-decode step at the common batch size, decode and prefill seconds, host time outside the steps, ahead steps.
+bench_e2e rows (Llama-3-8B shapes, random weights, 1024 x (128 + 128), greedy or --temperature sampled,
+ignore_eos) in ONE process, the two arms interleaved per row and repeated: "sync" reads each step's ids back
+before the next is planned; "ahead" plans and launches the next decode step first (Scheduler.schedule_ahead).
+Per row: tok/s, the median decode step at the common batch size, decode and prefill seconds, host time outside
+the steps, ahead steps.
 Run a throwaway process first (Triton cache), as for bench_e2e.py.
 """
 
@@ -54,6 +55,8 @@ def main() -> int:
     p.add_argument("--rows", default="base,64,256/64")
     p.add_argument("--requests", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--temperature", type=float, default=0.0, help="above 0: seeded sampling instead of greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -63,7 +66,7 @@ def main() -> int:
     bw = measure_bandwidth(device)
     report = {"device": torch.cuda.get_device_name(), "bandwidth_tbs": bw / 1e12, "command": " ".join(sys.argv),
               "rows": []}
-    base = Workload(preset=args.preset, num_requests=args.requests)
+    base = Workload(preset=args.preset, num_requests=args.requests, temperature=args.temperature, top_p=args.top_p)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.preset, Path(tmp) / "model")
         for rep in range(args.repeats):

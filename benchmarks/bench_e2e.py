@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the issue's workload)")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--hf-batch-sizes", default="256,1024")
     ap.add_argument("--hf-new-tokens", default="2,4")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     base = Workload(preset=args.preset, num_requests=args.requests, prompt_len=args.prompt_len,
                     output_len=args.output_len, rank=args.rank, max_num_seqs=args.max_num_seqs,
-                    max_num_batched_tokens=args.max_num_batched_tokens)
+                    max_num_batched_tokens=args.max_num_batched_tokens, temperature=args.temperature,
+                    top_p=args.top_p)
     plan = parse_rows(args.rows, base)
     slug = device_slug(device_info(device)["name"])
     out = args.out or ROOT / "benchmarks" / "results" / f"e2e-{slug}.json"

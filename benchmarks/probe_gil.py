@@ -6,7 +6,7 @@ Every torch op lets go of the GIL around its kernel and must win it back; with a
 each win waits up to the interpreter's switch interval (5 ms). Attribute reads and memoryview slices do not
 let go. Session 9 (RESULTS.md): why adapter reads made of ~2,700 small torch calls ran 8x slower inside a run.
 """
-import threading, time, torch, sys
+import threading, time, torch
 stop = threading.Event()
 def bg():
     while not stop.is_set():

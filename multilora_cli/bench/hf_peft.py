@@ -46,9 +46,12 @@ def build_hf_peft(model_dir: Path, work: Workload, device: torch.device, dtype: 
     return pm.eval()
 
 
-def _generate(model, ids: torch.Tensor, adapters: list[str] | None, n: int, device: torch.device) -> float:
+def _generate(model, ids: torch.Tensor, adapters: list[str] | None, n: int, device: torch.device,
+              work: Workload | None = None) -> float:
     kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
               do_sample=False, pad_token_id=0)
+    if work is not None and work.sampled:  # the same sampling as the multilora rows (HF's own RNG)
+        kw.update(do_sample=True, temperature=work.temperature, top_p=work.top_p, top_k=0)
     if adapters is not None:
         kw["adapter_names"] = adapters
     _sync(device)
@@ -77,8 +80,8 @@ def time_hf_peft(model, work: Workload, vocab_size: int, device: torch.device, b
         b = min(b, work.num_requests)
         ids = torch.tensor(prompts[:b], device=device)
         sub = names[:b] if names else None
-        t1 = _generate(model, ids, sub, n1, device)
-        t2 = _generate(model, ids, sub, n2, device)
+        t1 = _generate(model, ids, sub, n1, device, work)
+        t2 = _generate(model, ids, sub, n2, device, work)
         step = max((t2 - t1) / (n2 - n1), 1e-9)
         prefill = max(t1 - (n1 - 1) * step, 0.0)
         total = prefill + (work.output_len - 1) * step

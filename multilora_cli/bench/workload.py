@@ -18,7 +18,8 @@ class Workload:
     """One row's workload. num_adapters 0 = base model only (every request adapter-less).
 
     preset: model shape (bench.model_dir.PRESETS), rank: LoRA rank on all 7 projections, max_loras: GPU slots
-    (None = min(num_adapters, 64)), distribution: how requests spread over adapters (zipf exponent zipf_s).
+    (None = min(num_adapters, 64)), distribution: how requests spread over adapters (zipf exponent zipf_s),
+    temperature / top_p: 0 = greedy, else seeded sampling (request i draws with seed `seed + i`).
     """
 
     preset: str = "llama-3-8b"
@@ -33,6 +34,8 @@ class Workload:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     seed: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
@@ -46,6 +49,7 @@ class Workload:
             self.max_loras = max(1, min(self.num_adapters, 64))
         if self.max_loras < 1:
             raise ConfigError(f"max_loras must be >= 1, got {self.max_loras}")
+        SamplingParams(temperature=self.temperature, top_p=self.top_p)  # the same checks as a request's
 
     @property
     def adapter_names(self) -> list[str]:
@@ -69,10 +73,20 @@ class Workload:
         rng = np.random.default_rng(self.seed + 1)
         return rng.integers(10, vocab_size, (self.num_requests, self.prompt_len)).tolist()
 
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0
+
     def requests(self, vocab_size: int) -> list[Request]:
-        """Greedy requests of exactly output_len tokens (ignore_eos)."""
-        sp = SamplingParams(max_tokens=self.output_len, ignore_eos=True)
-        return [Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp)
+        """Requests of exactly output_len tokens (ignore_eos): greedy, or sampled with one seed per request."""
+        def sp(i: int) -> SamplingParams:
+            if not self.sampled:
+                return greedy
+            return SamplingParams(max_tokens=self.output_len, ignore_eos=True, temperature=self.temperature,
+                                  top_p=self.top_p, seed=self.seed + i)
+
+        greedy = SamplingParams(max_tokens=self.output_len, ignore_eos=True)
+        return [Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp(i))
                 for i, (p, a) in enumerate(zip(self.prompts(vocab_size), self.assignment()))]
 
     def to_dict(self) -> dict:

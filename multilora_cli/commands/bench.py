@@ -17,6 +17,9 @@ def command(
     prompt_len: int = typer.Option(128, "--prompt-len", help="Prompt tokens per request."),
     output_len: int = typer.Option(128, "--output-len", help="Generated tokens per request (eos ignored)."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", help="Largest decode batch."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; above 0: seeded sampling (HF + PEFT "
+                                      "rows sample too)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (with --temperature)."),
     base: bool = typer.Option(True, "--base/--no-base", metavar="", help="Also run the base model without adapters."),
     hf: bool = typer.Option(False, "--hf/--no-hf", metavar="", help="Also time HF transformers + PEFT (slow to build: "
                             "minutes at 8B with 64 adapters; timed on a few tokens and extrapolated)."),
@@ -47,7 +50,8 @@ def command(
         raise UsageError(f"no GPU here: a {preset} benchmark on CPU would take hours",
                          hint="run it on a GPU, or try the pipeline with --device cpu --preset tiny")
     work = Workload(preset=preset, rank=rank, num_requests=requests, prompt_len=prompt_len, output_len=output_len,
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max(8192, max_num_seqs), distribution=distribution)
+                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max(8192, max_num_seqs), distribution=distribution,
+                    temperature=temperature, top_p=top_p)
     if rows is None:
         specs = []
         for n in (s.strip() for s in adapters.split(",") if s.strip()):

@@ -240,8 +240,7 @@ class Engine:
                     launched = runner.launch(batch)
                 t1 = time.perf_counter()
                 batch = launched.batch
-                nxt = (sched.schedule_ahead(batch, more_requests=not exhausted)
-                       if RUN_AHEAD and runner.can_run_ahead(batch) else None)
+                nxt = sched.schedule_ahead(batch, more_requests=not exhausted) if RUN_AHEAD else None
                 self.schedule_seconds += time.perf_counter() - t1
                 if nxt is not None:
                     ahead = runner.launch(nxt, prev=launched)

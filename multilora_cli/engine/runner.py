@@ -190,12 +190,6 @@ class ModelRunner:
         """Run `batch` through the model; returns one sampled token id per `batch.sampled_seqs()`."""
         return self.collect(self.launch(batch))
 
-    def can_run_ahead(self, batch: ScheduledBatch) -> bool:
-        """Whether the step after `batch` may be launched before `batch`'s ids are read (Scheduler.schedule_ahead):
-        greedy sequences only, whose next token is a function of the device ids alone (a sampler's noise
-        counter would still be one token behind on the host)."""
-        return _greedy(batch.seqs)
-
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, prev: Launched | None = None) -> Launched:
         """Queue `batch` on the device and return at once; `collect` waits for its sampled ids. An `ahead` batch
@@ -246,7 +240,8 @@ class ModelRunner:
             ids = self.model.compute_logits(hidden, upcast=False).argmax(dim=-1)
         else:
             logits = self.model.compute_logits(hidden)  # [N, V] fp32
-            ids = self.sampler(logits, SamplingBatch.for_seqs(seqs, logits.shape[-1], self.device))
+            # an ahead step samples each sequence's next position: the token before it is not on the host yet
+            ids = self.sampler(logits, SamplingBatch.for_seqs(seqs, logits.shape[-1], self.device, batch.ahead))
         if self.device.type != "cuda":
             return Launched(batch, ids, ids, None, t0, graph)
         # the ids come back through page-locked memory, two buffers taking turns (at most two steps in flight)

@@ -76,10 +76,14 @@ class SamplingBatch:
         )
 
     @classmethod
-    def for_seqs(cls, seqs: list[Sequence], vocab_size: int, device: torch.device | str = "cpu") -> "SamplingBatch":
-        """Rows = `seqs` (e.g. `ScheduledBatch.sampled_seqs()`), each at its `sample_position`."""
-        return cls.build([s.sampling for s in seqs], [s.seed for s in seqs], [s.sample_position for s in seqs],
-                         vocab_size, device)
+    def for_seqs(cls, seqs: list[Sequence], vocab_size: int, device: torch.device | str = "cpu",
+                 ahead: bool = False) -> "SamplingBatch":
+        """Rows = `seqs` (e.g. `ScheduledBatch.sampled_seqs()`), each at its `sample_position`; `ahead`: one
+        position further (a step launched before the previous step's token reached the host:
+        `ScheduledBatch.ahead`)."""
+        step = 1 if ahead else 0
+        return cls.build([s.sampling for s in seqs], [s.seed for s in seqs],
+                         [s.sample_position + step for s in seqs], vocab_size, device)
 
 
 def _pick(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -34,9 +34,15 @@ def test_workload_requests_and_spread():
     reqs = w.requests(512)
     assert len(reqs) == 2000 and all(len(r.prompt_token_ids) == 128 for r in reqs)
     assert all(r.sampling.ignore_eos and r.sampling.max_tokens == 128 for r in reqs)
+    assert all(r.sampling.greedy for r in reqs)
+    hot = Workload(preset="tiny", num_adapters=2, num_requests=3, temperature=0.7, top_p=0.9, seed=5).requests(512)
+    assert [(r.sampling.temperature, r.sampling.top_p, r.sampling.seed) for r in hot] == [(0.7, 0.9, s)
+                                                                                          for s in (5, 6, 7)]
     assert Workload(num_adapters=256).max_loras == 64 and Workload(num_adapters=8).max_loras == 8
     with pytest.raises(ConfigError):
         Workload(distribution="pareto")
+    with pytest.raises(ConfigError, match="top_p"):
+        Workload(temperature=0.5, top_p=0.0)
 
 
 def test_row_specs():
@@ -116,12 +122,13 @@ def test_bench_command(tmp_path):
     out = tmp_path / "b.json"
     cmd = [sys.executable, "-m", "multilora_cli", "bench", "--device", "cpu", "--preset", "tiny", "--adapters", "3",
            "--max-loras", "2", "--requests", "5", "--prompt-len", "4", "--output-len", "3", "--max-num-seqs", "4",
-           "--json", str(out)]
+           "--temperature", "0.8", "--top-p", "0.9", "--json", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "| multilora | tiny | 3 | uniform | 2 | 5 |" in p.stdout and "| multilora-base | tiny | 0 |" in p.stdout
     report = json.loads(out.read_text())
     assert [r["system"] for r in report["rows"]] == ["multilora", "multilora-base"]
+    assert {(r["workload"]["temperature"], r["workload"]["top_p"]) for r in report["rows"]} == {(0.8, 0.9)}
     p = subprocess.run([sys.executable, "-m", "multilora_cli", "bench", "--device", "cpu"], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 2 and "--preset tiny" in p.stderr

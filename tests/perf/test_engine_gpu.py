@@ -34,9 +34,13 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
             for _ in range(n)]
 
 
-def _requests(prompts, plan) -> list[Request]:
-    sp = SamplingParams(max_tokens=NEW, ignore_eos=True)
-    return [Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp)
+def _requests(prompts, plan, sampled: bool = False) -> list[Request]:
+    def sp(i):
+        if not sampled or i % 3 == 0:
+            return SamplingParams(max_tokens=NEW, ignore_eos=True)
+        extra = dict(top_p=0.9, top_k=40) if i % 3 == 2 else {}
+        return SamplingParams(max_tokens=NEW, ignore_eos=True, temperature=1.0, seed=i, **extra)
+    return [Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp(i))
             for i, (p, a) in enumerate(zip(prompts, plan))]
 
 
@@ -95,24 +99,26 @@ def test_fp32_cuda_tokens_equal_hf_peft(setup, reference, eager):
 def test_run_ahead_gives_the_same_tokens(setup, reference, monkeypatch, eager):
     """Decode steps launched before the previous step's ids are read back (engine.RUN_AHEAD: ids fed on the
     device, into the graph's buffers or the eager inputs) give the same bf16 tokens as one step at a time, and
-    the fp32 tokens equal HF + PEFT's."""
+    the fp32 tokens equal HF + PEFT's; with seeded sampling mixed in ("sampled"), the same bf16 tokens too."""
     from multilora_cli.engine import engine as engine_mod
 
     base, adapters = setup
     prompts, (want, _) = reference
     got = {}
-    for dtype in ("bfloat16", "float32"):
+    for dtype in ("bfloat16", "float32", "sampled"):
         for ahead in (False, True):
             monkeypatch.setattr(engine_mod, "RUN_AHEAD", ahead)
-            engine = Engine(EngineConfig(model=str(base), device="cuda", dtype=dtype, max_loras=3, max_lora_rank=16,
+            engine = Engine(EngineConfig(model=str(base), device="cuda", max_loras=3, max_lora_rank=16,
+                                         dtype="bfloat16" if dtype == "sampled" else dtype,
                                          max_num_seqs=16, enforce_eager=eager, num_kv_blocks=256), adapters)
-            res = engine.generate_all(_requests(prompts, PLAN))
+            res = engine.generate_all(_requests(prompts, PLAN, sampled=dtype == "sampled"))
             assert [r.error for r in res] == [None] * len(PLAN)
             got[dtype, ahead] = [r.token_ids for r in res]
             assert (engine.scheduler.num_ahead_steps > 0) == ahead
             engine.close()
         assert got[dtype, True] == got[dtype, False]
     assert got["float32", True] == want
+    assert got["sampled", True] != got["bfloat16", True]  # the sampled rows really sampled
 
 
 def test_bf16_cuda_close_to_hf_fp32(setup, reference):
