@@ -5,7 +5,8 @@ time: in the warm-ups of the decode graphs and inside the first prefill steps of
 one-shot run (benchmarks/RESULTS.md, "cold start"). Here the runner dry-runs the forwards it will run with
 Triton launches recorded instead of run: every decode-graph bucket, and one prefill step per token bucket of
 the kernel tables (`kernels.blocks.token_bucket`) up to max_num_batched_tokens, without and with a cached
-prefix. The distinct variants are then compiled from a thread pool. With a warm cache the pass still dry-runs
+prefix, and one sampling launch (kernels/sample.py) on the model's logits. The distinct variants are then compiled
+from a thread pool. With a warm cache the pass still dry-runs
 and loads them (measured 1.0-2.6 s on an H200 host, paid back by a faster graph capture: 5.0 -> 1.9 s).
 MULTILORA_PRECOMPILE=0 turns it off.
 """
@@ -20,6 +21,7 @@ import torch
 
 from multilora_cli.kernels.blocks import token_bucket
 from multilora_cli.kernels.launch import collect, compile_all
+from multilora_cli.kernels.sample import sample_rows
 from multilora_cli.layers.context import StepContext, reset_context, set_context
 
 EXACT_MAX = 256  # the kernel tables key on the exact token count up to here (one decode graph per size)
@@ -54,6 +56,13 @@ def _prefill_inputs(t: int, seq_len: int, prefix: int, block_size: int, device: 
     return torch.zeros(t, dtype=torch.int64, device=device), pos, ctx
 
 
+def _dry_sample(logits: torch.Tensor) -> None:
+    """One recorded sampling launch on logits shaped as the runner's ([N, V], model dtype, contiguous)."""
+    one = torch.zeros(1, device=logits.device)
+    sample_rows(logits, one.long(), one + 1, one.long() + logits.shape[1], one + 1, one.double(),
+                torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device))
+
+
 @torch.inference_mode()
 def precompile(model, graphs, meta_buffers, *, max_num_batched_tokens: int, max_model_len: int, block_size: int,
                device: torch.device) -> tuple[int, float]:
@@ -79,5 +88,7 @@ def precompile(model, graphs, meta_buffers, *, max_num_batched_tokens: int, max_
                     reset_context()
         if graphs is not None:
             graphs.lora_key = None  # the shared LoRA buffers were rewritten
+        _dry_sample(model.compute_logits(torch.zeros(1, model.lm_head.weight.shape[1], device=device,
+                                                     dtype=model.lm_head.weight.dtype), upcast=False))
     torch.cuda.synchronize(device)
     return compile_all(calls), time.perf_counter() - t0

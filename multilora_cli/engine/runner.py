@@ -234,12 +234,12 @@ class ModelRunner:
         seqs = batch.sampled_seqs()
         if not seqs:
             return Launched(batch, None, None, None, t0, graph)
+        logits = self.model.compute_logits(hidden, upcast=False)  # [N, V] model dtype
         if _greedy(seqs):
             # the sampler's greedy rows without its bookkeeping; argmax over the model-dtype logits picks the
             # index an fp32 copy would (the upcast is exact) and skips a [N, V] fp32 write (256 x 128k: ~50 us)
-            ids = self.model.compute_logits(hidden, upcast=False).argmax(dim=-1)
+            ids = logits.argmax(dim=-1)
         else:
-            logits = self.model.compute_logits(hidden)  # [N, V] fp32
             # an ahead step samples each sequence's next position: the token before it is not on the host yet
             ids = self.sampler(logits, SamplingBatch.for_seqs(seqs, logits.shape[-1], self.device, batch.ahead))
         if self.device.type != "cuda":

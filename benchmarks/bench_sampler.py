@@ -1,0 +1,99 @@
+"""The decode step's sampling cost (engine/sampler.py) per sampling kind, against greedy argmax.
+
+    PYTHONPATH=. python3 benchmarks/bench_sampler.py --out $OUT/sampler-h200.json
+
+Logits [B, V] in the model dtype (bf16), V = Llama-3's 128256, B = decode batch sizes. Per kind, the device time
+of everything after the LM head as the runner launches it (eager: the sampler is not in the decode graph):
+greedy = argmax over the bf16 logits; the others = `Sampler` on the bf16 logits (plain: temperature only;
+top-p, top-k, both), side by side on its two paths: `triton` (kernels/sample.py, radix search, no sort) and
+`torch` (the same definition as torch ops, with a [B, V] sort: the baseline). Medians of triton do_bench (eager
+launches included, as in the engine), interleaved and repeated, min taken; plus the host time of
+`SamplingBatch.build` (which run-ahead overlaps with the device). The bytes floor is one read of the logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+from triton.testing import do_bench
+
+from multilora_cli.config import SamplingParams
+from multilora_cli.engine.sampler import Sampler, SamplingBatch
+
+V = 128256
+KINDS = {
+    "greedy": None,
+    "plain": dict(temperature=1.0),
+    "top_p": dict(temperature=1.0, top_p=0.9),
+    "top_k": dict(temperature=1.0, top_k=50),
+    "top_k+top_p": dict(temperature=1.0, top_k=50, top_p=0.9),
+}
+
+
+def run_kind(logits: torch.Tensor, kind: str, sampler: Sampler, impl: str) -> tuple:
+    """(device callable, host seconds of the batch build) for one kind over all rows on path `impl`."""
+    if KINDS[kind] is None:
+        return (lambda: logits.argmax(dim=-1)), 0.0
+
+    def fn():
+        os.environ["MULTILORA_KERNELS"] = impl  # read by use_triton at each call
+        return sampler(logits, batch)
+
+    b = logits.shape[0]
+    params = [SamplingParams(max_tokens=8, seed=i, **KINDS[kind]) for i in range(b)]
+    t0 = time.perf_counter()
+    for _ in range(20):
+        batch = SamplingBatch.build(params, list(range(b)), [5] * b, V, logits.device)
+    host = (time.perf_counter() - t0) / 20
+    return fn, host
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="64,256")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    start = time.time()
+    dev = torch.device("cuda")
+    n = 1 << 30
+    src, dst = torch.empty(n, dtype=torch.uint8, device=dev), torch.empty(n, dtype=torch.uint8, device=dev)
+    bw = 2 * n / (do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median") * 1e-3)
+    del src, dst
+    sampler = Sampler()
+    report = {"device": torch.cuda.get_device_name(), "bandwidth_tbs": bw / 1e12, "command": " ".join(sys.argv),
+              "vocab": V, "rows": []}
+    g = torch.Generator(device=dev).manual_seed(0)
+    for b in (int(x) for x in args.batches.split(",")):
+        logits = (torch.randn(b, V, device=dev, generator=g) * 3).to(torch.bfloat16)
+        best: dict[tuple, float] = {}
+        host: dict[str, float] = {}
+        cases = [(k, i) for k in KINDS for i in (("-",) if KINDS[k] is None else ("triton", "torch"))]
+        for _ in range(args.repeats):
+            for kind, impl in cases:
+                fn, host[kind] = run_kind(logits, kind, sampler, impl)
+                fn()
+                ms = do_bench(fn, warmup=5, rep=100, return_mode="median")
+                best[kind, impl] = min(best.get((kind, impl), float("inf")), ms * 1e3)
+        floor = logits.numel() * logits.element_size() / bw * 1e6
+        for kind, impl in cases:
+            us = best[kind, impl]
+            row = dict(batch=b, kind=kind, impl=impl, device_us=round(us, 1), host_build_us=round(host[kind] * 1e6, 1),
+                       floor_us=round(floor, 1), vs_greedy=round(us / best["greedy", "-"], 2),
+                       torch_over_triton=round(best[kind, "torch"] / us, 2) if impl == "triton" else None)
+            report["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    report["elapsed_s"] = round(time.time() - start, 1)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
