@@ -43,6 +43,8 @@ class SamplingBatch:
     top_p: torch.Tensor  # [S] float32 (1 when off)
     u: torch.Tensor  # [S] float64
     num_rows: int
+    any_top_k: bool = True  # some sampled row filters by top-k / top-p: the kernel's passes for it run
+    any_top_p: bool = True
 
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], positions: list[int], vocab_size: int,
@@ -52,14 +54,16 @@ class SamplingBatch:
         g, s = [], []
         for i, sp in enumerate(params):
             (g if sp.greedy or sp.top_k == 1 else s).append(i)
+        k = [min(params[i].top_k, vocab_size) or vocab_size for i in s]
         host = torch.tensor(
-            g + s + [params[i].temperature for i in s] + [min(params[i].top_k, vocab_size) or vocab_size for i in s]
-            + [params[i].top_p for i in s] + [uniform(seeds[i], positions[i]) for i in s], dtype=torch.float64)
+            g + s + [params[i].temperature for i in s] + k + [params[i].top_p for i in s]
+            + [uniform(seeds[i], positions[i]) for i in s], dtype=torch.float64)
         dev = host.to(torch.device(device), non_blocking=True)
         n = len(s)
         rows, temp, top_k, top_p, u = (dev[len(g) + j * n:len(g) + (j + 1) * n] for j in range(5))
         return cls(greedy_rows=dev[:len(g)].long(), rows=rows.long(), temp=temp.float(), top_k=top_k.long(),
-                   top_p=top_p.float(), u=u, num_rows=len(params))
+                   top_p=top_p.float(), u=u, num_rows=len(params), any_top_k=any(x < vocab_size for x in k),
+                   any_top_p=any(params[i].top_p < 1.0 for i in s))
 
     @classmethod
     def for_seqs(cls, seqs: list[Sequence], vocab_size: int, device: torch.device | str = "cpu",
@@ -84,7 +88,8 @@ class Sampler:
             out[batch.greedy_rows] = logits[batch.greedy_rows].argmax(dim=-1)
         if batch.rows.numel():
             if use_triton(logits):
-                sample_rows(logits, batch.rows, batch.temp, batch.top_k, batch.top_p, batch.u, out)
+                sample_rows(logits, batch.rows, batch.temp, batch.top_k, batch.top_p, batch.u, out,
+                            any_top_k=batch.any_top_k, any_top_p=batch.any_top_p)
             else:
                 out[batch.rows] = sample_rows_torch(logits[batch.rows], batch.temp, batch.top_k, batch.top_p,
                                                     batch.u)

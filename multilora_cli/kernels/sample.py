@@ -1,4 +1,4 @@
-"""Sampling without a sort: temperature, top-k, top-p and the inverse-CDF draw, one program per row.
+"""Sampling without a sort: temperature, top-k, top-p and the inverse-CDF draw, all rows at once.
 
 The sampling distribution is defined by an order on the logits, not by a sorted copy of them, so nothing is
 sorted. Each logit gets an integer key whose order is the float order (`order_keys`). Then:
@@ -7,9 +7,10 @@ sorted. Each logit gets an integer key whose order is the float order (`order_ke
 - top-p keeps every token for which the top-k-kept mass with a strictly larger key is < top_p of the
   top-k-kept total (the smallest such set, with ties at its boundary kept);
 - the token is the first one, in vocabulary order, whose running sum of kept weights exceeds u * total.
-Both thresholds are found by a radix search over the keys, 4 bits per pass (16 bins of counts or masses),
-so a row costs a handful of passes over its logits instead of a [V] sort (Llama-3, 256 rows: 3.7 ms with
-torch.sort, see benchmarks/RESULTS.md). A row's token depends on its logits, parameters and u only.
+Both thresholds are found by a radix search over the keys, 4 bits per pass (16 bins of counts or masses), and
+each row is cut into chunks so that a pass fills the GPU: a row costs a few passes over its logits instead of a
+[V] sort (Llama-3, 256 rows: 3.7 ms with torch.sort, see benchmarks/RESULTS.md). A row's token depends on its
+logits, parameters and u only: every reduction runs in a fixed order.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import triton.language as tl
 from multilora_cli.kernels.launch import launch
 
 LOG2E = 1.4426950408889634
+CHUNK = 8192  # logits per program: a 128k vocabulary x 256 rows is 4096 programs, 8 blocks of 1024 each
 
 
 @triton.jit
@@ -43,29 +45,18 @@ def _weights(raw, inv_t, m):
 
 
 @triton.jit
-def _radix_max_key(row, V, need, inv_t, m, floor_key, MASS: tl.constexpr, KEY_BITS: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    """The largest key x with sum over {key >= max(x, floor_key)} of (weight if MASS else 1) >= need."""
+def _resolve(part_ptr, S, C, i, nlvl, need, CB: tl.constexpr):
+    """Radix levels 0..nlvl-1 of a row from its chunks' partial histograms part[lvl, i, :C, :16] -> the key
+    prefix: at each level the largest digit d with (weight above the prefix's range) + (weight of digits >= d)
+    >= need. After every level: the largest key x with weight over {key >= x} >= need."""
     bins = tl.arange(0, 16)
+    cs = tl.arange(0, CB)
     prefix = tl.zeros((), tl.int64)
-    above = tl.zeros((), tl.float32)  # counted or weighed: keys above the prefix's range
-    offs0 = tl.arange(0, BLOCK)
-    for lvl in tl.static_range(KEY_BITS // 4):
-        shift = KEY_BITS - 4 - 4 * lvl
-        hist = tl.zeros((16,), tl.float32)
-        for start in range(0, V, BLOCK):
-            offs = start + offs0
-            ok = offs < V
-            raw = tl.load(row + offs, mask=ok, other=0.0)
-            key = _keys(raw, KEY_BITS)
-            ok = ok & (key >= floor_key) & ((key >> (shift + 4)) == prefix)
-            if MASS:
-                w = tl.where(ok, _weights(raw, inv_t, m), 0.0)
-            else:
-                w = ok.to(tl.float32)
-            digit = ((key >> shift) & 15).to(tl.int32)
-            hist += tl.sum(tl.where(digit[:, None] == bins[None, :], w[:, None], 0.0), axis=0)
-        suffix = tl.sum(tl.where(bins[None, :] >= bins[:, None], hist[None, :], 0.0), axis=1)  # [16]
+    above = tl.zeros((), tl.float32)
+    for lvl in range(nlvl):
+        ptrs = part_ptr + ((lvl * S + i) * C + cs[:, None]) * 16 + bins[None, :]
+        hist = tl.sum(tl.load(ptrs, mask=cs[:, None] < C, other=0.0), axis=0)  # [16], chunks in a fixed order
+        suffix = tl.sum(tl.where(bins[None, :] >= bins[:, None], hist[None, :], 0.0), axis=1)
         d = tl.maximum(tl.max(tl.where(above + suffix >= need, bins, -1), axis=0), 0)
         above += tl.sum(tl.where(bins > d, hist, 0.0), axis=0)
         prefix = prefix * 16 + d
@@ -73,79 +64,180 @@ def _radix_max_key(row, V, need, inv_t, m, floor_key, MASS: tl.constexpr, KEY_BI
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, rows_ptr, temp_ptr, top_k_ptr, top_p_ptr, u_ptr, out_ptr, V, stride_row,
-                   KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+def _level0_total(part_ptr, C, i, CB: tl.constexpr):
+    """The row's weight over all its level-0 bins: the top-k-kept total, from part[0, i, :C, :16]."""
+    cs = tl.arange(0, CB)
+    ptrs = part_ptr + (i * C + cs[:, None]) * 16 + tl.arange(0, 16)[None, :]
+    return tl.sum(tl.sum(tl.load(ptrs, mask=cs[:, None] < C, other=0.0), axis=1), axis=0)
+
+
+@triton.jit
+def _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, WITH_P: tl.constexpr, KEY_BITS: tl.constexpr,
+               CB: tl.constexpr):
+    """The smallest kept key: top-k's (0 when off), then top-p's above it (if WITH_P and on)."""
+    tau = tl.zeros((), tl.int64)
+    if top_k < V:
+        tau = _resolve(part_k_ptr, S, C, i, KEY_BITS // 4, top_k.to(tl.float32), CB)
+    if WITH_P:
+        if top_p < 1.0:
+            tau = _resolve(part_p_ptr, S, C, i, KEY_BITS // 4, top_p * _level0_total(part_p_ptr, C, i, CB), CB)
+    return tau
+
+
+@triton.jit
+def _histogram(row, lo, hi, floor, prefix, shift, inv_t, m, MASS: tl.constexpr, KEY_BITS: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """[16]: per digit (key >> shift) & 15 of the keys >= floor under `prefix`, their count or weight."""
+    bins = tl.arange(0, 16)
+    hist = tl.zeros((16,), tl.float32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < hi
+        raw = tl.load(row + offs, mask=ok, other=0.0)
+        key = _keys(raw, KEY_BITS)
+        ok = ok & (key >= floor) & ((key >> (shift + 4)) == prefix)
+        if MASS:
+            w = tl.where(ok, _weights(raw, inv_t, m), 0.0)
+        else:
+            w = ok.to(tl.float32)
+        digit = ((key >> shift) & 15).to(tl.int32)
+        hist += tl.sum(tl.where(digit[:, None] == bins[None, :], w[:, None], 0.0), axis=0)
+    return hist
+
+
+@triton.jit
+def _kept_sum(row, lo, hi, tau, inv_t, m, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    acc = tl.zeros((), tl.float32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < hi
+        raw = tl.load(row + offs, mask=ok, other=0.0)
+        acc += tl.sum(tl.where(ok & (_keys(raw, KEY_BITS) >= tau), _weights(raw, inv_t, m), 0.0), axis=0)
+    return acc
+
+
+@triton.jit
+def _pick(row, lo, hi, tau, inv_t, m, run, target, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """The first kept token of [lo, hi) where run + the running kept weight exceeds target, else the last one."""
+    pick = tl.full((), 2147483647, tl.int32)
+    last = tl.full((), -1, tl.int32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < hi
+        raw = tl.load(row + offs, mask=ok, other=0.0)
+        w = tl.where(ok & (_keys(raw, KEY_BITS) >= tau), _weights(raw, inv_t, m), 0.0)
+        hit = (w > 0) & (run + tl.cumsum(w, axis=0) > target)
+        pick = tl.minimum(pick, tl.min(tl.where(hit, offs, 2147483647), axis=0))
+        last = tl.maximum(last, tl.max(tl.where(w > 0, offs, -1), axis=0))
+        run += tl.sum(w, axis=0)
+    return tl.where(pick == 2147483647, last, pick)
+
+
+@triton.jit(do_not_specialize=["LEVEL"])
+def _sample_pass(logits_ptr, rows_ptr, temp_ptr, top_k_ptr, top_p_ptr, u_ptr, out_ptr, pmax_ptr, psum_ptr,
+                 part_k_ptr, part_p_ptr, V, stride_row, S, C, LEVEL, MODE: tl.constexpr, KEY_BITS: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, CB: tl.constexpr):
+    """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
+    (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight. 4: the draw, by the chunk holding it."""
     i = tl.program_id(0)
-    r = tl.load(rows_ptr + i)
-    row = logits_ptr + r * stride_row
+    c = tl.program_id(1)
+    row = logits_ptr + tl.load(rows_ptr + i) * stride_row
     inv_t = 1.0 / tl.load(temp_ptr + i)
     top_k = tl.load(top_k_ptr + i)
     top_p = tl.load(top_p_ptr + i)
-    offs0 = tl.arange(0, BLOCK)
-    mx = tl.full((), float("-inf"), tl.float32)
-    for start in range(0, V, BLOCK):
-        offs = start + offs0
-        raw = tl.load(row + offs, mask=offs < V, other=float("-inf"))
-        mx = tl.maximum(mx, tl.max(raw.to(tl.float32) * inv_t, axis=0))
-    tau = tl.zeros((), tl.int64)
-    if top_k < V:
-        tau = _radix_max_key(row, V, top_k.to(tl.float32), inv_t, mx, tau, False, KEY_BITS, BLOCK)
-    if top_p < 1.0:
-        total_k = tl.zeros((), tl.float32)
-        for start in range(0, V, BLOCK):
-            offs = start + offs0
-            ok = offs < V
-            raw = tl.load(row + offs, mask=ok, other=0.0)
-            total_k += tl.sum(tl.where(ok & (_keys(raw, KEY_BITS) >= tau), _weights(raw, inv_t, mx), 0.0), axis=0)
-        tau = _radix_max_key(row, V, top_p * total_k, inv_t, mx, tau, True, KEY_BITS, BLOCK)
-    total = tl.zeros((), tl.float32)
-    for start in range(0, V, BLOCK):
-        offs = start + offs0
-        ok = offs < V
-        raw = tl.load(row + offs, mask=ok, other=0.0)
-        total += tl.sum(tl.where(ok & (_keys(raw, KEY_BITS) >= tau), _weights(raw, inv_t, mx), 0.0), axis=0)
-    target = (tl.load(u_ptr + i) * total.to(tl.float64)).to(tl.float32)
-    run = tl.zeros((), tl.float32)
-    pick = tl.full((), 2147483647, tl.int32)
-    last = tl.full((), -1, tl.int32)
-    for start in range(0, V, BLOCK):
-        offs = start + offs0
-        ok = offs < V
-        raw = tl.load(row + offs, mask=ok, other=0.0)
-        kept = ok & (_keys(raw, KEY_BITS) >= tau)
-        w = tl.where(kept, _weights(raw, inv_t, mx), 0.0)
-        hit = kept & (run + tl.cumsum(w, axis=0) > target)
-        pick = tl.minimum(pick, tl.min(tl.where(hit, offs, 2147483647), axis=0))
-        last = tl.maximum(last, tl.max(tl.where(kept, offs, -1), axis=0))
-        run += tl.sum(w, axis=0)
-    tl.store(out_ptr + r, tl.where(pick == 2147483647, last, pick).to(tl.int64))
-
+    lo = c * CHUNK
+    hi = tl.minimum(lo + CHUNK, V)
+    cs = tl.arange(0, CB)
+    if MODE == 0:
+        mx = tl.full((), float("-inf"), tl.float32)
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            raw = tl.load(row + offs, mask=offs < hi, other=float("-inf"))
+            mx = tl.maximum(mx, tl.max(raw.to(tl.float32) * inv_t, axis=0))
+        tl.store(pmax_ptr + i * C + c, mx)
+    else:
+        m = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=float("-inf")), axis=0)
+        shift = KEY_BITS - 4 - 4 * LEVEL
+        if MODE == 1:
+            if top_k < V:  # the rows that filter by top-k
+                prefix = _resolve(part_k_ptr, S, C, i, LEVEL, top_k.to(tl.float32), CB)
+                hist = _histogram(row, lo, hi, 0, prefix, shift, inv_t, m, False, KEY_BITS, BLOCK)
+                tl.store(part_k_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
+        elif MODE == 2:
+            if top_p < 1.0:
+                floor = _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, False, KEY_BITS, CB)
+                need = top_p * _level0_total(part_p_ptr, C, i, CB)  # (unused at level 0)
+                prefix = _resolve(part_p_ptr, S, C, i, LEVEL, need, CB)
+                hist = _histogram(row, lo, hi, floor, prefix, shift, inv_t, m, True, KEY_BITS, BLOCK)
+                tl.store(part_p_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
+        elif MODE == 3:
+            tau = _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, True, KEY_BITS, CB)
+            tl.store(psum_ptr + i * C + c, _kept_sum(row, lo, hi, tau, inv_t, m, KEY_BITS, BLOCK))
+        else:
+            # chunk c holds the draw if base_c <= target < end_c (ends: running sums of the chunks' kept weights
+            # in chunk order); a target at or past the total (rounding) goes to the last non-empty chunk
+            tau = _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, True, KEY_BITS, CB)
+            parts = tl.load(psum_ptr + i * C + cs, mask=cs < C, other=0.0)
+            ends = tl.cumsum(parts, axis=0)
+            total = tl.max(ends, axis=0)
+            end_c = tl.sum(tl.where(cs == c, ends, 0.0), axis=0)
+            base_c = tl.sum(tl.where(cs == c - 1, ends, 0.0), axis=0)
+            part_c = tl.sum(tl.where(cs == c, parts, 0.0), axis=0)
+            last_c = tl.max(tl.where(parts > 0, cs, -1), axis=0)
+            target = (tl.load(u_ptr + i) * total.to(tl.float64)).to(tl.float32)
+            inside = (base_c <= target) & (target < end_c)
+            if (part_c > 0) & (inside | ((c == last_c) & (target >= end_c))):
+                tok = _pick(row, lo, hi, tau, inv_t, m, base_c, target, KEY_BITS, BLOCK)
+                tl.store(out_ptr + tl.load(rows_ptr + i), tok.to(tl.int64))
 
 def sample_rows(logits: torch.Tensor, rows: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor,
-                top_p: torch.Tensor, u: torch.Tensor, out: torch.Tensor) -> None:
-    """Draw one token for each row in `rows`; one program per row, no sort, no host sync.
+                top_p: torch.Tensor, u: torch.Tensor, out: torch.Tensor, *, any_top_k: bool | None = None,
+                any_top_p: bool | None = None, chunk: int | None = None) -> None:
+    """Draw one token for each row in `rows`; no sort, no host sync (given any_top_k / any_top_p).
 
     logits: [N, V]  fp32 | fp16 | bf16, unit column stride
     rows:   [S]     int64, the rows of `logits` (and of `out`) to sample
     temp:   [S]     fp32 > 0;  top_k: [S] int64 in [1, V] (V = off);  top_p: [S] fp32 in (0, 1] (1 = off)
     u:      [S]     fp64 in [0, 1), the row's one uniform draw
     out:    [N]     int64, written at `rows` only
+    any_top_k / any_top_p: whether some row has top_k < V / top_p < 1 (None: read off the tensors, a sync)
 
         for i, r in enumerate(rows):
             s = logits[r] / temp[i];  w = exp(s - max(s));  key = order_keys(logits[r])
             kept = key >= (k-th largest key)                                   # top_k[i] < V
             kept &= [sum(w[kept & (key > key[t])]) < top_p[i] * sum(w[kept]) for t]   # top_p[i] < 1
             out[r] = first t in vocabulary order with cumsum(w * kept)[t] > u[i] * sum(w * kept)
+
+    Each row is cut into chunks of `chunk` logits (a program each) and a pass is a launch over all (row, chunk):
+    the chunk max, then per radix level (KEY_BITS / 4 of them) a 16-bin histogram per chunk, counts for top-k
+    and weights for top-p, each program reducing the earlier levels' partial histograms itself (fixed order:
+    the draw is deterministic), then the kept weight per chunk, then the draw in the chunk that holds it.
     """
     if logits.stride(-1) != 1 or logits.dim() != 2:
         raise ValueError(f"sample_rows: logits must be [N, V] with unit last stride, got {tuple(logits.shape)}")
-    if rows.numel() == 0:
+    s = rows.numel()
+    if s == 0:
         return
-    bits = 32 if logits.dtype == torch.float32 else 16
     v = logits.shape[1]
-    block = min(1024, triton.next_power_of_2(v))
-    launch(_sample_kernel, (rows.numel(),), logits, rows, temp, top_k, top_p, u, out, v, logits.stride(0),
-           KEY_BITS=bits, BLOCK=block, num_warps=8 if block >= 1024 else 4)
+    if any_top_k is None:
+        any_top_k = bool((top_k < v).any())
+    if any_top_p is None:
+        any_top_p = bool((top_p < 1.0).any())
+    bits = 32 if logits.dtype == torch.float32 else 16
+    chunk = chunk or min(CHUNK, triton.next_power_of_2(v))
+    block = min(1024, chunk)
+    c = triton.cdiv(v, chunk)
+    hist = s * c * 16 * (bits // 4)
+    scratch = torch.empty(2 * s * c + hist * (any_top_k + any_top_p), dtype=torch.float32, device=logits.device)
+    pmax, psum = scratch[:s * c], scratch[s * c:2 * s * c]
+    part_k = scratch[2 * s * c:2 * s * c + hist] if any_top_k else scratch
+    part_p = scratch[2 * s * c + hist * any_top_k:] if any_top_p else scratch
+    passes = ([(0, 0)] + [(1, lvl) for lvl in range(bits // 4) if any_top_k]
+              + [(2, lvl) for lvl in range(bits // 4) if any_top_p] + [(3, 0), (4, 0)])
+    for mode, lvl in passes:
+        launch(_sample_pass, (s, c), logits, rows, temp, top_k, top_p, u, out, pmax, psum, part_k, part_p, v,
+               logits.stride(0), s, c, lvl, MODE=mode, KEY_BITS=bits, CHUNK=chunk, BLOCK=block,
+               CB=triton.next_power_of_2(c), num_warps=8 if block >= 1024 else 4)
 
 
 # --- the same semantics in torch: the CPU path and the tests' reference --------------------------------------

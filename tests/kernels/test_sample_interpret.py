@@ -1,6 +1,7 @@
 """The sort-free sampling kernel (kernels/sample.py) against its torch definition, and that definition against
-transformers' warpers: fp32 / fp16 / bf16 logits (32- and 16-bit keys), odd vocab sizes, ties at the top-k and
-top-p boundaries, rows picked out of a larger batch, and the ids written only at those rows."""
+transformers' warpers: fp32 / fp16 / bf16 logits (32- and 16-bit keys), odd vocab sizes, one chunk per row and
+rows cut into several chunks (the draw falling in any of them), ties at the top-k and top-p boundaries, rows
+picked out of a larger batch, and the ids written only at those rows."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def _params(r: int, v: int, g: torch.Generator):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("v", [1, 7, 50, 1000, 2053])
-def test_kernel_equals_torch_definition(dtype, v):
+@pytest.mark.parametrize("v,chunk", [(1, None), (7, None), (50, None), (50, 16), (1000, None), (2053, None),
+                                     (700, 128)])
+def test_kernel_equals_torch_definition(dtype, v, chunk):
     g = torch.Generator().manual_seed(v)
     n = 9
     x = (torch.randn(n, v, generator=g) * 3).to(dtype)
@@ -33,7 +35,7 @@ def test_kernel_equals_torch_definition(dtype, v):
     top_k[2] = max(1, v // 3)  # the k-th key sits inside the run of ties
     top_p[2] = 0.5
     out = torch.full((n,), -7, dtype=torch.long, device=DEV)
-    sample_rows(x.to(DEV), rows.to(DEV), temp.to(DEV), top_k.to(DEV), top_p.to(DEV), u.to(DEV), out)
+    sample_rows(x.to(DEV), rows.to(DEV), temp.to(DEV), top_k.to(DEV), top_p.to(DEV), u.to(DEV), out, chunk=chunk)
     out = out.cpu()
     want = sample_rows_torch(x[rows], temp, top_k, top_p, u)
     assert out[rows].tolist() == want.tolist()
@@ -81,3 +83,22 @@ def test_definition_matches_transformers_warpers(top_k, top_p):
     ours = w / w.sum(dim=-1, keepdim=True)
     assert torch.equal(ref > 0, ours > 0)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(30, 1.0), (50, 0.8), (20, 0.6)])
+def test_draws_land_in_every_chunk(top_k, top_p):
+    """One row cut into 4 chunks of 16 logits, u swept over [0, 1): the chunk holding the draw is found from the
+    chunks' kept weights, and the pick equals the definition's for every u, up to u just below 1."""
+    g = torch.Generator().manual_seed(top_k)
+    n = 12
+    # bf16 (4 radix levels); flat, so kept tokens sit in every chunk
+    x = (torch.randn(1, 50, generator=g) * 0.5).expand(n, 50).contiguous().bfloat16()
+    u = torch.cat([torch.linspace(0.0, 0.97, n - 1, dtype=torch.float64), torch.tensor([1 - 2**-40]).double()])
+    temp, k, p = torch.ones(n), torch.full((n,), top_k), torch.full((n,), top_p)
+    rows = torch.arange(n)
+    out = torch.full((n,), -1, dtype=torch.long, device=DEV)
+    sample_rows(x.to(DEV), rows.to(DEV), temp.to(DEV), k.to(DEV), p.to(DEV), u.to(DEV), out, chunk=16)
+    want = sample_rows_torch(x, temp, k, p, u)
+    assert out.cpu().tolist() == want.tolist()
+    assert len({t // 16 for t in want.tolist()}) >= 3  # the draws really spread over the chunks
+    assert want[-1].item() == int((kept_weights(x[:1], temp[:1], k[:1], p[:1])[0] > 0).nonzero().max())
