@@ -32,7 +32,8 @@ def logits_rows(n, seed=0, scale=2.0):
 
 
 def sample(logits, params, seeds, positions):
-    return Sampler()(logits, SamplingBatch.build(params, seeds, positions, V)).tolist()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel's real path on a GPU machine
+    return Sampler()(logits.to(dev), SamplingBatch.build(params, seeds, positions, V, dev)).tolist()
 
 
 def hf_probs(row, sp: SamplingParams):
