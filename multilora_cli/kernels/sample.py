@@ -103,7 +103,7 @@ def _histogram(row, lo, hi, floor, prefix, shift, inv_t, m, MASS: tl.constexpr, 
     prefix = _as_key(prefix, KEY_BITS)
     # [16, BLOCK], reduced once at the end: the block axis is the loads' layout (no shuffle of digit or w), the
     # 16 bins repeat in each thread's registers. [BLOCK, 16] put the bins across threads: top-k over 256 rows
-    # of 128k took 2.7 ms instead of 0.8 ms on an H200; a [16] reduction per block, 4.5 ms
+    # of 128k took 2.7 ms instead of 0.8 ms on an H200 (a [16] reduction per block and int64 keys: 4.5 ms)
     acc = tl.zeros((16, BLOCK), tl.float32)
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
