@@ -13,22 +13,13 @@ Run a throwaway process first (Triton cache), as for bench_e2e.py.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-
-from multilora_cli.bench.model_dir import write_model_dir  # noqa: E402
-from multilora_cli.bench.plan import parse_rows  # noqa: E402
-from multilora_cli.bench.roofline import measure_bandwidth  # noqa: E402
-from multilora_cli.bench.suite import run_multilora_row  # noqa: E402
-from multilora_cli.bench.workload import Workload  # noqa: E402
+from multilora_cli.bench.ab import run_arms  # noqa: E402
 from multilora_cli.engine import engine as engine_mod  # noqa: E402
 from multilora_cli.engine import scheduler as sched_mod  # noqa: E402
 
@@ -36,14 +27,15 @@ AHEAD_STEPS: list[int] = []
 
 
 def count_ahead_steps() -> None:
-    """Record each scheduler's ahead-step count when its engine's generate() ends."""
+    """Record the ahead steps of each generate() call (the scheduler's count also holds the warm-up's)."""
     generate = engine_mod.Engine.generate
 
     def counted(self, *a, **kw):
+        before = self.scheduler.num_ahead_steps
         try:
             yield from generate(self, *a, **kw)
         finally:
-            AHEAD_STEPS.append(self.scheduler.num_ahead_steps)
+            AHEAD_STEPS.append(self.scheduler.num_ahead_steps - before)
 
     engine_mod.Engine.generate = counted
     assert sched_mod.Scheduler.schedule_ahead  # the feature this script measures
@@ -61,35 +53,20 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     count_ahead_steps()
-    t_start = time.time()
-    device = torch.device("cuda")
-    bw = measure_bandwidth(device)
-    report = {"device": torch.cuda.get_device_name(), "bandwidth_tbs": bw / 1e12, "command": " ".join(sys.argv),
-              "rows": []}
-    base = Workload(preset=args.preset, num_requests=args.requests, temperature=args.temperature, top_p=args.top_p)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_model_dir(args.preset, Path(tmp) / "model")
-        for rep in range(args.repeats):
-            for spec in args.rows.split(","):
-                ((kind, work),) = parse_rows(spec, base)
-                for arm in ("sync", "ahead"):
-                    if args.budget_s is not None and time.time() - t_start > args.budget_s:
-                        report["cut_at"] = {"repeat": rep, "row": spec, "arm": arm}
-                        args.out.write_text(json.dumps(report, indent=1))
-                        return 0
-                    engine_mod.RUN_AHEAD = arm == "ahead"
-                    res = run_multilora_row(work, model_dir, device, bandwidth=bw, base_only=kind == "base",
-                                            log=lambda *a: None)
-                    e = res.extra
-                    row = {"repeat": rep, "row": spec, "arm": arm, "tok_s": round(res.tokens_per_s, 1),
-                           "decode_step_ms": round(res.decode_step_ms, 3), "decode_batch": res.decode_batch,
-                           "decode_s": round(e["decode_s"], 3), "prefill_s": round(e["prefill_s"], 3),
-                           "host_outside_steps_s": round(e["host_outside_steps_s"], 3),
-                           "ahead_steps": AHEAD_STEPS[-1], "decode_steps": e["decode_steps"]}
-                    report["rows"].append(row)
-                    print(json.dumps(row), flush=True)
-                    args.out.write_text(json.dumps(report, indent=1))  # after each row: a cut-off run keeps it
-    engine_mod.RUN_AHEAD = True
+
+    def arm(ahead: bool):
+        def switch():
+            engine_mod.RUN_AHEAD = ahead
+        return switch
+
+    def extra(e: dict) -> dict:
+        return {"host_outside_steps_s": round(e["host_outside_steps_s"], 3), "ahead_steps": AHEAD_STEPS[-1],
+                "decode_steps": e["decode_steps"]}
+
+    try:
+        run_arms(args, {"sync": arm(False), "ahead": arm(True)}, extra, command=" ".join(sys.argv))
+    finally:
+        engine_mod.RUN_AHEAD = True
     return 0
 
 
