@@ -60,7 +60,8 @@ def _dry_sample(logits: torch.Tensor) -> None:
     """One recorded sampling launch on logits shaped as the runner's ([N, V], model dtype, contiguous)."""
     one = torch.zeros(1, device=logits.device)
     sample_rows(logits, one.long(), one + 1, one.long() + logits.shape[1], one + 1, one.double(),
-                torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device))
+                torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device), any_top_k=True,
+                any_top_p=True)  # every pass recorded: the top-k and top-p variants too
 
 
 @torch.inference_mode()

@@ -33,3 +33,15 @@ def test_prefill_inputs_are_a_consistent_context():
 def test_precompile_is_cuda_only():
     assert precompile(None, None, None, max_num_batched_tokens=512, max_model_len=256, block_size=16,
                       device=torch.device("cpu")) == (0, 0.0)
+
+
+def test_dry_sample_records_every_sampling_pass():
+    """The sampler's launches are recorded with top-k and top-p on, so their variants compile before the run."""
+    from multilora_cli.engine.precompile import _dry_sample
+    from multilora_cli.kernels.launch import _variant, collect
+
+    with collect() as calls:
+        _dry_sample(torch.zeros(1, 1000, dtype=torch.bfloat16))
+    modes = [kw["MODE"] for _, _, kw in calls]
+    assert modes == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 4]  # max, 4 top-k levels, 4 top-p levels, kept sum, draw
+    assert len({_variant(c) for c in calls}) == 5  # one variant per mode: the radix level is not specialised on
