@@ -22,6 +22,7 @@ import time
 import torch
 from triton.testing import do_bench
 
+from multilora_cli.bench.roofline import measure_bandwidth
 from multilora_cli.config import SamplingParams
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
 
@@ -61,10 +62,7 @@ def main() -> int:
     args = ap.parse_args()
     start = time.time()
     dev = torch.device("cuda")
-    n = 1 << 30
-    src, dst = torch.empty(n, dtype=torch.uint8, device=dev), torch.empty(n, dtype=torch.uint8, device=dev)
-    bw = 2 * n / (do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median") * 1e-3)
-    del src, dst
+    bw = measure_bandwidth(dev)
     sampler = Sampler()
     report = {"device": torch.cuda.get_device_name(), "bandwidth_tbs": bw / 1e12, "command": " ".join(sys.argv),
               "vocab": V, "rows": []}
