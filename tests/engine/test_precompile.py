@@ -44,4 +44,5 @@ def test_dry_sample_records_every_sampling_pass():
         _dry_sample(torch.zeros(1, 1000, dtype=torch.bfloat16))
     modes = [kw["MODE"] for _, _, kw in calls]
     assert modes == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 4]  # max, 4 top-k levels, 4 top-p levels, kept sum, draw
-    assert len({_variant(c) for c in calls}) == 5  # one variant per mode: the radix level is not specialised on
+    if hasattr(calls[0][0], "params"):  # a compiled JITFunction (the interpreter's wrapper has no parameter kinds)
+        assert len({_variant(c) for c in calls}) == 5  # one variant per mode: LEVEL is not specialised on
