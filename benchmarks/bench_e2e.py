@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             report["note"] = args.note
         report["shapes"] = {"preset": args.preset, "rank": args.rank, "lora_targets": "q,k,v,o,gate,up,down",
                             "requests": args.requests, "prompt_len": args.prompt_len, "output_len": args.output_len,
-                            "max_num_seqs": args.max_num_seqs, "dtype": "bfloat16" if device.type == "cuda" else "float32"}
+                            "max_num_seqs": args.max_num_seqs,
+                            "dtype": "bfloat16" if device.type == "cuda" else "float32"}
         write_json(report, out)
 
     with tempfile.TemporaryDirectory() as tmp:

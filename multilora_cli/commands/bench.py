@@ -50,8 +50,8 @@ def command(
         raise UsageError(f"no GPU here: a {preset} benchmark on CPU would take hours",
                          hint="run it on a GPU, or try the pipeline with --device cpu --preset tiny")
     work = Workload(preset=preset, rank=rank, num_requests=requests, prompt_len=prompt_len, output_len=output_len,
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max(8192, max_num_seqs), distribution=distribution,
-                    temperature=temperature, top_p=top_p)
+                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max(8192, max_num_seqs),
+                    distribution=distribution, temperature=temperature, top_p=top_p)
     if rows is None:
         specs = []
         for n in (s.strip() for s in adapters.split(",") if s.strip()):
