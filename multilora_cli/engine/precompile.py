@@ -5,10 +5,9 @@ time: in the warm-ups of the decode graphs and inside the first prefill steps of
 one-shot run (benchmarks/RESULTS.md, "cold start"). Here the runner dry-runs the forwards it will run with
 Triton launches recorded instead of run: every decode-graph bucket, and one prefill step per token bucket of
 the kernel tables (`kernels.blocks.token_bucket`) up to max_num_batched_tokens, without and with a cached
-prefix, and one sampling launch (kernels/sample.py) on the model's logits. The distinct variants are then compiled
-from a thread pool. With a warm cache the pass still dry-runs
-and loads them (measured 1.0-2.6 s on an H200 host, paid back by a faster graph capture: 5.0 -> 1.9 s).
-MULTILORA_PRECOMPILE=0 turns it off.
+prefix, and one sampling launch (kernels/sample.py) on the model's logits. The distinct variants are then
+compiled from a thread pool. With a warm cache the pass still dry-runs and loads them (measured 1.0-2.6 s on
+an H200 host, paid back by a faster graph capture: 5.0 -> 1.9 s). MULTILORA_PRECOMPILE=0 turns it off.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ device RNG state) and picks the token by inverse CDF over its kept tokens in voc
 whose running sum of weights exceeds u * total. Which tokens are kept is defined by the logits' order, not by a
 sorted copy (kernels/sample.py): top-k keeps the keys >= the k-th largest (ties kept, as transformers'
 warper does), top-p then keeps each token whose strictly larger kept mass is < top_p of the kept total
-(transformers' order: temperature, then top-k, then top-p on the renormalised top-k distribution). On CUDA one
-Triton program per row finds both thresholds by radix search, with no sort; elsewhere the same definition runs
-as torch ops. So a row's token depends only on its logits, its SamplingParams, its seed and its position, never
-on the other rows. temperature 0 (greedy) and top_k 1 are argmax. The only host sync is the caller reading
-the ids.
+(transformers' order: temperature, then top-k, then top-p on the renormalised top-k distribution). On CUDA a
+Triton kernel finds both thresholds by radix search over chunks of each row, with no sort; elsewhere the same
+definition runs as torch ops. So a row's token depends only on its logits, its SamplingParams, its seed and
+its position, never on the other rows. temperature 0 (greedy) and top_k 1 are argmax. The only host sync is
+the caller reading the ids.
 """
 
 from __future__ import annotations

@@ -158,7 +158,8 @@ def _sample_pass(logits_ptr, rows_ptr, temp_ptr, top_k_ptr, top_p_ptr, u_ptr, ou
     (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight. 4: the draw, by the chunk holding it."""
     i = tl.program_id(0)
     c = tl.program_id(1)
-    row = logits_ptr + tl.load(rows_ptr + i) * stride_row
+    r = tl.load(rows_ptr + i)
+    row = logits_ptr + r * stride_row
     inv_t = 1.0 / tl.load(temp_ptr + i)
     top_k = tl.load(top_k_ptr + i)
     top_p = tl.load(top_p_ptr + i)
@@ -205,7 +206,8 @@ def _sample_pass(logits_ptr, rows_ptr, temp_ptr, top_k_ptr, top_p_ptr, u_ptr, ou
             inside = (base_c <= target) & (target < end_c)
             if (part_c > 0) & (inside | ((c == last_c) & (target >= end_c))):
                 tok = _pick(row, lo, hi, tau, inv_t, m, base_c, target, KEY_BITS, BLOCK)
-                tl.store(out_ptr + tl.load(rows_ptr + i), tok.to(tl.int64))
+                tl.store(out_ptr + r, tok.to(tl.int64))
+
 
 def sample_rows(logits: torch.Tensor, rows: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor,
                 top_p: torch.Tensor, u: torch.Tensor, out: torch.Tensor, *, any_top_k: bool | None = None,
