@@ -106,7 +106,6 @@ def time_point(pools: Pools, t: int, a: int, rank: int, l2: int, per_kernel: boo
             out[f"{n}_expand_us"] = graph_time_us(expand, k, rep_ms=30)
     out = {key: round(v, 2) for key, v in out.items()}
     out["resources"] = resources(case, pools) if t == 256 else []
-    del case
     return out
 
 
