@@ -75,15 +75,17 @@ def main() -> int:
     p.add_argument("--baseline", required=True, help="folder with earlier copies of sgmv_shrink/expand/silu.py")
     p.add_argument("--points", default="256,64,16;256,16,16;64,64,16;16,8,16;1,1,16;1024,64,16;4096,64,16")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pool-rank", type=int, default=16, help="max_rank of the slot pool (ranks below it are masked)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     start = time.time()
     l2, bw, report = device_report(rows=[])
     arms = {"base": installer(load_baseline(args.baseline)), "current": installer(CURRENT)}
-    pools = Pools(4, 64, 16)
-    pools.set_rank(16)
+    pools = Pools(4, 64, args.pool_rank)
+    report["pool_rank"] = args.pool_rank
     for point in args.points.split(";"):
         t, a, r = (int(v) for v in point.split(","))
+        pools.set_rank(r)
         fb = floor_bytes(t, min(t, a), r)
         k = rotations_for(fb, l2)
         case = Case(pools, t, a, r, k)

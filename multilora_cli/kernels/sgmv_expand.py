@@ -54,6 +54,14 @@ def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr,
     return sv
 
 
+def bucket_columns(bn: int, rb: int) -> int:
+    """Columns a rank-bucket-rb CTA takes per step out of its bn: B tiles of the rank-16 bucket's size ([rb, bn * 16
+    / rb], at least 16 wide). Registers and shared memory are allocated for a kernel's largest branch, so a [64, 256]
+    B tile in the rank-64 branch lowered every CTA's occupancy, rank-16 ones included (H200, 256 tokens / 64 rank-16
+    adapters: 88.3 us per layer in a rank-16 pool, 102.4 in a rank-64 one; results/probe-pool-rank-h200.json)."""
+    return max(16, bn * 16 // rb)
+
+
 def partial_sum_args(s: torch.Tensor, t: int) -> dict:
     """Launch constants for `_load_s` from s [split, T, ...]: SPLIT (power of two) and the vector-load choice."""
     return dict(SPLIT=triton.next_power_of_2(s.shape[0]), VEC=s.shape[0] == 1 or t >= S_VECTOR_MIN_TOKENS)
@@ -147,8 +155,8 @@ def _expand_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, y_ptr,
     n_split, tile_cap, n_slices, nb, O1, O2, O3, O4,
     stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt,
-    BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr, SPLIT: tl.constexpr,
-    VEC: tl.constexpr, NB1: tl.constexpr, EARLY: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BN32: tl.constexpr, BN64: tl.constexpr, MAX_RB: tl.constexpr,
+    DOT_PREC: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr, NB1: tl.constexpr, EARLY: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
 ):
     pid_g = tl.program_id(0)  # tiles on the slow axis: padding tiles are dispatched last (as in the shrink)
@@ -199,20 +207,21 @@ def _expand_kernel(
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if r <= 32:
                 _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
-                                row_ok, r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 32, SPLIT, VEC, NB1, EARLY)
+                                row_ok, r, n0, col_hi, nb * (BN // BN32), PDL, DOT_PREC, BM, BN32, 32, SPLIT, VEC,
+                                NB1 and BN32 == BN, EARLY)
             else:
                 if MAX_RB >= 64:
                     if r <= 64:
                         _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank,
-                                        y_rows, row_ok, r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 64, SPLIT, VEC,
-                                        NB1, EARLY)
+                                        y_rows, row_ok, r, n0, col_hi, nb * (BN // BN64), PDL, DOT_PREC, BM, BN64, 64,
+                                        SPLIT, VEC, NB1 and BN64 == BN, EARLY)
                     else:
                         if MAX_RB > 64:
                             wait_predecessor(PDL)
                             launch_dependents(PDL)
                             _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out,
-                                                    stride_b_rank, y_rows, row_ok, r, n0, col_hi, nb, DOT_PREC,
-                                                    BM, BN, 64, SPLIT, VEC)
+                                                    stride_b_rank, y_rows, row_ok, r, n0, col_hi, nb * (BN // BN64),
+                                                    DOT_PREC, BM, BN64, 64, SPLIT, VEC)
 
 
 def default_expand_blocks(y: torch.Tensor, w: LoraWeights) -> ExpandBlocks:
@@ -265,7 +274,8 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
         s, w.b, w.rank, meta.sorted_idx, tiles, y,
         s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
-        BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
+        BM=b.bm, BN=b.bn, BN32=bucket_columns(b.bn, 32), BN64=bucket_columns(b.bn, 64), MAX_RB=rank_bucket(w.max_rank),
+        DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
         **partial_sum_args(s, t), NB1=b.nb == 1, EARLY=after_shrink,
         PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=pf_lines if pdl.prefetch else 1, LINE=line,
         num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),

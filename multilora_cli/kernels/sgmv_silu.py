@@ -23,34 +23,57 @@ from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.pdl import launch_dependents, pdl_mode, wait_predecessor
 from multilora_cli.kernels.norm_rope import silu_mul_store
-from multilora_cli.kernels.sgmv_expand import _load_s, load_block, partial_sum_args
+from multilora_cli.kernels.sgmv_expand import _load_s, bucket_columns, load_block, partial_sum_args
 from multilora_cli.kernels.weights import LoraWeights
 
 
 @triton.jit
 def _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, h_rows,
-          row_ok, cols, col_ok, I, r_g, r_u, PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PREC: tl.constexpr,
-          BM: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr):
-    """One tile, ranks r_g, r_u <= RB (0: that slice has no delta): B and y before the wait with EARLY."""
+          row_ok, c0, I, r_g, r_u, PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PREC: tl.constexpr,
+          BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr,
+          VEC: tl.constexpr):
+    """One tile over columns [c0, c0 + BN) of both slices, ranks r_g, r_u <= RB (0: that slice has no delta).
+    SUB == BN (the rank-16 bucket): straight-line, B and y before the wait with EARLY. SUB < BN (larger buckets):
+    s loaded once, then BN / SUB steps of [RB, SUB] B tiles, so no branch needs more registers or shared memory
+    than the rank-16 one (see sgmv_expand.bucket_columns)."""
     CD = y_rows.dtype.element_ty
     offs_r = tl.arange(0, RB)
     jg, ju = offs_r < r_g, offs_r < r_u
-    ok = row_ok[:, None] & col_ok[None, :]
-    b_g = b_slot + offs_r[:, None] * stride_b_rank + cols[None, :] * stride_b_out  # [RB, BN]
-    y_g = y_rows + cols[None, :]
-    if EARLY:  # safe right after the shrink: see sgmv_expand._stream_columns
-        bg, yg = load_block(b_g, y_g, jg, col_ok, ok)
-        bu, yu = load_block(b_g + I * stride_b_out, y_g + I, ju, col_ok, ok)
-    wait_predecessor(PDL)  # s comes from the shrink
-    launch_dependents(PDL)
-    if not EARLY:
-        bg, yg = load_block(b_g, y_g, jg, col_ok, ok)
-        bu, yu = load_block(b_g + I * stride_b_out, y_g + I, ju, col_ok, ok)
-    sg = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, jg, BM, RB, SPLIT, VEC).to(CD)
-    su = _load_s(s_rows + stride_s_slice, stride_s_split, n_split, offs_r, row_ok, ju, BM, RB, SPLIT, VEC).to(CD)
-    g = (yg.to(tl.float32) + tl.dot(sg, bg.to(CD), input_precision=DOT_PREC)).to(CD)  # the expand's rounding
-    u = (yu.to(tl.float32) + tl.dot(su, bu.to(CD), input_precision=DOT_PREC)).to(CD)
-    silu_mul_store(h_rows + cols[None, :], g, u, ok)
+    b_r = b_slot + offs_r[:, None] * stride_b_rank  # [RB, 1]
+    if SUB == BN:
+        cols = c0 + tl.arange(0, BN)
+        col_ok = cols < I
+        ok = row_ok[:, None] & col_ok[None, :]
+        b_g = b_r + cols[None, :] * stride_b_out  # [RB, BN]
+        y_g = y_rows + cols[None, :]
+        if EARLY:  # safe right after the shrink: see sgmv_expand._stream_columns
+            bg, yg = load_block(b_g, y_g, jg, col_ok, ok)
+            bu, yu = load_block(b_g + I * stride_b_out, y_g + I, ju, col_ok, ok)
+        wait_predecessor(PDL)  # s comes from the shrink
+        launch_dependents(PDL)
+        if not EARLY:
+            bg, yg = load_block(b_g, y_g, jg, col_ok, ok)
+            bu, yu = load_block(b_g + I * stride_b_out, y_g + I, ju, col_ok, ok)
+        sg = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, jg, BM, RB, SPLIT, VEC).to(CD)
+        su = _load_s(s_rows + stride_s_slice, stride_s_split, n_split, offs_r, row_ok, ju, BM, RB, SPLIT, VEC).to(CD)
+        g = (yg.to(tl.float32) + tl.dot(sg, bg.to(CD), input_precision=DOT_PREC)).to(CD)  # the expand's rounding
+        u = (yu.to(tl.float32) + tl.dot(su, bu.to(CD), input_precision=DOT_PREC)).to(CD)
+        silu_mul_store(h_rows + cols[None, :], g, u, ok)
+    else:
+        wait_predecessor(PDL)
+        launch_dependents(PDL)
+        sg = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, jg, BM, RB, SPLIT, VEC).to(CD)
+        su = _load_s(s_rows + stride_s_slice, stride_s_split, n_split, offs_r, row_ok, ju, BM, RB, SPLIT, VEC).to(CD)
+        for it in range(BN // SUB):
+            cols = c0 + it * SUB + tl.arange(0, SUB)
+            col_ok = cols < I
+            ok = row_ok[:, None] & col_ok[None, :]
+            b_g = b_r + cols[None, :] * stride_b_out  # [RB, SUB]
+            bg, yg = load_block(b_g, y_rows + cols[None, :], jg, col_ok, ok)
+            bu, yu = load_block(b_g + I * stride_b_out, y_rows + I + cols[None, :], ju, col_ok, ok)
+            g = (yg.to(tl.float32) + tl.dot(sg, bg.to(CD), input_precision=DOT_PREC)).to(CD)
+            u = (yu.to(tl.float32) + tl.dot(su, bu.to(CD), input_precision=DOT_PREC)).to(CD)
+            silu_mul_store(h_rows + cols[None, :], g, u, ok)
 
 
 @triton.jit(do_not_specialize=["T", "n_split", "tile_cap", "n_tiles"])  # scalars: no compile per value class
@@ -58,8 +81,8 @@ def _expand_silu_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, nad_ptr, y_ptr, h_ptr,
     T, I, n_split, tile_cap, n_tiles,
     stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt, stride_ht,
-    BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr, SPLIT: tl.constexpr,
-    VEC: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BN32: tl.constexpr, BN64: tl.constexpr, MAX_RB: tl.constexpr,
+    DOT_PREC: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)  # tiles, then base tiles: on the slow axis, dispatched after the adapted rows
@@ -101,20 +124,20 @@ def _expand_silu_kernel(
     y_rows = y_ptr + rows[:, None] * stride_yt
     h_rows = h_ptr + rows[:, None] * stride_ht
     r = tl.maximum(r_g, r_u)  # smallest bucket holding both; a slot adapting neither still writes h
+    c0 = pid_c * BN
     if r <= 16:
         _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, h_rows,
-              row_ok, cols, col_ok, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, 16, SPLIT, VEC)
+              row_ok, c0, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, BN, BN, 16, SPLIT, VEC)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if r <= 32:
                 _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
-                      h_rows, row_ok, cols, col_ok, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, 32, SPLIT, VEC)
+                      h_rows, row_ok, c0, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, BN, BN32, 32, SPLIT, VEC)
             else:
                 if MAX_RB >= 64:
                     _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank,
-                          y_rows, h_rows, row_ok, cols, col_ok, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, 64, SPLIT,
+                          y_rows, h_rows, row_ok, c0, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, BN, BN64, 64, SPLIT,
                           VEC)
-
 
 def fusable(w: LoraWeights) -> bool:
     """Whether `lora_expand_silu_mul` serves this pool: two equal slices ([gate | up]), ranks up to 64."""
@@ -169,7 +192,8 @@ def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: tor
         t, i, s.shape[0], tiles.stride(0), n_tiles,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
         out.stride(0),
-        BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
+        BM=b.bm, BN=b.bn, BN32=bucket_columns(b.bn, 32), BN64=bucket_columns(b.bn, 64), MAX_RB=rank_bucket(w.max_rank),
+        DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
         EARLY=after_shrink, PDL=pdl.launch, num_warps=b.num_warps, num_stages=1, **partial_sum_args(s, t),
         **pdl.kwargs(),
     )
