@@ -54,11 +54,13 @@ def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr,
     return sv
 
 
-def bucket_columns(bn: int, rb: int) -> int:
-    """Columns a rank-bucket-rb CTA takes per step out of its bn: B tiles of the rank-16 bucket's size ([rb, bn * 16
-    / rb], at least 16 wide). Registers and shared memory are allocated for a kernel's largest branch, so a [64, 256]
-    B tile in the rank-64 branch lowered every CTA's occupancy, rank-16 ones included (H200, 256 tokens / 64 rank-16
-    adapters: 88.3 us per layer in a rank-16 pool, 102.4 in a rank-64 one; results/probe-pool-rank-h200.json)."""
+def bucket_columns(bn: int, rb: int, t: int, nb: int) -> int:
+    """Columns a rank-bucket-rb CTA takes per step out of its bn (T tokens, nb column blocks per CTA): B tiles of
+    the rank-16 bucket's size ([rb, bn * 16 / rb], at least 16 wide). Registers and shared memory are allocated
+    for a kernel's largest branch, so a [64, 256] B tile in the rank-64 branch lowered every CTA's occupancy,
+    rank-16 ones included (H200, 256 tokens / 64 rank-16 adapters: 88.3 us per layer in a rank-16 pool, 102.4
+    in a rank-64 one; results/probe-pool-rank-h200.json)."""
+    del t, nb
     return max(16, bn * 16 // rb)
 
 
@@ -269,12 +271,13 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     line = LINE_BYTES // w.b.element_size()
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = triton.next_power_of_2(max(1, min(triton.cdiv(gw, line), PREFETCH_LINES // pf_r)))
+    bn32, bn64 = (bucket_columns(b.bn, rb, t, b.nb) for rb in (32, 64))
     launch(
         _expand_kernel, (groups, n_tiles),
         s, w.b, w.rank, meta.sorted_idx, tiles, y,
         s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
-        BM=b.bm, BN=b.bn, BN32=bucket_columns(b.bn, 32), BN64=bucket_columns(b.bn, 64), MAX_RB=rank_bucket(w.max_rank),
+        BM=b.bm, BN=b.bn, BN32=bn32, BN64=bn64, MAX_RB=rank_bucket(w.max_rank),
         DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
         **partial_sum_args(s, t), NB1=b.nb == 1, EARLY=after_shrink,
         PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=pf_lines if pdl.prefetch else 1, LINE=line,

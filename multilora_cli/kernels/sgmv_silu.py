@@ -186,13 +186,14 @@ def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: tor
         return
     tiles = meta.tiles[tile_index(b.bm)]
     pdl = pdl_mode(y.device, t)
+    bn32, bn64 = (bucket_columns(b.bn, rb, t, 1) for rb in (32, 64))
     launch(
         _expand_silu_kernel, (triton.cdiv(i, b.bn), n_tiles + base_tiles),
         s, w.b, w.rank, meta.sorted_idx, tiles, meta.num_adapted, y, out,
         t, i, s.shape[0], tiles.stride(0), n_tiles,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
         out.stride(0),
-        BM=b.bm, BN=b.bn, BN32=bucket_columns(b.bn, 32), BN64=bucket_columns(b.bn, 64), MAX_RB=rank_bucket(w.max_rank),
+        BM=b.bm, BN=b.bn, BN32=bn32, BN64=bn64, MAX_RB=rank_bucket(w.max_rank),
         DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
         EARLY=after_shrink, PDL=pdl.launch, num_warps=b.num_warps, num_stages=1, **partial_sum_args(s, t),
         **pdl.kwargs(),
