@@ -6,7 +6,7 @@ A kernel's registers and shared memory are those of its largest branch, so in a 
 bucket's [64, BN] B tile lowers the occupancy of every CTA, rank-16 ones included. Taking fewer columns per
 step in the larger buckets bounds that, at the price of more (and later: after the PDL wait) steps for the
 large ranks. Arms are policies (bn, rank bucket, tokens, nb) -> columns per step, installed into the expand
-and the fused SiLU expand; everything else is shared. Per point: the layer as bench_kernels.py times it and the
+and the fused SiLU expand; everything else is shared. Run 1 (ab-bucket-columns-h200-run1.json) had one policy for both kernels. Per point: the layer as bench_kernels.py times it and the
 engine's gate_up (shrink + fused SiLU expand), rank-16, rank-64 and mixed (slots alternating 16 / 64) adapters
 in a pool of max_rank 64. Same timing as bench_kernels.py (median of CUDA-graph replays of K rotations, L2
 cleared between replays); arms interleaved per point and repeated, min taken. Outputs compared with the "none"
@@ -23,30 +23,48 @@ import time
 import torch
 
 from ab_kernels import outputs, silu_fn
-from bench_kernels import Case, Pools, device_report, floor_bytes, graph_time_us, rotations_for, save_report
+from bench_kernels import (Case, Pools, device_report, floor_bytes, graph_time_us, module_times, rotations_for,
+                           save_report)
 from multilora_cli.kernels import sgmv_expand, sgmv_silu
 
 
-CURRENT = sgmv_expand.bucket_columns
+CURRENT = (sgmv_expand.expand_bucket_columns, sgmv_silu.silu_bucket_columns)
 
 
-def p16(bn, rb, t, nb):
+def none(bn, rb, t, nb=1):
+    return bn
+
+
+def p16(bn, rb, t, nb=1):
     return max(16, bn * 16 // rb)
 
 
+def p32(bn, rb, t, nb=1):
+    return max(16, min(bn, bn * 32 // rb))
+
+
+def decode_nb1(policy):  # 129-256 tokens, straight-line CTAs only
+    return lambda bn, rb, t, nb: policy(bn, rb, t) if nb == 1 and 128 < t <= 256 else bn
+
+
+def from_64(policy):  # 64-256 tokens (the SiLU expand: one block per CTA always)
+    return lambda bn, rb, t: policy(bn, rb, t) if 64 <= t <= 256 else bn
+
+
+# arm -> (expand policy, SiLU expand policy); run 1's arms applied one policy to both kernels:
+# none, p16, p32 everywhere; dec16 = p16 at 129-256 tokens; dec16w64 = the same, at least 64 columns
 POLICIES = {
-    "none": lambda bn, rb, t, nb: bn,
-    "p16": p16,
-    "p32": lambda bn, rb, t, nb: max(16, min(bn, bn * 32 // rb)),
-    "dec16": lambda bn, rb, t, nb: p16(bn, rb, t, nb) if 128 < t <= 256 else bn,
-    "dec16w64": lambda bn, rb, t, nb: min(bn, max(64, p16(bn, rb, t, nb))) if 128 < t <= 256 else bn,
+    "none": (none, none),
+    "current": CURRENT,
+    "nb1p16+silu_p32": (decode_nb1(p16), from_64(p32)),
+    "nb1p32+silu_p32": (decode_nb1(p32), from_64(p32)),
+    "nb1p16+silu_p16": (decode_nb1(p16), from_64(p16)),
 }
 
 
-def installer(policy):
+def installer(policies):
     def install():
-        sgmv_expand.bucket_columns = policy
-        sgmv_silu.bucket_columns = policy
+        sgmv_expand.expand_bucket_columns, sgmv_silu.silu_bucket_columns = policies
     return install
 
 
@@ -66,13 +84,14 @@ def set_ranks(pools: Pools, kind: str) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--points", default="1,1;16,8;64,64;256,16;256,64;1024,64;4096,64", help="tokens,adapters;...")
+    p.add_argument("--module-points", default="", help="tokens,adapters;... also timed module by module")
     p.add_argument("--ranks", default="16,64,mixed")
-    p.add_argument("--arms", default=",".join(POLICIES))
+    p.add_argument("--arms", default=",".join(n for n in POLICIES if n != "current"))
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", required=True)
     args = p.parse_args()
     start = time.time()
-    l2, bw, report = device_report(rows=[], pool_rank=64)
+    l2, bw, report = device_report(rows=[], modules=[], pool_rank=64)
     arms = {name: installer(POLICIES[name]) for name in args.arms.split(",")}
     pools = Pools(4, 64, 64)
     for kind in args.ranks.split(","):
@@ -97,6 +116,10 @@ def main() -> int:
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
             del case
+            if point in args.module_points.split(";"):
+                for m in module_times(pools, t, a, 16, l2, arms):
+                    m.update(tokens=t, adapters=a, ranks=kind)
+                    report["modules"].append(m)
             save_report(report, args.out, start)
     installer(CURRENT)()
     save_report(report, args.out, start)

@@ -146,6 +146,27 @@ def silu_blocks(t: int) -> SiluBlocks:
     return SiluBlocks(bm=32, bn=128)
 
 
+def expand_bucket_columns(bn: int, rb: int, t: int, nb: int) -> int:
+    """Columns per step of the expand's rank-rb bucket (rb 32 or 64) in a CTA of nb column blocks of bn: bn, or
+    fewer, so that the bucket's B tile [rb, columns] costs no more registers and shared memory than the rank-16
+    bucket's. A kernel is allocated for its largest branch: with a rank-64 slot pool every CTA ran at the
+    rank-64 branch's occupancy, rank-16 ones included. Fewer columns only pay in straight-line (nb == 1) decode
+    CTAs; a looping CTA (gate_up) then takes 4x the iterations after the PDL wait (H200,
+    results/ab-bucket-columns-h200-run1.json)."""
+    if nb == 1 and 128 < t <= 256:
+        return max(16, bn * 16 // rb)
+    return bn
+
+
+def silu_bucket_columns(bn: int, rb: int, t: int) -> int:
+    """As `expand_bucket_columns` for the fused SiLU expand, whose CTAs hold two B tiles (gate and up): at 64-256
+    tokens its larger buckets take [rb, 2 * bn * 16 / rb] tiles, twice the rank-16 bucket's (H200,
+    results/ab-bucket-columns-h200-run1.json)."""
+    if 64 <= t <= 256:
+        return max(16, min(bn, bn * 32 // rb))
+    return bn
+
+
 def tile_index(bm: int) -> int:
     """Row of LoraMeta.tiles holding the tile map for row-block size bm."""
     return TILE_BLOCKS.index(bm)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from multilora_cli.kernels.blocks import ExpandBlocks, expand_blocks, tile_index
+from multilora_cli.kernels.blocks import ExpandBlocks, expand_blocks, expand_bucket_columns, tile_index
 from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
@@ -52,16 +52,6 @@ def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr,
             sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :],
                           other=0.0)
     return sv
-
-
-def bucket_columns(bn: int, rb: int, t: int, nb: int) -> int:
-    """Columns a rank-bucket-rb CTA takes per step out of its bn (T tokens, nb column blocks per CTA): B tiles of
-    the rank-16 bucket's size ([rb, bn * 16 / rb], at least 16 wide). Registers and shared memory are allocated
-    for a kernel's largest branch, so a [64, 256] B tile in the rank-64 branch lowered every CTA's occupancy,
-    rank-16 ones included (H200, 256 tokens / 64 rank-16 adapters: 88.3 us per layer in a rank-16 pool, 102.4
-    in a rank-64 one; results/probe-pool-rank-h200.json)."""
-    del t, nb
-    return max(16, bn * 16 // rb)
 
 
 def partial_sum_args(s: torch.Tensor, t: int) -> dict:
@@ -271,7 +261,7 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     line = LINE_BYTES // w.b.element_size()
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = triton.next_power_of_2(max(1, min(triton.cdiv(gw, line), PREFETCH_LINES // pf_r)))
-    bn32, bn64 = (bucket_columns(b.bn, rb, t, b.nb) for rb in (32, 64))
+    bn32, bn64 = (expand_bucket_columns(b.bn, rb, t, b.nb) for rb in (32, 64))
     launch(
         _expand_kernel, (groups, n_tiles),
         s, w.b, w.rank, meta.sorted_idx, tiles, y,

@@ -17,13 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
-from multilora_cli.kernels.blocks import SiluBlocks, silu_blocks, tile_index
+from multilora_cli.kernels.blocks import SiluBlocks, silu_blocks, silu_bucket_columns, tile_index
 from multilora_cli.kernels.checks import capturing, check_meta, check_weights, check_x, rank_bucket, tile_grid
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.pdl import launch_dependents, pdl_mode, wait_predecessor
 from multilora_cli.kernels.norm_rope import silu_mul_store
-from multilora_cli.kernels.sgmv_expand import _load_s, bucket_columns, load_block, partial_sum_args
+from multilora_cli.kernels.sgmv_expand import _load_s, load_block, partial_sum_args
 from multilora_cli.kernels.weights import LoraWeights
 
 
@@ -35,7 +35,7 @@ def _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out,
     """One tile over columns [c0, c0 + BN) of both slices, ranks r_g, r_u <= RB (0: that slice has no delta).
     SUB == BN (the rank-16 bucket): straight-line, B and y before the wait with EARLY. SUB < BN (larger buckets):
     s loaded once, then BN / SUB steps of [RB, SUB] B tiles, so no branch needs more registers or shared memory
-    than the rank-16 one (see sgmv_expand.bucket_columns)."""
+    than the rank-16 one (see blocks.silu_bucket_columns)."""
     CD = y_rows.dtype.element_ty
     offs_r = tl.arange(0, RB)
     jg, ju = offs_r < r_g, offs_r < r_u
@@ -186,7 +186,7 @@ def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: tor
         return
     tiles = meta.tiles[tile_index(b.bm)]
     pdl = pdl_mode(y.device, t)
-    bn32, bn64 = (bucket_columns(b.bn, rb, t, 1) for rb in (32, 64))
+    bn32, bn64 = (silu_bucket_columns(b.bn, rb, t) for rb in (32, 64))
     launch(
         _expand_silu_kernel, (triton.cdiv(i, b.bn), n_tiles + base_tiles),
         s, w.b, w.rank, meta.sorted_idx, tiles, meta.num_adapted, y, out,
