@@ -1,17 +1,20 @@
-"""A/B of how many columns the expand's rank-32 / rank-64 buckets take per step (`sgmv_expand.bucket_columns`).
+"""A/B of how many columns the fused SiLU expand's rank-32 / rank-64 buckets take per step
+(`blocks.silu_bucket_columns`), in a rank-64 slot pool.
 
     PYTHONPATH=. python3 benchmarks/ab_bucket_columns.py --out $OUT/ab-bucket-columns.json
 
 A kernel's registers and shared memory are those of its largest branch, so in a rank-64 slot pool the rank-64
-bucket's [64, BN] B tile lowers the occupancy of every CTA, rank-16 ones included. Taking fewer columns per
-step in the larger buckets bounds that, at the price of more (and later: after the PDL wait) steps for the
-large ranks. Arms are policies (bn, rank bucket, tokens, nb) -> columns per step, installed into the expand
-and the fused SiLU expand; everything else is shared. Run 1 (ab-bucket-columns-h200-run1.json) had one policy for both kernels. Per point: the layer as bench_kernels.py times it and the
-engine's gate_up (shrink + fused SiLU expand), rank-16, rank-64 and mixed (slots alternating 16 / 64) adapters
-in a pool of max_rank 64. Same timing as bench_kernels.py (median of CUDA-graph replays of K rotations, L2
-cleared between replays); arms interleaved per point and repeated, min taken. Outputs compared with the "none"
-arm (the kernels before the change) bit for bit.
-"""
+bucket's B tiles lower the occupancy of every CTA, rank-16 ones included. Taking fewer columns per step in the
+larger buckets bounds that, at the price of more steps (after the PDL wait) for the large ranks. Arms are
+policies (bn, rank bucket, tokens) -> columns per step installed into the SiLU expand; everything else is shared.
+Per point: the layer as bench_kernels.py times it (its gate_up uses the plain expand, so the layer column is a
+control) and the engine's gate_up (shrink + fused SiLU expand), for rank-16, rank-64 and mixed (slots alternating
+16 / 64) adapters. Same timing as bench_kernels.py (median of CUDA-graph replays of K rotations, L2 cleared
+between replays); arms interleaved per point and repeated, min taken; outputs compared bit for bit with the first.
+
+Runs 1-2 (results/ab-bucket-columns-h200-run{1,2}.json) were made at commits ba85539 / c8c0632, when the plain
+expand had the same knob (arms there: a policy per kernel, "nbX" = the expand's). It was removed: no policy won
+for the plain expand with rank-64 and mixed adapters."""
 
 from __future__ import annotations
 
@@ -25,46 +28,34 @@ import torch
 from ab_kernels import outputs, silu_fn
 from bench_kernels import (Case, Pools, device_report, floor_bytes, graph_time_us, module_times, rotations_for,
                            save_report)
-from multilora_cli.kernels import sgmv_expand, sgmv_silu
+from multilora_cli.kernels import sgmv_silu
 
 
-CURRENT = (sgmv_expand.expand_bucket_columns, sgmv_silu.silu_bucket_columns)
+CURRENT = sgmv_silu.silu_bucket_columns
 
 
-def none(bn, rb, t, nb=1):
+def none(bn, rb, t):
     return bn
 
 
-def p16(bn, rb, t, nb=1):
+def p16(bn, rb, t):  # B tiles of the rank-16 bucket's size
     return max(16, bn * 16 // rb)
 
 
-def p32(bn, rb, t, nb=1):
+def p32(bn, rb, t):  # twice that
     return max(16, min(bn, bn * 32 // rb))
 
 
-def decode_nb1(policy):  # 129-256 tokens, straight-line CTAs only
-    return lambda bn, rb, t, nb: policy(bn, rb, t) if nb == 1 and 128 < t <= 256 else bn
-
-
-def from_64(policy):  # 64-256 tokens (the SiLU expand: one block per CTA always)
+def from_64(policy):
     return lambda bn, rb, t: policy(bn, rb, t) if 64 <= t <= 256 else bn
 
 
-# arm -> (expand policy, SiLU expand policy); run 1's arms applied one policy to both kernels:
-# none, p16, p32 everywhere; dec16 = p16 at 129-256 tokens; dec16w64 = the same, at least 64 columns
-POLICIES = {
-    "none": (none, none),
-    "current": CURRENT,
-    "nb1p16+silu_p32": (decode_nb1(p16), from_64(p32)),
-    "nb1p32+silu_p32": (decode_nb1(p32), from_64(p32)),
-    "nb1p16+silu_p16": (decode_nb1(p16), from_64(p16)),
-}
+POLICIES = {"none": none, "current": CURRENT, "p16": from_64(p16), "p32": from_64(p32)}
 
 
-def installer(policies):
+def installer(policy):
     def install():
-        sgmv_expand.expand_bucket_columns, sgmv_silu.silu_bucket_columns = policies
+        sgmv_silu.silu_bucket_columns = policy
     return install
 
 

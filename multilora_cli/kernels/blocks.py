@@ -146,22 +146,16 @@ def silu_blocks(t: int) -> SiluBlocks:
     return SiluBlocks(bm=32, bn=128)
 
 
-def expand_bucket_columns(bn: int, rb: int, t: int, nb: int) -> int:
-    """Columns per step of the expand's rank-rb bucket (rb 32 or 64) in a CTA of nb column blocks of bn: bn, or
-    fewer, so that the bucket's B tile [rb, columns] costs no more registers and shared memory than the rank-16
-    bucket's. A kernel is allocated for its largest branch: with a rank-64 slot pool every CTA ran at the
-    rank-64 branch's occupancy, rank-16 ones included. Fewer columns only pay in straight-line (nb == 1) decode
-    CTAs; a looping CTA (gate_up) then takes 4x the iterations after the PDL wait (H200,
-    results/ab-bucket-columns-h200-run1.json)."""
-    if nb == 1 and 128 < t <= 256:
-        return max(16, bn * 16 // rb)
-    return bn
-
-
 def silu_bucket_columns(bn: int, rb: int, t: int) -> int:
-    """As `expand_bucket_columns` for the fused SiLU expand, whose CTAs hold two B tiles (gate and up): at 64-256
-    tokens its larger buckets take [rb, 2 * bn * 16 / rb] tiles, twice the rank-16 bucket's (H200,
-    results/ab-bucket-columns-h200-run1.json)."""
+    """Columns per step of the fused SiLU expand's rank-rb bucket (rb 32 or 64) in a CTA of bn columns: bn, or at
+    64-256 tokens fewer, so that the bucket's two B tiles (gate and up, [rb, columns] each) hold at most twice the
+    rank-16 bucket's elements. Registers and shared memory are allocated for a kernel's largest branch: in a
+    rank-64 slot pool the rank-64 branch's 2 x [64, 256] tiles (116 registers, 72 KiB shared) set every CTA's
+    occupancy, rank-16 ones included (rank-16 bucket alone: 80, 21 KiB). H200, 256 tokens / 64 adapters, pool
+    max_rank 64 (results/ab-bucket-columns-h200-run2.json, us): rank-16 adapters 61.3 -> 53.7, rank-64 136.2 ->
+    114.2, ranks 16 / 64 alternating 95.3 -> 82.5; 64 tokens -15 to -16%. Outside 64-256 tokens it lost where it
+    mattered (run 1: 1 token, rank 64: 10.0 -> 11.0; 16 tokens, mixed: 21.6 -> 23.7; 1,024 tokens, rank 64: 186 ->
+    200). The plain expand keeps bn: its sub-stepped arms were slower with rank-64 and mixed adapters (same runs)."""
     if 64 <= t <= 256:
         return max(16, min(bn, bn * 32 // rb))
     return bn

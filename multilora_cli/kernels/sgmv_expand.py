@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from multilora_cli.kernels.blocks import ExpandBlocks, expand_blocks, expand_bucket_columns, tile_index
+from multilora_cli.kernels.blocks import ExpandBlocks, expand_blocks, tile_index
 from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
@@ -147,8 +147,8 @@ def _expand_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, y_ptr,
     n_split, tile_cap, n_slices, nb, O1, O2, O3, O4,
     stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt,
-    BM: tl.constexpr, BN: tl.constexpr, BN32: tl.constexpr, BN64: tl.constexpr, MAX_RB: tl.constexpr,
-    DOT_PREC: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr, NB1: tl.constexpr, EARLY: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr, SPLIT: tl.constexpr,
+    VEC: tl.constexpr, NB1: tl.constexpr, EARLY: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
 ):
     pid_g = tl.program_id(0)  # tiles on the slow axis: padding tiles are dispatched last (as in the shrink)
@@ -199,21 +199,20 @@ def _expand_kernel(
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if r <= 32:
                 _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
-                                row_ok, r, n0, col_hi, nb * (BN // BN32), PDL, DOT_PREC, BM, BN32, 32, SPLIT, VEC,
-                                NB1 and BN32 == BN, EARLY)
+                                row_ok, r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 32, SPLIT, VEC, NB1, EARLY)
             else:
                 if MAX_RB >= 64:
                     if r <= 64:
                         _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank,
-                                        y_rows, row_ok, r, n0, col_hi, nb * (BN // BN64), PDL, DOT_PREC, BM, BN64, 64,
-                                        SPLIT, VEC, NB1 and BN64 == BN, EARLY)
+                                        y_rows, row_ok, r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 64, SPLIT, VEC,
+                                        NB1, EARLY)
                     else:
                         if MAX_RB > 64:
                             wait_predecessor(PDL)
                             launch_dependents(PDL)
                             _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out,
-                                                    stride_b_rank, y_rows, row_ok, r, n0, col_hi, nb * (BN // BN64),
-                                                    DOT_PREC, BM, BN64, 64, SPLIT, VEC)
+                                                    stride_b_rank, y_rows, row_ok, r, n0, col_hi, nb, DOT_PREC,
+                                                    BM, BN, 64, SPLIT, VEC)
 
 
 def default_expand_blocks(y: torch.Tensor, w: LoraWeights) -> ExpandBlocks:
@@ -261,14 +260,12 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     line = LINE_BYTES // w.b.element_size()
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = triton.next_power_of_2(max(1, min(triton.cdiv(gw, line), PREFETCH_LINES // pf_r)))
-    bn32, bn64 = (expand_bucket_columns(b.bn, rb, t, b.nb) for rb in (32, 64))
     launch(
         _expand_kernel, (groups, n_tiles),
         s, w.b, w.rank, meta.sorted_idx, tiles, y,
         s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
         s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
-        BM=b.bm, BN=b.bn, BN32=bn32, BN64=bn64, MAX_RB=rank_bucket(w.max_rank),
-        DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
+        BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
         **partial_sum_args(s, t), NB1=b.nb == 1, EARLY=after_shrink,
         PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=pf_lines if pdl.prefetch else 1, LINE=line,
         num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),

@@ -83,3 +83,13 @@ def test_block_tables_key_on_power_of_two_buckets_above_256():
                 for t in range(257, 8193)}
         assert len(sets) == 5  # 512, 1024, 2048, 4096, 8192
         assert shrink_blocks(300, in_f, n_slices, 16, 132) == shrink_blocks(512, in_f, n_slices, 16, 132)
+
+
+def test_silu_larger_buckets_step_through_fewer_columns_at_decode_sizes():
+    """The fused SiLU expand's rank-32 / rank-64 buckets hold at most twice the rank-16 bucket's B elements at
+    64-256 tokens (occupancy), and take the whole block elsewhere (latency at 1-16 tokens, steps above 256)."""
+    from multilora_cli.kernels.blocks import silu_bucket_columns
+
+    assert [silu_bucket_columns(256, rb, 256) for rb in (32, 64)] == [256, 128]
+    assert silu_bucket_columns(128, 64, 64) == 64 and silu_bucket_columns(16, 64, 100) == 16
+    assert all(silu_bucket_columns(256, 64, t) == 256 for t in (1, 16, 63, 257, 1024, 8192))

@@ -82,6 +82,19 @@ def test_per_slice_ranks_and_unadapted_slices():
     torch.testing.assert_close(h2.double(), _reference(y0, x, w, ts), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("t", [64, 133])
+def test_large_buckets_in_column_steps(t):
+    """At 64-256 tokens the rank-32 / rank-64 buckets walk their BN columns in narrower steps
+    (blocks.silu_bucket_columns): several real steps per CTA, a ragged last block, ranks 64, 40 (64 bucket), 24
+    (32 bucket) and 8 in one rank-64 pool, next to the straight-line rank-16 CTAs."""
+    from multilora_cli.kernels.blocks import silu_blocks, silu_bucket_columns
+
+    bn = silu_blocks(t).bn
+    assert silu_bucket_columns(bn, 64, t) < bn, "the case must take the stepped path"
+    ts = token_slots("uniform", t, seed=t, slots=[0, 1, 2, 5])
+    _run(2 * bn + 40, ts, slot_ranks={0: 64, 1: 40, 2: 24, 5: 8}, seed=t)
+
+
 def test_up_rank_in_a_larger_bucket_than_gate():
     from multilora_cli.kernels.sgmv import add_lora_silu_mul_triton
 
