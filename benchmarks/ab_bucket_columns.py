@@ -18,16 +18,9 @@ for the plain expand with rank-64 and mixed adapters."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
 
-import torch
-
-from ab_kernels import outputs, silu_fn
-from bench_kernels import (Case, Pools, device_report, floor_bytes, graph_time_us, module_times, rotations_for,
-                           save_report)
+from ab_pool import compare, parser
 from multilora_cli.kernels import sgmv_silu
 
 
@@ -59,61 +52,10 @@ def installer(policy):
     return install
 
 
-def set_ranks(pools: Pools, kind: str) -> float:
-    """Every slot's rank: 16, 64 or alternating ('mixed'); returns the mean rank (the floor is linear in it)."""
-    for ws in pools.w.values():
-        for w in ws:
-            w.scale.fill_(2.0)
-            if kind == "mixed":
-                w.rank[0::2] = 16
-                w.rank[1::2] = 64
-            else:
-                w.rank.fill_(int(kind))
-    return 40.0 if kind == "mixed" else float(kind)
-
-
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--points", default="1,1;16,8;64,64;256,16;256,64;1024,64;4096,64", help="tokens,adapters;...")
-    p.add_argument("--module-points", default="", help="tokens,adapters;... also timed module by module")
-    p.add_argument("--ranks", default="16,64,mixed")
-    p.add_argument("--arms", default=",".join(n for n in POLICIES if n != "current"))
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-    start = time.time()
-    l2, bw, report = device_report(rows=[], modules=[], pool_rank=64)
-    arms = {name: installer(POLICIES[name]) for name in args.arms.split(",")}
-    pools = Pools(4, 64, 64)
-    for kind in args.ranks.split(","):
-        mean_rank = set_ranks(pools, kind)
-        for point in args.points.split(";"):
-            t, a = (int(v) for v in point.split(","))
-            lo, hi = floor_bytes(t, min(t, a), 16), floor_bytes(t, min(t, a), 64)
-            fb = round(lo + (hi - lo) * (mean_rank - 16) / 48)  # adapter bytes are linear in the rank
-            k = rotations_for(fb, l2)
-            case = Case(pools, t, a, 16, k)
-            ys = {name: outputs(case, pools, install) for name, install in arms.items()}
-            ref = ys[next(iter(arms))]
-            same = {name: all(torch.equal(u, v) for u, v in zip(ref, y)) for name, y in ys.items()}
-            times = {f"{name} {what}": [] for name in arms for what in ("layer", "silu")}
-            for _ in range(args.repeats):
-                for name, install in arms.items():
-                    install()
-                    times[f"{name} layer"].append(graph_time_us(case.ours, k))
-                    times[f"{name} silu"].append(graph_time_us(silu_fn(case, pools), k))
-            best = {key: round(min(v), 2) for key, v in times.items()}
-            row = dict(tokens=t, adapters=a, ranks=kind, floor_us=round(fb / bw * 1e6, 2), bit_identical=same, **best)
-            report["rows"].append(row)
-            print(json.dumps(row), flush=True)
-            del case
-            if point in args.module_points.split(";"):
-                for m in module_times(pools, t, a, 16, l2, arms):
-                    m.update(tokens=t, adapters=a, ranks=kind)
-                    report["modules"].append(m)
-            save_report(report, args.out, start)
+    args = parser(__doc__.splitlines()[0], ",".join(n for n in POLICIES if n != "current")).parse_args()
+    compare({name: installer(POLICIES[name]) for name in args.arms.split(",")}, args)
     installer(CURRENT)()
-    save_report(report, args.out, start)
     return 0
 
 
