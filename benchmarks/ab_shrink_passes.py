@@ -7,6 +7,11 @@ raised the qkv shrink from 94 to 140 registers per thread in a rank-64 pool (res
 and rank-16 adapters there ran 16.1 us instead of 14.0 (256 tokens / 64 adapters). Arms: "pass64" = one pass of
 the smallest bucket holding the rank (32 or 64; the kernel before), "pass32" / "pass16" = passes of 32 / 16 rank
 rows, each over the CTA's whole K range (A bytes unchanged; x re-read from L2 per pass). Driver: ab_pool.py.
+
+Rejected (results/ab-shrink-passes-h200-run1.json): passes of 32 gain at 256 tokens / 64 adapters (-2% rank 16,
+-11% rank 64, -4% mixed) but lose at 256 / 16 (+3.5-4%), 1-64 tokens (up to +6%) and 4,096 tokens (+24%), and a
+graph's kernels cannot know the step's adapter count. The knob was removed from sgmv_shrink.py; this script
+runs at commit 82df1fe, where it exists.
 """
 
 from __future__ import annotations

@@ -22,11 +22,6 @@ from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, launch_depend
 from multilora_cli.kernels.weights import LoraWeights
 
 
-# Rank rows per pass of the larger buckets: 64 = one pass of the smallest bucket holding the rank (32 or 64);
-# 16 / 32 = passes of the 16 / 32 bucket (its registers: a kernel is allocated for its largest branch).
-PASS_RANK_ROWS = 64
-
-
 @triton.jit
 def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
                    stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
@@ -65,7 +60,7 @@ def _shrink_kernel(
     stride_xt, stride_a_slot, stride_a_slice, stride_a_rank,
     stride_s_split, stride_s_t, stride_s_slice,
     NSP: tl.constexpr, NSPM: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BK32: tl.constexpr,
-    BK64: tl.constexpr, MAX_RB: tl.constexpr, PASS: tl.constexpr,
+    BK64: tl.constexpr, MAX_RB: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
 ):
@@ -112,33 +107,23 @@ def _shrink_kernel(
     wait_predecessor(PDL)  # x (and the s buffer's memory) belong to earlier kernels
     launch_dependents(PDL)  # only now: at most two grids of the chain hold SM slots at a time
     s_out = s_ptr + pid_k * stride_s_split
-    # smallest rank bucket holding the rows left; K step shrinks as the bucket grows (same tile bytes). With
-    # PASS < 64 the larger buckets are walked as passes of PASS rank rows instead (see PASS_RANK_ROWS)
+    # smallest rank bucket holding the rows left; K step shrinks as the bucket grows (same tile bytes)
     if left <= 16:
         _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
                        stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
                        EVEN_K, NSP, BM, 16, BK, DOT_PREC)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
-            if PASS == 16:
-                for p in range(0, tl.minimum(left, 64), 16):
-                    _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
-                                   base + p, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                                   EVEN_K, NSP, BM, 16, BK, DOT_PREC)
-            elif PASS == 32 or MAX_RB == 32:
-                for p in range(0, tl.minimum(left, 64), 32):
-                    _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
-                                   base + p, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                                   EVEN_K, NSP, BM, 32, BK32, DOT_PREC)
+            if left <= 32:
+                _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
+                               base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
+                               EVEN_K, NSP, BM, 32, BK32, DOT_PREC)
             else:
-                if left <= 32:
-                    _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
-                                   base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                                   EVEN_K, NSP, BM, 32, BK32, DOT_PREC)
-                else:
+                if MAX_RB >= 64:
                     _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
                                    base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
                                    EVEN_K, NSP, BM, 64, BK64, DOT_PREC)
+
 
 def shrink_out_shape(x: torch.Tensor, w: LoraWeights, blocks: ShrinkBlocks | None = None) -> tuple[int, int, int, int]:
     """Shape of the fp32 partial-sum buffer `lora_shrink` writes: [split, T, n_slices, max_rank]."""
@@ -191,7 +176,7 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
         x.stride(0), w.a.stride(0), w.a.stride(1), w.a.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         NSP=nsp, NSPM=max(nsp, 16), BM=b.bm, BK=b.bk, BK32=max(b.bk // 2, 32), BK64=max(b.bk // 4, 32),
-        MAX_RB=min(rank_bucket(w.max_rank), 64), PASS=PASS_RANK_ROWS,
+        MAX_RB=min(rank_bucket(w.max_rank), 64),
         EVEN_K=w.in_features % k_per_split == 0, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=triton.next_power_of_2(pf_lines) if pdl.prefetch
         else 1, LINE=line, num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
