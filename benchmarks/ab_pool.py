@@ -1,7 +1,7 @@
-"""Shared driver of the A/Bs in a rank-64 slot pool (ab_bucket_columns.py, ab_shrink_passes.py): arms are
+"""Shared driver of the kernel A/Bs over rank mixes (ab_bucket_columns.py, ab_shrink_passes.py, ab_split_inner.py): arms are
 functions that install a variant of the kernels; every arm runs on the same pools, cases and rotations.
 
-Per point and rank mix (rank 16, rank 64, or slots alternating 16 / 64 = "mixed"): the layer as bench_kernels.py
+In a slot pool of --pool-rank (64 by default), per point and rank mix (rank 16, rank 64, or slots alternating 16 / 64 = "mixed"): the layer as bench_kernels.py
 times it (add_lora on qkv, o, gate_up, down) and the engine's gate_up (shrink + fused SiLU expand); optionally
 module by module. Same timing as bench_kernels.py (median of CUDA-graph replays of K rotations, L2 cleared
 between replays); arms interleaved per point and repeated, min taken; outputs compared bit for bit with the first
@@ -40,6 +40,7 @@ def parser(description: str, arms: str) -> argparse.ArgumentParser:
     p.add_argument("--module-points", default="", help="tokens,adapters;... also timed module by module")
     p.add_argument("--ranks", default="16,64,mixed")
     p.add_argument("--arms", default=arms)
+    p.add_argument("--pool-rank", type=int, default=64, help="max_rank of the slot pool")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", required=True)
     return p
@@ -48,8 +49,8 @@ def parser(description: str, arms: str) -> argparse.ArgumentParser:
 def compare(arms: dict, args) -> dict:
     """Run every point x rank mix under each arm (name -> install function); returns the saved report."""
     start = time.time()
-    l2, bw, report = device_report(rows=[], modules=[], pool_rank=64)
-    pools = Pools(4, 64, 64)
+    l2, bw, report = device_report(rows=[], modules=[], pool_rank=args.pool_rank)
+    pools = Pools(4, 64, args.pool_rank)
     for kind in args.ranks.split(","):
         mean_rank = set_ranks(pools, kind)
         for point in args.points.split(";"):
