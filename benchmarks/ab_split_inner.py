@@ -9,6 +9,11 @@ the partials at once from the [split, T, n_slices, R] layout and lost (the [SPLI
 cross-thread sum over SPLIT cost more registers and barriers than the round trips); with the split innermost
 the partials of one (row, rank) are adjacent, so the load vectorises along the split and the sum stays in a
 thread. Arms: "outer" (the layout before) and "inner". Driver: ab_pool.py.
+
+Rejected (results/ab-split-inner-h200-run1.json, tight pool; -pool64.json, rank-64 pool): slower at the target
+(256 tokens / 64 adapters, layer 88.7 -> 92.4 us; every module 0.6-1.4 us slower) and wherever it matters
+(256 / 16: 51.6 -> 54.6; 1,024 tokens +6%; rank-64 pool, 256 / 16 mixed 91.5 -> 134.2); faster only at 64 / 64
+(112.4 -> 111.5) and 1 token (17.9 -> 17.6). The knob was removed; this script runs at commit d4500af.
 """
 
 from __future__ import annotations

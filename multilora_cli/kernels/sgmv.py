@@ -8,7 +8,6 @@ from multilora_cli.kernels.blocks import ExpandBlocks, ShrinkBlocks, SiluBlocks
 from multilora_cli.kernels.checks import capturing
 from multilora_cli.kernels.meta import LoraMeta
 from multilora_cli.kernels.sgmv_expand import default_expand_blocks, lora_expand
-from multilora_cli.kernels import sgmv_shrink
 from multilora_cli.kernels.sgmv_shrink import default_shrink_blocks, lora_shrink
 from multilora_cli.kernels.sgmv_silu import lora_expand_silu_mul
 from multilora_cli.kernels.weights import LoraWeights
@@ -28,7 +27,7 @@ def add_lora_triton(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: Lora
         return  # no adapted token in this step; under capture a later replay may have some
     sb = shrink or default_shrink_blocks(x, w)
     eb = expand or default_expand_blocks(y, w)
-    s = sgmv_shrink.new_partials(x, w, sb)
+    s = torch.empty((sb.split, x.shape[0], w.n_slices, w.max_rank), dtype=torch.float32, device=x.device)
     lora_shrink(x, w, meta, s, sb)
     lora_expand(s, w, meta, y, eb, after_shrink=True)
 
@@ -38,7 +37,7 @@ def add_lora_silu_mul_triton(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, m
     """silu(gate) * up of y = [gate | up] with each token's LoRA delta added first: [T, I], two launches (the
     shrink, then the expand fused with the activation: sgmv_silu.py). y is only read. `fusable(w)` must hold."""
     sb = shrink or default_shrink_blocks(x, w)
-    s = sgmv_shrink.new_partials(x, w, sb)
+    s = torch.empty((sb.split, x.shape[0], w.n_slices, w.max_rank), dtype=torch.float32, device=x.device)
     out = torch.empty((y.shape[0], w.out_features // 2), dtype=y.dtype, device=y.device)
     shrunk = bool(meta.segments) or capturing(y.device)  # an eager step of base rows only needs no shrink
     if shrunk:

@@ -37,27 +37,26 @@ S_VECTOR_MIN_TOKENS = 1025
 
 
 @triton.jit
-def _load_s(s_rows, stride_s_split, stride_s_rank, n_split, jj, row_ok, j_ok, BM: tl.constexpr, RB: tl.constexpr,
+def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr, RB: tl.constexpr,
             SPLIT: tl.constexpr, VEC: tl.constexpr):
     """Sum of the shrink's K-split partials for rank columns jj: [BM, RB] fp32 (SPLIT = n_split rounded up to a
     power of two). Loaded as one [SPLIT, BM, RB] tensor: one L2 round trip instead of n_split dependent ones."""
     if VEC and SPLIT * BM * RB <= S_VECTOR_MAX:
         p = tl.arange(0, SPLIT)
-        ptrs = s_rows[None, :, :] + p[:, None, None] * stride_s_split + jj[None, None, :] * stride_s_rank
+        ptrs = s_rows[None, :, :] + p[:, None, None] * stride_s_split + jj[None, None, :]
         ok = (p < n_split)[:, None, None] & row_ok[None, :, None] & j_ok[None, None, :]
         sv = tl.sum(tl.load(ptrs, mask=ok, other=0.0), axis=0)
     else:
         sv = tl.zeros((BM, RB), dtype=tl.float32)
         for p in range(n_split):
-            sv += tl.load(s_rows + p * stride_s_split + jj[None, :] * stride_s_rank, mask=row_ok[:, None] & j_ok[None, :],
+            sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :],
                           other=0.0)
     return sv
 
 
 def partial_sum_args(s: torch.Tensor, t: int) -> dict:
     """Launch constants for `_load_s` from s [split, T, ...]: SPLIT (power of two) and the vector-load choice."""
-    vec = s.shape[0] == 1 or t >= S_VECTOR_MIN_TOKENS or s.stride(0) == 1  # split-inner: partials side by side
-    return dict(SPLIT=triton.next_power_of_2(s.shape[0]), VEC=vec)
+    return dict(SPLIT=triton.next_power_of_2(s.shape[0]), VEC=s.shape[0] == 1 or t >= S_VECTOR_MIN_TOKENS)
 
 
 @triton.jit
@@ -76,7 +75,7 @@ def _add_block(y_ptrs, yv, sv, bt, ok, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _stream_columns(s_rows, stride_s_split, stride_s_rank, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
+def _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
                     r, n0, col_hi, nb, PDL: tl.constexpr, DOT_PREC: tl.constexpr, BM: tl.constexpr,
                     BN: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
                     NB1: tl.constexpr, EARLY: tl.constexpr):
@@ -103,12 +102,12 @@ def _stream_columns(s_rows, stride_s_split, stride_s_rank, n_split, b_slot, stri
         launch_dependents(PDL)
         if not EARLY:
             bt, yv = load_block(b_ptrs, y_ptrs, j_ok, col_ok, ok)
-        sv = _load_s(s_rows, stride_s_split, stride_s_rank, n_split, offs_r, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
+        sv = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
         _add_block(y_ptrs, yv, sv, bt, ok, DOT_PREC)
     else:
         wait_predecessor(PDL)
         launch_dependents(PDL)
-        sv = _load_s(s_rows, stride_s_split, stride_s_rank, n_split, offs_r, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
+        sv = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
         for it in range(nb):
             cols = n0 + it * BN + tl.arange(0, BN)
             col_ok = cols < col_hi
@@ -118,7 +117,7 @@ def _stream_columns(s_rows, stride_s_split, stride_s_rank, n_split, b_slot, stri
 
 
 @triton.jit
-def _stream_columns_chunked(s_rows, stride_s_split, stride_s_rank, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
+def _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
                             r, n0, col_hi, nb, DOT_PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             RB: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr):
     """r > RB: as `_stream_columns` after the wait, walking the rank in chunks of RB for every column block."""
@@ -134,7 +133,7 @@ def _stream_columns_chunked(s_rows, stride_s_split, stride_s_rank, n_split, b_sl
         for c in range(0, r, RB):
             jj = c + offs_r
             j_ok = jj < r
-            sv = _load_s(s_rows, stride_s_split, stride_s_rank, n_split, jj, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
+            sv = _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
             bt = tl.load(b_slot + jj[:, None] * stride_b_rank + cols[None, :] * stride_b_out,
                          mask=j_ok[:, None] & col_ok[None, :], other=0.0)
             acc = tl.dot(sv, bt.to(CD), acc, input_precision=DOT_PREC)
@@ -147,7 +146,7 @@ def _stream_columns_chunked(s_rows, stride_s_split, stride_s_rank, n_split, b_sl
 def _expand_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, y_ptr,
     n_split, tile_cap, n_slices, nb, O1, O2, O3, O4,
-    stride_s_split, stride_s_t, stride_s_slice, stride_s_rank, stride_b_slot, stride_b_out, stride_b_rank, stride_yt,
+    stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt,
     BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr, SPLIT: tl.constexpr,
     VEC: tl.constexpr, NB1: tl.constexpr, EARLY: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
@@ -194,24 +193,24 @@ def _expand_kernel(
                     (pj < r)[:, None] & ((pc < col_hi) & (pc < n0 + gw))[None, :])
     # smallest rank bucket that holds r; _stream_columns waits on the predecessor itself (after its B load)
     if r <= 16:
-        _stream_columns(s_rows, stride_s_split, stride_s_rank, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
+        _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
                         r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 16, SPLIT, VEC, NB1, EARLY)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if r <= 32:
-                _stream_columns(s_rows, stride_s_split, stride_s_rank, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
+                _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
                                 row_ok, r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 32, SPLIT, VEC, NB1, EARLY)
             else:
                 if MAX_RB >= 64:
                     if r <= 64:
-                        _stream_columns(s_rows, stride_s_split, stride_s_rank, n_split, b_slot, stride_b_out, stride_b_rank,
+                        _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank,
                                         y_rows, row_ok, r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 64, SPLIT, VEC,
                                         NB1, EARLY)
                     else:
                         if MAX_RB > 64:
                             wait_predecessor(PDL)
                             launch_dependents(PDL)
-                            _stream_columns_chunked(s_rows, stride_s_split, stride_s_rank, n_split, b_slot, stride_b_out,
+                            _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out,
                                                     stride_b_rank, y_rows, row_ok, r, n0, col_hi, nb, DOT_PREC,
                                                     BM, BN, 64, SPLIT, VEC)
 
@@ -243,7 +242,7 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     if s.dim() == 3:
         s = s.unsqueeze(0)
     if (s.dtype != torch.float32 or s.dim() != 4 or tuple(s.shape[1:]) != (t, w.n_slices, w.max_rank)
-            or (s.stride(3) != 1 and s.stride(0) != 1) or s.device != y.device):
+            or s.stride(3) != 1 or s.device != y.device):
         raise ValueError(f"lora_expand: s must be fp32 [split, {t}, {w.n_slices}, {w.max_rank}] on {y.device} "
                          f"with unit last stride, got {s.dtype} {tuple(s.shape)} on {s.device}")
     if w.n_slices > MAX_SLICES:
@@ -265,7 +264,7 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
         _expand_kernel, (groups, n_tiles),
         s, w.b, w.rank, meta.sorted_idx, tiles, y,
         s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
-        s.stride(0), s.stride(1), s.stride(2), s.stride(3), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
+        s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
         BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
         **partial_sum_args(s, t), NB1=b.nb == 1, EARLY=after_shrink,
         PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=pf_lines if pdl.prefetch else 1, LINE=line,

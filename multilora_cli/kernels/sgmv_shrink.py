@@ -24,7 +24,7 @@ from multilora_cli.kernels.weights import LoraWeights
 
 @triton.jit
 def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
-                   stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice, stride_s_rank,
+                   stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
                    EVEN_K: tl.constexpr, NSP: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr,
                    BK: tl.constexpr, DOT_PREC: tl.constexpr):
     """s_out[rows, i, base + j] = scale_i * x[rows, k_lo:k_hi] @ a[i, base + j, k_lo:k_hi]^T for j < RB."""
@@ -49,7 +49,7 @@ def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo
         acc = tl.dot(xt, at.to(xt.dtype), acc, input_precision=DOT_PREC)
     scale = tl.load(scale_row + sl, mask=sl_ok, other=0.0)
     acc = acc * scale[None, :]
-    s_ptrs = s_out + rows[:, None] * stride_s_t + sl[None, :] * stride_s_slice + j[None, :] * stride_s_rank
+    s_ptrs = s_out + rows[:, None] * stride_s_t + sl[None, :] * stride_s_slice + j[None, :]
     tl.store(s_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
@@ -58,7 +58,7 @@ def _shrink_kernel(
     x_ptr, a_ptr, rank_ptr, scale_ptr, idx_ptr, tiles_ptr, s_ptr,
     K, k_per_split, tile_cap, n_slices,
     stride_xt, stride_a_slot, stride_a_slice, stride_a_rank,
-    stride_s_split, stride_s_t, stride_s_slice, stride_s_rank,
+    stride_s_split, stride_s_t, stride_s_slice,
     NSP: tl.constexpr, NSPM: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BK32: tl.constexpr,
     BK64: tl.constexpr, MAX_RB: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -110,18 +110,18 @@ def _shrink_kernel(
     # smallest rank bucket holding the rows left; K step shrinks as the bucket grows (same tile bytes)
     if left <= 16:
         _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
-                       stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice, stride_s_rank,
+                       stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
                        EVEN_K, NSP, BM, 16, BK, DOT_PREC)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if left <= 32:
                 _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
-                               base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice, stride_s_rank,
+                               base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
                                EVEN_K, NSP, BM, 32, BK32, DOT_PREC)
             else:
                 if MAX_RB >= 64:
                     _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
-                                   base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice, stride_s_rank,
+                                   base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
                                    EVEN_K, NSP, BM, 64, BK64, DOT_PREC)
 
 
@@ -129,20 +129,6 @@ def shrink_out_shape(x: torch.Tensor, w: LoraWeights, blocks: ShrinkBlocks | Non
     """Shape of the fp32 partial-sum buffer `lora_shrink` writes: [split, T, n_slices, max_rank]."""
     b = blocks or default_shrink_blocks(x, w)
     return (b.split, x.shape[0], w.n_slices, w.max_rank)
-
-
-# The partial-sum buffer's layout: False = [split, T, n_slices, R] (each partial contiguous), True = the split
-# innermost ([T, n_slices, R, split] storage viewed as [split, T, n_slices, R]), so an expand CTA loads all of a
-# row's partials as one vector and sums them in registers instead of one dependent L2 round trip per partial.
-SPLIT_INNER = False
-
-
-def new_partials(x: torch.Tensor, w: LoraWeights, blocks: ShrinkBlocks | None = None) -> torch.Tensor:
-    """An uninitialised fp32 partial-sum buffer for `lora_shrink`, shape `shrink_out_shape`, in the layout above."""
-    split, t, ns, r = shrink_out_shape(x, w, blocks)
-    if SPLIT_INNER:
-        return torch.empty((t, ns, r, split), dtype=torch.float32, device=x.device).permute(3, 0, 1, 2)
-    return torch.empty((split, t, ns, r), dtype=torch.float32, device=x.device)
 
 
 def default_shrink_blocks(x: torch.Tensor, w: LoraWeights) -> ShrinkBlocks:
@@ -167,8 +153,7 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
     t = check_x(x, w.in_features, "x")
     check_weights(w, x.device)
     check_meta(meta, t, x.device)
-    if (out.dtype != torch.float32 or tuple(out.shape) != (b.split, t, w.n_slices, w.max_rank)
-            or (out.stride(3) != 1 and out.stride(0) != 1)):
+    if out.dtype != torch.float32 or tuple(out.shape) != (b.split, t, w.n_slices, w.max_rank) or out.stride(3) != 1:
         raise ValueError(f"lora_shrink: out must be fp32 {(b.split, t, w.n_slices, w.max_rank)} with unit last stride,"
                          f" got {out.dtype} {tuple(out.shape)} strides {out.stride()}")
     if out.device != x.device:
@@ -189,7 +174,7 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
         x, w.a, w.rank, w.scale, meta.sorted_idx, tiles, out,
         w.in_features, k_per_split, tiles.stride(0), w.n_slices,
         x.stride(0), w.a.stride(0), w.a.stride(1), w.a.stride(2),
-        out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+        out.stride(0), out.stride(1), out.stride(2),
         NSP=nsp, NSPM=max(nsp, 16), BM=b.bm, BK=b.bk, BK32=max(b.bk // 2, 32), BK64=max(b.bk // 4, 32),
         MAX_RB=min(rank_bucket(w.max_rank), 64),
         EVEN_K=w.in_features % k_per_split == 0, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",

@@ -28,7 +28,7 @@ from multilora_cli.kernels.weights import LoraWeights
 
 
 @triton.jit
-def _tile(s_rows, stride_s_split, stride_s_slice, stride_s_rank, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, h_rows,
+def _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, h_rows,
           row_ok, c0, I, r_g, r_u, PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PREC: tl.constexpr,
           BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr,
           VEC: tl.constexpr):
@@ -54,16 +54,16 @@ def _tile(s_rows, stride_s_split, stride_s_slice, stride_s_rank, n_split, b_slot
         if not EARLY:
             bg, yg = load_block(b_g, y_g, jg, col_ok, ok)
             bu, yu = load_block(b_g + I * stride_b_out, y_g + I, ju, col_ok, ok)
-        sg = _load_s(s_rows, stride_s_split, stride_s_rank, n_split, offs_r, row_ok, jg, BM, RB, SPLIT, VEC).to(CD)
-        su = _load_s(s_rows + stride_s_slice, stride_s_split, stride_s_rank, n_split, offs_r, row_ok, ju, BM, RB, SPLIT, VEC).to(CD)
+        sg = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, jg, BM, RB, SPLIT, VEC).to(CD)
+        su = _load_s(s_rows + stride_s_slice, stride_s_split, n_split, offs_r, row_ok, ju, BM, RB, SPLIT, VEC).to(CD)
         g = (yg.to(tl.float32) + tl.dot(sg, bg.to(CD), input_precision=DOT_PREC)).to(CD)  # the expand's rounding
         u = (yu.to(tl.float32) + tl.dot(su, bu.to(CD), input_precision=DOT_PREC)).to(CD)
         silu_mul_store(h_rows + cols[None, :], g, u, ok)
     else:
         wait_predecessor(PDL)
         launch_dependents(PDL)
-        sg = _load_s(s_rows, stride_s_split, stride_s_rank, n_split, offs_r, row_ok, jg, BM, RB, SPLIT, VEC).to(CD)
-        su = _load_s(s_rows + stride_s_slice, stride_s_split, stride_s_rank, n_split, offs_r, row_ok, ju, BM, RB, SPLIT, VEC).to(CD)
+        sg = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, jg, BM, RB, SPLIT, VEC).to(CD)
+        su = _load_s(s_rows + stride_s_slice, stride_s_split, n_split, offs_r, row_ok, ju, BM, RB, SPLIT, VEC).to(CD)
         for it in range(BN // SUB):
             cols = c0 + it * SUB + tl.arange(0, SUB)
             col_ok = cols < I
@@ -80,7 +80,7 @@ def _tile(s_rows, stride_s_split, stride_s_slice, stride_s_rank, n_split, b_slot
 def _expand_silu_kernel(
     s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, nad_ptr, y_ptr, h_ptr,
     T, I, n_split, tile_cap, n_tiles,
-    stride_s_split, stride_s_t, stride_s_slice, stride_s_rank, stride_b_slot, stride_b_out, stride_b_rank, stride_yt, stride_ht,
+    stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt, stride_ht,
     BM: tl.constexpr, BN: tl.constexpr, BN32: tl.constexpr, BN64: tl.constexpr, MAX_RB: tl.constexpr,
     DOT_PREC: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -126,16 +126,16 @@ def _expand_silu_kernel(
     r = tl.maximum(r_g, r_u)  # smallest bucket holding both; a slot adapting neither still writes h
     c0 = pid_c * BN
     if r <= 16:
-        _tile(s_rows, stride_s_split, stride_s_slice, stride_s_rank, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, h_rows,
+        _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, h_rows,
               row_ok, c0, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, BN, BN, 16, SPLIT, VEC)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if r <= 32:
-                _tile(s_rows, stride_s_split, stride_s_slice, stride_s_rank, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
+                _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
                       h_rows, row_ok, c0, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, BN, BN32, 32, SPLIT, VEC)
             else:
                 if MAX_RB >= 64:
-                    _tile(s_rows, stride_s_split, stride_s_slice, stride_s_rank, n_split, b_slot, stride_b_out, stride_b_rank,
+                    _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank,
                           y_rows, h_rows, row_ok, c0, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, BN, BN64, 64, SPLIT,
                           VEC)
 
@@ -170,8 +170,7 @@ def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: tor
     if out.shape != (t, i) or out.dtype != y.dtype or (t and out.stride(1) != 1) or out.device != y.device:
         raise ValueError(f"lora_expand_silu_mul: out must be {y.dtype} [{t}, {i}] with unit column stride on "
                          f"{y.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
-    if s.dim() != 4 or s.dtype != torch.float32 or tuple(s.shape[1:]) != (t, 2, w.max_rank) or (
-            s.stride(3) != 1 and s.stride(0) != 1):
+    if s.dim() != 4 or s.dtype != torch.float32 or tuple(s.shape[1:]) != (t, 2, w.max_rank) or s.stride(3) != 1:
         raise ValueError(f"lora_expand_silu_mul: s must be fp32 [split, {t}, 2, {w.max_rank}], "
                          f"got {s.dtype} {tuple(s.shape)}")
     if meta.num_adapted is None:
@@ -192,7 +191,7 @@ def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: tor
         _expand_silu_kernel, (triton.cdiv(i, b.bn), n_tiles + base_tiles),
         s, w.b, w.rank, meta.sorted_idx, tiles, meta.num_adapted, y, out,
         t, i, s.shape[0], tiles.stride(0), n_tiles,
-        s.stride(0), s.stride(1), s.stride(2), s.stride(3), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
+        s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
         out.stride(0),
         BM=b.bm, BN=b.bn, BN32=bn32, BN64=bn64, MAX_RB=rank_bucket(w.max_rank),
         DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
