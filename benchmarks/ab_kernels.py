@@ -70,6 +70,21 @@ def outputs(case: Case, pools: Pools, install) -> list[torch.Tensor]:
     return out
 
 
+def time_arms(case: Case, pools: Pools, arms: dict, k: int, repeats: int) -> tuple[dict, dict]:
+    """Per arm: whether its outputs equal the first arm's bit for bit, and the min over `repeats` interleaved
+    rounds of the layer's and the SiLU path's graph times (us)."""
+    ys = {name: outputs(case, pools, install) for name, install in arms.items()}
+    ref = ys[next(iter(arms))]
+    same = {name: all(torch.equal(u, v) for u, v in zip(ref, y)) for name, y in ys.items()}
+    times = {f"{name} {what}": [] for name in arms for what in ("layer", "silu")}
+    for _ in range(repeats):
+        for name, install in arms.items():
+            install()
+            times[f"{name} layer"].append(graph_time_us(case.ours, k))
+            times[f"{name} silu"].append(graph_time_us(silu_fn(case, pools), k))
+    return same, {key: round(min(v), 2) for key, v in times.items()}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline", required=True, help="folder with earlier copies of sgmv_shrink/expand/silu.py")
@@ -89,16 +104,9 @@ def main() -> int:
         fb = floor_bytes(t, min(t, a), r)
         k = rotations_for(fb, l2)
         case = Case(pools, t, a, r, k)
-        ys = {name: outputs(case, pools, install) for name, install in arms.items()}
-        same = all(torch.equal(u, v) for u, v in zip(ys["base"], ys["current"]))
-        times = {f"{name} {what}": [] for name in arms for what in ("layer", "silu")}
-        for _ in range(args.repeats):
-            for name, install in arms.items():
-                install()
-                times[f"{name} layer"].append(graph_time_us(case.ours, k))
-                times[f"{name} silu"].append(graph_time_us(silu_fn(case, pools), k))
-        best = {key: round(min(v), 2) for key, v in times.items()}
-        row = dict(tokens=t, adapters=a, rank=r, floor_us=round(fb / bw * 1e6, 2), bit_identical=same, **best,
+        same, best = time_arms(case, pools, arms, k, args.repeats)
+        row = dict(tokens=t, adapters=a, rank=r, floor_us=round(fb / bw * 1e6, 2), bit_identical=same["current"],
+                   **best,
                    layer_ratio=round(best["current layer"] / best["base layer"], 3),
                    silu_ratio=round(best["current silu"] / best["base silu"], 3))
         report["rows"].append(row)

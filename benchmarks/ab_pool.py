@@ -1,11 +1,12 @@
-"""Shared driver of the kernel A/Bs over rank mixes (ab_bucket_columns.py, ab_shrink_passes.py, ab_split_inner.py): arms are
-functions that install a variant of the kernels; every arm runs on the same pools, cases and rotations.
+"""Shared driver of the kernel A/Bs over rank mixes (ab_bucket_columns.py; ab_shrink_passes.py at 82df1fe and
+ab_split_inner.py at d4500af, the commits where their knobs existed): arms are functions that install a variant of
+the kernels; every arm runs on the same pools, cases and rotations.
 
-In a slot pool of --pool-rank (64 by default), per point and rank mix (rank 16, rank 64, or slots alternating 16 / 64 = "mixed"): the layer as bench_kernels.py
-times it (add_lora on qkv, o, gate_up, down) and the engine's gate_up (shrink + fused SiLU expand); optionally
-module by module. Same timing as bench_kernels.py (median of CUDA-graph replays of K rotations, L2 cleared
-between replays); arms interleaved per point and repeated, min taken; outputs compared bit for bit with the first
-arm's. The floor interpolates the bytes linearly in the mean rank (adapter bytes are linear in it).
+In a slot pool of --pool-rank (64 by default), per point and rank mix (rank 16, rank 64, or slots alternating
+16 / 64 = "mixed"): the layer as bench_kernels.py times it (add_lora on qkv, o, gate_up, down) and the engine's
+gate_up (shrink + fused SiLU expand); optionally module by module. Timing and the bit-for-bit check:
+ab_kernels.time_arms (bench_kernels.py's timing, arms interleaved per point and repeated, min taken). The floor
+interpolates the bytes linearly in the mean rank (adapter bytes are linear in it).
 """
 
 from __future__ import annotations
@@ -14,11 +15,8 @@ import argparse
 import json
 import time
 
-import torch
-
-from ab_kernels import outputs, silu_fn
-from bench_kernels import (Case, Pools, device_report, floor_bytes, graph_time_us, module_times, rotations_for,
-                           save_report)
+from ab_kernels import time_arms
+from bench_kernels import Case, Pools, device_report, floor_bytes, module_times, rotations_for, save_report
 
 
 def set_ranks(pools: Pools, kind: str) -> float:
@@ -59,16 +57,7 @@ def compare(arms: dict, args) -> dict:
             fb = round(lo + (hi - lo) * (mean_rank - 16) / 48)
             k = rotations_for(fb, l2)
             case = Case(pools, t, a, 16, k)
-            ys = {name: outputs(case, pools, install) for name, install in arms.items()}
-            ref = ys[next(iter(arms))]
-            same = {name: all(torch.equal(u, v) for u, v in zip(ref, y)) for name, y in ys.items()}
-            times = {f"{name} {what}": [] for name in arms for what in ("layer", "silu")}
-            for _ in range(args.repeats):
-                for name, install in arms.items():
-                    install()
-                    times[f"{name} layer"].append(graph_time_us(case.ours, k))
-                    times[f"{name} silu"].append(graph_time_us(silu_fn(case, pools), k))
-            best = {key: round(min(v), 2) for key, v in times.items()}
+            same, best = time_arms(case, pools, arms, k, args.repeats)
             row = dict(tokens=t, adapters=a, ranks=kind, floor_us=round(fb / bw * 1e6, 2), bit_identical=same, **best)
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
