@@ -23,12 +23,13 @@ def run_arms(args, arms: dict[str, Callable[[], None]], extra: Callable[[dict], 
     """For each repeat, row of `args.rows` and arm: `arms[arm]()` (switch the engine to it), then one bench_e2e
     row; the report (device, bandwidth, command, rows) is rewritten to `args.out` after each row, so a run cut
     off by `args.budget_s` or a timeout keeps what it measured. `extra(res.extra)` adds fields to a row.
-    args: preset, rows, requests, repeats, temperature, top_p, budget_s, out."""
+    args: preset, rows, requests, repeats, temperature, top_p, budget_s, out (and optionally rank: 16)."""
     t_start = time.time()
     device = torch.device("cuda")
     bw = measure_bandwidth(device)
     report = {"device": torch.cuda.get_device_name(), "bandwidth_tbs": bw / 1e12, "command": command, "rows": []}
-    base = Workload(preset=args.preset, num_requests=args.requests, temperature=args.temperature, top_p=args.top_p)
+    base = Workload(preset=args.preset, num_requests=args.requests, temperature=args.temperature, top_p=args.top_p,
+                    rank=getattr(args, "rank", 16))
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.preset, Path(tmp) / "model")
         for rep in range(args.repeats):
