@@ -34,9 +34,33 @@ def test_launch_runs_outside_collect_and_only_records_inside():
     with L.collect() as calls:
         L.launch(k, (5,), x, 3, BLOCK=16)
     assert len(k.runs) == 1, "a launch inside collect() must not run"
-    assert calls == [(k, (x, 3), {"BLOCK": 16})]
+    ((kern, args, kwargs),) = calls
+    assert kern is k and args[1] == 3 and kwargs == {"BLOCK": 16}
+    assert args[0].dtype == x.dtype and args[0].numel() == 1, "tensors are recorded as stand-ins"
     L.launch(k, (1,), x, 3, BLOCK=16)
     assert len(k.runs) == 2, "collect() ends with its block"
+
+
+def test_recorded_launches_keep_no_tensor_alive_and_compile_alike():
+    """A dry run's activations must be freed as it goes (holding them: ~94 GiB for Llama-3-8B's dry prefills, an
+    out-of-memory error at engine start): tensors are recorded as stand-ins with the same variant key."""
+    import gc
+    import weakref
+
+    k = FakeKernel()
+    big = torch.zeros(1 << 20, dtype=torch.bfloat16)
+    odd = torch.zeros(64, dtype=torch.float16)[3:]  # an address 6 bytes past a 16-byte boundary
+    keys = [L._variant((k, (big, odd, 7), {"out": big}))]
+    ref = weakref.ref(big)
+    with L.collect() as calls:
+        L.launch(k, (1,), big, odd, 7, out=big)
+    del big
+    gc.collect()
+    assert ref() is None, "the recorded launch kept its tensor argument alive"
+    (call,) = calls
+    assert L._variant(call) == keys[0], "stand-ins must compile the variant the real launch would"
+    assert call[1][1].data_ptr() % 16 == odd.data_ptr() % 16 == 6
+    assert L.stand_in(torch.ones(8, dtype=torch.bfloat16)) is call[1][0], "one stand-in per (dtype, alignment)"
 
 
 def test_collect_is_not_nestable_and_resets_after_an_error():
