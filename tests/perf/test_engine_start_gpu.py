@@ -1,0 +1,38 @@
+"""An engine on a real model shape with the default KV sizing starts, precompiles and generates (GPU only).
+
+Every other GPU test fixes num_kv_blocks, so none left the dry-run precompile only the headroom the default
+sizing leaves (1 - gpu_memory_utilization of the device plus an activation estimate). The dry run held every
+recorded launch's tensors (all activations of every dry prefill) and ran out of memory at engine start:
+Llama-3-8B with 64 rank-64 slots on an H200, and any large enough model at the defaults.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from multilora_cli.bench.model_dir import write_model_dir
+from multilora_cli.config import EngineConfig, SamplingParams
+from multilora_cli.engine.engine import Engine
+from multilora_cli.engine.request import Request
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_default_kv_sizing_leaves_room_for_the_precompile(tmp_path):
+    model_dir = write_model_dir("llama-3.2-1b", tmp_path / "model")
+    engine = Engine(EngineConfig(model=str(model_dir), device="cuda", load_format="dummy", max_num_seqs=32))
+    try:
+        assert engine.runner.precompiled > 0, "the dry run must have recorded the kernels"
+        free, total = torch.cuda.mem_get_info()
+        assert free > 0.02 * total, "the KV sizing must leave the step's headroom free after the precompile"
+        sp = SamplingParams(max_tokens=4, ignore_eos=True)
+        out = engine.generate_all([Request(key=i, id=str(i), prompt_token_ids=[5 + i, 9, 11], sampling=sp)
+                                   for i in range(3)])
+        assert [r.error for r in out] == [None] * 3 and all(len(r.token_ids) == 4 for r in out)
+    finally:
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
