@@ -12,14 +12,13 @@ Run a throwaway process first (Triton cache), as for bench_e2e.py.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from multilora_cli.bench.ab import run_arms  # noqa: E402
+from multilora_cli.bench.ab import parser, run_arms  # noqa: E402
 from multilora_cli.engine import engine as engine_mod  # noqa: E402
 from multilora_cli.engine import scheduler as sched_mod  # noqa: E402
 
@@ -42,15 +41,7 @@ def count_ahead_steps() -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="llama-3-8b")
-    p.add_argument("--rows", default="base,64,256/64")
-    p.add_argument("--requests", type=int, default=1024)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--temperature", type=float, default=0.0, help="above 0: seeded sampling instead of greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
-    p.add_argument("--out", type=Path, required=True)
+    p = parser(__doc__.splitlines()[0], "base,64,256/64")
     args = p.parse_args()
     count_ahead_steps()
 

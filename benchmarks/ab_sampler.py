@@ -12,28 +12,19 @@ Run a throwaway process first (Triton cache), as for bench_e2e.py.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from multilora_cli.bench.ab import run_arms  # noqa: E402
+from multilora_cli.bench.ab import parser, run_arms  # noqa: E402
 from multilora_cli.engine import sampler as sampler_mod  # noqa: E402
 from multilora_cli.kernels import use_triton  # noqa: E402
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="llama-3-8b")
-    p.add_argument("--rows", default="base,64")
-    p.add_argument("--requests", type=int, default=1024)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
-    p.add_argument("--out", type=Path, required=True)
+    p = parser(__doc__.splitlines()[0], "base,64", temperature=1.0, top_p=0.9)
     args = p.parse_args()
     if args.temperature <= 0:
         p.error("--temperature must be > 0: greedy rows do not sample")

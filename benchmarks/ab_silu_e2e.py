@@ -11,30 +11,21 @@ Kernel-level numbers: benchmarks/ab_bucket_columns.py.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from multilora_cli.bench.ab import run_arms  # noqa: E402
+from multilora_cli.bench.ab import parser, run_arms  # noqa: E402
 from multilora_cli.kernels import sgmv_silu  # noqa: E402
 
 CURRENT = sgmv_silu.silu_bucket_columns
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="llama-3-8b")
-    p.add_argument("--rows", default="64")
+    p = parser(__doc__.splitlines()[0], "64")
     p.add_argument("--rank", type=int, default=64)
-    p.add_argument("--requests", type=int, default=1024)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
 
     def arm(policy):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 import time
@@ -16,6 +17,20 @@ from multilora_cli.bench.plan import parse_rows
 from multilora_cli.bench.roofline import measure_bandwidth
 from multilora_cli.bench.suite import run_multilora_row
 from multilora_cli.bench.workload import Workload
+
+
+def parser(description: str, rows: str, temperature: float = 0.0, top_p: float = 1.0) -> argparse.ArgumentParser:
+    """The options every end-to-end A/B script takes (what `run_arms` reads); scripts add their own."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--preset", default="llama-3-8b")
+    p.add_argument("--rows", default=rows)
+    p.add_argument("--requests", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--temperature", type=float, default=temperature, help="above 0: seeded sampling, else greedy")
+    p.add_argument("--top-p", type=float, default=top_p)
+    p.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
+    p.add_argument("--out", type=Path, required=True)
+    return p
 
 
 def run_arms(args, arms: dict[str, Callable[[], None]], extra: Callable[[dict], dict] | None = None,
