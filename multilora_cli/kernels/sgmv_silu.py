@@ -9,6 +9,11 @@ Grid: (column blocks of I, adapted tiles, then base tiles). A tile CTA takes one
 BN columns of both slices (gate at c, up at I + c). Base CTAs come after every tile on the slow axis (as
 padding does in the other kernels) and cover sorted_idx[num_adapted:] BM rows at a time, with no delta:
 every row of h is written by this one launch, whatever the adapter mix of a graph replay.
+
+Rank-aware as the expand: a tile takes the smallest bucket RB in {16, 32, 64} holding both slices' ranks. At
+64-256 tokens the larger buckets walk their BN columns in narrower steps (`blocks.silu_bucket_columns`), so
+their B tiles cost no more registers and shared memory than twice the rank-16 bucket's: a kernel is allocated
+for its largest branch, and in a rank-64 pool that set every CTA's occupancy.
 """
 
 from __future__ import annotations
