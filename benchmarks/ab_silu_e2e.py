@@ -24,8 +24,7 @@ CURRENT = sgmv_silu.silu_bucket_columns
 
 
 def main() -> int:
-    p = parser(__doc__.splitlines()[0], "64")
-    p.add_argument("--rank", type=int, default=64)
+    p = parser(__doc__.splitlines()[0], "64", rank=64)
     args = p.parse_args()
 
     def arm(policy):

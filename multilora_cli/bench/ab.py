@@ -19,7 +19,8 @@ from multilora_cli.bench.suite import run_multilora_row
 from multilora_cli.bench.workload import Workload
 
 
-def parser(description: str, rows: str, temperature: float = 0.0, top_p: float = 1.0) -> argparse.ArgumentParser:
+def parser(description: str, rows: str, temperature: float = 0.0, top_p: float = 1.0,
+           rank: int = 16) -> argparse.ArgumentParser:
     """The options every end-to-end A/B script takes (what `run_arms` reads); scripts add their own."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--preset", default="llama-3-8b")
@@ -28,6 +29,7 @@ def parser(description: str, rows: str, temperature: float = 0.0, top_p: float =
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--temperature", type=float, default=temperature, help="above 0: seeded sampling, else greedy")
     p.add_argument("--top-p", type=float, default=top_p)
+    p.add_argument("--rank", type=int, default=rank, help="LoRA rank of every adapter")
     p.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -38,13 +40,13 @@ def run_arms(args, arms: dict[str, Callable[[], None]], extra: Callable[[dict], 
     """For each repeat, row of `args.rows` and arm: `arms[arm]()` (switch the engine to it), then one bench_e2e
     row; the report (device, bandwidth, command, rows) is rewritten to `args.out` after each row, so a run cut
     off by `args.budget_s` or a timeout keeps what it measured. `extra(res.extra)` adds fields to a row.
-    args: preset, rows, requests, repeats, temperature, top_p, budget_s, out (and optionally rank: 16)."""
+    args: what `parser` defines."""
     t_start = time.time()
     device = torch.device("cuda")
     bw = measure_bandwidth(device)
     report = {"device": torch.cuda.get_device_name(), "bandwidth_tbs": bw / 1e12, "command": command, "rows": []}
     base = Workload(preset=args.preset, num_requests=args.requests, temperature=args.temperature, top_p=args.top_p,
-                    rank=getattr(args, "rank", 16))
+                    rank=args.rank)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.preset, Path(tmp) / "model")
         for rep in range(args.repeats):

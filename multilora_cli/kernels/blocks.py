@@ -112,8 +112,8 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
     blocks = -(-out_features // bn) + n_slices
     groups_per_tile = max(1, (4 * num_sms) // tiles)
     nb = max(1, min(32, blocks // groups_per_tile))
-    # The sweep's 4096-token winners (kernels-h200-session1.json: nb=1, shrink split 4/16) were tried in e2e run 6 and
-    # prefill steps (8k tokens) got slower: not applied.
+    # The sweep's 4096-token winners (kernels-h200-session1.json: nb=1, shrink split 4/16) were tried in e2e run 6
+    # and prefill steps (8k tokens) got slower: not applied.
     # 129-256 tokens (decode at large batch): sweep 2 (kernels-h200-sweep2.json) moved narrow outputs to one
     # column block per CTA (the expand stalls on shared-memory barriers as much as on memory). Sweep 3
     # (kernels-h200-sweep3.json, after PDL and tiles-last grids; 16 / 64 adapters, us): 4 warps without a

@@ -33,6 +33,15 @@ from multilora_cli.kernels.weights import LoraWeights
 
 
 @triton.jit
+def _add_and_store(h_ptrs, yg, yu, sg, su, bg, bu, ok, DOT_PREC: tl.constexpr):
+    """h = silu(g) * u of g = yg + sg @ bg and u = yu + su @ bu, each rounded to y's dtype as the expand rounds."""
+    CD = sg.dtype
+    g = (yg.to(tl.float32) + tl.dot(sg, bg.to(CD), input_precision=DOT_PREC)).to(CD)
+    u = (yu.to(tl.float32) + tl.dot(su, bu.to(CD), input_precision=DOT_PREC)).to(CD)
+    silu_mul_store(h_ptrs, g, u, ok)
+
+
+@triton.jit
 def _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, h_rows,
           row_ok, c0, I, r_g, r_u, PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PREC: tl.constexpr,
           BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr,
@@ -61,9 +70,7 @@ def _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out,
             bu, yu = load_block(b_g + I * stride_b_out, y_g + I, ju, col_ok, ok)
         sg = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, jg, BM, RB, SPLIT, VEC).to(CD)
         su = _load_s(s_rows + stride_s_slice, stride_s_split, n_split, offs_r, row_ok, ju, BM, RB, SPLIT, VEC).to(CD)
-        g = (yg.to(tl.float32) + tl.dot(sg, bg.to(CD), input_precision=DOT_PREC)).to(CD)  # the expand's rounding
-        u = (yu.to(tl.float32) + tl.dot(su, bu.to(CD), input_precision=DOT_PREC)).to(CD)
-        silu_mul_store(h_rows + cols[None, :], g, u, ok)
+        _add_and_store(h_rows + cols[None, :], yg, yu, sg, su, bg, bu, ok, DOT_PREC)
     else:
         wait_predecessor(PDL)
         launch_dependents(PDL)
@@ -76,9 +83,7 @@ def _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out,
             b_g = b_r + cols[None, :] * stride_b_out  # [RB, SUB]
             bg, yg = load_block(b_g, y_rows + cols[None, :], jg, col_ok, ok)
             bu, yu = load_block(b_g + I * stride_b_out, y_rows + I + cols[None, :], ju, col_ok, ok)
-            g = (yg.to(tl.float32) + tl.dot(sg, bg.to(CD), input_precision=DOT_PREC)).to(CD)
-            u = (yu.to(tl.float32) + tl.dot(su, bu.to(CD), input_precision=DOT_PREC)).to(CD)
-            silu_mul_store(h_rows + cols[None, :], g, u, ok)
+            _add_and_store(h_rows + cols[None, :], yg, yu, sg, su, bg, bu, ok, DOT_PREC)
 
 
 @triton.jit(do_not_specialize=["T", "n_split", "tile_cap", "n_tiles"])  # scalars: no compile per value class
@@ -143,6 +148,7 @@ def _expand_silu_kernel(
                     _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank,
                           y_rows, h_rows, row_ok, c0, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, BN, BN64, 64, SPLIT,
                           VEC)
+
 
 def fusable(w: LoraWeights) -> bool:
     """Whether `lora_expand_silu_mul` serves this pool: two equal slices ([gate | up]), ranks up to 64."""
