@@ -21,17 +21,13 @@ from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, launch_depend
                                        wait_predecessor)
 from multilora_cli.kernels.weights import LoraWeights
 
-EARLY_A = 0  # A/B knob (benchmarks): A tiles a shrink CTA loads before its PDL wait
-
 
 @triton.jit
 def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
                    stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
                    EVEN_K: tl.constexpr, NSP: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr,
-                   BK: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
-    """s_out[rows, i, base + j] = scale_i * x[rows, k_lo:k_hi] @ a[i, base + j, k_lo:k_hi]^T for j < RB.
-    EARLY > 0: the first EARLY A tiles are loaded before the PDL wait (A is static during the step), which this
-    function then passes itself; EARLY == 0: the caller has passed it."""
+                   BK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """s_out[rows, i, base + j] = scale_i * x[rows, k_lo:k_hi] @ a[i, base + j, k_lo:k_hi]^T for j < RB."""
     n = tl.arange(0, NSP * RB)  # column n = (slice n // RB, rank row base + n % RB)
     sl = n // RB
     j = base + n % RB
@@ -42,23 +38,7 @@ def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo
     x_ptrs = x_ptr + rows[:, None] * stride_xt + offs_k[None, :]  # [BM, BK]
     a_ptrs = a_slot + sl[None, :] * stride_a_slice + j[None, :] * stride_a_rank + offs_k[:, None]  # [BK, NSP*RB]
     acc = tl.zeros((BM, NSP * RB), dtype=tl.float32)
-    k_start = k_lo
-    if EARLY > 0:
-        k_ok0 = k_lo + offs_k < k_hi
-        at0 = tl.load(a_ptrs + k_lo, mask=col_ok[None, :] & k_ok0[:, None], other=0.0)
-        if EARLY > 1:
-            k_ok1 = k_lo + BK + offs_k < k_hi
-            at1 = tl.load(a_ptrs + k_lo + BK, mask=col_ok[None, :] & k_ok1[:, None], other=0.0)
-        wait_predecessor(PDL)  # x belongs to earlier kernels
-        launch_dependents(PDL)
-        xt0 = tl.load(x_ptrs + k_lo, mask=row_ok[:, None] & k_ok0[None, :], other=0.0)
-        acc = tl.dot(xt0, at0.to(xt0.dtype), acc, input_precision=DOT_PREC)
-        k_start = k_lo + BK
-        if EARLY > 1:
-            xt1 = tl.load(x_ptrs + k_lo + BK, mask=row_ok[:, None] & k_ok1[None, :], other=0.0)
-            acc = tl.dot(xt1, at1.to(xt1.dtype), acc, input_precision=DOT_PREC)
-            k_start = k_lo + 2 * BK
-    for k in range(k_start, k_hi, BK):
+    for k in range(k_lo, k_hi, BK):
         if EVEN_K:
             xt = tl.load(x_ptrs + k, mask=row_ok[:, None], other=0.0)
             at = tl.load(a_ptrs + k, mask=col_ok[None, :], other=0.0)
@@ -82,7 +62,7 @@ def _shrink_kernel(
     NSP: tl.constexpr, NSPM: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BK32: tl.constexpr,
     BK64: tl.constexpr, MAX_RB: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
 ):
     # tiles on the slowest grid axis: a graph's padding tiles (static grid) are dispatched after all real work,
     # instead of interleaved with it (256 tokens / 16 adapters: 61.1 -> 53.0 us per layer on H200,
@@ -124,26 +104,25 @@ def _shrink_kernel(
         pk = k_lo + tl.arange(0, PF_LINES) * LINE  # [PF_LINES]
         prefetch_l2(a_slot, psl[:, None] * stride_a_slice + pj[:, None] * stride_a_rank + pk[None, :],
                     pok[:, None] & (pk < k_hi)[None, :])
-    if EARLY == 0:
-        wait_predecessor(PDL)  # x (and the s buffer's memory) belong to earlier kernels
-        launch_dependents(PDL)  # only now: at most two grids of the chain hold SM slots at a time
+    wait_predecessor(PDL)  # x (and the s buffer's memory) belong to earlier kernels
+    launch_dependents(PDL)  # only now: at most two grids of the chain hold SM slots at a time
     s_out = s_ptr + pid_k * stride_s_split
     # smallest rank bucket holding the rows left; K step shrinks as the bucket grows (same tile bytes)
     if left <= 16:
         _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
                        stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                       EVEN_K, NSP, BM, 16, BK, DOT_PREC, PDL, EARLY)
+                       EVEN_K, NSP, BM, 16, BK, DOT_PREC)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if left <= 32:
                 _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
                                base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                               EVEN_K, NSP, BM, 32, BK32, DOT_PREC, PDL, EARLY)
+                               EVEN_K, NSP, BM, 32, BK32, DOT_PREC)
             else:
                 if MAX_RB >= 64:
                     _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
                                    base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                                   EVEN_K, NSP, BM, 64, BK64, DOT_PREC, PDL, EARLY)
+                                   EVEN_K, NSP, BM, 64, BK64, DOT_PREC)
 
 
 def shrink_out_shape(x: torch.Tensor, w: LoraWeights, blocks: ShrinkBlocks | None = None) -> tuple[int, int, int, int]:
@@ -199,6 +178,6 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
         NSP=nsp, NSPM=max(nsp, 16), BM=b.bm, BK=b.bk, BK32=max(b.bk // 2, 32), BK64=max(b.bk // 4, 32),
         MAX_RB=min(rank_bucket(w.max_rank), 64),
         EVEN_K=w.in_features % k_per_split == 0, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
-        PDL=pdl.launch, EARLY=EARLY_A, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=triton.next_power_of_2(pf_lines) if pdl.prefetch
+        PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=triton.next_power_of_2(pf_lines) if pdl.prefetch
         else 1, LINE=line, num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
     )
