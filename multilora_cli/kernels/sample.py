@@ -7,7 +7,8 @@ sorted. Each logit gets an integer key whose order is the float order (`order_ke
 - top-p keeps every token for which the top-k-kept mass with a strictly larger key is < top_p of the
   top-k-kept total (the smallest such set, with ties at its boundary kept);
 - the token is the first one, in vocabulary order, whose running sum of kept weights exceeds u * total.
-Both thresholds are found by a radix search over the keys, 4 bits per pass (16 bins of counts or masses), and
+Both thresholds are found by a radix search over the keys, 4 bits per pass (16 bins of counts or masses; counts
+by Triton's histogram, masses by a compare per bin; a chunk with nothing under the level's prefix is skipped), and
 each row is cut into chunks so that a pass fills the GPU: a row costs a few passes over its logits instead of a
 [V] sort (Llama-3, 256 rows: 3.7 ms with torch.sort, see benchmarks/RESULTS.md). A row's token depends on its
 logits, parameters and u only: every reduction runs in a fixed order.
@@ -105,19 +106,34 @@ def _histogram(row, lo, hi, floor, prefix, shift, inv_t, m, MASS: tl.constexpr, 
     # 16 bins repeat in each thread's registers. [BLOCK, 16] put the bins across threads: top-k over 256 rows
     # of 128k took 2.7 ms instead of 0.8 ms on an H200 (a [16] reduction per block and int64 keys: 4.5 ms)
     acc = tl.zeros((16, BLOCK), tl.float32)
+    counts = tl.zeros((16,), tl.int32)
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         ok = offs < hi
         raw = tl.load(row + offs, mask=ok, other=0.0)
         key = _keys(raw, KEY_BITS)
         ok = ok & (key >= floor) & ((key >> (shift + 4)) == prefix)
+        digit = ((key >> shift) & 15).to(tl.int32)
         if MASS:
             w = tl.where(ok, _weights(raw, inv_t, m), 0.0)
+            acc += tl.where(bins[:, None] == digit[None, :], w[None, :], 0.0)
         else:
-            w = ok.to(tl.float32)
-        digit = ((key >> shift) & 15).to(tl.int32)
-        acc += tl.where(bins[:, None] == digit[None, :], w[None, :], 0.0)
-    return tl.sum(acc, axis=1)
+            # counts: Triton's warp-vote histogram, ~2x faster than the compare per bin (H200, 256 x 128k:
+            # 64-80 vs 150-155 us a pass, benchmarks/results/probe-hist-h200.json); integers, so exact
+            counts += tl.histogram(digit, 16, mask=ok)
+    if MASS:
+        return tl.sum(acc, axis=1)
+    return counts.to(tl.float32)
+
+
+@triton.jit
+def _chunk_live(part_ptr, S, C, i, c, level, prefix):
+    """Whether chunk c of row i has weight (or count) under `prefix` at `level`: its bin of the prefix's last digit
+    one level up is > 0. A chunk with none would histogram to zeros, so skipping it changes no bit; under the
+    narrow prefixes of the later levels most chunks of a peaked row have none."""
+    up = tl.maximum(level - 1, 0)
+    v = tl.load(part_ptr + ((up * S + i) * C + c) * 16 + (prefix & 15))
+    return (level == 0) | (v > 0)
 
 
 @triton.jit
@@ -179,14 +195,18 @@ def _sample_pass(logits_ptr, rows_ptr, temp_ptr, top_k_ptr, top_p_ptr, u_ptr, ou
         if MODE == 1:
             if top_k < V:  # the rows that filter by top-k
                 prefix = _resolve(part_k_ptr, S, C, i, LEVEL, top_k.to(tl.float32), CB)
-                hist = _histogram(row, lo, hi, prefix * 0, prefix, shift, inv_t, m, False, KEY_BITS, BLOCK)
+                hist = tl.zeros((16,), tl.float32)
+                if _chunk_live(part_k_ptr, S, C, i, c, LEVEL, prefix):
+                    hist = _histogram(row, lo, hi, prefix * 0, prefix, shift, inv_t, m, False, KEY_BITS, BLOCK)
                 tl.store(part_k_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
         elif MODE == 2:
             if top_p < 1.0:
                 floor = _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, False, KEY_BITS, CB)
                 need = top_p * _level0_total(part_p_ptr, C, i, CB)  # (unused at level 0)
                 prefix = _resolve(part_p_ptr, S, C, i, LEVEL, need, CB)
-                hist = _histogram(row, lo, hi, floor, prefix, shift, inv_t, m, True, KEY_BITS, BLOCK)
+                hist = tl.zeros((16,), tl.float32)
+                if _chunk_live(part_p_ptr, S, C, i, c, LEVEL, prefix):
+                    hist = _histogram(row, lo, hi, floor, prefix, shift, inv_t, m, True, KEY_BITS, BLOCK)
                 tl.store(part_p_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
         elif MODE == 3:
             tau = _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, True, KEY_BITS, CB)
