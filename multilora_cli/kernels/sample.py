@@ -119,7 +119,7 @@ def _histogram(row, lo, hi, floor, prefix, shift, inv_t, m, MASS: tl.constexpr, 
             acc += tl.where(bins[:, None] == digit[None, :], w[None, :], 0.0)
         else:
             # counts: Triton's warp-vote histogram, ~2x faster than the compare per bin (H200, 256 x 128k:
-            # 64-80 vs 150-155 us a pass, benchmarks/results/probe-hist-h200.json); integers, so exact
+            # 64-80 vs 150-155 us a pass, benchmarks/probe_histogram.py); integers, so exact
             counts += tl.histogram(digit, 16, mask=ok)
     if MASS:
         return tl.sum(acc, axis=1)
