@@ -16,7 +16,7 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
-from multilora_cli.engine.pinned import PinnedArena, arena_bytes
+from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
 from multilora_cli.engine.request import EngineStats, Request, Result
 from multilora_cli.engine.runner import ModelRunner
 from multilora_cli.engine.scheduler import Scheduler
@@ -63,9 +63,14 @@ class Engine:
         self.max_model_len = self.runner.max_model_len
         t0 = time.perf_counter()
         self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
+        self._max_adapter_bytes = 0
         self.arena = self._make_arena()
         self.arena_seconds = time.perf_counter() - t0  # startup: planning the adapters' reads, page-locking the arena
-        self.slots = SlotManager(config.max_loras, config.max_cpu_loras, load_cpu=self._load_cpu,
+        self.host_cache_loras = config.max_cpu_loras  # the host cache gives way when the arena was capped
+        if self.arena is not None:
+            self.host_cache_loras = host_cache_capacity(self.arena.nbytes, self._max_adapter_bytes,
+                                                        config.max_cpu_loras, config.max_loras)
+        self.slots = SlotManager(config.max_loras, self.host_cache_loras, load_cpu=self._load_cpu,
                                  install=self.runner.install_adapter, evict=self.runner.evict_adapter,
                                  prefetch_threads=PREFETCH_THREADS if self.adapters else 0,
                                  stage=self.runner.stage_adapter,
@@ -148,6 +153,7 @@ class Engine:
             sizes = [self._adapter_nbytes(n) for n in self.adapters]
         except MultiloraError:
             return None  # the load reports it, per request
+        self._max_adapter_bytes = max(sizes, default=0)
         nbytes = arena_bytes(sizes, self.config.max_cpu_loras, self.config.max_loras)
         try:
             return PinnedArena(nbytes, cuda=True) if nbytes else None

@@ -192,3 +192,19 @@ def arena_bytes(adapter_bytes: list[int], max_cpu_loras: int, max_loras: int) ->
     except (ValueError, OSError, AttributeError):
         phys = 16 << 30
     return int(min(want, PINNED_HOST_FRACTION * phys))
+
+
+def host_cache_capacity(arena_nbytes: int, adapter_bytes: int, max_cpu_loras: int, max_loras: int) -> int:
+    """Adapters the host cache may keep when packed adapters of `adapter_bytes` (the largest) live in an arena of
+    `arena_nbytes`: `max_cpu_loras`, unless the arena was capped below what the cache and the reads in flight
+    need. Then the cache gives way, keeping half the blocks (up to `max_loras`) for the reads in flight.
+
+    Why: an adapter that finds the arena full is packed into pageable memory instead, and those loads are slow
+    (a synchronous copy, the pack on the caller's thread). A run with many slots filled the arena with adapters
+    nobody would use again and loaded the rest that way: 256 adapters in 256 slots on an H200 host ran at
+    5,401 tok/s against 12,000 in 64 slots (benchmarks/RESULTS.md, End to end, session 13)."""
+    size = -(-max(adapter_bytes, 1) // ALIGN) * ALIGN
+    blocks = arena_nbytes // size
+    if blocks >= max_cpu_loras + max_loras:
+        return max_cpu_loras
+    return max(1, min(max_cpu_loras, blocks - min(max_loras, blocks // 2)))

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from multilora_cli.engine.packed import pack_adapter
-from multilora_cli.engine.pinned import ALIGN, PinnedArena, arena_bytes
+from multilora_cli.engine.pinned import ALIGN, PinnedArena, arena_bytes, host_cache_capacity
+from multilora_cli.engine.slots import SlotManager
 from tests.engine.test_engine_packed import SHAPES, _adapter
 
 
@@ -88,3 +89,41 @@ def test_host_buffer_is_zeroed_writable_memory_of_the_asked_size(prefault):
         assert mapping[n - 1] == 7
     arena = PinnedArena(n, cuda=False)
     assert arena.buf.numel() == n - n % ALIGN
+
+
+@pytest.mark.parametrize("blocks,cpu,slots,want", [
+    (16, 8, 8, 8),  # the arena holds cache + reads in flight: the cache as asked
+    (100, 8, 8, 8),
+    (12, 8, 8, 6),  # capped: half the blocks stay for the reads in flight
+    (12, 8, 2, 8),  # 12 - 2 >= 8
+    (12, 9, 2, 9),  # 12 - 2 = 10 >= 9
+    (402, 512, 256, 201),  # the H200 row of 256 adapters in 256 slots (33.8 GB arena, 84 MB adapters)
+    (1, 64, 64, 1),  # never below one
+])
+def test_host_cache_capacity(blocks, cpu, slots, want):
+    size = 3 * ALIGN + 5  # page-rounded to 4 pages
+    assert host_cache_capacity(blocks * 4 * ALIGN + ALIGN - 1, size, cpu, slots) == want
+
+
+@pytest.mark.parametrize("capped", [False, True])
+def test_a_host_cache_sized_to_the_arena_keeps_loads_in_the_arena(capped):
+    """More adapters pass through the slots than the arena holds: with the cache capped to the arena, LRU
+    evictions give blocks back and every load is packed in the arena; with the cache as asked, loads past the
+    arena fall back to ordinary memory (the slow path on CUDA)."""
+    adapters = {f"a{i}": _adapter(f"a{i}", {m: 4 for m in SHAPES}, seed=i) for i in range(12)}
+    nbytes = pack_adapter(adapters["a0"], pin=False).flat.numel() * 4
+    arena = PinnedArena(6 * (-(-nbytes // ALIGN) * ALIGN), cuda=False)
+    cpu, slots = 8, 2
+    cap = host_cache_capacity(arena.nbytes, nbytes, cpu, slots) if capped else cpu
+    assert cap == (4 if capped else 8)
+    installed = {}
+    mgr = SlotManager(slots, cap, load_cpu=lambda n: pack_adapter(adapters[n], pin=False, arena=arena),
+                      install=lambda slot, n, obj: installed.__setitem__(slot, (n, obj.flat.clone())))
+    for i in range(12):
+        name = f"a{i}"
+        slot = mgr.acquire(name)
+        gc.collect()
+        assert installed[slot][0] == name
+        ref = pack_adapter(adapters[name], pin=False).flat
+        assert torch.equal(installed[slot][1], ref)  # the weights that went in are the adapter's
+    assert (arena.stats()["fallbacks"] == 0) == capped
