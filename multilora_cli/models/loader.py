@@ -72,12 +72,22 @@ def checkpoint_files(path: Path) -> dict[str, Path]:
     if single.is_file():
         from safetensors import safe_open
 
-        with safe_open(single, framework="pt") as f:
-            return {name: single for name in f.keys()}
+        try:
+            with safe_open(single, framework="pt") as f:
+                return {name: single for name in f.keys()}
+        except Exception as e:  # noqa: BLE001 - SafetensorError (truncated, not safetensors), OSError
+            raise _unreadable(single, e) from None
     if any(path.glob("*.bin")) or any(path.glob("*.pt")):
         raise ModelError(f"{path}: only PyTorch .bin weights found",
                          hint="multilora reads safetensors; re-save with transformers save_pretrained()")
     raise ModelError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def _unreadable(file: Path, e: Exception, tensor: str | None = None) -> ModelError:
+    what = f"tensor {tensor} of " if tensor else ""
+    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return ModelError(f"{what}{file}: not a readable safetensors file ({why})",
+                      hint="the file is truncated or corrupt: download the model again")
 
 
 def _target(name: str) -> tuple[str, int | None]:
@@ -125,13 +135,21 @@ def load_model(path: Path, config: ModelConfig, *, dtype: torch.dtype, device: t
         by_file.setdefault(f, []).append(name)
     with torch.no_grad():
         for file, names in sorted(by_file.items()):
-            with safe_open(file, framework="pt") as f:
+            try:
+                f = safe_open(file, framework="pt")
+            except Exception as e:  # noqa: BLE001 - SafetensorError (truncated, not safetensors), OSError
+                raise _unreadable(file, e) from None
+            with f:
                 for name in names:
                     pname, idx = _target(name)
                     if pname not in params:
                         # inv_freq buffers, a tied lm_head, towers of multimodal checkpoints: nothing of ours
                         continue
-                    _copy_into(model, params[pname], pname, idx, f.get_tensor(name), name, file)
+                    try:
+                        tensor = f.get_tensor(name)
+                    except Exception as e:  # noqa: BLE001 - a shard's index names a tensor the file lacks, I/O
+                        raise _unreadable(file, e, name) from None
+                    _copy_into(model, params[pname], pname, idx, tensor, name, file)
                     todo.discard((pname, idx or 0))
     if todo:
         missing = sorted(_hf_name(n, i) for n, i in todo)

@@ -83,6 +83,19 @@ def test_mismatched_tensor_names_tensor_and_file(base_path, tmp_path):
         load_model(tmp_path / "m", ModelConfig.from_dir(src), dtype=torch.float32)
 
 
+@pytest.mark.parametrize("keep", [0, 5, 1000, -100])
+def test_truncated_checkpoint_is_a_model_error_naming_the_file(base_path, tmp_path, keep):
+    src = base_path("llama")
+    dst = tmp_path / "m"
+    dst.mkdir()
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    data = (src / "model.safetensors").read_bytes()
+    (dst / "model.safetensors").write_bytes(data[:keep] if keep >= 0 else data[:keep])  # -100: header intact
+    with pytest.raises(ModelError, match=r"m/model\.safetensors: not a readable safetensors file") as e:
+        load_model(dst, ModelConfig.from_dir(src), dtype=torch.float32)
+    assert "download the model again" in e.value.hint
+
+
 def test_no_weights_is_a_model_error(tmp_path, base_path):
     with pytest.raises(ModelError, match="no model.safetensors"):
         load_model(tmp_path, ModelConfig.from_dir(base_path("llama")), dtype=torch.float32)

@@ -50,6 +50,17 @@ def test_outputs_where_files_cannot_be_created_fail_before_generation(model_dir,
     assert "cannot write" in stderr and "/proc/multilora-x.json" in stderr and stderr.count("\n") == 1
 
 
+def test_corrupt_base_model_is_a_fatal_model_error(model_dir, inp, tmp_path):
+    base = tmp_path / "base"
+    shutil.copytree(model_dir / "base", base)
+    w = base / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:100_000])
+    rc, stdout, stderr = run_cli(["run", str(inp), "-m", str(base), "--device", "cpu", "-q"])
+    assert rc == 1 and stdout == b"", stderr
+    assert "model.safetensors: not a readable safetensors file" in stderr and "internal error" not in stderr
+    assert stderr.count("\n") <= 2  # the message and its hint
+
+
 def test_missing_input(model_dir, tmp_path):
     rc, _, stderr = run_cli(["run", str(tmp_path / "none.jsonl"), *base_args(model_dir)])
     assert rc == 1 and "does not exist" in stderr
