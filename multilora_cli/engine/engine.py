@@ -23,7 +23,7 @@ from multilora_cli.engine.scheduler import Scheduler
 from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.slots import SlotManager
 from multilora_cli.engine.tokenizer import Tokenizer
-from multilora_cli.errors import EngineError, MultiloraError, RequestError
+from multilora_cli.errors import ConfigError, EngineError, MultiloraError, RequestError
 from multilora_cli.models.config import ModelConfig
 
 # background adapter reads + packs (SlotManager). Packs contend for the host's copy bandwidth: a Llama-3-8B
@@ -54,6 +54,12 @@ class Engine:
         self.adapters = {name: Path(p) for name, p in (adapters or {}).items()}
         self._scans = {n: s for n, s in (scans or {}).items() if n in self.adapters and s.path == self.adapters[n]}
         self.model_config = model_config or ModelConfig.from_dir(config.model)
+        limit = self.model_config.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > limit:
+            # positions past the trained range give garbage silently (and rope tables are sized to it)
+            raise ConfigError(f"--max-model-len {config.max_model_len} is above the model's max_position_embeddings "
+                              f"({limit}, {Path(config.model) / 'config.json'})",
+                              hint=f"use --max-model-len {limit} or less, or shorten the prompts")
         self.tokenizer = Tokenizer.from_dir(config.model)
         gen = read_generation_config(config.model)
         self.default_sampling: dict = dict(gen.sampling)

@@ -229,3 +229,16 @@ def test_run_ahead_changes_no_output(llama, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         engine.generate_all(requests())
     assert hit
+
+
+def test_max_model_len_above_the_trained_positions_is_refused(llama):
+    from multilora_cli.errors import ConfigError
+    from multilora_cli.models.config import ModelConfig
+
+    base, adapters = llama
+    limit = ModelConfig.from_dir(base).max_position_embeddings
+    Engine(EngineConfig(model=str(base), max_model_len=limit), adapters).close()  # the limit itself is fine
+    with pytest.raises(ConfigError, match=rf"--max-model-len {limit + 1} is above the model's "
+                                          rf"max_position_embeddings \({limit}") as e:
+        Engine(EngineConfig(model=str(base), max_model_len=limit + 1), adapters)
+    assert e.value.exit_code == 2

@@ -61,6 +61,12 @@ def test_corrupt_base_model_is_a_fatal_model_error(model_dir, inp, tmp_path):
     assert stderr.count("\n") <= 2  # the message and its hint
 
 
+def test_max_model_len_above_the_models_positions_is_a_usage_error(model_dir, inp):
+    rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), "--max-model-len", "100000"])
+    assert rc == 2 and stdout == b"", stderr
+    assert "--max-model-len 100000 is above the model's max_position_embeddings" in stderr
+
+
 def test_missing_input(model_dir, tmp_path):
     rc, _, stderr = run_cli(["run", str(tmp_path / "none.jsonl"), *base_args(model_dir)])
     assert rc == 1 and "does not exist" in stderr
