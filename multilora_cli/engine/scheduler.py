@@ -90,7 +90,8 @@ class Scheduler(Admission):
         if limit is not None and n >= limit:
             return self._fail(seq, RequestError(
                 f"request {seq.request.id}: prompt has {n} tokens but max_model_len is {limit}",
-                code="prompt_too_long", hint="shorten the prompt or raise --max-model-len"))
+                code="prompt_too_long",
+                hint="shorten the prompt, or raise --max-model-len up to the model's max_position_embeddings"))
         need_tokens = n + seq.sampling.max_tokens - seq.num_completion_tokens
         if limit is not None:
             need_tokens = min(need_tokens, limit)
