@@ -1,16 +1,30 @@
 """The simple JSONL format.
 
 Input:  {"id": "a1", "prompt": "..." | "messages": [...], "adapter": "legal" | null | "base",
-         "max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}   (other fields are ignored)
+         "max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
+        Other fields are ignored (metadata), except near-misses of these names ("temprature"), which fail the
+        line: a typo must not silently fall back to a default.
 Output: {"id", "adapter", "text", "finish_reason", "usage": {"prompt_tokens", "completion_tokens"}}
 Error:  {"id", "adapter", "error": {"code", "message"}}
 """
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from multilora_cli.io.formats import SAMPLING_FIELDS, SIMPLE, LineSpec, check_messages, json_type
+
+
+FIELDS = ("id", "prompt", "messages", "adapter", *SAMPLING_FIELDS)
+
+
+def near_miss(key: str) -> str | None:
+    """The known field `key` looks like a misspelling of (None for a known field or an unrelated name)."""
+    if key in FIELDS or not isinstance(key, str):
+        return None
+    close = difflib.get_close_matches(key.lower().replace("-", "_"), FIELDS, n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 class SimpleFormat:
@@ -35,6 +49,10 @@ class SimpleFormat:
         if "custom_id" in obj and "body" in obj:
             return spec.fail("this is an OpenAI batch line, but the file's first line made it a simple-format "
                              "file; use one format per file", "wrong_format")
+        for k in obj:
+            if (known := near_miss(k)) is not None:
+                return spec.fail(f"unknown field {k!r}: did you mean {known!r}? (fix the key; fields that are not "
+                                 "near-misses of a known one are ignored)", "unknown_field")
         has_prompt, has_messages = obj.get("prompt") is not None, obj.get("messages") is not None
         if has_prompt and has_messages:
             return spec.fail("give either 'prompt' or 'messages', not both")

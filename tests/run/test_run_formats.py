@@ -26,6 +26,11 @@ def test_simple_line_fields_and_default_id():
     assert parse({"id": 42, "prompt": "x"}).id == 42  # the JSON type the user gave is kept
 
 
+def test_simple_metadata_fields_are_ignored():
+    s = parse({"prompt": "x", "meta": {"a": 1}, "category": "tax", "lang": "en", "seed": 3})
+    assert s.error is None and s.sampling == {"seed": 3}
+
+
 def test_simple_messages_with_text_parts():
     s = parse({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                          {"type": "text", "text": "b"}]}]})
@@ -42,6 +47,11 @@ def test_simple_messages_with_text_parts():
     ({"id": [1], "prompt": "x"}, "invalid_request", "id must be a string or an integer"),
     ({"prompt": "x", "adapter": 3}, "invalid_request", "adapter must be a string"),
     ({"custom_id": "c", "body": {}}, "wrong_format", "OpenAI batch line"),
+    ({"prompt": "x", "temprature": 0.5}, "unknown_field", "unknown field 'temprature': did you mean 'temperature'?"),
+    ({"prompt": "x", "top-p": 0.5}, "unknown_field", "did you mean 'top_p'?"),
+    ({"prompt": "x", "max_token": 5}, "unknown_field", "did you mean 'max_tokens'?"),
+    ({"promt": "x"}, "unknown_field", "did you mean 'prompt'?"),
+    ({"prompt": "x", "adapters": "legal"}, "unknown_field", "did you mean 'adapter'?"),
 ])
 def test_simple_bad_lines(obj, code, words):
     s = parse(obj, lineno=4)
