@@ -85,7 +85,9 @@ def decode_line(raw: bytes, key: int, lineno: int, fmt: Format) -> tuple[dict | 
         obj = json.loads(text, parse_constant=_reject_constant)
     except ValueError as e:
         msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
-        col = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        col = ""
+        if isinstance(e, json.JSONDecodeError):  # some messages end in "at" ("Unterminated string starting at")
+            col = f" column {e.colno}" if msg.endswith(" at") else f" at column {e.colno}"
         spec = LineSpec(key, lineno, fmt.default_id(lineno))
         return None, spec.fail(f"malformed JSON: {msg}{col}", "invalid_json")
     if not isinstance(obj, dict):

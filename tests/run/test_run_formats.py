@@ -61,6 +61,7 @@ def test_simple_bad_lines(obj, code, words):
 
 @pytest.mark.parametrize("raw, code, words", [
     (b'{"prompt": "x",}\n', "invalid_json", "malformed JSON"),
+    (b'{"prompt": "abc\n', "invalid_json", "Unterminated string starting at column 12"),  # not "at at"
     (b'[1, 2]\n', "invalid_json", "expected a JSON object, got an array"),
     (b'"just a string"\n', "invalid_json", "got a string"),
     (b'{"prompt": "caf\xff"}\n', "invalid_utf8", "not valid UTF-8"),
