@@ -67,6 +67,13 @@ def test_max_model_len_above_the_models_positions_is_a_usage_error(model_dir, in
     assert "--max-model-len 100000 is above the model's max_position_embeddings" in stderr
 
 
+def test_an_adapter_folder_given_as_the_model_says_so(model_dir, inp):
+    rc, stdout, stderr = run_cli(["run", str(inp), "-m", str(model_dir / "legal"), "--device", "cpu", "-q"])
+    assert rc == 1 and stdout == b"", stderr
+    assert "this is a LoRA adapter folder (adapter_config.json), not a base model" in stderr
+    assert "pass it with --adapters" in stderr
+
+
 def test_missing_input(model_dir, tmp_path):
     rc, _, stderr = run_cli(["run", str(tmp_path / "none.jsonl"), *base_args(model_dir)])
     assert rc == 1 and "does not exist" in stderr
