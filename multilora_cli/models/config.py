@@ -187,7 +187,8 @@ class ModelConfig:
                 raise ModelError(f"{path}: this is a LoRA adapter folder (adapter_config.json), not a base model",
                                  hint="pass it with --adapters, and the base model with --model (or leave --model "
                                       "out to use the adapter's base_model_name_or_path)")
-            raise ModelError(f"{path}: no config.json", hint="point --model at a Hugging Face model directory or Hub id")
+            raise ModelError(f"{path}: no config.json",
+                             hint="point --model at a Hugging Face model directory or Hub id")
         try:
             cfg = json.loads(p.read_text())
         except (OSError, ValueError) as e:
