@@ -6,11 +6,26 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from multilora_cli.bench.model_dir import PRESETS
 from multilora_cli.config import SamplingParams
 from multilora_cli.engine.request import Request
 from multilora_cli.errors import ConfigError
 
 DISTRIBUTIONS = ("uniform", "zipf")
+
+# Workload field -> the `multilora bench` flag that sets it (the A/B scripts of bench/ab.py share these names), so
+# every error names what the user typed. Fields no flag sets (seed, zipf_s, ...) keep their own name.
+FLAGS = {
+    "preset": "--preset", "num_adapters": "--adapters", "rank": "--rank", "max_loras": "--max-loras",
+    "num_requests": "--requests", "prompt_len": "--prompt-len", "output_len": "--output-len",
+    "distribution": "--distribution", "max_num_seqs": "--max-num-seqs", "temperature": "--temperature",
+    "top_p": "--top-p",
+}
+
+
+def flag(name: str) -> str:
+    """The flag that sets Workload field `name` (the field name where there is none)."""
+    return FLAGS.get(name, name)
 
 
 @dataclass(slots=True)
@@ -38,18 +53,27 @@ class Workload:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.preset.strip().lower() not in PRESETS:  # before anything sizes a model or picks a device
+            raise ConfigError(f"{flag('preset')} {self.preset!r} is not a known model shape",
+                              hint=f"choose one of {', '.join(sorted(PRESETS))}")
         if self.distribution not in DISTRIBUTIONS:
-            raise ConfigError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {self.distribution!r}")
+            raise ConfigError(f"{flag('distribution')} must be one of {', '.join(DISTRIBUTIONS)}, "
+                              f"got {self.distribution!r}")
         for name in ("num_requests", "prompt_len", "output_len", "rank", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
         if self.num_adapters < 0:
-            raise ConfigError(f"num_adapters must be >= 0, got {self.num_adapters}")
-        if self.max_loras is None:
+            raise ConfigError(f"{flag('num_adapters')} must be >= 0, got {self.num_adapters}")
+        if self.max_loras is None:  # None only: an explicit 0 is an error, not "unset"
             self.max_loras = max(1, min(self.num_adapters, 64))
         if self.max_loras < 1:
-            raise ConfigError(f"max_loras must be >= 1, got {self.max_loras}")
-        SamplingParams(temperature=self.temperature, top_p=self.top_p)  # the same checks as a request's
+            raise ConfigError(f"{flag('max_loras')} must be >= 1 (GPU adapter slots), got {self.max_loras}",
+                              hint="leave it out for min(adapters, 64)")
+        try:
+            SamplingParams(temperature=self.temperature, top_p=self.top_p)  # the same checks as a request's
+        except ConfigError as e:  # its messages start with the field name: "top_p must be ..."
+            field, _, rest = e.message.partition(" ")
+            raise ConfigError(f"{flag(field)} {rest}", hint=e.hint) from None
 
     @property
     def adapter_names(self) -> list[str]:

@@ -10,7 +10,7 @@ def command(
                                "llama-3.2-1b, llama-2-7b, llama-3-70b, mistral-7b, qwen2.5-7b, tiny. Random "
                                "weights: no download."),
     adapters: str = typer.Option("64", "--adapters", "-a", help="Adapter counts to run, comma-separated (8,64)."),
-    max_loras: int | None = typer.Option(None, "--max-loras", help="GPU slots (default min(adapters, 64))."),
+    max_loras: int | None = typer.Option(None, "--max-loras", help="GPU slots, >= 1 (default min(adapters, 64))."),
     rank: int = typer.Option(16, "--rank", help="LoRA rank, on all 7 projections."),
     distribution: str = typer.Option("uniform", "--distribution", help="uniform | zipf spread over adapters."),
     requests: int = typer.Option(1024, "--requests", "-n", help="Requests per row."),
@@ -42,22 +42,20 @@ def command(
     from multilora_cli.bench.workload import Workload
     from multilora_cli.errors import UsageError
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for but no CUDA device is visible", hint="use --device cpu")
-    if device == "cpu" and preset != "tiny":
-        raise UsageError(f"no GPU here: a {preset} benchmark on CPU would take hours",
-                         hint="run it on a GPU, or try the pipeline with --device cpu --preset tiny")
-    work = Workload(preset=preset, rank=rank, num_requests=requests, prompt_len=prompt_len, output_len=output_len,
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max(8192, max_num_seqs),
-                    distribution=distribution, temperature=temperature, top_p=top_p)
+    # every flag is checked (Workload names the flag in its errors) before the device: a typo is a usage error,
+    # not a "no GPU here"
+    if device not in ("auto", "cuda", "cpu"):
+        raise UsageError(f"--device must be auto, cuda or cpu, got {device!r}")
+    work = Workload(preset=preset, rank=rank, max_loras=max_loras, num_requests=requests, prompt_len=prompt_len,
+                    output_len=output_len, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max(8192, max_num_seqs), distribution=distribution,
+                    temperature=temperature, top_p=top_p)
     if rows is None:
         specs = []
         for n in (s.strip() for s in adapters.split(",") if s.strip()):
             if not n.isdigit():
                 raise UsageError(f"--adapters takes counts like 8,64; got {n!r}")
-            slots = f"/{max_loras}" if max_loras else ""
+            slots = f"/{max_loras}" if max_loras is not None else ""
             specs.append(f"{n}{slots}{'z' if distribution == 'zipf' else ''}")
             if hf:
                 specs.append(f"hf{n}")
@@ -65,6 +63,13 @@ def command(
             specs.append("base")
         rows = ",".join(specs)
     plan = parse_rows(rows, work)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for but no CUDA device is visible", hint="use --device cpu")
+    if device == "cpu" and work.preset.strip().lower() != "tiny":
+        raise UsageError(f"no GPU here: a {preset} benchmark on CPU would take hours",
+                         hint="run it on a GPU, or try the pipeline with --device cpu --preset tiny")
     dev = torch.device(device)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(preset, Path(tmp) / "model")

@@ -37,10 +37,21 @@ def command(
         None, "--output-tokens", help="Mean generated tokens per request (default: measured, else 256)."),
     requests_per_step: float | None = typer.Option(
         None, "--requests-per-step", help="New requests per decode step (default: batch / output tokens)."),
-    stats: str | None = typer.Option(None, "--stats", help="run_stats.json from `multilora run --stats`."),
+    stats: str | None = typer.Option(
+        None, "--stats", help="run_stats.json from `multilora run --stats`. Its tokens/s and step time size the "
+        "fleet only when it ran the same model shape in the same dtype width on a CUDA GPU of the --gpu kind "
+        "(a bare 'cuda:0' is taken as that GPU, with a warning); otherwise the roofline does and a warning on "
+        "stderr says why. Its tokens per request and slot hit rate are used either way."),
     as_json: bool = typer.Option(False, "--json", metavar="", help="Print one JSON object instead of tables."),
 ) -> int:
-    """Adapter bytes, GPUs and dollars: dedicated full fine-tunes vs one shared base with LoRA slots."""
+    """Adapter bytes, GPUs and dollars: dedicated full fine-tunes vs one shared base with LoRA slots.
+
+    --stats: measured tok/s replace the roofline only for a run of the same
+    model shape and dtype width on a CUDA GPU of the --gpu kind; a CPU run,
+    another model or another GPU is shown for reference only.
+
+    Results go to stdout, warnings to stderr.
+    """
     from multilora_cli.economics import Scenario, compute, render
 
     report = compute(Scenario(
@@ -52,6 +63,8 @@ def command(
         stats=stats))
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
+        for w in report.warnings:  # also in the JSON; said on stderr too so a piped run still shows them
+            typer.echo(f"warning: {w}", err=True)
     else:
         render(report)
     return 0

@@ -6,8 +6,9 @@ for the models behind the throughput and hit-rate figures).
 
 from __future__ import annotations
 
+from multilora_cli.economics.comparable import not_comparable_message
 from multilora_cli.economics.fleet import Hardware, Workload, ceil_div, plan_dedicated, plan_shared
-from multilora_cli.economics.presets import GPU_PRESETS, HOURS_PER_MONTH
+from multilora_cli.economics.presets import HOURS_PER_MONTH
 from multilora_cli.economics.report import Report, Section
 from multilora_cli.economics.scenario import Resolved, Scenario, resolve
 from multilora_cli.economics.slots import expected_distinct, lru_hit_rate, popularity
@@ -54,7 +55,9 @@ def compute(s: Scenario) -> Report:
         return min(float(s.max_loras), expected_distinct(pop, batch))
 
     measured = r.stats.completion_tokens_per_second if r.stats else None
-    shared = plan_shared(s.tenants, s.tokens_per_tenant_per_s, work, hw, a_bytes, distinct, measured)
+    # a run of another model, dtype or device says nothing about this fleet's tokens/s (comparable.py)
+    sizes = measured if r.comparable and r.comparable.ok else None
+    shared = plan_shared(s.tenants, s.tokens_per_tenant_per_s, work, hw, a_bytes, distinct, sizes)
     ded = plan_dedicated(s.tenants, s.tokens_per_tenant_per_s, work, hw)
     g = shared.gpus_per_replica
     sm = Section("memory", f"GPU memory ({gpu.name}, one replica = {g} GPU{'s' * (g > 1)})")
@@ -94,11 +97,15 @@ def compute(s: Scenario) -> Report:
            n(round(shared.tokens_per_s_roofline)), f"{shared.batch} / {seconds(shared.step_seconds)}")
     if r.stats:
         st.add("tokens_per_s_measured", "shared: generated tok/s (measured)", measured, n(round(measured, 1)),
-               f"completion_tokens_per_second of {r.stats.path} (prefill time included)")
-        st.add("measured_vs_roofline", "measured / roofline", measured / shared.tokens_per_s_roofline,
-               pct(measured / shared.tokens_per_s_roofline), "how far this engine and device are from the model")
+               f"completion_tokens_per_second of {r.stats.path} (prefill time included)"
+               + ("" if sizes else f" on {r.stats.device or '?'}: not comparable, shown only"))
+        if sizes:  # a ratio against another model's or device's roofline would mean nothing
+            st.add("measured_vs_roofline", "measured / roofline", measured / shared.tokens_per_s_roofline,
+                   pct(measured / shared.tokens_per_s_roofline), "how far this engine and device are from the model")
+        st.add("measured_used_for_sizing", "measured tok/s used for sizing", bool(sizes), "yes" if sizes else "no",
+               "same model shape, dtype and GPU" if sizes else "; ".join(r.comparable.reasons))
     st.add("tokens_per_s", "shared: tok/s used for sizing", shared.tokens_per_s, n(round(shared.tokens_per_s, 1)),
-           "measured (--stats)" if r.stats else "roofline")
+           "measured (--stats)" if sizes else "roofline" + (" (--stats not comparable)" if r.stats else ""))
     st.add("dedicated_batch_per_copy", "dedicated: batch per copy", ded.batch_per_copy, n(ded.batch_per_copy),
            f"KV reserve split over {ded.copies_per_gpu} cop{'ies' if ded.copies_per_gpu > 1 else 'y'} per GPU")
     st.add("dedicated_tokens_per_s_per_copy", "dedicated: tok/s per copy (roofline)", ded.tokens_per_s_per_copy,
@@ -180,7 +187,8 @@ def _slots(s: Scenario, r: Resolved, shared, a_bytes: float, slot_bytes: float) 
     pcie = r.gpu.pcie_gbs * 1e9
     load_s = f.add("load_seconds_per_step", "load time per step", loads * a_bytes / pcie,
                    seconds(loads * a_bytes / pcie), f"at {r.gpu.pcie_gbs:g} GB/s host->GPU")
-    measured_step = r.stats.step_seconds if r.stats else None
+    # step time is the device's and model's too: only a comparable run replaces the roofline's
+    measured_step = r.stats.step_seconds if r.stats and r.comparable.ok else None
     step = measured_step or shared.step_seconds
     f.add("step_seconds", "decode step", step, seconds(step), "measured: generation seconds / engine steps" if measured_step
           else "roofline (throughput section)")
@@ -210,16 +218,8 @@ def _warn(report: Report, s: Scenario, r: Resolved, shared, slot_bytes: float, a
     if report.section("slots")["load_share"] > 1:
         w.append("slot loads take longer than a decode step: PCIe-bound thrash; raise --max-loras or group "
                  "requests by adapter")
-    if r.stats:
-        m = r.stats.model
-        names = {r.model.label.lower(), r.model.config.name_or_path.lower()}
-        if m and not any(x and (x in m.lower() or m.lower().rstrip("/").split("/")[-1] in x) for x in names):
-            w.append(f"the measured run used model {m!r}, not {r.model.label}: its throughput may not transfer")
-        device = r.stats.device.lower()
-        if device.startswith("cpu"):
-            w.append("the measured run ran on CPU: its throughput says little about a GPU fleet")
-        family = r.gpu.name.split("-")[0]  # h100, a100, l40s, ...
-        tokens = device.replace("-", " ").split()  # "nvidia a100 sxm4 80gb"
-        seen = {g.split("-")[0] for g in GPU_PRESETS if any(t.startswith(g.split("-")[0]) for t in tokens)}
-        if seen and family not in seen:
-            w.append(f"the measured run ran on {r.stats.device!r}, the fleet is sized on {r.gpu.name}")
+    if r.stats and not r.comparable.ok:
+        w.append(not_comparable_message(r.stats, r.model, r.gpu, s.dtype, r.comparable))
+    elif r.stats and r.comparable.reasons:
+        w.append(f"--stats: {'; '.join(r.comparable.reasons)}: its measured throughput sizes the fleet "
+                 f"(pass the --gpu it ran on if it was not a {r.gpu.name})")

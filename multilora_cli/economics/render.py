@@ -10,9 +10,13 @@ from multilora_cli.economics.units import n, size
 PIPE_WIDTH = 160  # columns when stdout is not a terminal and COLUMNS is unset
 
 
-def render(report: Report, console=None) -> None:
-    """Print `report` as tables; each figure sits beside how it follows from the assumptions."""
+def render(report: Report, console=None, err_console=None) -> None:
+    """Print `report` as tables; each figure sits beside how it follows from the assumptions.
+
+    Warnings go to `err_console` (default stderr), one line each: stdout holds the results only.
+    """
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     if console is None:
@@ -44,6 +48,8 @@ def render(report: Report, console=None) -> None:
             t.add_row(f.label, f.shown, f.how)
         console.print(t)
 
+    if err_console is None:
+        err_console = Console(stderr=True)
     for w in report.warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)  # paths may hold [..]
     console.print(f"[bold]{report.summary}[/]", highlight=False, soft_wrap=True)  # one line, whatever its length

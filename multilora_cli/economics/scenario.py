@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from multilora_cli.economics.comparable import Comparability, compare
 from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, HOURS_PER_MONTH, GpuSpec
 from multilora_cli.economics.shapes import DEFAULT_RANK, AdapterShape, parse_targets, shape_from_flags
 from multilora_cli.economics.slots import POPULARITIES
@@ -92,6 +93,7 @@ class Resolved:
     dtype_bytes: int
     output_tokens: float
     requests_per_step: float | None  # None: derived later from the batch that fits
+    comparable: Comparability | None = None  # with stats: may their tokens/s and step time size the fleet
     assumptions: list[Assumption] = field(default_factory=list)
 
     def add(self, key: str, label: str, value, unit: str, source: str, note: str = "") -> None:
@@ -121,7 +123,8 @@ def resolve(s: Scenario) -> Resolved:
                   preset.pcie_note if s.pcie_gbs is None else "given")
     measured_out = stats.mean_completion_tokens if stats else None
     out_tokens = s.output_tokens or measured_out or 256.0
-    r = Resolved(s, model, adapter, gpu, stats, DTYPE_BYTES[s.dtype], out_tokens, s.requests_per_step)
+    comparable = compare(stats, model, gpu, s.dtype) if stats else None
+    r = Resolved(s, model, adapter, gpu, stats, DTYPE_BYTES[s.dtype], out_tokens, s.requests_per_step, comparable)
 
     def src(given, default: str = "default") -> str:
         return "flag" if given is not None else default
@@ -164,5 +167,6 @@ def resolve(s: Scenario) -> Resolved:
     if stats:
         r.add("stats", "measured run", stats.path, "", "flag",
               f"model {stats.model or '?'} on {stats.device or '?'}: "
-              f"{stats.completion_tokens_per_second:,.1f} generated tok/s")
+              f"{stats.completion_tokens_per_second:,.1f} generated tok/s; "
+              + ("sizes the fleet" if comparable.ok else "not comparable, shown only (see the warning)"))
     return r

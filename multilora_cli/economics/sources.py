@@ -69,6 +69,7 @@ class MeasuredRun:
     completion_tokens_per_second: float  # over the generation time (model load excluded)
     model: str = ""
     device: str = ""
+    dtype: str = ""
     requests: int | None = None
     completion_tokens: int | None = None
     steps: int | None = None
@@ -124,7 +125,9 @@ def load_stats(path: str) -> MeasuredRun:
         raise InputError(f"--stats {path}: completion_tokens_per_second is 0; the run generated nothing to measure")
     return MeasuredRun(
         path=str(path), completion_tokens_per_second=tps,
-        model=str(data.get("model") or ""), device=str(data.get("device") or ""),
+        model=str(data.get("model") or engine.get("model") or ""),
+        device=str(data.get("device") or engine.get("device") or ""),
+        dtype=str(data.get("dtype") or engine.get("dtype") or ""),
         requests=num(data, "requests", int), completion_tokens=num(data, "completion_tokens", int),
         steps=num(engine, "steps", int),
         generation_seconds=num(data, "generation_seconds") or num(engine, "wall_seconds"),

@@ -129,3 +129,59 @@ def test_adapter_whose_base_is_gone_says_where_the_path_came_from(cli, tiny, tmp
     rc, out, err = cli("--tenants", 5, "--adapter", moved)
     assert rc == 1 and out == ""
     assert "base_model_name_or_path of --adapter" in err and "pass --model" in err, err
+
+
+def _stats_file(path, **kw):
+    """A stats file as `multilora run --stats` writes it (RunStats around EngineStats), llama-2-7b on an H100."""
+    from multilora_cli.engine.request import EngineStats
+    from multilora_cli.io.stats import RunStats
+
+    engine = EngineStats(model="meta-llama/Llama-2-7b-hf", device="cuda:0 NVIDIA H100 80GB HBM3", dtype="bfloat16",
+                         requests=400, completion_tokens=102_400, prompt_tokens=40_000, steps=2_000,
+                         wall_seconds=40.0, slot_loads=300, slot_hits=100, max_loras=8)
+    for k, v in kw.items():
+        setattr(engine, k, v)
+    run = RunStats()
+    for _ in range(400):
+        run.add_ok("a", 100, 256)
+    path.write_text(json.dumps(run.to_dict(engine=engine.to_dict(), wall_seconds=55.0)))
+    return str(path)
+
+
+def test_cpu_stats_of_a_tiny_model_do_not_size_the_fleet(cli, tiny, tmp_path):
+    # `cd demo && multilora economics --tenants 100 --stats stats.json`: a CPU run of a tiny model sized the
+    # llama-2-7b fleet (2 -> 3 shared GPUs) with a "measured / roofline" ratio, and warned on stdout
+    stats = _stats_file(tmp_path / "stats.json", model=str(tiny["base"]), device="cpu", dtype="float32",
+                        wall_seconds=64.0)  # 102,400 tokens in 64 s: 1,600 tok/s
+    rc, plain, err = cli("--tenants", 100)
+    assert rc == 0 and err == ""
+    rc, out, err = cli("--tenants", 100, "--stats", stats)
+    assert rc == 0
+    assert out.splitlines()[-1] == plain.splitlines()[-1]  # same verdict as without --stats
+    assert "warning:" not in out and "measured / roofline" not in out
+    assert "1,600" in out  # the measured figure is still shown, for reference
+    assert "tok/s used for sizing" in out and "roofline (--stats not comparable)" in out
+    assert err.startswith("warning: --stats: measured on cpu with ") and err.count("\n") == 1, err
+    assert "not comparable to llama-2-7b (bfloat16) on h100-sxm" in err and "sizing from the roofline" in err
+    assert "cpu is not a CUDA GPU" in err and "another model shape" in err
+    rc, js, err_json = cli("--tenants", 100, "--stats", stats, "--json")
+    data = json.loads(js)  # stdout stays pure JSON; the warning is in it and on stderr
+    assert data["warnings"] == [err.removeprefix("warning: ").rstrip("\n")] and err_json == err
+    ref = json.loads(cli("--tenants", 100, "--json")[1])
+    assert data["fleet"]["shared_gpus"] == ref["fleet"]["shared_gpus"]
+    assert data["throughput"]["tokens_per_s"] == ref["throughput"]["tokens_per_s"]
+    assert data["slots"]["measured_hit_rate"] == pytest.approx(0.25)  # the run's slot figures are kept
+
+
+def test_comparable_stats_still_size_the_fleet(cli, tmp_path):
+    rc, out, err = cli("--tenants", 100, "--stats", _stats_file(tmp_path / "s.json"), "--json")
+    assert rc == 0 and err == ""
+    th = json.loads(out)["throughput"]
+    assert th["tokens_per_s"] == th["tokens_per_s_measured"] == pytest.approx(102_400 / 40.0)
+    assert th["measured_used_for_sizing"] is True and "measured_vs_roofline" in th
+
+
+def test_warnings_go_to_stderr(cli):
+    rc, out, err = cli("--tenants", 10, "--model", "llama-3-70b")  # needs tensor parallel: a warning
+    assert rc == 0 and "warning:" not in out and "tensor parallel" in err and err.startswith("warning: ")
+    assert out.splitlines()[-1].startswith("10 tenants on llama-3-70b")

@@ -50,10 +50,69 @@ def test_stats_replace_the_roofline_throughput(tmp_path):
 def test_stats_from_another_model_or_cpu_warn(tmp_path):
     stats = write_stats(tmp_path / "s.json", model="/tmp/tiny-llama", device="cpu")
     rep = compute(Scenario(tenants=10, model="llama-3-8b", stats=str(stats)))
-    assert any("tiny-llama" in w for w in rep.warnings) and any("CPU" in w for w in rep.warnings)
+    (w,) = rep.warnings
+    assert "tiny-llama" in w and "cpu is not a CUDA GPU" in w and "sizing from the roofline" in w
     a100 = write_stats(tmp_path / "a.json", device="cuda:0 NVIDIA A100-SXM4-80GB")
     assert any("A100" in w for w in compute(Scenario(tenants=10, stats=str(a100))).warnings)
     assert not compute(Scenario(tenants=10, stats=str(a100), gpu="a100-80gb")).warnings
+
+
+def _sized_by(rep) -> tuple[float, float]:
+    """(tok/s that sized the shared fleet, the roofline's)."""
+    th = rep.section("throughput")
+    return th["tokens_per_s"], th["tokens_per_s_roofline"]
+
+
+@pytest.mark.parametrize("kw,gpu,used,needle", [
+    ({}, "h100-sxm", True, None),
+    ({"device": "cpu"}, "h100-sxm", False, "cpu is not a CUDA GPU"),
+    ({"device": "mps"}, "h100-sxm", False, "mps is not a CUDA GPU"),
+    ({"device": ""}, "h100-sxm", False, "the stats name no device"),
+    ({"device": "cuda:0 NVIDIA A100-SXM4-80GB"}, "h100-sxm", False, "is not a h100-sxm"),
+    ({"device": "cuda:0 NVIDIA A100-SXM4-80GB"}, "a100-80gb", True, None),
+    ({"device": "cuda:0 NVIDIA A100-SXM4-80GB"}, "a100-40gb", False, "a100 80gb, not a a100-40gb"),
+    ({"device": "cuda:0 NVIDIA H200"}, "h100-sxm", False, "is not a h100-sxm"),
+    ({"device": "cuda:0 NVIDIA H200"}, "h200", True, None),
+    ({"device": "cuda:0 NVIDIA H100 PCIe"}, "h100-sxm", False, "h100 PCIe, not a h100-sxm"),
+    ({"device": "NVIDIA L40S"}, "l40s", True, None),
+    ({"device": "cuda:0 NVIDIA GeForce RTX 4090"}, "h100-sxm", False, "is not a h100-sxm"),
+    ({"device": "cuda:0"}, "h100-sxm", True, "does not name its GPU"),  # what the engine records today
+    ({"dtype": "float32"}, "h100-sxm", False, "float32 weights, not bfloat16"),
+    ({"dtype": "float16"}, "h100-sxm", True, None),  # same bytes per parameter
+    ({"model": "meta-llama/Meta-Llama-3-8B"}, "h100-sxm", False, "another model shape"),
+    ({"model": "/models/llama-2-7b"}, "h100-sxm", True, None),  # a preset's folder name
+    ({"model": "/models/Llama-2-7b-hf"}, "h100-sxm", True, None),  # the preset's Hub name, elsewhere
+    ({"model": "/models/llama-2-70b"}, "h100-sxm", False, "'llama-2-70b' is another name"),
+    ({"model": ""}, "h100-sxm", False, "the stats name no model"),
+])
+def test_measured_throughput_sizes_only_a_comparable_run(tmp_path, kw, gpu, used, needle):
+    stats = write_stats(tmp_path / "s.json", **kw)
+    rep = compute(Scenario(tenants=100, model="llama-2-7b", gpu=gpu, stats=str(stats)))
+    sized, roof = _sized_by(rep)
+    th, sl = rep.section("throughput"), rep.section("slots")
+    assert th["measured_used_for_sizing"] is used
+    assert sized == (pytest.approx(102_400 / 40.0) if used else roof)
+    assert ("measured" in {f.key: f.how for f in sl.figures}["step_seconds"]) is used
+    assert sl["measured_hit_rate"] == pytest.approx(0.25)  # hardware-free figures are kept either way
+    assert {a.key: a for a in rep.assumptions}["output_tokens"].source == "measured"
+    if needle is None:
+        assert not rep.warnings
+    else:
+        (w,) = rep.warnings
+        assert needle in w and w.startswith("--stats: ") and "\n" not in w, w
+        assert ("sizing from the roofline" in w) is not used
+
+
+def test_stats_model_directory_is_compared_by_shape(tmp_path, tiny):
+    # the demo's case: `multilora run --stats` on a tiny CPU model, then economics for llama-2-7b
+    stats = write_stats(tmp_path / "s.json", model=str(tiny["base"]), device="cpu", dtype="float32")
+    rep = compute(Scenario(tenants=100, stats=str(stats)))
+    (w,) = rep.warnings
+    assert "another model shape (layers 2 vs 32, hidden 64 vs 4096" in w and "cpu is not a CUDA GPU" in w
+    assert "measured_vs_roofline" not in rep.to_dict()["throughput"]  # against another model's roofline: no
+    gpu = write_stats(tmp_path / "g.json", model=str(tiny["base"]), device="cuda:0 NVIDIA H100 80GB HBM3")
+    same = compute(Scenario(tenants=3, model=str(tiny["base"]), stats=str(gpu)))
+    assert same.section("throughput")["measured_used_for_sizing"] is True and not same.warnings
 
 
 def test_adapter_shape_from_a_real_peft_adapter(tiny):

@@ -41,7 +41,7 @@ def test_workload_requests_and_spread():
     assert Workload(num_adapters=256).max_loras == 64 and Workload(num_adapters=8).max_loras == 8
     with pytest.raises(ConfigError):
         Workload(distribution="pareto")
-    with pytest.raises(ConfigError, match="top_p"):
+    with pytest.raises(ConfigError, match="--top-p"):
         Workload(temperature=0.5, top_p=0.0)
 
 
