@@ -39,6 +39,13 @@ DIRECT_READ = True
 RUN_AHEAD = True
 
 
+def device_label(device: torch.device) -> str:
+    """'cpu', or 'cuda:0 (NVIDIA H200)': the GPU's name, so run stats say what they measured on (economics)."""
+    if device.type != "cuda":
+        return str(device)
+    return f"{device} ({torch.cuda.get_device_name(device)})"
+
+
 class Engine:
     """Offline multi-LoRA generation over one base model.
 
@@ -84,7 +91,7 @@ class Engine:
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager, self.slots, max_model_len=self.max_model_len)
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids, self.max_model_len)
-        self.stats = EngineStats(model=str(config.model), device=str(self.runner.device),
+        self.stats = EngineStats(model=str(config.model), device=device_label(self.runner.device),
                                  dtype=str(self.runner.dtype).removeprefix("torch."), max_loras=config.max_loras,
                                  max_lora_rank=config.max_lora_rank)
         self._next_seq_id = 0
