@@ -76,7 +76,9 @@ def _sized_by(rep) -> tuple[float, float]:
     ({"device": "cuda:0 NVIDIA H100 PCIe"}, "h100-sxm", False, "h100 PCIe, not a h100-sxm"),
     ({"device": "NVIDIA L40S"}, "l40s", True, None),
     ({"device": "cuda:0 NVIDIA GeForce RTX 4090"}, "h100-sxm", False, "is not a h100-sxm"),
-    ({"device": "cuda:0"}, "h100-sxm", True, "does not name its GPU"),  # what the engine records today
+    ({"device": "cuda:0"}, "h100-sxm", True, "does not name its GPU"),  # stats of older versions
+    ({"device": "cuda:0 (NVIDIA H100 80GB HBM3)"}, "h100-sxm", True, None),  # engine.device_label's form
+    ({"device": "cuda:0 (NVIDIA H200)"}, "h100-sxm", False, "is not a h100-sxm"),
     ({"dtype": "float32"}, "h100-sxm", False, "float32 weights, not bfloat16"),
     ({"dtype": "float16"}, "h100-sxm", True, None),  # same bytes per parameter
     ({"model": "meta-llama/Meta-Llama-3-8B"}, "h100-sxm", False, "another model shape"),
