@@ -3,6 +3,8 @@
 The engine finishes requests in any order; `OrderedWriter` keeps a reorder buffer keyed by the record's
 position and writes the longest in-order run as soon as its head is complete, then flushes. Every write is a
 whole line, so a killed run leaves a valid prefix (at worst a torn last line, which --resume truncates).
+With a `ledger` (io/resume.py), each record's ledger line is written and flushed before the record itself, so
+after a kill the ledger is never behind the output.
 """
 
 from __future__ import annotations
@@ -62,15 +64,17 @@ def check_writable(path: str, what: str) -> None:
 
 
 class OrderedWriter:
-    """Write records in key order starting at `start_key`; error records are also copied to `errors`."""
+    """Write records in key order starting at `start_key`; error records are also copied to `errors`, their
+    ledger lines (`put(tag=...)`) to `ledger`."""
 
     def __init__(self, out: BinaryIO, errors: BinaryIO | None = None, *, start_key: int = 0,
-                 out_name: str = "<output>"):
+                 out_name: str = "<output>", ledger: BinaryIO | None = None):
         self._out = out
         self._errors = errors
+        self._ledger = ledger
         self._name = out_name
         self._next = start_key
-        self._pending: dict[int, tuple[bytes, bool]] = {}
+        self._pending: dict[int, tuple[bytes, bool, str | None]] = {}
         self._lock = threading.Lock()  # the engine may pull the request iterable from another thread
         self.written = 0
 
@@ -83,23 +87,36 @@ class OrderedWriter:
         """Records completed but waiting for an earlier one."""
         return len(self._pending)
 
-    def put(self, key: int, record: dict, is_error: bool = False) -> int:
-        """Add the record for `key`; write every record now in order. Returns how many lines were written."""
+    def put(self, key: int, record: dict, is_error: bool = False, tag: str | None = None) -> int:
+        """Add the record for `key` (and its ledger line `tag`); write every record now in order. Returns how
+        many lines were written."""
         line = encode_record(record)
         with self._lock:
             if key < self._next or key in self._pending:
                 raise OutputError(f"internal: record {key} written twice")  # never silently duplicate
-            self._pending[key] = (line, is_error)
-            n = 0
+            self._pending[key] = (line, is_error, tag)
+            ready = []
             while self._next in self._pending:
-                data, err = self._pending.pop(self._next)
-                self._write(data, err)
+                ready.append(self._pending.pop(self._next))
                 self._next += 1
-                n += 1
-            if n:
-                self._flush()
-            self.written += n
-            return n
+            if not ready:
+                return 0
+            if self._ledger is not None:
+                if any(t is None for _, _, t in ready):
+                    raise OutputError(f"internal: a record of {self._name} came without its ledger line")
+                self._write_ledger(b"".join(f"{t}\n".encode() for _, _, t in ready))
+            for data, err, _ in ready:
+                self._write(data, err)
+            self._flush()
+            self.written += len(ready)
+            return len(ready)
+
+    def _write_ledger(self, data: bytes) -> None:
+        try:
+            self._ledger.write(data)
+            self._ledger.flush()  # before the records: the ledger must never be behind the output
+        except OSError as e:
+            raise OutputError(f"writing the --resume ledger of {self._name} failed: {e.strerror or e}") from e
 
     def _write(self, data: bytes, is_error: bool) -> None:
         try:
@@ -128,7 +145,7 @@ class OrderedWriter:
         return OutputError(f"writing {self._name} failed: {e.strerror or e}")
 
     def close(self) -> None:
-        for f in (self._out, self._errors):
+        for f in (self._out, self._errors, self._ledger):
             if f is not None and f not in (sys.stdout.buffer,):
                 try:
                     f.close()
