@@ -5,7 +5,7 @@ Order of work, so every fatal problem surfaces before the model is loaded:
   detect the format -> (--resume: verify the kept prefix against the input) -> load the engine -> stream.
 Each non-blank line gets exactly one record: bad lines become error records as they are read, the engine's
 results are written through a reorder buffer as soon as they are next in input order. An `-o FILE` run also
-keeps FILE.resume, the ledger that lets --resume prove kept records answer the same requests (io/resume.py).
+keeps FILE.resume, the ledger that lets --resume prove kept records answer the same requests (io/ledger.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from multilora_cli.errors import EXIT_OK, EXIT_PARTIAL, EngineError, UsageError
 from multilora_cli.io.formats import LineSpec, parse_line
 from multilora_cli.io.progress import make_progress, print_summary
 from multilora_cli.io.reader import InputReader, count_records, open_input
-from multilora_cli.io.resume import (ADAPTER_FILES, MODEL_FILES, Fingerprint, ResumePlan, folder_fingerprint,
-                                     ledger_path, line_hash, open_ledger, scan_output, short_hash, truncate_torn,
-                                     verify_prefix)
+from multilora_cli.io.ledger import (ADAPTER_FILES, MODEL_FILES, Fingerprint, folder_fingerprint, ledger_path,
+                                     line_hash, open_ledger, short_hash)
+from multilora_cli.io.resume import ResumePlan, scan_output, truncate_torn, verify_prefix
 from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.io.stats import RunStats, write_stats
 from multilora_cli.io.writer import OrderedWriter, check_writable, open_output
@@ -69,7 +69,7 @@ class RunJob:
         return pf
 
     def _fingerprint(self, engine_cfg: EngineConfig) -> Fingerprint:
-        """What the records depend on besides their lines (the ledger header, io/resume.py). Not the device,
+        """What the records depend on besides their lines (the ledger header, io/ledger.py). Not the device,
         batch sizes or worker count: those do not change what a line asks for."""
         from multilora_cli.engine.generation_config import read_generation_config
 

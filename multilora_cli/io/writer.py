@@ -3,7 +3,7 @@
 The engine finishes requests in any order; `OrderedWriter` keeps a reorder buffer keyed by the record's
 position and writes the longest in-order run as soon as its head is complete, then flushes. Every write is a
 whole line, so a killed run leaves a valid prefix (at worst a torn last line, which --resume truncates).
-With a `ledger` (io/resume.py), each record's ledger line is written and flushed before the record itself, so
+With a `ledger` (io/ledger.py), each record's ledger line is written and flushed before the record itself, so
 after a kill the ledger is never behind the output.
 """
 

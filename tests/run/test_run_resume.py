@@ -13,7 +13,8 @@ from conftest import read_jsonl, run_cli, write_jsonl
 
 from multilora_cli.errors import OutputError
 from multilora_cli.io.reader import InputReader
-from multilora_cli.io.resume import ledger_path, scan_output, truncate_torn, verify_prefix
+from multilora_cli.io.ledger import ledger_path
+from multilora_cli.io.resume import scan_output, truncate_torn, verify_prefix
 from multilora_cli.io.writer import OrderedWriter, open_output
 
 
