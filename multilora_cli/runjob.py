@@ -10,8 +10,6 @@ keeps FILE.resume, the ledger that lets --resume prove kept records answer the s
 
 from __future__ import annotations
 
-import os
-import stat
 import sys
 import tempfile
 import threading
@@ -21,16 +19,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from multilora_cli.config import EngineConfig
-from multilora_cli.errors import EXIT_OK, EXIT_PARTIAL, EngineError, UsageError
+from multilora_cli.errors import EXIT_OK, EXIT_PARTIAL, EngineError
 from multilora_cli.io.formats import LineSpec, parse_line
 from multilora_cli.io.progress import make_progress, print_summary
+from multilora_cli.io.ledger import ledger_path, open_ledger
 from multilora_cli.io.reader import InputReader, count_records, open_input
-from multilora_cli.io.ledger import (ADAPTER_FILES, MODEL_FILES, Fingerprint, folder_fingerprint, ledger_path,
-                                     line_hash, open_ledger, short_hash)
 from multilora_cli.io.resume import ResumePlan, scan_output, truncate_torn, verify_prefix
 from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.io.stats import RunStats, write_stats
 from multilora_cli.io.writer import OrderedWriter, check_writable, open_output
+from multilora_cli.run_ledger import RunLedger, check_ledger_clash, regular_file
 from multilora_cli.runconfig import RunConfig, base_aliases
 
 
@@ -51,10 +49,7 @@ class RunJob:
         self._active: Counter = Counter()
         self._seen: set[str] = set()
         self.engine = None
-        self._fp: Fingerprint | None = None  # set while records get ledger lines (an -o FILE run)
-        self._line_hashes: dict[int, str] = {}  # key -> hash of the raw line, until its ledger line is made
-        self._tags: dict[int, str] = {}  # key -> ledger line, until its record is written
-        self._adapter_ids: dict[str | None, str] = {}
+        self._ledger: RunLedger | None = None  # set while records get ledger lines (an -o FILE run)
 
     # -- setup ----------------------------------------------------------------------------------------------
     def _preflight(self):
@@ -68,42 +63,11 @@ class RunJob:
                  f"{_why(name, err)}")
         return pf
 
-    def _fingerprint(self, engine_cfg: EngineConfig) -> Fingerprint:
-        """What the records depend on besides their lines (the ledger header, io/ledger.py). Not the device,
-        batch sizes or worker count: those do not change what a line asks for."""
-        from multilora_cli.engine.generation_config import read_generation_config
-
-        # the effective defaults, so `--max-tokens 16` where generation_config.json says 16 is the same run
-        sampling = SamplingResolver(read_generation_config(self._pf.model_path).sampling, self.cfg.sampling).base
-        settings = {"model": folder_fingerprint(self._pf.model_path, MODEL_FILES, ".safetensors"),
-                    "dtype": engine_cfg.dtype, "load_format": engine_cfg.load_format,
-                    "max_model_len": engine_cfg.max_model_len, "seed": engine_cfg.seed, "sampling": sampling}
-        return Fingerprint(settings, self._tag)
-
-    def _tag(self, spec: LineSpec) -> str:
-        """The ledger line of `spec`: its raw line's hash and the identity of the adapter it names."""
-        return f"{self._line_hashes.pop(spec.key)} {self._adapter_ident(spec.adapter)}"
-
-    def _adapter_ident(self, name: str | None) -> str:
-        """What serves `name`: the base, an adapter's files, or a pre-flight failure (its error records)."""
-        ident = self._adapter_ids.get(name)
-        if ident is None:
-            if name is None or name in self._base_names:
-                ident = short_hash(b"base")
-            elif name in self._good:  # fingerprinted on first use: --adapter-dir may hold many never named
-                ident = folder_fingerprint(self._good[name], ADAPTER_FILES)
-            elif name in self._pf.errors:
-                ident = short_hash(f"failed:{self._pf.errors[name].code}".encode())
-            else:
-                ident = short_hash(b"unknown")
-            self._adapter_ids[name] = ident
-        return ident
-
     def _parse(self, reader: InputReader) -> Iterator[LineSpec]:
         """The reader's specs, noting each raw line's hash while the run keeps a ledger."""
         for key, lineno, raw in reader.raw_lines():
-            if self._fp is not None:
-                self._line_hashes[key] = line_hash(raw)
+            if self._ledger is not None:
+                self._ledger.note_line(key, raw)
             yield parse_line(raw, key, lineno, reader.format)
 
     def _open_outputs(self, reader: InputReader, specs: Iterator[LineSpec]) -> tuple[OrderedWriter, ResumePlan]:
@@ -112,10 +76,11 @@ class RunJob:
             check_writable(cfg.stats, "stats file")
         if cfg.errors:
             check_writable(cfg.errors, "errors file")
-        plan = ResumePlan(Path("-") if self._fp is None else Path(cfg.output).expanduser(), exists=False)
+        plan = ResumePlan(Path("-") if self._ledger is None else Path(cfg.output).expanduser(), exists=False)
         with tempfile.SpooledTemporaryFile(max_size=8 << 20) as kept_errors:
             if cfg.resume:
-                plan = verify_prefix(scan_output(cfg.output), specs, reader.format, kept_errors, self._fp)
+                plan = verify_prefix(scan_output(cfg.output), specs, reader.format, kept_errors,
+                                     self._ledger.fingerprint if self._ledger is not None else None)
                 truncate_torn(plan)
                 if plan.unverified:
                     note(f"warning: {cfg.output} has no --resume ledger {ledger_path(cfg.output)} (written by an "
@@ -129,11 +94,10 @@ class RunJob:
                     note(f"--resume: {cfg.output} does not exist yet; starting from the first line", cfg.quiet)
             out, out_name = open_output(cfg.output, append=cfg.resume)
             ledger = None
-            if self._fp is not None and _regular(out):  # not for -o /dev/null or a FIFO
-                ledger = open_ledger(plan, self._fp)
+            if self._ledger is not None and regular_file(out):  # not for -o /dev/null or a FIFO
+                ledger = open_ledger(plan, self._ledger.fingerprint)
             if ledger is None:  # records go out without ledger lines
-                self._fp = None
-                self._line_hashes.clear()
+                self._ledger = None
             errors = None
             if cfg.errors:
                 errors, _ = open_output(cfg.errors, what="errors file")
@@ -174,8 +138,8 @@ class RunJob:
         from multilora_cli.engine.request import Request
 
         for spec in specs:
-            if self._fp is not None:  # before _admit: the tag must not depend on what it marks failed
-                self._tags[spec.key] = self._tag(spec)
+            if self._ledger is not None:  # before _admit: the tag must not depend on what it marks failed
+                self._ledger.mark(spec)
             adapter = self._admit(spec)
             params = self._resolver.resolve(spec) if spec.error is None else None
             if spec.error is not None:
@@ -193,8 +157,11 @@ class RunJob:
         record = self._fmt.error_record(spec, code, message)
         with self._lock:
             self.stats.add_error(adapter or self._stat_name(spec), code)
-            self.writer.put(spec.key, record, is_error=True, tag=self._tags.pop(spec.key, None))
+            self.writer.put(spec.key, record, is_error=True, tag=self._tag(spec.key))
             self._tick()
+
+    def _tag(self, key: int) -> str | None:
+        return self._ledger.pop_tag(key) if self._ledger is not None else None
 
     def _stat_name(self, spec: LineSpec) -> str | None:
         name = spec.adapter
@@ -221,7 +188,7 @@ class RunJob:
         record = self._fmt.ok_record(spec, res.text, res.finish_reason, res.prompt_tokens, res.completion_tokens)
         with self._lock:
             self.stats.add_ok(adapter, res.prompt_tokens, res.completion_tokens)
-            self.writer.put(spec.key, record, tag=self._tags.pop(spec.key, None))
+            self.writer.put(spec.key, record, tag=self._tag(spec.key))
             self._tick()
 
     # -- the job --------------------------------------------------------------------------------------------
@@ -231,7 +198,7 @@ class RunJob:
         source, in_name = open_input(cfg.input)
         reader = None
         try:
-            _check_ledger_clash(cfg)
+            check_ledger_clash(cfg)
             self._pf = pf = self._preflight()
             self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
             self._base_names = base_aliases([cfg.model, getattr(pf, "model", None)], Path(pf.model_path))
@@ -239,7 +206,8 @@ class RunJob:
                                       max_lora_rank=pf.max_lora_rank,
                                       **({"seed": cfg.seed} if cfg.seed is not None else {}), **cfg.engine)
             if cfg.output not in (None, "-"):
-                self._fp = self._fingerprint(engine_cfg)
+                self._ledger = RunLedger(cfg, engine_cfg, Path(pf.model_path), self._good, pf.errors,
+                                         self._base_names)
             reader = InputReader(source, in_name)
             self._fmt = reader.format
             specs = self._unique(self._parse(reader))
@@ -323,25 +291,6 @@ def _why(name: str, err) -> str:
                 text = f"{inside}: {after.lstrip(': ')}"
             break
     return text
-
-
-def _check_ledger_clash(cfg: RunConfig) -> None:
-    """Refuse (exit 2) another file of the run that is where -o keeps its ledger: one would overwrite the other."""
-    if cfg.output in (None, "-"):
-        return
-    led = ledger_path(cfg.output).resolve()
-    for flag, path in (("INPUT", cfg.input), ("--errors", cfg.errors), ("--stats", cfg.stats)):
-        if path not in (None, "-") and Path(path).expanduser().resolve() == led:
-            raise UsageError(f"{flag} {path} is where -o {cfg.output} keeps its --resume ledger; "
-                             f"give {flag} another path")
-
-
-def _regular(f) -> bool:
-    """True for a regular file (the only kind of output a later --resume can read back)."""
-    try:
-        return stat.S_ISREG(os.fstat(f.fileno()).st_mode)
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _chain(first: LineSpec, rest: Iterator[LineSpec]) -> Iterator[LineSpec]:
