@@ -3,7 +3,8 @@
     python3 benchmarks/profile_host.py --rows base,64,64w --out $OUT/profile-host.txt
 
 Runs bench_e2e rows (Llama-3-8B shapes, 1024 x (128 + 128) unless told otherwise; `64w` = the 64-adapter row
-with its adapters read and packed before timing, `--host-warm`) with cProfile switched on only inside
+with its adapters read and packed before timing, `--host-warm`;
+any bench_e2e row spec works, e.g. `256/64`) with cProfile switched on only inside
 schedule() / postprocess(), and prints each row's `schedule_s` with the functions that took it. The profiler
 slows those calls, so compare rows with each other, not with bench_e2e's numbers. What it separates: if
 `schedule_s` of the 64-adapter row falls to the base row's with the adapters packed ahead (64w), the extra
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from multilora_cli.bench.model_dir import write_model_dir
+from multilora_cli.bench.plan import parse_rows
 from multilora_cli.bench.roofline import measure_bandwidth
 from multilora_cli.bench.suite import run_multilora_row
 from multilora_cli.bench.workload import Workload
@@ -59,8 +61,8 @@ def main() -> int:
         model_dir = write_model_dir(args.preset, Path(tmp) / "model")
         for row in args.rows.split(","):
             warm = row.endswith("w")
-            n = int(row.rstrip("w")) if row != "base" else 0
-            work = Workload(preset=args.preset, num_adapters=n, max_loras=max(n, 1), num_requests=args.requests)
+            ((kind, work),) = parse_rows(row.rstrip("w"), Workload(preset=args.preset, num_requests=args.requests))
+            n = work.num_adapters if kind != "base" else 0
             global PROFILE
             PROFILE = cProfile.Profile()  # one profile per row (the wrappers look the name up per call)
             res = run_multilora_row(work, model_dir, device, bandwidth=bw, base_only=n == 0, host_warm=warm)
