@@ -8,9 +8,10 @@ whose verdict says why, with the error kept in `error` for the command to raise 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from multilora_cli.adapters.config import AdapterConfig
-from multilora_cli.adapters.preflight import default_name
+from multilora_cli.adapters.preflight import adapter_base, default_name
 from multilora_cli.adapters.resolve import resolve
 from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import LINEAR_MODULES, ModelConfig
@@ -63,11 +64,16 @@ class InspectReport:
 
 
 def build_report(spec: str, model: str | None = None) -> InspectReport:
-    """Inspect adapter `spec` (path or Hub id); with `model`, validate shapes against that base."""
+    """Inspect adapter `spec` (path or Hub id); validate shapes against `model`, else against the adapter's own
+    base_model_name_or_path when that is a model folder on this machine (no download just to inspect)."""
     from multilora_cli.adapters.peft import load_adapter
 
     path = resolve(spec, kind="adapter")
     config = AdapterConfig.from_dir(path)
+    if model is None:
+        base = adapter_base(Path(path), config)
+        if base is not None and (Path(base) / "config.json").is_file():
+            model = base
     model_config = None
     if model is not None:
         model_config = replace(ModelConfig.from_dir(resolve(model, kind="model")), name_or_path=model)

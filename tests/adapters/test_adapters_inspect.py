@@ -40,12 +40,25 @@ def test_good_adapter_report(cli, good_adapter, llama_base):
     hidden, kv = 64, 32  # builders.TINY: hidden 64, 2 kv heads of 16
     want = 2 * 8 * ((hidden + hidden) + (hidden + kv))  # 2 layers x r x (in + out) for q and v
     assert rep["num_params"] == want and rep["bytes"] == 4 * want and rep["bytes_bf16"] == 2 * want
-    assert rep["servable"] is True and rep["reason"] is None and rep["checked_against"] is None
+    # no --model: the adapter's own base is a model folder here, so the shapes are checked against it
+    assert rep["servable"] is True and rep["reason"] is None and rep["checked_against"] == str(llama_base)
     assert rep["rank"] == {"min": 8, "max": 8} and rep["scaling"] == {"min": 2.0, "max": 2.0}
     assert rep["dtype"] == "float32" and rep["layers"] == [0, 1]
     assert [(m["module"], m["layers"], m["in_features"], m["out_features"]) for m in rep["modules"]] == [
         ("q_proj", [0, 1], 64, 64), ("v_proj", [0, 1], 64, 32)]
     assert rep["base_model"] == str(llama_base)
+
+
+def test_inspect_without_model_checks_only_a_local_base(cli, good_adapter, tmp_path):
+    moved = tmp_path / "moved"
+    shutil.copytree(good_adapter, moved)
+    cfg = json.loads((moved / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(tmp_path / "gone")  # trained elsewhere: nothing to check against here
+    (moved / "adapter_config.json").write_text(json.dumps(cfg))
+    rc, out, err = cli("inspect", moved)
+    assert rc == 0 and "shapes not checked (pass --model to check)" in out
+    rc, out, err = cli("inspect", good_adapter)
+    assert rc == 0 and "shapes checked against" in out
 
 
 def test_patterned_rslora_report(cli, zoo, llama_base, tmp_path):
