@@ -276,7 +276,9 @@ def sample_rows(logits: torch.Tensor, rows: torch.Tensor, temp: torch.Tensor, to
     for mode, lvl in passes:
         launch(_sample_pass, (s, c), logits, rows, temp, top_k, top_p, u, out, pmax, psum, part_k, part_p, v,
                logits.stride(0), s, c, lvl, MODE=mode, KEY_BITS=bits, CHUNK=chunk, BLOCK=block,
-               CB=triton.next_power_of_2(c), num_warps=8 if block >= 1024 else 4)
+               # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414;
+               # benchmarks/results/sampler-warps4-vs-base-h200.json): ALU-bound passes, more programs per SM
+               CB=triton.next_power_of_2(c), num_warps=4)
 
 
 # --- the same semantics in torch: the CPU path and the tests' reference --------------------------------------
