@@ -7,6 +7,7 @@ import json
 import pytest
 
 from multilora_cli.economics import Scenario, compute
+from test_economics_inputs import write_stats
 
 
 def test_json_has_every_assumption_and_figure(cli):
@@ -132,20 +133,7 @@ def test_adapter_whose_base_is_gone_says_where_the_path_came_from(cli, tiny, tmp
 
 
 def _stats_file(path, **kw):
-    """A stats file as `multilora run --stats` writes it (RunStats around EngineStats), llama-2-7b on an H100."""
-    from multilora_cli.engine.request import EngineStats
-    from multilora_cli.io.stats import RunStats
-
-    engine = EngineStats(model="meta-llama/Llama-2-7b-hf", device="cuda:0 NVIDIA H100 80GB HBM3", dtype="bfloat16",
-                         requests=400, completion_tokens=102_400, prompt_tokens=40_000, steps=2_000,
-                         wall_seconds=40.0, slot_loads=300, slot_hits=100, max_loras=8)
-    for k, v in kw.items():
-        setattr(engine, k, v)
-    run = RunStats()
-    for _ in range(400):
-        run.add_ok("a", 100, 256)
-    path.write_text(json.dumps(run.to_dict(engine=engine.to_dict(), wall_seconds=55.0)))
-    return str(path)
+    return str(write_stats(path, usd=None, **kw))
 
 
 def test_cpu_stats_of_a_tiny_model_do_not_size_the_fleet(cli, tiny, tmp_path):

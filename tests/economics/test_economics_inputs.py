@@ -14,8 +14,9 @@ from multilora_cli.errors import AdapterError, UsageError
 from multilora_cli.io.stats import RunStats
 
 
-def write_stats(path, **kw):
-    """A stats file as `multilora run --stats` writes it: RunStats around the engine's EngineStats."""
+def write_stats(path, usd=2.99, **kw):
+    """A stats file as `multilora run --stats` writes it (RunStats around the engine's EngineStats), llama-2-7b on
+    an H100; `kw` overrides EngineStats fields. Also used by test_economics_cli.py."""
     engine = EngineStats(model="meta-llama/Llama-2-7b-hf", device="cuda:0 NVIDIA H100 80GB HBM3", dtype="bfloat16",
                          requests=400, completion_tokens=102_400, prompt_tokens=40_000, steps=2_000,
                          wall_seconds=40.0, slot_loads=300, slot_hits=100, max_loras=8)
@@ -24,7 +25,7 @@ def write_stats(path, **kw):
     run = RunStats()
     for _ in range(400):
         run.add_ok("a", 100, 256)
-    path.write_text(json.dumps(run.to_dict(engine=engine.to_dict(), wall_seconds=55.0, gpu_hour_usd=2.99)))
+    path.write_text(json.dumps(run.to_dict(engine=engine.to_dict(), wall_seconds=55.0, gpu_hour_usd=usd)))
     return path
 
 
