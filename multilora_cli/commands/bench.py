@@ -40,12 +40,13 @@ def command(
     from multilora_cli.bench.report import format_table, write_json
     from multilora_cli.bench.suite import run_suite
     from multilora_cli.bench.workload import Workload
+    from multilora_cli.config import DEVICES
     from multilora_cli.errors import UsageError
 
     # every flag is checked (Workload names the flag in its errors) before the device: a typo is a usage error,
     # not a "no GPU here"
-    if device not in ("auto", "cuda", "cpu"):
-        raise UsageError(f"--device must be auto, cuda or cpu, got {device!r}")
+    if device not in DEVICES:
+        raise UsageError(f"--device must be {', '.join(DEVICES[:-1])} or {DEVICES[-1]}, got {device!r}")
     work = Workload(preset=preset, rank=rank, max_loras=max_loras, num_requests=requests, prompt_len=prompt_len,
                     output_len=output_len, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max(8192, max_num_seqs), distribution=distribution,
