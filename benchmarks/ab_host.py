@@ -34,7 +34,7 @@ def main() -> int:
     if args.no_arena:
         import multilora_cli.engine.engine as engine
 
-        engine.Engine._make_arena = lambda self: None
+        engine.Engine._make_arena = lambda self: (None, self.config.max_cpu_loras)
     if args.switch_ms is not None:
         sys.setswitchinterval(args.switch_ms / 1000)
     if args.prefetch_threads is not None:

@@ -76,13 +76,8 @@ class Engine:
         self.max_model_len = self.runner.max_model_len
         t0 = time.perf_counter()
         self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
-        self._max_adapter_bytes = 0
-        self.arena = self._make_arena()
+        self.arena, self.host_cache_loras = self._make_arena()
         self.arena_seconds = time.perf_counter() - t0  # startup: planning the adapters' reads, page-locking the arena
-        self.host_cache_loras = config.max_cpu_loras  # the host cache gives way when the arena was capped
-        if self.arena is not None:
-            self.host_cache_loras = host_cache_capacity(self.arena.nbytes, self._max_adapter_bytes,
-                                                        config.max_cpu_loras, config.max_loras)
         self.slots = SlotManager(config.max_loras, self.host_cache_loras, load_cpu=self._load_cpu,
                                  install=self.runner.install_adapter, evict=self.runner.evict_adapter,
                                  prefetch_threads=PREFETCH_THREADS if self.adapters else 0,
@@ -157,21 +152,25 @@ class Engine:
                 numel += n
         return numel * self.runner.dtype.itemsize
 
-    def _make_arena(self) -> PinnedArena | None:
+    def _make_arena(self) -> tuple[PinnedArena | None, int]:
         """The page-locked host arena packed adapters live in (CUDA with adapters only; None if it cannot be
-        registered: loads then take pageable memory, as they do when the arena is full)."""
-        if self.runner.device.type != "cuda" or not self.adapters or not self.config.pinned_arena:
-            return None
+        registered: loads then take pageable memory, as they do when the arena is full), and the host cache's
+        size: `max_cpu_loras`, less when the arena was capped below it (pinned.host_cache_capacity)."""
+        cfg = self.config
+        if self.runner.device.type != "cuda" or not self.adapters or not cfg.pinned_arena:
+            return None, cfg.max_cpu_loras
         try:
             sizes = [self._adapter_nbytes(n) for n in self.adapters]
         except MultiloraError:
-            return None  # the load reports it, per request
-        self._max_adapter_bytes = max(sizes, default=0)
-        nbytes = arena_bytes(sizes, self.config.max_cpu_loras, self.config.max_loras)
+            return None, cfg.max_cpu_loras  # the load reports it, per request
+        nbytes = arena_bytes(sizes, cfg.max_cpu_loras, cfg.max_loras)
         try:
-            return PinnedArena(nbytes, cuda=True) if nbytes else None
+            arena = PinnedArena(nbytes, cuda=True) if nbytes else None
         except (RuntimeError, AttributeError):  # registration refused (locked-memory limit, old CUDA runtime)
-            return None
+            return None, cfg.max_cpu_loras
+        if arena is None:
+            return None, cfg.max_cpu_loras
+        return arena, host_cache_capacity(arena.nbytes, max(sizes), cfg.max_cpu_loras, cfg.max_loras)
 
     # --- generation -------------------------------------------------------------------------------------------
     def _admit(self, request: Request) -> Result | None:
