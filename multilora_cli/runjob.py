@@ -32,6 +32,12 @@ from multilora_cli.run_ledger import RunLedger, check_ledger_clash, regular_file
 from multilora_cli.runconfig import RunConfig, base_aliases
 
 
+# Error records whose line could not be read far enough to name an adapter are tallied apart from "base".
+UNREAD = "(unread)"
+UNREAD_CODES = frozenset({"invalid_json", "invalid_utf8", "missing_custom_id", "invalid_method", "invalid_url",
+                          "missing_body", "missing_model"})
+
+
 def note(msg: str, quiet: bool = False) -> None:
     if not quiet:
         print(f"multilora: {msg}", file=sys.stderr, flush=True)
@@ -165,6 +171,9 @@ class RunJob:
 
     def _stat_name(self, spec: LineSpec) -> str | None:
         name = spec.adapter
+        if name is None and spec.error is not None and (spec.error.code in UNREAD_CODES
+                                                        or "adapter_raw" in spec.meta):
+            return UNREAD  # the line never said which adapter: not a base request
         return None if name is None or name in self._base_names else str(name)
 
     def _tick(self) -> None:

@@ -158,6 +158,23 @@ def json_type(v: Any) -> str:
     return "an object"
 
 
+# Roles chat templates know. An unknown role is passed through (a model's template may define its own), unless
+# it looks like a misspelling of one of these, which a template would render as a stranger's turn.
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def _role_near_miss(role: str) -> str | None:
+    import difflib
+
+    if role in ROLES or role in ("function", "ipython"):
+        return None
+    low = role.strip().lower()
+    if low in ROLES:
+        return low  # "User", " user": templates compare roles exactly
+    close = difflib.get_close_matches(low, ROLES, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def check_messages(spec: LineSpec, messages: Any) -> list[dict] | None:
     """Validate chat messages: a non-empty list of {role: str, content: str | [text parts]}."""
     if not isinstance(messages, list) or not messages:
@@ -166,8 +183,12 @@ def check_messages(spec: LineSpec, messages: Any) -> list[dict] | None:
         return None
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            spec.fail(f"messages[{i}] must be an object with a string 'role'")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"].strip():
+            spec.fail(f"messages[{i}] must be an object with a non-empty string 'role'")
+            return None
+        if (known := _role_near_miss(m["role"])) is not None:
+            spec.fail(f"messages[{i}].role {m['role']!r} is not a chat role: did you mean {known!r}? "
+                      f"(roles: {', '.join(ROLES)}; others go to the chat template as written)", "unknown_role")
             return None
         content = m.get("content")
         if isinstance(content, list):  # OpenAI content parts: keep text parts only

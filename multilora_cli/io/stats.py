@@ -7,7 +7,8 @@ The JSON (`RunStats.to_dict`) is read by `multilora economics --stats`. Fields:
   prompt_tokens, completion_tokens, total_tokens
   wall_seconds (whole job, model load included: what a GPU-hour costs), generation_seconds (engine time),
   tokens_per_second / completion_tokens_per_second / requests_per_second (ok ones; all over generation_seconds)
-  per_adapter {name | "base": {requests, errors, prompt_tokens, completion_tokens, slot_loads}}
+  per_adapter {name | "base" | "(unread)": {requests, errors, prompt_tokens, completion_tokens, slot_loads}}
+    ("(unread)": error records of lines unreadable before they named an adapter: bad JSON, no body.model, ...)
   slot_loads, slot_hits, slot_evictions, max_loras, max_lora_rank
   cost: null, or {gpu_hour_usd, usd_total (over wall_seconds), usd_per_1m_tokens, usd_per_1m_completion_tokens}
   engine: EngineStats.to_dict() as the engine reported it

@@ -114,6 +114,10 @@ def test_every_bad_line_gets_one_error_record_and_no_good_line_is_lost(model_dir
     assert s["per_adapter"]["legal"]["completion_tokens"] == sum(
         r["usage"]["completion_tokens"] for r in ok.values() if r["adapter"] == "legal")
     assert s["per_adapter"]["legal"]["slot_loads"] >= 1 and s["slot_loads"] >= 3
+    # lines unreadable before naming an adapter are not base requests
+    assert s["per_adapter"]["(unread)"] == {"requests": 3, "errors": 3, "prompt_tokens": 0, "completion_tokens": 0,
+                                            "slot_loads": 0}
+    assert s["per_adapter"]["base"]["requests"] == sum(1 for r in recs if r.get("adapter") in (None, "base")) - 3
     assert s["cost"]["usd_total"] == pytest.approx(2.5 * s["wall_seconds"] / 3600, rel=1e-3)
     assert s["engine"]["model"] and s["device"] == "cpu"
 

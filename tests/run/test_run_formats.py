@@ -31,6 +31,12 @@ def test_simple_metadata_fields_are_ignored():
     assert s.error is None and s.sampling == {"seed": 3}
 
 
+def test_roles_a_template_may_define_pass_through():
+    for role in ("model", "ipython", "function", "tool", "developer", "human"):
+        s = parse({"messages": [{"role": role, "content": "x"}]})
+        assert s.error is None, (role, s.error)
+
+
 def test_simple_messages_with_text_parts():
     s = parse({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                          {"type": "text", "text": "b"}]}]})
@@ -43,6 +49,11 @@ def test_simple_messages_with_text_parts():
     ({"prompt": 5}, "invalid_request", "prompt must be a string"),
     ({"messages": []}, "invalid_request", "non-empty array of {role, content} objects, got an empty array"),
     ({"messages": [{"content": "x"}]}, "invalid_request", "messages[0]"),
+    ({"messages": [{"role": " ", "content": "x"}]}, "invalid_request", "non-empty string 'role'"),
+    ({"messages": [{"role": "system", "content": "s"}, {"role": "usr", "content": "x"}]}, "unknown_role",
+     "messages[1].role 'usr' is not a chat role: did you mean 'user'?"),
+    ({"messages": [{"role": "Assistant", "content": "x"}]}, "unknown_role", "did you mean 'assistant'?"),
+    ({"messages": [{"role": "sytem", "content": "x"}]}, "unknown_role", "did you mean 'system'?"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "invalid_request", "text parts"),
     ({"id": [1], "prompt": "x"}, "invalid_request", "id must be a string or an integer"),
     ({"prompt": "x", "adapter": 3}, "invalid_request", "adapter must be a string"),
