@@ -53,30 +53,16 @@ def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo
     tl.store(s_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.jit
-def _prefetch_b(b_ptr, tiles_ptr, slot64, pid_tile, pid_k, base, left, n_out, stride_b_slot, stride_b_rank,
-                PF_R: tl.constexpr, PFB_LINES: tl.constexpr, LINE_B: tl.constexpr):
-    # the expand's B lines of this slot, split over the K splits' CTAs; only the slot's first tile issues them
-    prev = tl.load(tiles_ptr + tl.maximum(pid_tile - 1, 0))
-    if (pid_tile == 0) | (prev.to(tl.int64) != slot64):
-        per = tl.cdiv(tl.cdiv(n_out, LINE_B), tl.num_programs(0)) * LINE_B
-        pj = base + tl.arange(0, PF_R)
-        pc = pid_k * per + tl.arange(0, PFB_LINES) * LINE_B
-        ok = (pj < base + left)[:, None] & ((pc < n_out) & (pc < (pid_k + 1) * per))[None, :]
-        prefetch_l2(b_ptr + slot64 * stride_b_slot, pj[:, None] * stride_b_rank + pc[None, :], ok)
-
-
 @triton.jit(do_not_specialize=["tile_cap"])  # an offset that varies with the metadata: no variant per value
 def _shrink_kernel(
-    x_ptr, a_ptr, rank_ptr, scale_ptr, idx_ptr, tiles_ptr, s_ptr, b_ptr,
-    K, k_per_split, tile_cap, n_slices, n_out, stride_b_slot, stride_b_rank,
+    x_ptr, a_ptr, rank_ptr, scale_ptr, idx_ptr, tiles_ptr, s_ptr,
+    K, k_per_split, tile_cap, n_slices,
     stride_xt, stride_a_slot, stride_a_slice, stride_a_rank,
     stride_s_split, stride_s_t, stride_s_slice,
     NSP: tl.constexpr, NSPM: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BK32: tl.constexpr,
     BK64: tl.constexpr, MAX_RB: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
-    PF_B: tl.constexpr, PFB_LINES: tl.constexpr, LINE_B: tl.constexpr,
 ):
     # tiles on the slowest grid axis: a graph's padding tiles (static grid) are dispatched after all real work,
     # instead of interleaved with it (256 tokens / 16 adapters: 61.1 -> 53.0 us per layer on H200,
@@ -118,14 +104,8 @@ def _shrink_kernel(
         pk = k_lo + tl.arange(0, PF_LINES) * LINE  # [PF_LINES]
         prefetch_l2(a_slot, psl[:, None] * stride_a_slice + pj[:, None] * stride_a_rank + pk[None, :],
                     pok[:, None] & (pk < k_hi)[None, :])
-    if PF_B == 2:
-        _prefetch_b(b_ptr, tiles_ptr, slot64, pid_tile, pid_k, base, left, n_out, stride_b_slot, stride_b_rank,
-                    PF_R, PFB_LINES, LINE_B)
     wait_predecessor(PDL)  # x (and the s buffer's memory) belong to earlier kernels
     launch_dependents(PDL)  # only now: at most two grids of the chain hold SM slots at a time
-    if PF_B == 1:
-        _prefetch_b(b_ptr, tiles_ptr, slot64, pid_tile, pid_k, base, left, n_out, stride_b_slot, stride_b_rank,
-                    PF_R, PFB_LINES, LINE_B)
     s_out = s_ptr + pid_k * stride_s_split
     # smallest rank bucket holding the rows left; K step shrinks as the bucket grows (same tile bytes)
     if left <= 16:
@@ -143,9 +123,6 @@ def _shrink_kernel(
                     _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
                                    base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
                                    EVEN_K, NSP, BM, 64, BK64, DOT_PREC)
-
-
-PREFETCH_B = 0  # A/B knob: 1 = the expand's B lines prefetched into L2 after the wait, 2 = before it
 
 
 def shrink_out_shape(x: torch.Tensor, w: LoraWeights, blocks: ShrinkBlocks | None = None) -> tuple[int, int, int, int]:
@@ -192,18 +169,15 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
     line = LINE_BYTES // w.a.element_size()
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = max(1, min(triton.cdiv(k_per_split, line), PREFETCH_LINES // (nsp * pf_r)))
-    pf_b = PREFETCH_B if pdl.launch and w.b.stride(1) == 1 else 0  # rank-major B: lines run along out
-    line_b = LINE_BYTES // w.b.element_size()
-    pfb_lines = triton.next_power_of_2(triton.cdiv(triton.cdiv(w.out_features, line_b), b.split)) if pf_b else 1
     launch(
         _shrink_kernel, grid,
-        x, w.a, w.rank, w.scale, meta.sorted_idx, tiles, out, w.b,
-        w.in_features, k_per_split, tiles.stride(0), w.n_slices, w.out_features, w.b.stride(0), w.b.stride(2),
+        x, w.a, w.rank, w.scale, meta.sorted_idx, tiles, out,
+        w.in_features, k_per_split, tiles.stride(0), w.n_slices,
         x.stride(0), w.a.stride(0), w.a.stride(1), w.a.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         NSP=nsp, NSPM=max(nsp, 16), BM=b.bm, BK=b.bk, BK32=max(b.bk // 2, 32), BK64=max(b.bk // 4, 32),
         MAX_RB=min(rank_bucket(w.max_rank), 64),
         EVEN_K=w.in_features % k_per_split == 0, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=triton.next_power_of_2(pf_lines) if pdl.prefetch
-        else 1, LINE=line, PF_B=pf_b, PFB_LINES=pfb_lines, LINE_B=line_b, num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
+        else 1, LINE=line, num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
     )
