@@ -32,6 +32,8 @@ from multilora_cli.run_ledger import RunLedger, check_ledger_clash, regular_file
 from multilora_cli.runconfig import RunConfig, base_aliases
 
 
+ENGINE_DEFAULTS = EngineConfig.__dataclass_fields__
+
 # Error records whose line could not be read far enough to name an adapter are tallied apart from "base".
 UNREAD = "(unread)"
 UNREAD_CODES = frozenset({"invalid_json", "invalid_utf8", "missing_custom_id", "invalid_method", "invalid_url",
@@ -68,6 +70,21 @@ class RunJob:
             note(f"warning: adapter {name!r} failed pre-flight; lines naming it get error records: "
                  f"{_why(name, err)}")
         return pf
+
+    def _max_loras(self, pf) -> int:
+        """--max-loras, else on a GPU one slot per adapter within a share of the memory beside the weights
+        (engine/slot_budget.py); pre-flight's default is the CPU one."""
+        from multilora_cli.engine.slot_budget import auto_max_loras, slot_bytes, spare_gpu_bytes
+
+        if self.cfg.max_loras is not None:
+            return pf.max_loras
+        eng = self.cfg.engine
+        itemsize = 4 if eng.get("dtype") == "float32" else 2
+        spare = spare_gpu_bytes(eng.get("device", "auto"), pf.model_config, itemsize,
+                                eng.get("gpu_memory_utilization", ENGINE_DEFAULTS["gpu_memory_utilization"].default))
+        if spare is None:
+            return pf.max_loras
+        return auto_max_loras(len(self._good), slot_bytes(pf.model_config, pf.max_lora_rank, itemsize), spare)
 
     def _parse(self, reader: InputReader) -> Iterator[LineSpec]:
         """The reader's specs, noting each raw line's hash while the run keeps a ledger."""
@@ -211,7 +228,7 @@ class RunJob:
             self._pf = pf = self._preflight()
             self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
             self._base_names = base_aliases([cfg.model, getattr(pf, "model", None)], Path(pf.model_path))
-            engine_cfg = EngineConfig(model=str(pf.model_path), max_loras=pf.max_loras,
+            engine_cfg = EngineConfig(model=str(pf.model_path), max_loras=self._max_loras(pf),
                                       max_lora_rank=pf.max_lora_rank,
                                       **({"seed": cfg.seed} if cfg.seed is not None else {}), **cfg.engine)
             if cfg.output not in (None, "-"):

@@ -52,8 +52,9 @@ def command(
                                help="Run seed: sampled lines without a seed derive theirs from it and the line. "
                                     "Default: 0."),
     max_loras: Optional[int] = _opt(None, "--max-loras", metavar="N",
-                                    help="Adapters resident in GPU slots at once. Default: the number of adapters, "
-                                         "at most 8."),
+                                    help="Adapters resident in GPU slots at once. Default: on a GPU one per "
+                                         "adapter (at most 64, within 10% of the memory beside the weights); on "
+                                         "CPU at most 8."),
     max_lora_rank: Optional[int] = _opt(None, "--max-lora-rank", metavar="R",
                                         help="Largest adapter rank to serve. Default: the adapters' largest rank."),
     max_cpu_loras: Optional[int] = _opt(None, "--max-cpu-loras", metavar="N",
