@@ -103,8 +103,7 @@ class AdapterConfig:
         """Read `<path>/adapter_config.json`. Raises AdapterError if missing or not valid JSON."""
         p = Path(path) / CONFIG_NAME
         if not p.is_file():
-            raise AdapterError(f"{path}: no {CONFIG_NAME}",
-                               hint="point at a PEFT LoRA adapter folder (saved with save_pretrained)")
+            raise AdapterError(f"{path}: no {CONFIG_NAME}", hint=_no_config_hint(Path(path)))
         try:
             raw = json.loads(p.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -185,14 +184,14 @@ class AdapterConfig:
             out.append(f"peft_type {self.peft_type} (only LoRA adapters are served)")
         if self.use_dora:
             out.append("DoRA (use_dora=true)")
-        if self.bias != "none":
-            out.append(f"trained biases (bias={self.bias!r})")
+        # bias != "none" is judged by the tensors (scan.py): PEFT saves the trained biases it has, and on a base
+        # without linear biases (Llama, Mistral, Qwen3) there are none, so PEFT's output is a plain LoRA's.
+        # fan_in_fan_out is not a feature either: PEFT resets it to False on every nn.Linear (the only layers
+        # served), so A / B are stored and applied exactly as without it.
         if self.extra.get("lora_bias"):
             out.append("LoRA bias (lora_bias=true)")
         if self.modules_to_save:
             out.append(f"modules_to_save={list(self.modules_to_save)} (fully trained modules)")
-        if self.fan_in_fan_out:
-            out.append("fan_in_fan_out=true (Conv1D-style transposed weights)")
         targets = [self.target_modules] if isinstance(self.target_modules, str) else (self.target_modules or [])
         for head in ("embed_tokens", "lm_head"):
             if any(t == head or t.endswith(f".{head}") for t in targets):
@@ -206,3 +205,21 @@ class AdapterConfig:
             if self.extra.get(key):
                 out.append(label)
         return out
+
+
+def _no_config_hint(folder: Path) -> str:
+    """What a folder without adapter_config.json holds instead, so the hint says where to point."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        entries = []
+    subs = [e.name for e in entries if e.is_dir() and (e / CONFIG_NAME).is_file()]
+    if subs:
+        listed = ", ".join(subs[:5]) + (f", ... ({len(subs)} in all)" if len(subs) > 5 else "")
+        return (f"it holds adapters in subfolders ({listed}): point at one, e.g. {folder / subs[0]}, "
+                "or pass the folder to `multilora run --adapter-dir`")
+    if (folder / "config.json").is_file():
+        return "it is a base model folder (config.json), not an adapter: pass it with --model"
+    if not entries:
+        return "the folder is empty; point at a PEFT LoRA adapter folder (saved with save_pretrained)"
+    return "point at a PEFT LoRA adapter folder (saved with save_pretrained)"

@@ -57,7 +57,7 @@ def render(rep: InspectReport, console=None) -> None:
     add("adapter", rep.source if rep.source == rep.path else f"{rep.source} ({rep.path})")
     base = rep.base_model or "(not named in adapter_config.json)"
     check = f"shapes checked against {rep.checked_against}" if rep.checked_against else \
-        "shapes not checked (pass --model to check)"
+        f"shapes not checked ({rep.check_note + '; ' if rep.check_note else ''}pass --model to check)"
     add("base model", f"{base}; {check}")
     add("type", rep.peft_type + (f", task {rep.task_type}" if rep.task_type else ""))
     add("rank", _span(rep.rank, "rank_pattern"))

@@ -13,7 +13,7 @@ from pathlib import Path
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.preflight import adapter_base, default_name
 from multilora_cli.adapters.resolve import resolve
-from multilora_cli.errors import AdapterError
+from multilora_cli.errors import AdapterError, MultiloraError
 from multilora_cli.models.config import LINEAR_MODULES, ModelConfig
 
 
@@ -37,6 +37,7 @@ class InspectReport:
     path: str
     base_model: str | None
     checked_against: str | None
+    check_note: str | None  # why shapes were not checked against the adapter's own base, when it was unreadable
     peft_type: str
     task_type: str | None
     rank: dict  # {"min", "max"}
@@ -70,17 +71,21 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
 
     path = resolve(spec, kind="adapter")
     config = AdapterConfig.from_dir(path)
-    if model is None:
-        base = adapter_base(Path(path), config)
-        if base is not None and (Path(base) / "config.json").is_file():
-            model = base
-    model_config = None
+    model_config, note = None, None
     if model is not None:
         model_config = replace(ModelConfig.from_dir(resolve(model, kind="model")), name_or_path=model)
+    else:
+        base = adapter_base(Path(path), config)
+        if base is not None and (Path(base) / "config.json").is_file():
+            try:
+                model_config = replace(ModelConfig.from_dir(base), name_or_path=base)
+                model = base
+            except MultiloraError as e:  # the user did not name this base: report the adapter anyway
+                note = f"base unreadable: {e.one_line()}"
     try:
         adapter = load_adapter(path, default_name(spec), model_config)
     except AdapterError as e:
-        return _from_config(spec, str(path), config, model, e)
+        return _from_config(spec, path, config, model, note, e)
 
     groups: dict[tuple, list[tuple[int, object]]] = {}
     for (layer, module), m in adapter.modules.items():
@@ -95,7 +100,7 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
     scalings = [r.scaling for r in rows]
     return InspectReport(
         source=spec, path=str(path), base_model=config.base_model_name_or_path, checked_against=model,
-        peft_type=config.peft_type, task_type=config.task_type,
+        check_note=note, peft_type=config.peft_type, task_type=config.task_type,
         rank={"min": adapter.min_rank, "max": adapter.max_rank},
         alpha={"min": min(alphas), "max": max(alphas)}, scaling={"min": min(scalings), "max": max(scalings)},
         use_rslora=config.use_rslora, target_modules=config.target_modules,
@@ -106,20 +111,48 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
     )
 
 
-def _from_config(spec: str, path: str, config: AdapterConfig, model: str | None, error: AdapterError) -> InspectReport:
-    ranks = [config.r, *config.rank_pattern.values()]
-    alphas = [config.lora_alpha, *config.alpha_pattern.values()]
-    # Without patterns the scaling is one number; with them, which (r, alpha) pairs occur needs the tensors.
-    scalings = [config.scaling_for("", config.r)] if not (config.rank_pattern or config.alpha_pattern) else []
+def _from_config(spec: str, path: Path, config: AdapterConfig, model: str | None, note: str | None,
+                 error: AdapterError) -> InspectReport:
+    """The report of an adapter that cannot be served: ranks, alphas and scalings of the LoRA pairs its header
+    names (as PEFT would set them), else what the config alone says; no per-module table or size."""
+    ranks, alphas, scalings = _header_figures(path, config)
+    if not ranks:  # no readable header: r and the patterns, which may name ranks no module has
+        ranks = [config.r, *config.rank_pattern.values()]
+        alphas = [config.lora_alpha, *config.alpha_pattern.values()]
+        # without patterns the scaling is one number; with them, which (r, alpha) pairs occur needs the tensors
+        scalings = [config.scaling_for("", config.r)] if not (config.rank_pattern or config.alpha_pattern) else []
+
+    def span(xs: list) -> dict:
+        return {"min": min(xs), "max": max(xs)} if xs else {"min": None, "max": None}
+
     return InspectReport(
-        source=spec, path=path, base_model=config.base_model_name_or_path, checked_against=model,
-        peft_type=config.peft_type, task_type=config.task_type,
-        rank={"min": min(ranks), "max": max(ranks)}, alpha={"min": min(alphas), "max": max(alphas)},
-        scaling={"min": min(scalings), "max": max(scalings)} if scalings else {"min": None, "max": None},
+        source=spec, path=str(path), base_model=config.base_model_name_or_path, checked_against=model,
+        check_note=note, peft_type=config.peft_type, task_type=config.task_type,
+        rank=span(ranks), alpha=span(alphas), scaling=span(scalings),
         use_rslora=config.use_rslora, target_modules=config.target_modules, modules_adapted=[], layers=[],
         num_layers=None, num_params=None, bytes=None, bytes_bf16=None, dtype=None, modules=[],
         servable=False, reason=" ".join(error.message.split()), error=error,
     )
+
+
+def _header_figures(path: Path, config: AdapterConfig) -> tuple[list[int], list[float], list[float]]:
+    """(ranks, alphas, scalings) of the lora_A tensors in the weights file's header (lora_A: [r, in]); empty
+    lists when there is no readable file or no such tensor. DoRA, bias or modules_to_save extras are skipped."""
+    from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
+
+    try:
+        tf = TensorFile(weights_file(path, path.name), path.name)
+    except AdapterError:
+        return [], [], []
+    ranks, alphas, scalings = [], [], []
+    for key in tf.keys():
+        kind = classify_key(key)
+        if isinstance(kind, tuple) and kind[3] == "A" and len(tf.shape(key)) == 2 and tf.shape(key)[0] > 0:
+            full, r = kind[0], tf.shape(key)[0]
+            ranks.append(r)
+            alphas.append(config.alpha_for(full))
+            scalings.append(config.scaling_for(full, r))
+    return ranks, alphas, scalings
 
 
 def layer_ranges(layers: list[int]) -> str:

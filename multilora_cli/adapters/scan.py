@@ -81,6 +81,8 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
     for key in tf.keys():
         kind = classify_key(key)
         if isinstance(kind, str):
+            if kind == "trained biases" and config.bias != "none":  # say which setting saved them
+                kind = f"trained biases (bias={config.bias!r})"
             if kind not in features:
                 features.append(kind)
             continue

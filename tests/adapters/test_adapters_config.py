@@ -99,10 +99,8 @@ def test_invalid_config_values_raise(raw, message):
 
 @pytest.mark.parametrize("raw, feature", [
     ({"use_dora": True}, "DoRA"),
-    ({"bias": "lora_only"}, "trained biases (bias='lora_only')"),
     ({"lora_bias": True}, "lora_bias"),
     ({"modules_to_save": ["lm_head"]}, "modules_to_save=['lm_head']"),
-    ({"fan_in_fan_out": True}, "fan_in_fan_out"),
     ({"peft_type": "IA3"}, "peft_type IA3"),
     ({"target_modules": ["q_proj", "embed_tokens"]}, "LoRA on embed_tokens"),
     ({"target_modules": ["lm_head"]}, "LoRA on lm_head"),
@@ -112,3 +110,9 @@ def test_unsupported_features_are_named(raw, feature):
     feats = AdapterConfig.from_dict({"target_modules": ["q_proj"], **raw}).unsupported()
     assert any(feature in f for f in feats), feats
     assert AdapterConfig.from_dict({"target_modules": ["q_proj"]}).unsupported() == []
+
+
+@pytest.mark.parametrize("raw", [{"bias": "all"}, {"bias": "lora_only"}, {"fan_in_fan_out": True}])
+def test_settings_peft_makes_harmless_are_not_features(raw):
+    # bias: only saved bias tensors matter (scan.py refuses them); fan_in_fan_out: PEFT resets it on nn.Linear
+    assert AdapterConfig.from_dict({"target_modules": ["q_proj"], **raw}).unsupported() == []

@@ -93,7 +93,6 @@ def bad(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
     # The same, with the config edited so only the tensors give the feature away.
     a["embedding_keys"] = derive(a["embedding"], root / "emb_keys", config=lambda c: c.update(target_modules=["q_proj"]))
     a["dora_keys"] = derive(a["dora"], root / "dora_keys", config=lambda c: c.update(use_dora=False))
-    a["fan_in_fan_out"] = derive(g, root / "fifo", config=lambda c: c.update(fan_in_fan_out=True))
     a["ia3"] = derive(g, root / "ia3", config=lambda c: c.update(peft_type="IA3"))
     # Broken files.
     a["garbage"] = derive(g, root / "garbage")
@@ -144,7 +143,6 @@ CASES = {
     "embedding": (["LoRA on embed_tokens"], True),
     "embedding_keys": (["embedding LoRA (lora_embedding_A/B)"], True),
     "lm_head": (["LoRA on lm_head"], True),
-    "fan_in_fan_out": (["fan_in_fan_out=true"], True),
     "ia3": (["peft_type IA3 (only LoRA adapters are served)"], True),
     "garbage": (["adapter_model.safetensors is corrupt or truncated", "re-download"], True),
     "truncated": (["adapter_model.safetensors is corrupt or truncated", "past the end of the file"], True),
