@@ -62,7 +62,8 @@ def command(
         popularity=popularity, zipf_s=zipf_s, output_tokens=output_tokens, requests_per_step=requests_per_step,
         stats=stats))
     if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        # allow_nan=False: NaN / Infinity are not JSON; inputs are checked finite, so this only guards a bug
+        typer.echo(json.dumps(report.to_dict(), indent=2, allow_nan=False))
         for w in report.warnings:  # also in the JSON; said on stderr too so a piped run still shows them
             typer.echo(f"warning: {w}", err=True)
     else:

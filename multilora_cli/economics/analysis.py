@@ -116,10 +116,14 @@ def compute(s: Scenario) -> Report:
     slots = _slots(s, r, shared, a_bytes, slot_bytes)
     report = Report(r.assumptions, modules, [sa, sc, sm, st, fleet, slots])
     _warn(report, s, r, shared, slot_bytes, a_bytes)
+    saved, saved_usd = fleet["gpus_saved"], fleet["usd_per_month_saved"]
+    # shared can need more GPUs than dedicated (a few tenants with high demand: it also reads adapters each step)
+    outcome = f"{n(saved)} saved = {usd(saved_usd)}/month" if saved >= 0 else \
+        f"{n(-saved)} more for shared = {usd(-saved_usd)}/month more"
     report.summary = (
-        f"{n(s.tenants)} tenant{'' if s.tenants == 1 else 's'} on {r.model.label} with {size(a_bytes)} adapters ({shrink:,.0f}× smaller than a "
-        f"full copy): {n(fleet['dedicated_gpus'])} dedicated vs {n(fleet['shared_gpus'])} shared {gpu.name} GPUs, "
-        f"{n(fleet['gpus_saved'])} saved = {usd(fleet['usd_per_month_saved'])}/month")
+        f"{n(s.tenants)} tenant{'' if s.tenants == 1 else 's'} on {r.model.label} with {size(a_bytes)} adapters "
+        f"({shrink:,.0f}× smaller than a full copy): {n(fleet['dedicated_gpus'])} dedicated vs "
+        f"{n(fleet['shared_gpus'])} shared {gpu.name} GPUs, {outcome}")
     return report
 
 
@@ -171,7 +175,8 @@ def _slots(s: Scenario, r: Resolved, shared, a_bytes: float, slot_bytes: float) 
     replicas = max(1, shared.gpus // shared.gpus_per_replica)
     t = ceil_div(s.tenants, replicas)  # tenants pinned to replicas (adapter-affine routing)
     f = Section("slots", f"Slot thrash: {s.max_loras} slots, {n(t)} tenants per replica, LRU")
-    f.add("tenants_per_replica", "tenants per replica", t, n(t), f"ceil({n(s.tenants)} / {replicas} replicas)")
+    f.add("tenants_per_replica", "tenants per replica", t, n(t),
+          f"ceil({n(s.tenants)} / {replicas} replica{'s' * (replicas > 1)})")
     pop = popularity(t, s.popularity, s.zipf_s)
     hit = lru_hit_rate(pop, s.max_loras)
     method = ("all tenants fit in the slots" if s.max_loras >= t else f"exact for uniform: {s.max_loras} / {n(t)}"

@@ -6,6 +6,7 @@ so the report can print each one beside the figures that follow from it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from multilora_cli.economics.comparable import Comparability, compare
@@ -15,6 +16,10 @@ from multilora_cli.economics.slots import POPULARITIES
 from multilora_cli.economics.sources import (
     MeasuredRun, ModelSource, adapter_dir, load_adapter_shape, load_stats, resolve_model)
 from multilora_cli.errors import ResolveError, UsageError
+
+
+# The slot arithmetic holds one float per tenant (slots.py): 10M tenants is 80 MB and a second; 1e9 exhausted memory.
+MAX_TENANTS = 10_000_000
 
 
 @dataclass(slots=True)
@@ -50,23 +55,34 @@ class Scenario:
                 raise UsageError(f"{flag} must be {what}, got {value}")
 
         need(self.tenants >= 1, "--tenants", "a positive integer", self.tenants)
+        need(self.tenants <= MAX_TENANTS, "--tenants", f"at most {MAX_TENANTS:,}", f"{self.tenants:,}")
         need(self.rank is None or self.rank >= 1, "--rank", "a positive integer", self.rank)
         need(self.dtype in DTYPE_BYTES, "--dtype", f"one of {', '.join(DTYPE_BYTES)}", self.dtype)
         need(self.gpu.lower() in GPU_PRESETS, "--gpu", f"one of {', '.join(GPU_PRESETS)}", repr(self.gpu))
-        for flag, v in (("--gpu-memory-gb", self.gpu_memory_gb), ("--gpu-bandwidth-tbs", self.gpu_bandwidth_tbs),
-                        ("--pcie-gbs", self.pcie_gbs), ("--output-tokens", self.output_tokens),
-                        ("--requests-per-step", self.requests_per_step)):
-            need(v is None or v > 0, flag, "> 0", v)
-        need(self.gpu_hour_usd is None or self.gpu_hour_usd >= 0, "--gpu-hour-usd", ">= 0", self.gpu_hour_usd)
+        # (flag, value, lowest, whether the lowest itself is allowed, highest). The highest values lie far past
+        # any real GPU or workload; beyond them the arithmetic overflows to inf / NaN or divides by zero. inf and
+        # NaN are refused by name, as they pass or fail the comparisons arbitrarily.
+        for flag, v, lo, closed, hi in (
+                ("--gpu-memory-gb", self.gpu_memory_gb, 0, False, 1e5),
+                ("--gpu-bandwidth-tbs", self.gpu_bandwidth_tbs, 1e-3, True, 1e3),
+                ("--pcie-gbs", self.pcie_gbs, 1e-3, True, 1e4),
+                ("--gpu-hour-usd", self.gpu_hour_usd, 0, True, 1e4),
+                ("--tokens-per-tenant-per-s", self.tokens_per_tenant_per_s, 0, False, 1e9),
+                ("--output-tokens", self.output_tokens, 1, True, 1e9),  # a request generates one token at least
+                ("--requests-per-step", self.requests_per_step, 0, False, 1e9),
+                ("--zipf-s", self.zipf_s, 0, True, 100)):
+            if v is None:
+                continue
+            need(math.isfinite(v), flag, "a finite number", v)
+            need(v >= lo if closed else v > lo, flag, f"{'>=' if closed else '>'} {lo:g}", v)
+            need(v <= hi, flag, f"at most {hi:g}", v)
         need(0 < self.bandwidth_efficiency <= 1, "--bandwidth-efficiency", "in (0, 1]", self.bandwidth_efficiency)
         need(0 < self.kv_reserve < 1, "--kv-reserve", "in (0, 1)", self.kv_reserve)
         need(self.batch_size >= 1, "--batch-size", "a positive integer", self.batch_size)
         need(self.context_len >= 1, "--context-len", "a positive integer", self.context_len)
-        need(self.tokens_per_tenant_per_s > 0, "--tokens-per-tenant-per-s", "> 0", self.tokens_per_tenant_per_s)
         need(self.max_loras >= 1, "--max-loras", "a positive integer", self.max_loras)
         need(self.popularity in POPULARITIES, "--popularity", f"one of {', '.join(POPULARITIES)}",
              repr(self.popularity))
-        need(self.zipf_s >= 0, "--zipf-s", ">= 0", self.zipf_s)
         if self.adapter and (self.rank is not None or self.targets is not None):
             raise UsageError("--adapter reads rank and targets from the adapter; drop --rank / --targets")
 

@@ -7,6 +7,7 @@ files that are missing or unreadable -> ModelError / AdapterError / InputError (
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def load_stats(path: str) -> MeasuredRun:
         data = json.loads(Path(path).expanduser().read_text())
     except OSError as e:
         raise InputError(f"--stats {path}: cannot read: {e.strerror or e}") from None
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
         raise InputError(f"--stats {path}: not valid JSON: {e}") from None
     if not isinstance(data, dict) or "completion_tokens_per_second" not in data:
         raise InputError(f"--stats {path}: not a run stats file (no completion_tokens_per_second)",
@@ -116,8 +117,11 @@ def load_stats(path: str) -> MeasuredRun:
         v = d.get(key)
         if v is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        # Python's json reads NaN, Infinity and 1e999 (inf): they would reach the report and its --json output
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise InputError(f"--stats {path}: {key} must be a non-negative number, got {v!r}")
+        if kind is int and v != int(v):
+            raise InputError(f"--stats {path}: {key} must be a whole number, got {v!r}")
         return kind(v)
 
     tps = num(data, "completion_tokens_per_second")

@@ -29,7 +29,8 @@ def seconds(t: float) -> str:
 
 
 def usd(x: float) -> str:
-    return f"${x:,.0f}" if abs(x) >= 100 else f"${x:,.2f}"
+    sign = "-" if x < 0 else ""  # -$1,234, not $-1,234
+    return f"{sign}${abs(x):,.0f}" if abs(x) >= 100 else f"{sign}${abs(x):,.2f}"
 
 
 def pct(x: float) -> str:
