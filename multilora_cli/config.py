@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from multilora_cli.errors import ConfigError
@@ -9,6 +10,7 @@ from multilora_cli.errors import ConfigError
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
 LOAD_FORMATS = ("auto", "dummy")  # dummy = random weights of the config's shapes (benchmarks), no checkpoint read
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy (as in vLLM)
 
 
 @dataclass(slots=True)
@@ -26,8 +28,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ConfigError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
+                or not 0 <= self.temperature < math.inf):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
@@ -38,7 +41,8 @@ class SamplingParams:
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ConfigError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
-        self.temperature = float(self.temperature)
+        # below GREEDY_BELOW, logits / T overflows float32 (softmax of inf - inf = NaN): such a T means argmax
+        self.temperature = float(self.temperature) if self.temperature >= GREEDY_BELOW else 0.0
         self.top_p = float(self.top_p)
 
     @property

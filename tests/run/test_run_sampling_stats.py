@@ -27,7 +27,8 @@ def test_precedence_line_over_flags_over_model_over_fallback():
 
 @pytest.mark.parametrize("field, value, words", [
     ("max_tokens", "ten", "max_tokens must be an integer"),
-    ("temperature", -1, "temperature must be a number >= 0"),
+    ("temperature", -1, "temperature must be a finite number >= 0"),
+    ("temperature", float("inf"), "temperature must be a finite number >= 0"),  # JSON 1e999 parses to inf
     ("top_p", 2, "top_p must be a number in (0, 1]"),
     ("stop", 5, "stop must be"),
 ])
@@ -35,6 +36,13 @@ def test_bad_line_fields_become_line_errors(field, value, words):
     s = spec(**{field: value})
     assert SamplingResolver().resolve(s) is None
     assert s.error.code == "invalid_sampling" and words in s.error.message and "line 1" in s.error.message
+
+
+def test_a_vanishing_temperature_is_greedy():
+    # logits / 1e-40 overflows float32 and the softmax would be NaN: such temperatures mean argmax
+    assert SamplingResolver().resolve(spec(temperature=1e-40)).temperature == 0.0
+    assert SamplingResolver().resolve(spec(temperature=1e-40)).greedy
+    assert SamplingResolver().resolve(spec(temperature=1e-4)).temperature == 1e-4
 
 
 def test_bad_flags_are_usage_errors():
