@@ -27,7 +27,8 @@ from multilora_cli.io.reader import InputReader, count_records, open_input
 from multilora_cli.io.resume import ResumePlan, scan_output, truncate_torn, verify_prefix
 from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.io.stats import RunStats, write_stats
-from multilora_cli.io.writer import OrderedWriter, check_writable, open_output
+from multilora_cli.io.terminal import stop_on_next_signal
+from multilora_cli.io.writer import OrderedWriter, check_writable, open_output, refuse_clobbering
 from multilora_cli.run_ledger import RunLedger, check_ledger_clash, regular_file
 from multilora_cli.runconfig import RunConfig, base_aliases
 
@@ -41,7 +42,7 @@ UNREAD_CODES = frozenset({"invalid_json", "invalid_utf8", "missing_custom_id", "
 
 
 def note(msg: str, quiet: bool = False) -> None:
-    if not quiet:
+    if not quiet and sys.stderr is not None:  # None (stderr closed): print() would write to stdout instead
         print(f"multilora: {msg}", file=sys.stderr, flush=True)
 
 
@@ -58,6 +59,7 @@ class RunJob:
         self._seen: set[str] = set()
         self.engine = None
         self._ledger: RunLedger | None = None  # set while records get ledger lines (an -o FILE run)
+        self._resumable = False  # the output is a regular file that a later --resume can read back
 
     # -- setup ----------------------------------------------------------------------------------------------
     def _preflight(self):
@@ -117,7 +119,8 @@ class RunJob:
                     note(f"--resume: {cfg.output} does not exist yet; starting from the first line", cfg.quiet)
             out, out_name = open_output(cfg.output, append=cfg.resume)
             ledger = None
-            if self._ledger is not None and regular_file(out):  # not for -o /dev/null or a FIFO
+            self._resumable = cfg.output not in (None, "-") and regular_file(out)
+            if self._ledger is not None and self._resumable:  # not for -o /dev/null or a FIFO
                 ledger = open_ledger(plan, self._ledger.fingerprint)
             if ledger is None:  # records go out without ledger lines
                 self._ledger = None
@@ -224,6 +227,7 @@ class RunJob:
         source, in_name = open_input(cfg.input)
         reader = None
         try:
+            refuse_clobbering(source, in_name, {"-o": cfg.output, "--errors": cfg.errors, "--stats": cfg.stats})
             check_ledger_clash(cfg)
             self._pf = pf = self._preflight()
             self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
@@ -234,6 +238,9 @@ class RunJob:
             if cfg.output not in (None, "-"):
                 self._ledger = RunLedger(cfg, engine_cfg, Path(pf.model_path), self._good, pf.errors,
                                          self._base_names)
+            if cfg.input == "-" and sys.stdin.isatty():  # `multilora run -` typed alone waits here, silently
+                note("reading requests from the terminal (stdin): one JSON object per line, Ctrl-D to end",
+                     cfg.quiet)
             reader = InputReader(source, in_name)
             self._fmt = reader.format
             specs = self._unique(self._parse(reader))
@@ -251,7 +258,7 @@ class RunJob:
         finally:
             if reader is not None:
                 reader.close()
-            elif source is not sys.stdin.buffer:
+            elif source is not getattr(sys.stdin, "buffer", None):
                 source.close()
             if hasattr(self, "writer"):
                 self.writer.close()
@@ -279,9 +286,11 @@ class RunJob:
                 lines = sorted(s.lineno for s, _ in self._inflight.values())[:5]
                 raise EngineError(f"internal: the engine finished without results for {len(self._inflight)} "
                                   f"requests (input lines {lines})")
-        except BaseException:  # fatal error, bug or Ctrl-C: the output is a valid prefix; say how to go on
+        except BaseException as exc:  # fatal error, bug or Ctrl-C: the output is a valid prefix; say how to go on
+            if isinstance(exc, KeyboardInterrupt):
+                stop_on_next_signal(force=self._engine_factory is None)
             self.progress.close()
-            if cfg.output not in (None, "-"):
+            if self._resumable:  # -o /dev/stdout or a FIFO: nothing to --resume
                 done = self.stats.resumed + self.writer.written
                 note(f"stopped after {done} record{'' if done == 1 else 's'} in {cfg.output}; "
                      "rerun the same command with --resume to finish")
@@ -331,8 +340,13 @@ def run_job(cfg: RunConfig) -> int:
     workers by multilora_cli.distributed (rank 0 reads and writes; see distributed/launch.py)."""
     from multilora_cli.distributed.group import torchrun_env
 
-    if cfg.data_parallel > 1 or torchrun_env() is not None:
-        from multilora_cli.distributed.launch import run_distributed
+    distributed = cfg.data_parallel > 1 or torchrun_env() is not None
+    try:
+        if distributed:
+            from multilora_cli.distributed.launch import run_distributed
 
-        return run_distributed(cfg)
-    return RunJob(cfg).run()
+            return run_distributed(cfg)
+        return RunJob(cfg).run()
+    except KeyboardInterrupt:  # (also when it came before generation: pre-flight, model load, --resume checks)
+        stop_on_next_signal(force=not distributed)  # a data-parallel run still has its workers to stop
+        raise

@@ -81,9 +81,11 @@ def command(
 
     Exit codes: 0 all lines ok, 3 finished with some error records, 1 fatal, 2 usage.
     """
+    from multilora_cli.io.terminal import guard_stderr
     from multilora_cli.runconfig import RunConfig
     from multilora_cli.runjob import run_job
 
+    guard_stderr()  # before anything is said on stderr: a closed or vanished stderr must not stop the run
     for flag, value in (("--max-loras", max_loras), ("--max-lora-rank", max_lora_rank),
                         ("--max-cpu-loras", max_cpu_loras), ("--max-num-seqs", max_num_seqs),
                         ("--max-model-len", max_model_len)):

@@ -28,6 +28,8 @@ COMPRESSED = {b"\x1f\x8b": "gzip", b"(\xb5/\xfd": "zstd", b"BZh": "bzip2", b"\xf
 def open_input(path: str) -> tuple[BinaryIO, str]:
     """Open INPUT for binary reading: `-` is stdin. Raises InputError (exit 1) naming the path."""
     if path == "-":
+        if sys.stdin is None:  # started with `<&-`: Python has no stdin object at all
+            raise InputError("INPUT is - but stdin is closed", hint="pipe the JSONL in, or give a file path")
         return sys.stdin.buffer, "<stdin>"
     p = Path(path).expanduser()
     if not p.exists():
@@ -49,18 +51,25 @@ def count_records(path: str) -> int | None:
         if not stat.S_ISREG(os.stat(p).st_mode):
             return None
         with open(p, "rb") as f:
-            return sum(1 for line in f if line.strip())
+            return sum(1 for line in f if _content(line))
     except OSError:
         return None
+
+
+def _content(raw: bytes) -> bytes:
+    """The line without a UTF-8 BOM; empty when nothing but whitespace is left (a blank line). A BOM is dropped
+    on every line, not only the first: `cat a.jsonl b.jsonl` puts b's BOM at the start of a middle line."""
+    if raw.startswith(BOM):
+        raw = raw[len(BOM):]
+    return raw if raw.strip() else b""
 
 
 def _nonblank(stream: BinaryIO, name: str) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, raw line) for every non-blank line."""
     try:
         for lineno, raw in enumerate(stream, 1):
-            if lineno == 1 and raw.startswith(BOM):
-                raw = raw[len(BOM):]
-            if raw.strip():
+            raw = _content(raw)
+            if raw:
                 yield lineno, raw
     except OSError as e:
         raise InputError(f"reading {name} failed: {e.strerror or e}") from e
@@ -128,5 +137,5 @@ class InputReader:
             yield parse_line(raw, key, lineno, self.format)
 
     def close(self) -> None:
-        if self._stream is not sys.stdin.buffer:
+        if self._stream is not getattr(sys.stdin, "buffer", None):  # None: started with `<&-`
             self._stream.close()

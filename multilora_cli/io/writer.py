@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import BinaryIO
 
-from multilora_cli.errors import OutputError
+from multilora_cli.errors import OutputError, UsageError
 
 
 def encode_record(record: dict) -> bytes:
@@ -31,6 +32,8 @@ def encode_record(record: dict) -> bytes:
 def open_output(path: str | None, *, append: bool = False, what: str = "output") -> tuple[BinaryIO, str]:
     """Open an output sink: None or `-` is stdout. Raises OutputError (exit 1) before any work is done."""
     if path is None or path == "-":
+        if sys.stdout is None:  # started with `>&-`: there is nowhere for the records to go
+            raise OutputError(f"stdout is closed, so the {what} records have nowhere to go", hint="give -o PATH")
         return sys.stdout.buffer, "<stdout>"
     p = Path(path).expanduser()
     if p.is_dir():
@@ -40,6 +43,36 @@ def open_output(path: str | None, *, append: bool = False, what: str = "output")
     except OSError as e:
         raise OutputError(f"cannot write {what} {path}: {e.strerror or e}",
                           hint="check the directory exists and is writable") from e
+
+
+def refuse_clobbering(source: BinaryIO, in_name: str, outputs: dict[str, str | None]) -> None:
+    """Refuse (exit 2) an output file that is the input, or another output, under another name: a hard link, or
+    the file stdin is redirected from (`- < out.jsonl`). RunConfig already refuses one path spelt twice (./x,
+    symlinks); only the file's identity catches these, and `-o` would truncate the input while it is read."""
+    seen: dict[tuple[int, int], tuple[str, str]] = {}
+    try:
+        st = os.fstat(source.fileno())
+        if stat.S_ISREG(st.st_mode):  # pipes, ttys and /dev/null are not clobbered by writing
+            seen[(st.st_dev, st.st_ino)] = ("INPUT", in_name)
+    except (OSError, ValueError, AttributeError):  # an in-memory stream (tests): no file to protect
+        pass
+    for flag, path in outputs.items():
+        if path in (None, "-"):
+            continue
+        try:
+            st = os.stat(Path(path).expanduser())
+        except OSError:  # not there yet: it cannot be the same as a file that is
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            other_flag, other = seen[key]
+            how, harm = (("a hard link, or stdin redirected from it", "destroy the input") if other_flag == "INPUT"
+                         else ("a hard link", f"overwrite {other_flag}"))
+            raise UsageError(f"{flag} {path} is the same file as {other_flag} {other} ({how}): writing it would "
+                             f"{harm}; give {flag} another path")
+        seen[key] = (flag, path)
 
 
 def check_writable(path: str, what: str) -> None:
@@ -136,7 +169,7 @@ class OrderedWriter:
 
     def _failed(self, e: OSError) -> OutputError:
         if isinstance(e, BrokenPipeError):
-            if self._out is sys.stdout.buffer:  # `| head`: keep Python from failing again at exit
+            if self._out is _stdout_buffer():  # `| head`: keep Python from failing again at exit
                 try:
                     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 except (OSError, ValueError):
@@ -146,8 +179,12 @@ class OrderedWriter:
 
     def close(self) -> None:
         for f in (self._out, self._errors, self._ledger):
-            if f is not None and f not in (sys.stdout.buffer,):
+            if f is not None and f is not _stdout_buffer():
                 try:
                     f.close()
                 except OSError:
                     pass
+
+
+def _stdout_buffer() -> BinaryIO | None:
+    return getattr(sys.stdout, "buffer", None)  # sys.stdout is None when the run was started with `>&-`

@@ -97,10 +97,45 @@ def test_bad_flags_exit_2(model_dir, inp, extra, words):
     assert rc == 2 and stdout == b"" and words in stderr, stderr
 
 
+def test_empty_stdin_is_not_an_error(model_dir):
+    rc, stdout, stderr = run_cli(["run", "-", *base_args(model_dir)], stdin=b"")
+    assert rc == 0 and stdout == b"" and "no requests in <stdin>" in stderr, stderr
+
+
 def test_output_same_as_input(model_dir, inp):
     rc, _, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-o", str(inp)])
     assert rc == 2 and "same file" in stderr
     assert read_jsonl(inp) == LINES  # not truncated
+
+
+@pytest.mark.parametrize("flag", ["--errors", "--stats"])
+def test_errors_or_stats_same_as_output(model_dir, inp, tmp_path, flag):
+    out = tmp_path / "out.jsonl"
+    rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-o", str(out),
+                                  flag, f"{tmp_path}/./out.jsonl"])
+    assert rc == 2 and stdout == b"" and stderr.count("\n") == 1, stderr
+    assert f"--output and {flag} are the same file" in stderr and not out.exists()
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("legal=", "--adapters 'legal=': expected NAME=PATH"),
+    ("=", "--adapters '=': expected NAME=PATH"),
+    ("legal=/elsewhere", "adapter name 'legal' is given twice"),
+])
+def test_bad_adapter_items_are_usage_errors(model_dir, inp, spec, words):
+    rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-a", spec])
+    assert rc == 2 and stdout == b"" and stderr.count("\n") == 1 and words in stderr, stderr
+
+
+def test_one_adapter_named_twice_and_a_home_relative_path(model_dir, inp, tmp_path, monkeypatch):
+    # `-a legal=P -a legal=P` (a script adding its defaults twice) is one adapter; `~/...` is the user's home.
+    home = tmp_path / "home"
+    shutil.copytree(model_dir / "legal", home / "loras" / "legal")
+    monkeypatch.setenv("HOME", str(home))
+    rc, stdout, stderr = run_cli(["run", str(inp), "-m", str(model_dir / "base"), "--device", "cpu", "-q",
+                                  "-a", "~/loras/legal", "-a", "legal=~/loras/legal/", "-o", "~/out.jsonl"])
+    assert rc == 0 and stdout == b"", stderr
+    assert [r["id"] for r in read_jsonl(home / "out.jsonl")] == ["a", "b"]
 
 
 def test_no_model_no_adapters(inp):

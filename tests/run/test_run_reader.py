@@ -48,6 +48,12 @@ def test_utf8_bom_and_no_trailing_newline():
     assert specs[0].error is None and specs[0].id == "x"
 
 
+def test_a_bom_on_a_later_line_is_dropped_too():
+    # `cat a.jsonl b.jsonl` with b saved by a BOM-writing editor: its first line used to be invalid_json.
+    specs = list(reader(b'{"id": "a", "prompt": "x"}\n\xef\xbb\xbf{"id": "b", "prompt": "y"}\n\xef\xbb\xbf\r\n'))
+    assert [(s.id, s.error) for s in specs] == [("a", None), ("b", None)]  # a line of only a BOM is blank
+
+
 def test_empty_and_blank_only_inputs():
     assert reader(b"").empty and list(reader(b"")) == []
     assert reader(b"\n \n\t\n").empty
@@ -80,8 +86,8 @@ def test_open_input_errors(tmp_path):
 
 def test_count_records(tmp_path):
     p = tmp_path / "in.jsonl"
-    p.write_bytes(b'{"prompt":"a"}\n\n{"prompt":"b"}\n  \n{"prompt":"c"}')
-    assert count_records(str(p)) == 3
+    p.write_bytes(b'\xef\xbb\xbf\n{"prompt":"a"}\n\n{"prompt":"b"}\n  \n{"prompt":"c"}')
+    assert count_records(str(p)) == 3  # the progress total counts what the reader yields: a BOM line is blank
     assert count_records("-") is None
 
 
