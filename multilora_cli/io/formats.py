@@ -88,6 +88,8 @@ def decode_line(raw: bytes, key: int, lineno: int, fmt: Format) -> tuple[dict | 
         col = ""
         if isinstance(e, json.JSONDecodeError):  # some messages end in "at" ("Unterminated string starting at")
             col = f" column {e.colno}" if msg.endswith(" at") else f" at column {e.colno}"
+        if msg == "Extra data" and "\r" in text:  # the reader splits on \n only: a CR-only file is one "line"
+            col += " (carriage returns inside the line: CR-only line endings? convert them with tr '\\r' '\\n')"
         spec = LineSpec(key, lineno, fmt.default_id(lineno))
         return None, spec.fail(f"malformed JSON: {msg}{col}", "invalid_json")
     if not isinstance(obj, dict):

@@ -109,3 +109,10 @@ def test_a_latin1_line_is_still_a_per_line_error():
     r = InputReader(io.BytesIO(b'{"id": "l", "prompt": "caf\xe9"}\n{"id": "ok", "prompt": "x"}\n'), "in")
     specs = list(r)
     assert specs[0].error.code == "invalid_utf8" and specs[1].error is None
+
+
+def test_cr_only_line_endings_are_named_in_the_error():
+    # Old-Mac CR-only files are one "line" to a \n reader; the bare "Extra data" error did not say why.
+    specs = list(reader(b'{"id": "a", "prompt": "x"}\r{"id": "b", "prompt": "y"}\r'))
+    assert len(specs) == 1 and specs[0].error.code == "invalid_json"
+    assert "CR-only line endings" in specs[0].error.message and "tr '\\r' '\\n'" in specs[0].error.message
