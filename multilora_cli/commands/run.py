@@ -81,7 +81,7 @@ def command(
 
     Exit codes: 0 all lines ok, 3 finished with some error records, 1 fatal, 2 usage.
     """
-    from multilora_cli.io.terminal import guard_stderr
+    from multilora_cli.io.terminal import guard_stderr, ignore_signals_at_exit
     from multilora_cli.runconfig import RunConfig
     from multilora_cli.runjob import run_job
 
@@ -104,4 +104,7 @@ def command(
                 "max_model_len": max_model_len, "pinned_arena": pinned_arena},
         data_parallel=data_parallel,
     )
-    return run_job(cfg)
+    try:
+        return run_job(cfg)
+    finally:
+        ignore_signals_at_exit()  # the run is over: a signal during the exit must not print a traceback

@@ -9,6 +9,7 @@ land among the result records.
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
 import signal
@@ -83,3 +84,16 @@ def stop_on_next_signal(force: bool) -> None:
     handler = (lambda signum, frame: os._exit(128 + signum)) if force else signal.SIG_IGN
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)
+
+
+def ignore_signals_at_exit() -> None:
+    """A Ctrl-C / SIGTERM landing while the interpreter exits (the run is over, its exit code decided) raised
+    KeyboardInterrupt inside torch's atexit callbacks: a traceback after a finished run. atexit runs the last
+    registered first, so this is registered at the end of the run, after torch registered its callbacks."""
+    atexit.register(_ignore_signals)
+
+
+def _ignore_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)

@@ -98,7 +98,7 @@ def test_ctrl_c_twice_leaves_whole_lines_no_traceback_and_resume_completes(model
     time.sleep(0.05)
     proc.send_signal(signal.SIGINT)  # the impatient second Ctrl-C, during the cleanup
     err = proc.communicate(timeout=120)[1].decode()
-    assert proc.returncode in (130, -signal.SIGINT), err  # -SIGINT: it came during the interpreter's exit
+    assert proc.returncode == 130, err  # (not killed by the signal: it used to be, landing in the interpreter's exit)
     assert "Traceback" not in err and "Exception ignored" not in err, err
     data = out.read_bytes()
     assert data.endswith(b"\n") and 1 <= data.count(b"\n") < len(rows), data[-200:]
