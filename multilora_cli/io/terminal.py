@@ -1,4 +1,4 @@
-"""The run's edges toward the shell that are not its results: stderr that may be closed or gone, a second Ctrl-C.
+"""The run's edges toward the shell besides its results: a closed or vanished stderr, a second Ctrl-C, a late one.
 
 stderr only carries diagnostics (notes, the progress bar, the summary, the final `error:` line). A batch job
 writing to `-o FILE` must not die, or exit 1 after finishing every line, because whoever read its stderr went
