@@ -10,6 +10,7 @@ keeps FILE.resume, the ledger that lets --resume prove kept records answer the s
 
 from __future__ import annotations
 
+import itertools
 import sys
 import tempfile
 import threading
@@ -30,20 +31,13 @@ from multilora_cli.io.stats import RunStats, write_stats
 from multilora_cli.io.terminal import stop_on_next_signal
 from multilora_cli.io.writer import OrderedWriter, check_writable, open_output, refuse_clobbering
 from multilora_cli.run_ledger import RunLedger, check_ledger_clash, regular_file
+from multilora_cli.run_setup import engine_config, note, preflight_run, why
 from multilora_cli.runconfig import RunConfig, base_aliases
-
-
-ENGINE_DEFAULTS = EngineConfig.__dataclass_fields__
 
 # Error records whose line could not be read far enough to name an adapter are tallied apart from "base".
 UNREAD = "(unread)"
 UNREAD_CODES = frozenset({"invalid_json", "invalid_utf8", "missing_custom_id", "invalid_method", "invalid_url",
                           "missing_body", "missing_model"})
-
-
-def note(msg: str, quiet: bool = False) -> None:
-    if not quiet and sys.stderr is not None:  # None (stderr closed): print() would write to stdout instead
-        print(f"multilora: {msg}", file=sys.stderr, flush=True)
 
 
 class RunJob:
@@ -62,32 +56,6 @@ class RunJob:
         self._resumable = False  # the output is a regular file that a later --resume can read back
 
     # -- setup ----------------------------------------------------------------------------------------------
-    def _preflight(self):
-        from multilora_cli.adapters.preflight import parse_adapter_specs, preflight
-
-        cfg = self.cfg
-        specs = parse_adapter_specs(cfg.adapters, cfg.adapter_dir)
-        pf = preflight(specs, cfg.model, max_loras=cfg.max_loras, max_lora_rank=cfg.max_lora_rank)
-        for name, err in pf.errors.items():
-            note(f"warning: adapter {name!r} failed pre-flight; lines naming it get error records: "
-                 f"{_why(name, err)}")
-        return pf
-
-    def _max_loras(self, pf) -> int:
-        """--max-loras, else on a GPU one slot per adapter within a share of the memory beside the weights
-        (engine/slot_budget.py); pre-flight's default is the CPU one."""
-        from multilora_cli.engine.slot_budget import auto_max_loras, slot_bytes, spare_gpu_bytes
-
-        if self.cfg.max_loras is not None:
-            return pf.max_loras
-        eng = self.cfg.engine
-        itemsize = 4 if eng.get("dtype") == "float32" else 2
-        spare = spare_gpu_bytes(eng.get("device", "auto"), pf.model_config, itemsize,
-                                eng.get("gpu_memory_utilization", ENGINE_DEFAULTS["gpu_memory_utilization"].default))
-        if spare is None:
-            return pf.max_loras
-        return auto_max_loras(len(self._good), slot_bytes(pf.model_config, pf.max_lora_rank, itemsize), spare)
-
     def _parse(self, reader: InputReader) -> Iterator[LineSpec]:
         """The reader's specs, noting each raw line's hash while the run keeps a ledger."""
         for key, lineno, raw in reader.raw_lines():
@@ -153,7 +121,7 @@ class RunJob:
             return name
         if name in self._pf.errors:
             err = self._pf.errors[name]
-            spec.fail(f"adapter {name!r} failed pre-flight: {_why(name, err)}", err.code)
+            spec.fail(f"adapter {name!r} failed pre-flight: {why(name, err)}", err.code)
         else:
             known = ", ".join(sorted(self._good)) or "none"
             spec.fail(f"unknown adapter {name!r} (known: {known}; add it with --adapters {name}=PATH)",
@@ -229,12 +197,10 @@ class RunJob:
         try:
             refuse_clobbering(source, in_name, {"-o": cfg.output, "--errors": cfg.errors, "--stats": cfg.stats})
             check_ledger_clash(cfg)
-            self._pf = pf = self._preflight()
+            self._pf = pf = preflight_run(cfg)
             self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
             self._base_names = base_aliases([cfg.model, getattr(pf, "model", None)], Path(pf.model_path))
-            engine_cfg = EngineConfig(model=str(pf.model_path), max_loras=self._max_loras(pf),
-                                      max_lora_rank=pf.max_lora_rank,
-                                      **({"seed": cfg.seed} if cfg.seed is not None else {}), **cfg.engine)
+            engine_cfg = engine_config(cfg, pf, self._good)
             if cfg.output not in (None, "-"):
                 self._ledger = RunLedger(cfg, engine_cfg, Path(pf.model_path), self._good, pf.errors,
                                          self._base_names)
@@ -253,7 +219,7 @@ class RunJob:
                 else:
                     note(f"nothing left to run: all {plan.kept} records are already in {cfg.output}", cfg.quiet)
                 return self._finish(t0, in_name, None)
-            rest = _chain(first, specs)
+            rest = itertools.chain([first], specs)
             return self._generate(rest, engine_cfg, t0, in_name)
         finally:
             if reader is not None:
@@ -313,24 +279,6 @@ class RunJob:
             if hasattr(self.engine, "print_summary"):
                 self.engine.print_summary(stats)
         return EXIT_PARTIAL if self.stats.errors or self.stats.kept_errors else EXIT_OK
-
-
-def _why(name: str, err) -> str:
-    """The pre-flight error without its leading "adapter 'x'" (the message around it names the adapter)."""
-    text = err.one_line()
-    for prefix in (f"adapter {name!r}: ", f"adapter {name!r} "):
-        if text.startswith(prefix):
-            text = text[len(prefix):]
-            if text.startswith("("):  # "(./path/adapter_config.json) uses DoRA" -> "./path/...: uses DoRA"
-                inside, _, after = text[1:].partition(")")
-                text = f"{inside}: {after.lstrip(': ')}"
-            break
-    return text
-
-
-def _chain(first: LineSpec, rest: Iterator[LineSpec]) -> Iterator[LineSpec]:
-    yield first
-    yield from rest
 
 
 def run_job(cfg: RunConfig) -> int:

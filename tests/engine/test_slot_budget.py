@@ -56,13 +56,13 @@ def test_cpu_rule():
     assert spare_gpu_bytes("cpu", LLAMA3_8B, 2, 0.9) is None
 
 
-def test_run_job_picks_the_gpu_default_unless_told(monkeypatch):
-    """The job's choice (runjob.RunJob._max_loras): the memory query is faked, as this machine has no GPU."""
+def test_a_run_picks_the_gpu_default_unless_told(monkeypatch):
+    """The run's choice (run_setup.max_loras): the memory query is faked, as this machine has no GPU."""
     from types import SimpleNamespace
 
     from multilora_cli.engine import slot_budget
+    from multilora_cli.run_setup import max_loras
     from multilora_cli.runconfig import RunConfig
-    from multilora_cli.runjob import RunJob
 
     pf = SimpleNamespace(max_loras=CPU_MAX_LORAS, max_lora_rank=16, model_config=LLAMA3_8B)
     asked = []
@@ -72,12 +72,10 @@ def test_run_job_picks_the_gpu_default_unless_told(monkeypatch):
         return None if device == "cpu" else int(141 * GB * utilization) - weight_bytes(config, itemsize)
 
     monkeypatch.setattr(slot_budget, "spare_gpu_bytes", fake_spare)
-    job = RunJob(RunConfig("in.jsonl", adapters=["x"], engine={"gpu_memory_utilization": 0.5}))
-    job._good = {f"a{i}": None for i in range(40)}
-    assert job._max_loras(pf) == 40 and asked[-1] == ("auto", 2, 0.5)
-    job = RunJob(RunConfig("in.jsonl", adapters=["x"], engine={"device": "cpu"}))
-    job._good = {f"a{i}": None for i in range(40)}
-    assert job._max_loras(pf) == CPU_MAX_LORAS
-    job = RunJob(RunConfig("in.jsonl", adapters=["x"], max_loras=5))
-    assert job._max_loras(SimpleNamespace(max_loras=5)) == 5  # --max-loras: no query at all
-    assert len(asked) == 2
+    run = RunConfig("in.jsonl", adapters=["x"], engine={"gpu_memory_utilization": 0.5})
+    assert max_loras(run, pf, 40) == 40 and asked[-1] == ("auto", 2, 0.5)
+    assert max_loras(run, pf, 400) == MAX_AUTO_LORAS
+    assert max_loras(RunConfig("in.jsonl", adapters=["x"], engine={"device": "cpu"}), pf, 40) == CPU_MAX_LORAS
+    told = RunConfig("in.jsonl", adapters=["x"], max_loras=5)
+    assert max_loras(told, SimpleNamespace(max_loras=5), 40) == 5  # --max-loras: no query at all
+    assert len(asked) == 3
