@@ -64,6 +64,9 @@ def command(
     max_model_len: Optional[int] = _opt(None, "--max-model-len", metavar="N",
                                         help="Longest prompt + completion, in tokens. Default: the model's "
                                              "max_position_embeddings (capped by the KV cache)."),
+    gpu_memory_utilization: Optional[float] = _opt(None, "--gpu-memory-utilization", metavar="F",
+                                                   help="Share of the GPU's memory the run may use (weights, "
+                                                        "slots, KV cache). Default: 0.9."),
     pinned_arena: bool = _opt(True, "--pinned-arena/--no-pinned-arena", metavar="",
                               help="CUDA: keep host-cached adapters in page-locked memory registered once at "
                                    "start (asynchronous slot loads; costs ~0.3 s per GiB at start, at most a "
@@ -91,6 +94,8 @@ def command(
                         ("--max-model-len", max_model_len)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
+    if gpu_memory_utilization is not None and not 0.05 <= gpu_memory_utilization <= 0.99:
+        raise UsageError(f"--gpu-memory-utilization must be in [0.05, 0.99], got {gpu_memory_utilization}")
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if device not in DEVICES:
@@ -101,7 +106,8 @@ def command(
         sampling={"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k},
         seed=seed, max_loras=max_loras, max_lora_rank=max_lora_rank, gpu_hour_usd=gpu_hour_usd, quiet=quiet,
         engine={"dtype": dtype, "device": device, "max_cpu_loras": max_cpu_loras, "max_num_seqs": max_num_seqs,
-                "max_model_len": max_model_len, "pinned_arena": pinned_arena},
+                "max_model_len": max_model_len, "pinned_arena": pinned_arena,
+                "gpu_memory_utilization": gpu_memory_utilization},
         data_parallel=data_parallel,
     )
     try:

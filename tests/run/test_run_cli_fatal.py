@@ -87,6 +87,9 @@ def test_missing_input(model_dir, tmp_path):
     (["--dtype", "float8"], "--dtype"),
     (["--device", "tpu"], "--device"),
     (["--gpu-hour-usd", "-1"], "--gpu-hour-usd"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in [0.05, 0.99], got 1.5"),
+    (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization must be in"),
+    (["--temperature", "inf"], "--temperature must be a finite number"),
     (["--resume"], "--resume needs -o"),
     (["--max-tokens", "ten"], "--max-tokens"),
     (["--errors", "-"], "--errors - would mix into the results on stdout"),  # used to duplicate error records
