@@ -30,7 +30,9 @@ def command(
     context_len: int = typer.Option(1024, "--context-len", help="Mean context tokens per sequence."),
     tokens_per_tenant_per_s: float = typer.Option(
         50.0, "--tokens-per-tenant-per-s", help="Sustained generated tokens/s each tenant needs."),
-    max_loras: int = typer.Option(8, "--max-loras", help="GPU adapter slots."),
+    max_loras: int | None = typer.Option(None, "--max-loras", help="GPU adapter slots. Default: what `multilora "
+                                          "run` allocates: one per tenant, at most 64, within 10% of the memory "
+                                          "beside the weights."),
     popularity: str = typer.Option("uniform", "--popularity", help="uniform | zipf."),
     zipf_s: float = typer.Option(1.0, "--zipf-s", help="Zipf exponent s (with --popularity zipf)."),
     output_tokens: float | None = typer.Option(

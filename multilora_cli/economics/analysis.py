@@ -52,7 +52,7 @@ def compute(s: Scenario) -> Report:
     pop = popularity(s.tenants, s.popularity, s.zipf_s)
 
     def distinct(batch: int) -> float:  # adapters read per step: distinct tenants in the batch, <= slots
-        return min(float(s.max_loras), expected_distinct(pop, batch))
+        return min(float(r.max_loras), expected_distinct(pop, batch))
 
     measured = r.stats.completion_tokens_per_second if r.stats else None
     # a run of another model, dtype or device says nothing about this fleet's tokens/s (comparable.py)
@@ -69,8 +69,8 @@ def compute(s: Scenario) -> Report:
     sm.add("adapters_fit", "adapters resident beside the base", shared.adapters_fit, n(shared.adapters_fit),
            f"floor(({size(budget)} − {size(copy)} base) / {size(a_bytes)})")
     slot_bytes = sum(ad.max_rank * (m.in_features + m.out_features) * m.layers for m in ad.modules) * db
-    sm.add("slot_bytes", f"{s.max_loras} GPU slots (at rank {ad.max_rank})", s.max_loras * slot_bytes,
-           size(s.max_loras * slot_bytes), f"{s.max_loras} × {size(slot_bytes)}")
+    sm.add("slot_bytes", f"{r.max_loras} GPU slots (at rank {ad.max_rank})", r.max_loras * slot_bytes,
+           size(r.max_loras * slot_bytes), f"{r.max_loras} × {size(slot_bytes)}")
     kv_budget = sm.add("kv_reserve_bytes", "KV reserve per replica", g * hw.memory * s.kv_reserve,
                        size(g * hw.memory * s.kv_reserve), f"{g} × {gpu.memory_gb:g} GB × {s.kv_reserve:g}")
     sm.add("kv_bytes_per_token", "KV bytes per token", kvpt, size(kvpt),
@@ -85,7 +85,7 @@ def compute(s: Scenario) -> Report:
     st.add("weights_read_bytes", "base weights read per step", w_read, size(w_read),
            "full copy" + ("" if cfg.tie_word_embeddings else f" − input embedding ({size(emb * db)}, only gathered)"))
     st.add("adapters_per_step", "distinct adapters read per step", shared.distinct_per_step,
-           n(shared.distinct_per_step), f"min({s.max_loras} slots, Σ 1−(1−p_i)^{shared.batch} over tenants)")
+           n(shared.distinct_per_step), f"min({r.max_loras} slots, Σ 1−(1−p_i)^{shared.batch} over tenants)")
     st.add("adapter_read_bytes", "adapter bytes read per step", shared.distinct_per_step * a_bytes,
            size(shared.distinct_per_step * a_bytes), "read once per step each (rank-aware SGMV)")
     kv_read = shared.batch * s.context_len * kvpt
@@ -174,12 +174,12 @@ def _fleet(s: Scenario, r: Resolved, ded, shared, a_bytes: float) -> Section:
 def _slots(s: Scenario, r: Resolved, shared, a_bytes: float, slot_bytes: float) -> Section:
     replicas = max(1, shared.gpus // shared.gpus_per_replica)
     t = ceil_div(s.tenants, replicas)  # tenants pinned to replicas (adapter-affine routing)
-    f = Section("slots", f"Slot thrash: {s.max_loras} slots, {n(t)} tenants per replica, LRU")
+    f = Section("slots", f"Slot thrash: {r.max_loras} slots, {n(t)} tenants per replica, LRU")
     f.add("tenants_per_replica", "tenants per replica", t, n(t),
           f"ceil({n(s.tenants)} / {replicas} replica{'s' * (replicas > 1)})")
     pop = popularity(t, s.popularity, s.zipf_s)
-    hit = lru_hit_rate(pop, s.max_loras)
-    method = ("all tenants fit in the slots" if s.max_loras >= t else f"exact for uniform: {s.max_loras} / {n(t)}"
+    hit = lru_hit_rate(pop, r.max_loras)
+    method = ("all tenants fit in the slots" if r.max_loras >= t else f"exact for uniform: {r.max_loras} / {n(t)}"
               if s.popularity == "uniform" or s.zipf_s == 0 else f"Che approximation, zipf s={s.zipf_s:g}")
     f.add("hit_rate", "slot hit rate (per new request)", hit, pct(hit), method)
     refs = r.requests_per_step if r.requests_per_step is not None else shared.batch / r.output_tokens
@@ -199,8 +199,8 @@ def _slots(s: Scenario, r: Resolved, shared, a_bytes: float, slot_bytes: float) 
           else "roofline (throughput section)")
     f.add("load_share", "load time / step time", load_s / step, pct(load_s / step),
           "< 100%: loads can hide behind compute; > 100%: PCIe-bound thrash")
-    f.add("full_turnover_seconds", f"replacing all {s.max_loras} slots", s.max_loras * slot_bytes / pcie,
-          seconds(s.max_loras * slot_bytes / pcie), f"{s.max_loras} × {size(slot_bytes)} / {r.gpu.pcie_gbs:g} GB/s")
+    f.add("full_turnover_seconds", f"replacing all {r.max_loras} slots", r.max_loras * slot_bytes / pcie,
+          seconds(r.max_loras * slot_bytes / pcie), f"{r.max_loras} × {size(slot_bytes)} / {r.gpu.pcie_gbs:g} GB/s")
     cap = step * pcie / (a_bytes * (1 - hit)) if hit < 1 else None
     f.add("max_requests_per_step_pcie", "new requests per step PCIe can feed", cap,
           "unbounded (no misses)" if cap is None else n(cap), "step × PCIe / (adapter bytes × miss rate)")
@@ -218,8 +218,8 @@ def _warn(report: Report, s: Scenario, r: Resolved, shared, slot_bytes: float, a
     if shared.gpus_per_replica > 1:
         w.append(f"{r.model.label} needs {shared.gpus_per_replica} {r.gpu.name} GPUs per copy; "
                  "tensor parallel is assumed to scale memory and bandwidth ideally")
-    if s.max_loras * slot_bytes > shared.adapters_fit * a_bytes:
-        w.append(f"{s.max_loras} slots ({size(s.max_loras * slot_bytes)}) exceed the memory left beside the base")
+    if r.max_loras * slot_bytes > shared.adapters_fit * a_bytes:
+        w.append(f"{r.max_loras} slots ({size(r.max_loras * slot_bytes)}) exceed the memory left beside the base")
     if report.section("slots")["load_share"] > 1:
         w.append("slot loads take longer than a decode step: PCIe-bound thrash; raise --max-loras or group "
                  "requests by adapter")

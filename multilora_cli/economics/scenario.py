@@ -9,17 +9,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from multilora_cli.config import EngineConfig
 from multilora_cli.economics.comparable import Comparability, compare
 from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, HOURS_PER_MONTH, GpuSpec
 from multilora_cli.economics.shapes import DEFAULT_RANK, AdapterShape, parse_targets, shape_from_flags
 from multilora_cli.economics.slots import POPULARITIES
 from multilora_cli.economics.sources import (
     MeasuredRun, ModelSource, adapter_dir, load_adapter_shape, load_stats, resolve_model)
+from multilora_cli.engine.slot_budget import MAX_AUTO_LORAS, SLOT_SHARE, auto_max_loras
 from multilora_cli.errors import ResolveError, UsageError
 
 
 # The slot arithmetic holds one float per tenant (slots.py): 10M tenants is 80 MB and a second; 1e9 exhausted memory.
 MAX_TENANTS = 10_000_000
+GPU_UTILIZATION = EngineConfig.__dataclass_fields__["gpu_memory_utilization"].default  # run's default share
 
 
 @dataclass(slots=True)
@@ -42,7 +45,7 @@ class Scenario:
     batch_size: int = 64
     context_len: int = 1024
     tokens_per_tenant_per_s: float = 50.0
-    max_loras: int = 8  # EngineConfig's default
+    max_loras: int | None = None  # None: what `multilora run` would allocate (engine/slot_budget.py)
     popularity: str = "uniform"
     zipf_s: float = 1.0
     output_tokens: float | None = None
@@ -80,7 +83,7 @@ class Scenario:
         need(0 < self.kv_reserve < 1, "--kv-reserve", "in (0, 1)", self.kv_reserve)
         need(self.batch_size >= 1, "--batch-size", "a positive integer", self.batch_size)
         need(self.context_len >= 1, "--context-len", "a positive integer", self.context_len)
-        need(self.max_loras >= 1, "--max-loras", "a positive integer", self.max_loras)
+        need(self.max_loras is None or self.max_loras >= 1, "--max-loras", "a positive integer", self.max_loras)
         need(self.popularity in POPULARITIES, "--popularity", f"one of {', '.join(POPULARITIES)}",
              repr(self.popularity))
         if self.adapter and (self.rank is not None or self.targets is not None):
@@ -110,10 +113,18 @@ class Resolved:
     output_tokens: float
     requests_per_step: float | None  # None: derived later from the batch that fits
     comparable: Comparability | None = None  # with stats: may their tokens/s and step time size the fleet
+    max_loras: int = 1  # GPU adapter slots: --max-loras, else run's default on this GPU
     assumptions: list[Assumption] = field(default_factory=list)
 
     def add(self, key: str, label: str, value, unit: str, source: str, note: str = "") -> None:
         self.assumptions.append(Assumption(key, label, value, unit, source, note))
+
+
+def default_slots(tenants: int, adapter: AdapterShape, gpu: GpuSpec, cfg, dtype_bytes: int) -> int:
+    """The slots `multilora run` would allocate for `tenants` adapters of this shape on one such GPU."""
+    slot = sum(adapter.max_rank * (m.in_features + m.out_features) * m.layers for m in adapter.modules) * dtype_bytes
+    spare = gpu.memory_gb * 1e9 * GPU_UTILIZATION - cfg.num_params() * dtype_bytes
+    return auto_max_loras(tenants, slot, int(spare))
 
 
 def resolve(s: Scenario) -> Resolved:
@@ -174,8 +185,12 @@ def resolve(s: Scenario) -> Resolved:
           "default" if s.context_len == 1024 else "flag", "prompt + generated so far; sets KV bytes per sequence")
     r.add("tokens_per_tenant_per_s", "demand per tenant (generated tokens/s, sustained)", s.tokens_per_tenant_per_s,
           "tok/s", "default" if s.tokens_per_tenant_per_s == 50.0 else "flag")
-    r.add("max_loras", "GPU adapter slots (--max-loras)", s.max_loras, "slots",
-          "default" if s.max_loras == 8 else "flag", "distinct adapters one step may use")
+    r.max_loras = s.max_loras if s.max_loras is not None else default_slots(s.tenants, adapter, gpu, cfg,
+                                                                             r.dtype_bytes)
+    r.add("max_loras", "GPU adapter slots (--max-loras)", r.max_loras, "slots", src(s.max_loras),
+          "distinct adapters one step may use" + ("" if s.max_loras is not None else
+          f"; multilora run's default: one per tenant, at most {MAX_AUTO_LORAS}, within {SLOT_SHARE:.0%} of "
+          f"{GPU_UTILIZATION:g} x GPU memory less the base weights"))
     r.add("popularity", "tenant popularity", s.popularity if s.popularity == "uniform" else f"zipf s={s.zipf_s}",
           "", "default" if s.popularity == "uniform" else "flag", "independent reference model")
     r.add("output_tokens", "mean generated tokens per request", out_tokens, "tokens",

@@ -12,7 +12,8 @@ from test_economics_inputs import write_stats
 
 def test_json_has_every_assumption_and_figure(cli):
     rc, out, err = cli("--tenants", 100, "--model", "llama-2-7b", "--rank", 16, "--targets", "q_proj,k_proj,v_proj,o_proj",
-                       "--gpu", "a100-80gb", "--gpu-hour-usd", 1.5, "--popularity", "zipf", "--zipf-s", 1.1, "--json")
+                       "--gpu", "a100-80gb", "--gpu-hour-usd", 1.5, "--popularity", "zipf", "--zipf-s", 1.1, "--max-loras", 8,
+                       "--json")
     assert rc == 0 and err == ""
     data = json.loads(out)
     assert data["adapter"]["bytes"] == 33_554_432
@@ -21,7 +22,7 @@ def test_json_has_every_assumption_and_figure(cli):
     assert a["gpu_memory_gb"]["source"] == "preset a100-80gb" and a["hours_per_month"]["value"] == 730
     assert a["pcie_gbs"]["value"] == 25.0 and "Gen4" in a["pcie_gbs"]["note"]
     ref = compute(Scenario(tenants=100, model="llama-2-7b", gpu="a100-80gb", gpu_hour_usd=1.5, popularity="zipf",
-                           zipf_s=1.1)).to_dict()
+                           zipf_s=1.1, max_loras=8)).to_dict()
     for section in ("adapter", "full_copy", "memory", "throughput", "fleet", "slots"):
         assert data[section].keys() == ref[section].keys()
         for k, v in data[section].items():
@@ -32,7 +33,7 @@ def test_json_has_every_assumption_and_figure(cli):
 
 
 def test_tables_explain_the_figures(cli):
-    rc, out, err = cli("--tenants", 100)
+    rc, out, err = cli("--tenants", 100, "--max-loras", 8)
     assert rc == 0 and err == ""
     for text in ("Assumptions", "32.0 MiB", "401.6×", "Slot thrash", "GPUs saved", "preset h100-sxm", "730 h",
                  "exact for uniform", "100 tenants on llama-2-7b"):

@@ -12,7 +12,7 @@ GB = 1e9
 
 
 def test_default_llama2_fleet_by_hand():
-    s = Scenario(tenants=100, model="llama-2-7b")  # h100-sxm 80 GB 3.35 TB/s $2.99, KV reserve 0.3, eff 0.8
+    s = Scenario(tenants=100, model="llama-2-7b", max_loras=8)  # h100-sxm 80 GB 3.35 TB/s $2.99, KV 0.3, eff 0.8
     rep = compute(s)
     copy = 6_738_415_616 * 2
     adapter = 32 * 2**20
@@ -44,6 +44,20 @@ def test_default_llama2_fleet_by_hand():
     assert fl["gpus_saved"] == dedicated - shared
     assert fl["usd_per_month_saved"] == pytest.approx((dedicated - shared) * 2.99 * 730)
     assert fl["usd_per_month_dedicated"] == pytest.approx(dedicated * 2.99 * 730)
+
+
+def test_default_slots_are_what_run_allocates():
+    # multilora run without --max-loras: one slot per adapter, <= 64, <= 10% of (0.9 x memory - weights)
+    slot = 32 * 16 * (2 * (4096 + 4096) + 2 * (4096 + 1024)) * 2  # the default q,k,v,o rank-16 shape, llama-3-8b
+    spare = 80 * GB * 0.9 - 8_030_261_248 * 2
+    assert min(64, math.floor(0.1 * spare / slot)) == 64
+    rep = compute(Scenario(tenants=100, model="llama-3-8b"))
+    assert rep.section("memory")["slot_bytes"] == 64 * slot
+    assert compute(Scenario(tenants=10, model="llama-3-8b")).section("memory")["slot_bytes"] == 10 * slot
+    big = 32 * 256 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 14336)) * 2  # rank 256, all 7
+    fit = compute(Scenario(tenants=100, model="llama-3-8b", rank=256, targets="all"))
+    assert fit.section("memory")["slot_bytes"] == math.floor(0.1 * spare / big) * big
+    assert compute(Scenario(tenants=100, model="llama-3-8b", max_loras=8)).section("memory")["slot_bytes"] == 8 * slot
 
 
 def test_overrides_drive_the_numbers():
