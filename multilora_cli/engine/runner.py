@@ -151,7 +151,8 @@ class ModelRunner:
         blocks = int(budget // per_block)
         if blocks < 1:
             raise EngineError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free after loading "
-                              "the model)", hint="raise --gpu-memory-utilization, or lower --max-num-seqs or --max-loras")
+                              "the model)",
+                              hint="raise --gpu-memory-utilization, or lower --max-num-seqs or --max-loras")
         return blocks
 
     @property

@@ -12,8 +12,8 @@ from test_economics_inputs import write_stats
 
 def test_json_has_every_assumption_and_figure(cli):
     rc, out, err = cli("--tenants", 100, "--model", "llama-2-7b", "--rank", 16, "--targets", "q_proj,k_proj,v_proj,o_proj",
-                       "--gpu", "a100-80gb", "--gpu-hour-usd", 1.5, "--popularity", "zipf", "--zipf-s", 1.1, "--max-loras", 8,
-                       "--json")
+                       "--gpu", "a100-80gb", "--gpu-hour-usd", 1.5, "--popularity", "zipf", "--zipf-s", 1.1,
+                       "--max-loras", 8, "--json")
     assert rc == 0 and err == ""
     data = json.loads(out)
     assert data["adapter"]["bytes"] == 33_554_432
