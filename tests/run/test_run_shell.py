@@ -26,13 +26,17 @@ def shell(script: str) -> subprocess.CompletedProcess:
 
 
 def test_head_closing_stdout_stops_the_run_with_one_line_and_no_traceback(model_dir, tmp_path):
-    inp = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    # ~300 KB of records: more than a pipe buffer holds, so the run cannot finish its writes before head exits
+    # (12 short records all fit in the buffer, and the run then exited 0 whenever it beat head to it)
+    pad = "x" * 1500
+    inp = write_jsonl(tmp_path / "in.jsonl", [{**r, "id": f"r{i}-{pad}", "max_tokens": 2}
+                                              for i, r in enumerate(ROWS * 16)])
     mult = " ".join(multilora_cmd() + ["run", str(inp), *model_args(model_dir)])
     res = shell(f"{mult} 2>{tmp_path / 'err'} | head -n 2; echo rc=${{PIPESTATUS[0]}}")
     *records, rc = res.stdout.splitlines()
     err = (tmp_path / "err").read_text()
     assert rc == "rc=1", err  # README: the run stops with exit 1 and says so
-    assert [json.loads(r)["id"] for r in records] == ["r0", "r1"]
+    assert [json.loads(r)["id"] for r in records] == [f"r0-{pad}", f"r1-{pad}"]
     assert err.strip().splitlines()[-1] == "error: <stdout> was closed by the reader before the run finished"
     assert "Traceback" not in err and "Exception ignored" not in err
 
