@@ -10,6 +10,8 @@ from multilora_cli.errors import ConfigError
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
 LOAD_FORMATS = ("auto", "dummy")  # dummy = random weights of the config's shapes (benchmarks), no checkpoint read
+GPU_MEMORY_UTILIZATION = 0.90  # default share of the GPU a run may use
+UTILIZATION_RANGE = (0.05, 0.99)
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy (as in vLLM)
 
 
@@ -64,7 +66,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192  # token budget per step (prefill chunks + decodes)
     max_model_len: int | None = None  # None = from the model config
     block_size: int = 16  # KV cache block (tokens)
-    gpu_memory_utilization: float = 0.90
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     cpu_kv_cache_bytes: int = 1 << 30  # KV budget when running on CPU
     num_kv_blocks: int | None = None  # fixed KV size (tests, benchmarks); None = size from memory
     enforce_eager: bool = False  # no CUDA graphs
@@ -89,7 +91,8 @@ class EngineConfig:
             self.max_cpu_loras = self.max_loras
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if not 0.05 <= self.gpu_memory_utilization <= 0.99:
-            raise ConfigError(f"gpu_memory_utilization must be in [0.05, 0.99], got {self.gpu_memory_utilization}")
+        lo, hi = UTILIZATION_RANGE
+        if not lo <= self.gpu_memory_utilization <= hi:
+            raise ConfigError(f"gpu_memory_utilization must be in [{lo}, {hi}], got {self.gpu_memory_utilization}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

@@ -6,10 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from multilora_cli.config import EngineConfig
+from multilora_cli.config import GPU_MEMORY_UTILIZATION, EngineConfig
 from multilora_cli.runconfig import RunConfig
-
-ENGINE_DEFAULTS = EngineConfig.__dataclass_fields__
 
 
 def note(msg: str, quiet: bool = False) -> None:
@@ -39,7 +37,7 @@ def max_loras(cfg: RunConfig, pf, n_adapters: int) -> int:
     eng = cfg.engine
     itemsize = 4 if eng.get("dtype") == "float32" else 2
     spare = spare_gpu_bytes(eng.get("device", "auto"), pf.model_config, itemsize,
-                            eng.get("gpu_memory_utilization", ENGINE_DEFAULTS["gpu_memory_utilization"].default))
+                            eng.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION))
     if spare is None:
         return pf.max_loras
     return auto_max_loras(n_adapters, slot_bytes(pf.model_config, pf.max_lora_rank, itemsize), spare)

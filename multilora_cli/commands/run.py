@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from multilora_cli.config import DEVICES, DTYPES
+from multilora_cli.config import DEVICES, DTYPES, UTILIZATION_RANGE
 from multilora_cli.errors import UsageError
 
 
@@ -94,8 +94,9 @@ def command(
                         ("--max-model-len", max_model_len)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
-    if gpu_memory_utilization is not None and not 0.05 <= gpu_memory_utilization <= 0.99:
-        raise UsageError(f"--gpu-memory-utilization must be in [0.05, 0.99], got {gpu_memory_utilization}")
+    lo, hi = UTILIZATION_RANGE
+    if gpu_memory_utilization is not None and not lo <= gpu_memory_utilization <= hi:
+        raise UsageError(f"--gpu-memory-utilization must be in [{lo}, {hi}], got {gpu_memory_utilization}")
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if device not in DEVICES:

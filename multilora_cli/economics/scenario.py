@@ -9,20 +9,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from multilora_cli.config import EngineConfig
+from multilora_cli.config import GPU_MEMORY_UTILIZATION
 from multilora_cli.economics.comparable import Comparability, compare
 from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, HOURS_PER_MONTH, GpuSpec
 from multilora_cli.economics.shapes import DEFAULT_RANK, AdapterShape, parse_targets, shape_from_flags
 from multilora_cli.economics.slots import POPULARITIES
 from multilora_cli.economics.sources import (
     MeasuredRun, ModelSource, adapter_dir, load_adapter_shape, load_stats, resolve_model)
-from multilora_cli.engine.slot_budget import MAX_AUTO_LORAS, SLOT_SHARE, auto_max_loras
+from multilora_cli.engine.slot_budget import MAX_AUTO_LORAS, SLOT_SHARE, auto_max_loras, slot_bytes, weight_bytes
 from multilora_cli.errors import ResolveError, UsageError
 
 
 # The slot arithmetic holds one float per tenant (slots.py): 10M tenants is 80 MB and a second; 1e9 exhausted memory.
 MAX_TENANTS = 10_000_000
-GPU_UTILIZATION = EngineConfig.__dataclass_fields__["gpu_memory_utilization"].default  # run's default share
 
 
 @dataclass(slots=True)
@@ -121,10 +120,10 @@ class Resolved:
 
 
 def default_slots(tenants: int, adapter: AdapterShape, gpu: GpuSpec, cfg, dtype_bytes: int) -> int:
-    """The slots `multilora run` would allocate for `tenants` adapters of this shape on one such GPU."""
-    slot = sum(adapter.max_rank * (m.in_features + m.out_features) * m.layers for m in adapter.modules) * dtype_bytes
-    spare = gpu.memory_gb * 1e9 * GPU_UTILIZATION - cfg.num_params() * dtype_bytes
-    return auto_max_loras(tenants, slot, int(spare))
+    """The slots `multilora run` would allocate for `tenants` adapters of this shape on one such GPU (its slots
+    hold all seven projections at the adapter's largest rank, whatever the adapter targets)."""
+    spare = gpu.memory_gb * 1e9 * GPU_MEMORY_UTILIZATION - weight_bytes(cfg, dtype_bytes)
+    return auto_max_loras(tenants, slot_bytes(cfg, adapter.max_rank, dtype_bytes), int(spare))
 
 
 def resolve(s: Scenario) -> Resolved:
@@ -190,7 +189,7 @@ def resolve(s: Scenario) -> Resolved:
     r.add("max_loras", "GPU adapter slots (--max-loras)", r.max_loras, "slots", src(s.max_loras),
           "distinct adapters one step may use" + ("" if s.max_loras is not None else
           f"; multilora run's default: one per tenant, at most {MAX_AUTO_LORAS}, within {SLOT_SHARE:.0%} of "
-          f"{GPU_UTILIZATION:g} x GPU memory less the base weights"))
+          f"{GPU_MEMORY_UTILIZATION:g} x GPU memory less the base weights"))
     r.add("popularity", "tenant popularity", s.popularity if s.popularity == "uniform" else f"zipf s={s.zipf_s}",
           "", "default" if s.popularity == "uniform" else "flag", "independent reference model")
     r.add("output_tokens", "mean generated tokens per request", out_tokens, "tokens",

@@ -168,7 +168,7 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 def _role_near_miss(role: str) -> str | None:
     import difflib
 
-    if role in ROLES or role in ("function", "ipython"):
+    if role in ROLES:
         return None
     low = role.strip().lower()
     if low in ROLES:
