@@ -24,7 +24,6 @@ from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, PdlMode, laun
 from multilora_cli.kernels.weights import LoraWeights
 
 MAX_SLICES = 4
-TMA = False  # A/B knob (session 15): rank-16 B tiles of the one-block path through a TMA descriptor
 
 
 # Most fp32 elements of s one CTA loads at once ([SPLIT, BM, RB], all K-split partials in flight together);
@@ -79,7 +78,7 @@ def _add_block(y_ptrs, yv, sv, bt, ok, DOT_PREC: tl.constexpr):
 def _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
                     r, n0, col_hi, nb, PDL: tl.constexpr, DOT_PREC: tl.constexpr, BM: tl.constexpr,
                     BN: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
-                    NB1: tl.constexpr, EARLY: tl.constexpr, b_desc=None, slot=0, TMA_B: tl.constexpr = False):
+                    NB1: tl.constexpr, EARLY: tl.constexpr):
     """r <= RB: y[rows, cols] += s @ B[cols, :r]^T over nb column blocks, s loaded once; waits on the predecessor.
 
     One block (NB1: every decode size in the table) is straight-line code: no loop for the software pipeliner to
@@ -97,19 +96,12 @@ def _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, strid
         ok = row_ok[:, None] & col_ok[None, :]
         y_ptrs = y_rows + cols[None, :]
         b_ptrs = b_base + cols[None, :] * stride_b_out
-        if TMA_B:
-            # [1, RB, BN] box of the [L, R, out] view; rows past r zeroed (stale rows of a reused slot)
-            bt = tl.where(j_ok[:, None], b_desc.load([slot, 0, n0]).reshape(RB, BN), 0.0)
-            yv = tl.load(y_ptrs, mask=ok, other=0.0)
-            wait_predecessor(PDL)
-            launch_dependents(PDL)
-        else:
-            if EARLY:
-                bt, yv = load_block(b_ptrs, y_ptrs, j_ok, col_ok, ok)
-            wait_predecessor(PDL)  # s comes from the shrink
-            launch_dependents(PDL)
-            if not EARLY:
-                bt, yv = load_block(b_ptrs, y_ptrs, j_ok, col_ok, ok)
+        if EARLY:
+            bt, yv = load_block(b_ptrs, y_ptrs, j_ok, col_ok, ok)
+        wait_predecessor(PDL)  # s comes from the shrink
+        launch_dependents(PDL)
+        if not EARLY:
+            bt, yv = load_block(b_ptrs, y_ptrs, j_ok, col_ok, ok)
         sv = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
         _add_block(y_ptrs, yv, sv, bt, ok, DOT_PREC)
     else:
@@ -158,7 +150,6 @@ def _expand_kernel(
     BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr, SPLIT: tl.constexpr,
     VEC: tl.constexpr, NB1: tl.constexpr, EARLY: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
-    b_desc=None, TMA_B: tl.constexpr = False,
 ):
     pid_g = tl.program_id(0)  # tiles on the slow axis: padding tiles are dispatched last (as in the shrink)
     pid_tile = tl.program_id(1)
@@ -203,8 +194,7 @@ def _expand_kernel(
     # smallest rank bucket that holds r; _stream_columns waits on the predecessor itself (after its B load)
     if r <= 16:
         _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
-                        r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 16, SPLIT, VEC, NB1, EARLY, b_desc, slot,
-                        TMA_B and NB1)
+                        r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 16, SPLIT, VEC, NB1, EARLY)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if r <= 32:
@@ -270,7 +260,6 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     line = LINE_BYTES // w.b.element_size()
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = triton.next_power_of_2(max(1, min(triton.cdiv(gw, line), PREFETCH_LINES // pf_r)))
-    tma = dict(b_desc=_b_desc(w, b.bn), TMA_B=True) if TMA and b.nb == 1 and w.b.stride(1) == 1 else {}
     launch(
         _expand_kernel, (groups, n_tiles),
         s, w.b, w.rank, meta.sorted_idx, tiles, y,
@@ -279,11 +268,5 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
         BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
         **partial_sum_args(s, t), NB1=b.nb == 1, EARLY=after_shrink,
         PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=pf_lines if pdl.prefetch else 1, LINE=line,
-        num_warps=b.num_warps, num_stages=b.num_stages, **tma, **pdl.kwargs(),
+        num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
     )
-
-
-def _b_desc(w: LoraWeights, bn: int):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    n_slots, out, r = w.b.shape
-    return TensorDescriptor(w.b, [n_slots, r, out], [w.b.stride(0), w.b.stride(2), 1], [1, 16, bn])

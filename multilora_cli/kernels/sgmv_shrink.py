@@ -21,14 +21,12 @@ from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, launch_depend
                                        wait_predecessor)
 from multilora_cli.kernels.weights import LoraWeights
 
-TMA = False  # A/B knob (session 15): the rank-16 bucket's A tiles through a TMA descriptor
-
 
 @triton.jit
 def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
                    stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
                    EVEN_K: tl.constexpr, NSP: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr,
-                   BK: tl.constexpr, DOT_PREC: tl.constexpr, a_desc=None, slot=0, TMA_A: tl.constexpr = False):
+                   BK: tl.constexpr, DOT_PREC: tl.constexpr):
     """s_out[rows, i, base + j] = scale_i * x[rows, k_lo:k_hi] @ a[i, base + j, k_lo:k_hi]^T for j < RB."""
     n = tl.arange(0, NSP * RB)  # column n = (slice n // RB, rank row base + n % RB)
     sl = n // RB
@@ -41,15 +39,7 @@ def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo
     a_ptrs = a_slot + sl[None, :] * stride_a_slice + j[None, :] * stride_a_rank + offs_k[:, None]  # [BK, NSP*RB]
     acc = tl.zeros((BM, NSP * RB), dtype=tl.float32)
     for k in range(k_lo, k_hi, BK):
-        if TMA_A:
-            # [1, NSP, RB, BK] box of A [L, n_slices, R, in] (slices past n_slices, k past in: zeros)
-            if EVEN_K:
-                xt = tl.load(x_ptrs + k, mask=row_ok[:, None], other=0.0)
-            else:
-                xt = tl.load(x_ptrs + k, mask=row_ok[:, None] & (k + offs_k < k_hi)[None, :], other=0.0)
-            at = tl.trans(a_desc.load([slot, 0, base, k]).reshape(NSP * RB, BK))
-            at = tl.where(col_ok[None, :], at, 0.0)
-        elif EVEN_K:
+        if EVEN_K:
             xt = tl.load(x_ptrs + k, mask=row_ok[:, None], other=0.0)
             at = tl.load(a_ptrs + k, mask=col_ok[None, :], other=0.0)
         else:
@@ -73,7 +63,6 @@ def _shrink_kernel(
     BK64: tl.constexpr, MAX_RB: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
     PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
-    a_desc=None, TMA_A: tl.constexpr = False,
 ):
     # tiles on the slowest grid axis: a graph's padding tiles (static grid) are dispatched after all real work,
     # instead of interleaved with it (256 tokens / 16 adapters: 61.1 -> 53.0 us per layer on H200,
@@ -122,7 +111,7 @@ def _shrink_kernel(
     if left <= 16:
         _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
                        stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                       EVEN_K, NSP, BM, 16, BK, DOT_PREC, a_desc, slot, TMA_A)
+                       EVEN_K, NSP, BM, 16, BK, DOT_PREC)
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if left <= 32:
@@ -177,7 +166,6 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
     grid = (b.split, triton.cdiv(w.max_rank, 64), n_tiles)
     tiles = meta.tiles[tile_index(b.bm)]
     pdl = pdl_mode(x.device, t)
-    tma = dict(a_desc=_a_desc(w, nsp, b.bk), TMA_A=True) if TMA and w.max_rank <= 64 else {}
     line = LINE_BYTES // w.a.element_size()
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = max(1, min(triton.cdiv(k_per_split, line), PREFETCH_LINES // (nsp * pf_r)))
@@ -191,10 +179,5 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
         MAX_RB=min(rank_bucket(w.max_rank), 64),
         EVEN_K=w.in_features % k_per_split == 0, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=triton.next_power_of_2(pf_lines) if pdl.prefetch
-        else 1, LINE=line, num_warps=b.num_warps, num_stages=b.num_stages, **tma, **pdl.kwargs(),
+        else 1, LINE=line, num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
     )
-
-
-def _a_desc(w: LoraWeights, nsp: int, bk: int):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    return TensorDescriptor(w.a, list(w.a.shape), list(w.a.stride()), [1, nsp, 16, bk])
