@@ -184,7 +184,7 @@ class Engine:
                 f"request {request.id}: unknown adapter {adapter!r}", code="unknown_adapter",
                 hint=f"known adapters: {known}; pass it with --adapters"))
         try:
-            ids = self.tokenizer.encode_request(request)
+            ids = self.tokenizer.encode_request(request, self.max_model_len)  # refuses huge prompts unencoded
         except MultiloraError as e:
             return self._error(request, e)
         seq = Sequence.from_request(self._next_seq_id, request, ids, engine_seed=self.config.seed)

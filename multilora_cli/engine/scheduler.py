@@ -27,6 +27,7 @@ from multilora_cli.engine.batch import ScheduledBatch, StepPlan
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.sequence import SeqStatus, Sequence
 from multilora_cli.engine.slots import SlotManager
+from multilora_cli.engine.token_bound import PROMPT_TOO_LONG_HINT
 from multilora_cli.engine.waiting import WaitingQueues
 from multilora_cli.errors import EngineError, MultiloraError, RequestError
 
@@ -90,8 +91,7 @@ class Scheduler(Admission):
         if limit is not None and n >= limit:
             return self._fail(seq, RequestError(
                 f"request {seq.request.id}: prompt has {n} tokens but max_model_len is {limit}",
-                code="prompt_too_long",
-                hint="shorten the prompt, or raise --max-model-len up to the model's max_position_embeddings"))
+                code="prompt_too_long", hint=PROMPT_TOO_LONG_HINT))
         need_tokens = n + seq.sampling.max_tokens - seq.num_completion_tokens
         if limit is not None:
             need_tokens = min(need_tokens, limit)

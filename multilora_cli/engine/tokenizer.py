@@ -8,6 +8,7 @@ Behaves like transformers' fast tokenizer for what the engine needs:
   strftime_now, a non-escaping tojson, loop controls, `{% generation %}`), and the rendered prompt is tokenized
   WITHOUT special tokens, as `apply_chat_template(tokenize=True)` does, so a template's own BOS is not doubled.
 - eos ids = config.json eos_token_id ∪ generation_config.json eos_token_id ∪ tokenizer_config's eos_token.
+- `encode_request(request, max_model_len)` refuses a prompt too long to fit before encoding it (token_bound.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from multilora_cli.engine.generation_config import read_generation_config, read_json, token_id_list
 from multilora_cli.engine.request import Request
+from multilora_cli.engine.token_bound import PROMPT_TOO_LONG_HINT, UTF8_MAX, TokenBound, analyze
 from multilora_cli.errors import ModelError, RequestError
 
 SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
@@ -96,6 +98,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self.name = name
         self._template = compile_chat_template(chat_template, name) if chat_template else None
+        self._bound: TokenBound | None = None  # analyzed on first use (token_bound)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "Tokenizer":
@@ -150,6 +153,28 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def token_bound(self) -> TokenBound:
+        """How many bytes of text one token covers at most (token_bound.analyze), computed once: a pass over
+        the vocabulary, ~0.1-0.3 s for 150k tokens, paid only once a prompt is long enough to ask."""
+        if self._bound is None:
+            self._bound = analyze(self.backend.to_str())
+        return self._bound
+
+    def check_fits(self, request: Request, text: str, max_model_len: int | None) -> None:
+        """RequestError `prompt_too_long` when `text` provably has more than `max_model_len` tokens, without
+        encoding it (a 5 MB prompt: ~8 s and ~2 GB). Prompts that may fit are left to the scheduler's exact
+        count; so are all prompts of a tokenizer without a provable bound."""
+        if max_model_len is None or len(text) * UTF8_MAX <= max_model_len:
+            return  # at most max_model_len bytes: no bound can refuse it (a token covers >= 1 byte); skip analyze
+        found = self.token_bound.min_tokens(text, max_model_len)
+        if found is not None:
+            nbytes, tokens = found
+            raise RequestError(
+                f"request {request.id}: prompt is too long: its {nbytes:,} bytes are at least {tokens:,} tokens "
+                f"(no token covers more than {self.token_bound.max_token_bytes} bytes) but max_model_len is "
+                f"{max_model_len}", code="prompt_too_long", hint=PROMPT_TOO_LONG_HINT)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
@@ -182,17 +207,21 @@ class Tokenizer:
         """Render and tokenize without adding special tokens (the template places BOS itself)."""
         return self.encode(self.render_chat(messages, add_generation_prompt, **kwargs), add_special_tokens=False)
 
-    def encode_request(self, request: Request) -> list[int]:
+    def encode_request(self, request: Request, max_model_len: int | None = None) -> list[int]:
         """Prompt ids of a request: its prompt_token_ids, else its messages via the chat template, else its
-        prompt text with special tokens. RequestError when it yields no tokens."""
+        prompt text with special tokens. RequestError when it yields no tokens, or when its text provably
+        cannot fit `max_model_len` (`check_fits`: checked on the rendered chat, before encoding)."""
         if request.prompt_token_ids is not None:
             ids = list(request.prompt_token_ids)
             bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
             if bad:
                 raise RequestError(f"request {request.id}: prompt token ids out of range: {bad[:5]}")
         elif request.messages is not None:
-            ids = self.apply_chat_template(request.messages)
+            text = self.render_chat(request.messages)
+            self.check_fits(request, text, max_model_len)
+            ids = self.encode(text, add_special_tokens=False)  # as apply_chat_template
         else:
+            self.check_fits(request, request.prompt or "", max_model_len)
             ids = self.encode(request.prompt or "")
         if not ids:
             raise RequestError(f"request {request.id}: the prompt is empty", code="empty_prompt")
