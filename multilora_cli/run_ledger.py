@@ -15,7 +15,7 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.errors import UsageError
 from multilora_cli.io.formats import LineSpec
 from multilora_cli.io.ledger import (ADAPTER_FILES, MODEL_FILES, Fingerprint, folder_fingerprint, ledger_path,
-                                     line_hash, short_hash)
+                                     line_hash, names_a_descriptor, short_hash)
 from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.runconfig import RunConfig
 
@@ -85,8 +85,11 @@ def check_ledger_clash(cfg: RunConfig) -> None:
                              f"give {flag} another path")
 
 
-def regular_file(f) -> bool:
-    """True for a regular file (the only kind of output a later --resume can read back)."""
+def resumable_output(path: str | None, f) -> bool:
+    """True when output `path`, open as `f`, is a regular file a later --resume can read back and keep a ledger
+    beside: not stdout, /dev/null or a FIFO, nor /dev/stdout > FILE (a descriptor's name: no folder of its own)."""
+    if path in (None, "-") or names_a_descriptor(path):
+        return False
     try:
         return stat.S_ISREG(os.fstat(f.fileno()).st_mode)
     except (OSError, ValueError, AttributeError):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multilora_cli.errors import UsageError
+from multilora_cli.io.ledger import names_a_descriptor
 from multilora_cli.io.sampling import SamplingResolver
 
 BASE = "base"
@@ -38,6 +39,9 @@ class RunConfig:
             raise UsageError(f"--data-parallel must be an integer >= 1, got {self.data_parallel!r}")
         if self.resume and self.output in (None, "-"):
             raise UsageError("--resume needs -o/--output: a run written to stdout cannot be resumed")
+        if self.resume and names_a_descriptor(self.output):
+            raise UsageError(f"--resume needs -o FILE: {self.output} is an open descriptor, not a file a run can "
+                             "keep its --resume ledger beside", hint="give -o the output file's own path")
         if self.gpu_hour_usd is not None and self.gpu_hour_usd < 0:
             raise UsageError(f"--gpu-hour-usd must be >= 0, got {self.gpu_hour_usd}")
         for flag, path in (("--errors", self.errors), ("--stats", self.stats)):

@@ -30,7 +30,7 @@ from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.io.stats import RunStats, write_stats
 from multilora_cli.io.terminal import stop_on_next_signal
 from multilora_cli.io.writer import OrderedWriter, check_writable, open_output, refuse_clobbering
-from multilora_cli.run_ledger import RunLedger, check_ledger_clash, regular_file
+from multilora_cli.run_ledger import RunLedger, check_ledger_clash, resumable_output
 from multilora_cli.run_setup import engine_config, note, preflight_run, why
 from multilora_cli.runconfig import RunConfig, base_aliases
 
@@ -87,8 +87,8 @@ class RunJob:
                     note(f"--resume: {cfg.output} does not exist yet; starting from the first line", cfg.quiet)
             out, out_name = open_output(cfg.output, append=cfg.resume)
             ledger = None
-            self._resumable = cfg.output not in (None, "-") and regular_file(out)
-            if self._ledger is not None and self._resumable:  # not for -o /dev/null or a FIFO
+            self._resumable = resumable_output(cfg.output, out)
+            if self._ledger is not None and self._resumable:  # not for -o /dev/null, a FIFO or /dev/stdout
                 ledger = open_ledger(plan, self._ledger.fingerprint)
             if ledger is None:  # records go out without ledger lines
                 self._ledger = None

@@ -1,0 +1,33 @@
+"""Edges of -o / --resume found by trying to break them: an -o that names a descriptor (/dev/stdout, /dev/fd/1)
+has no folder for a ledger."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from conftest import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
+from test_run_resume import NO_IDS, args
+
+
+def test_output_to_a_descriptor_runs_without_a_ledger(model_dir, tmp_path):
+    # `-o /dev/fd/1 > FILE`: stdout is a regular file, but its ledger would be /dev/fd/1.resume (no such folder:
+    # the run failed, exit 1) and for /dev/stdout a file in /dev (created as root, permission denied otherwise)
+    inp = write_jsonl(tmp_path / "in.jsonl", NO_IDS)
+    stray = Path("/dev/stdout.resume")
+    had_stray = stray.exists()
+    for dev in ("/dev/fd/1", "/dev/stdout"):
+        dest = tmp_path / "captured.jsonl"
+        with open(dest, "wb") as f:
+            res = subprocess.run([*multilora_cmd(), "run", str(inp), *args(model_dir), "-o", dev], stdout=f,
+                                 stderr=subprocess.PIPE, env=subprocess_env())
+        assert res.returncode == 0, res.stderr.decode()
+        assert len(read_jsonl(dest)) == 3
+    assert had_stray or not stray.exists()
+
+
+def test_resume_to_a_descriptor_is_a_usage_error(model_dir, tmp_path):
+    inp = write_jsonl(tmp_path / "in.jsonl", NO_IDS)
+    rc, stdout, err = run_cli(["run", str(inp), *args(model_dir), "-o", "/dev/stdout", "--resume"])
+    assert rc == 2 and stdout == b"" and err.count("\n") == 1, err
+    assert err.startswith("error: --resume needs -o FILE: /dev/stdout is an open descriptor"), err
