@@ -62,10 +62,11 @@ class RunConfig:
         self.engine = {k: v for k, v in self.engine.items() if v is not None}
 
 
-def base_aliases(model_names: list[str | None], model_path: Path) -> set[str]:
-    """Names that mean "the base model" in a line: 'base', the model as named, its path, folder name, Hub id."""
+def base_aliases(model_names: list[str | None], model_path: Path, adapters=()) -> set[str]:
+    """Names that mean "the base model" in a line: 'base', the model as named, its path, folder name, Hub id;
+    not the names of `adapters`: a base in ./models/legal must not answer the lines of adapter 'legal'."""
     names = {BASE, str(model_path), model_path.name}
     names.update(n for n in model_names if n)
     if model_path.parent.name == "snapshots" and model_path.parent.parent.name.startswith("models--"):
         names.add(model_path.parent.parent.name[len("models--"):].replace("--", "/"))
-    return names
+    return names - (set(adapters) - {BASE})

@@ -199,7 +199,7 @@ class RunJob:
             check_ledger_clash(cfg)
             self._pf = pf = preflight_run(cfg)
             self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
-            self._base_names = base_aliases([cfg.model, getattr(pf, "model", None)], Path(pf.model_path))
+            self._base_names = base_aliases([cfg.model, pf.model], Path(pf.model_path), [*pf.adapters, *pf.errors])
             engine_cfg = engine_config(cfg, pf, self._good)
             if cfg.output not in (None, "-"):
                 self._ledger = RunLedger(cfg, engine_cfg, Path(pf.model_path), self._good, pf.errors,

@@ -1,13 +1,17 @@
-"""Edges of -o / --resume found by trying to break them: an -o that names a descriptor (/dev/stdout, /dev/fd/1)
-has no folder for a ledger."""
+"""Edges of -o / --resume and of adapter names found by trying to break them: an -o that names a descriptor
+(/dev/stdout, /dev/fd/1) has no folder for a ledger; a base model whose folder is named like an adapter must not
+answer that adapter's lines."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
 from conftest import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
 from test_run_resume import NO_IDS, args
+
+ROWS = [{"id": "a", "prompt": "The court held that", "adapter": "legal"}, {"id": "b", "prompt": "The court held that"}]
 
 
 def test_output_to_a_descriptor_runs_without_a_ledger(model_dir, tmp_path):
@@ -31,3 +35,15 @@ def test_resume_to_a_descriptor_is_a_usage_error(model_dir, tmp_path):
     rc, stdout, err = run_cli(["run", str(inp), *args(model_dir), "-o", "/dev/stdout", "--resume"])
     assert rc == 2 and stdout == b"" and err.count("\n") == 1, err
     assert err.startswith("error: --resume needs -o FILE: /dev/stdout is an open descriptor"), err
+
+
+def test_a_base_folder_named_like_an_adapter_does_not_answer_its_lines(model_dir, tmp_path):
+    inp = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    rc, normal, err = run_cli(["run", str(inp), *args(model_dir)])
+    assert rc == 0, err
+    legal, base = read_jsonl(normal)
+    assert legal["text"] != base["text"]  # else the test could not tell who answered
+    shutil.copytree(model_dir / "base", tmp_path / "legal")  # a base model kept in a folder named legal
+    rc, out, err = run_cli(["run", str(inp), *args(model_dir)[2:], "-m", str(tmp_path / "legal")])
+    assert rc == 0, err
+    assert out == normal  # line a by adapter legal, as before; the base still answers line b
