@@ -30,7 +30,7 @@ class RunLedger:
         self._line_hashes: dict[int, str] = {}  # key -> hash of the raw line, until its ledger line is made
         self._tags: dict[int, str] = {}  # key -> ledger line, until its record is written
         self._adapter_ids: dict[str | None, str] = {}
-        self.fingerprint = Fingerprint(self._settings(cfg, engine_cfg, model_path), self.tag)
+        self.fingerprint = Fingerprint(self._settings(cfg, engine_cfg, model_path), self.tag, self.adapter_now)
 
     @staticmethod
     def _settings(cfg: RunConfig, engine_cfg: EngineConfig, model_path: Path) -> dict:
@@ -57,6 +57,19 @@ class RunLedger:
 
     def pop_tag(self, key: int) -> str | None:
         return self._tags.pop(key, None)
+
+    def adapter_now(self, name: str | None) -> str:
+        """What serves `name` in this run, in words: the ledger holds only a hash of what served it then, so a
+        record refused for its adapter says what changed on this side (a dropped --adapters item is no file
+        change)."""
+        if name is None or name in self._base_names:
+            return "this run takes that name for the base model"
+        if name in self._good:
+            return f"it is {self._good[name]} now, whose files differ from those that wrote the record (or it " \
+                   "was unknown or failed pre-flight then)"
+        if name in self._pf_errors:
+            return f"in this run it fails pre-flight ({self._pf_errors[name].code}), unlike then"
+        return "this run has no adapter of that name (was it dropped from --adapters / --adapter-dir?)"
 
     def _adapter_ident(self, name: str | None) -> str:
         """What serves `name`: the base, an adapter's files, or a pre-flight failure (its error records)."""

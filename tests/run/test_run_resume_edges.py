@@ -1,6 +1,6 @@
 """Edges of -o / --resume and of adapter names found by trying to break them: an -o that names a descriptor
 (/dev/stdout, /dev/fd/1) has no folder for a ledger; a base model whose folder is named like an adapter must not
-answer that adapter's lines."""
+answer that adapter's lines; a kept record refused for its adapter says what changed in this run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from conftest import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
-from test_run_resume import NO_IDS, args
+from test_run_resume import NO_IDS, args, interrupt, refused, resume, run_to
 
 ROWS = [{"id": "a", "prompt": "The court held that", "adapter": "legal"}, {"id": "b", "prompt": "The court held that"}]
 
@@ -47,3 +47,25 @@ def test_a_base_folder_named_like_an_adapter_does_not_answer_its_lines(model_dir
     rc, out, err = run_cli(["run", str(inp), *args(model_dir)[2:], "-m", str(tmp_path / "legal")])
     assert rc == 0, err
     assert out == normal  # line a by adapter legal, as before; the base still answers line b
+
+
+def test_a_kept_record_of_a_dropped_adapter_says_so(model_dir, tmp_path):
+    inp, out = write_jsonl(tmp_path / "in.jsonl", NO_IDS), tmp_path / "out.jsonl"
+    run_to(model_dir, inp, out)
+    before = interrupt(out, 2)
+    no_legal = ["-m", str(model_dir / "base"), "-a", f"code={model_dir / 'code'}", "--device", "cpu", "-q"]
+    res = run_cli(["run", str(inp), *no_legal, "-o", str(out), "--resume"])
+    refused(res, out, before, "record 2 (input line 2) was written by another adapter 'legal': this run has no "
+                              "adapter of that name (was it dropped from --adapters / --adapter-dir?)")
+
+
+def test_a_kept_record_of_an_adapter_that_now_fails_pre_flight_says_so(model_dir, tmp_path):
+    legal = tmp_path / "legal"
+    shutil.copytree(model_dir / "legal", legal)
+    inp, out = write_jsonl(tmp_path / "in.jsonl", NO_IDS), tmp_path / "out.jsonl"
+    run_to(model_dir, inp, out, legal=legal)
+    before = interrupt(out, 2)
+    (legal / "adapter_model.safetensors").unlink()
+    rc, stdout, err = resume(model_dir, inp, out, legal=legal)
+    assert rc == 1 and out.read_bytes() == before, err
+    assert err.splitlines()[-1].startswith("error: --resume: ") and "in this run it fails pre-flight" in err, err
