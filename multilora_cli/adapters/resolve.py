@@ -142,7 +142,8 @@ def _download(label: str, repo_id: str, revision: str | None, patterns: list[str
         if offline:
             raise ResolveError(
                 f"{label} is not in {where} and Hub downloads are off (HF_HUB_OFFLINE)",
-                hint=f"download it while online (hf download {repo_id}) or unset HF_HUB_OFFLINE",
+                hint=f"download it while online (hf download {repo_id}{f' --revision {revision}' if revision else ''})"
+                     " or unset HF_HUB_OFFLINE",
             ) from None
         raise ResolveError(
             f"{label}: cannot reach the Hugging Face Hub and it is not in {where} ({_first_line(e)})",

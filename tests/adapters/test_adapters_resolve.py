@@ -101,8 +101,9 @@ def test_offline_and_not_cached(tmp_path, offline):
         resolve("org/missing", cache_dir=str(tmp_path))
     assert "adapter 'org/missing' is not in" in e.value.message and "HF_HUB_OFFLINE" in e.value.message
     assert "hf download org/missing" in e.value.hint
-    with pytest.raises(ResolveError, match="model 'org/base@v9' is not in"):
+    with pytest.raises(ResolveError, match="model 'org/base@v9' is not in") as e:
         resolve("org/base@v9", kind="model", cache_dir=str(tmp_path))
+    assert "hf download org/base --revision v9" in e.value.hint  # the revision asked for, not main
 
 
 def test_bare_word_not_found_says_no_such_folder_first(tmp_path, monkeypatch, offline):
