@@ -44,7 +44,7 @@ class Fingerprint:
     settings: dict
     tag: Callable[[LineSpec], str]
     # what serves adapter NAME in this run, in words, for the message when a kept record's adapter differs
-    adapter_now: Callable[[str | None], str] | None = None
+    adapter_now: Callable[[str | None], str]
 
     def header(self) -> bytes:
         return (json.dumps({"multilora_resume": LEDGER_VERSION, "settings": self.settings}, sort_keys=True)
@@ -167,10 +167,8 @@ class LedgerReader:
             raise OutputError(f"--resume: {self.out} record {n} answers another request than input line "
                               f"{spec.lineno} holds now (the request changed since it was written)", hint=HINT)
         if got[1] != want[1]:
-            now = self.fp.adapter_now(spec.adapter) if self.fp.adapter_now is not None else \
-                "its files (or whether it loads) changed since"
             raise OutputError(f"--resume: {self.out} record {n} (input line {spec.lineno}) was written by "
-                              f"another adapter {spec.adapter!r}: {now}", hint=HINT)
+                              f"another adapter {spec.adapter!r}: {self.fp.adapter_now(spec.adapter)}", hint=HINT)
 
     def close(self) -> None:
         if self.f is not None:
