@@ -178,12 +178,18 @@ def test_changed_flags_are_refused(model_dir, tmp_path, extra, words):
     refused(resume(model_dir, inp, out, *extra), out, before, "record 1 (input line 1) was written under", words)
 
 
-def test_a_changed_adapter_is_refused(model_dir, tmp_path):
+def interrupted_with_own_legal(model_dir, tmp_path):
+    """A run of NO_IDS with its own copy of the legal adapter, left as a kill after 2 records would leave it:
+    (legal folder, input, output, the output's bytes)."""
     legal = tmp_path / "legal"
     shutil.copytree(model_dir / "legal", legal)
     inp, out = write_jsonl(tmp_path / "in.jsonl", NO_IDS), tmp_path / "out.jsonl"
     run_to(model_dir, inp, out, legal=legal)
-    before = interrupt(out, 2)
+    return legal, inp, out, interrupt(out, 2)
+
+
+def test_a_changed_adapter_is_refused(model_dir, tmp_path):
+    legal, inp, out, before = interrupted_with_own_legal(model_dir, tmp_path)
     cfg = json.loads((legal / "adapter_config.json").read_text())
     cfg["lora_alpha"] *= 2  # retrained / re-scaled under the same name and path
     (legal / "adapter_config.json").write_text(json.dumps(cfg))

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from conftest import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
-from test_run_resume import NO_IDS, args, interrupt, refused, resume, run_to
+from test_run_resume import NO_IDS, args, interrupt, interrupted_with_own_legal, refused, resume, run_to
 
 ROWS = [{"id": "a", "prompt": "The court held that", "adapter": "legal"}, {"id": "b", "prompt": "The court held that"}]
 
@@ -60,11 +60,7 @@ def test_a_kept_record_of_a_dropped_adapter_says_so(model_dir, tmp_path):
 
 
 def test_a_kept_record_of_an_adapter_that_now_fails_pre_flight_says_so(model_dir, tmp_path):
-    legal = tmp_path / "legal"
-    shutil.copytree(model_dir / "legal", legal)
-    inp, out = write_jsonl(tmp_path / "in.jsonl", NO_IDS), tmp_path / "out.jsonl"
-    run_to(model_dir, inp, out, legal=legal)
-    before = interrupt(out, 2)
+    legal, inp, out, before = interrupted_with_own_legal(model_dir, tmp_path)
     (legal / "adapter_model.safetensors").unlink()
     rc, stdout, err = resume(model_dir, inp, out, legal=legal)
     assert rc == 1 and out.read_bytes() == before, err
