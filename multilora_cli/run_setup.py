@@ -24,6 +24,8 @@ def preflight_run(cfg: RunConfig):
     pf = preflight(specs, cfg.model, max_loras=cfg.max_loras, max_lora_rank=cfg.max_lora_rank)
     for name, err in pf.errors.items():
         note(f"warning: adapter {name!r} failed pre-flight; lines naming it get error records: {why(name, err)}")
+    for w in pf.warnings:
+        note(f"warning: {w}")
     return pf
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from multilora_cli.adapters.base_match import mismatch_warnings
 from multilora_cli.adapters.config import CONFIG_NAME, AdapterConfig
 from multilora_cli.adapters.resolve import looks_like_path, resolve
 from multilora_cli.errors import AdapterError, MultiloraError, ResolveError, UsageError
@@ -36,6 +37,7 @@ class Preflight:
     errors: dict[str, MultiloraError] = field(default_factory=dict)  # AdapterError or ResolveError per name
     model: str = ""  # the base model as named (the --model given, or the adapters' base_model_name_or_path)
     scans: dict = field(default_factory=dict)  # name -> adapters/scan.AdapterScan of the adapters that passed
+    warnings: list[str] = field(default_factory=list)  # e.g. --model is not the base an adapter names
 
 
 def default_name(spec: str) -> str:
@@ -86,7 +88,9 @@ def parse_adapter_specs(items: list[str], adapter_dir: str | None) -> dict[str, 
         root = Path(adapter_dir).expanduser()
         if not root.is_dir():
             raise UsageError(f"--adapter-dir {adapter_dir!r} is not a directory")
-        subs = sorted(p for p in root.iterdir() if p.is_dir() and (p / CONFIG_NAME).is_file())
+        # hidden folders (.old-x, .Trash-1000, .cache) are skipped, as a shell glob would
+        subs = sorted(p for p in root.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and (p / CONFIG_NAME).is_file())
         if not subs:
             hint = "it is an adapter itself: use --adapters" if (root / CONFIG_NAME).is_file() else \
                 "put each adapter in its own subfolder"
@@ -167,6 +171,7 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
             continue
         ranks[name] = adapter.max_rank
         scans[name] = adapter
+    declared = {n: adapter_base(paths[n], configs[n]) for n in ranks}
     return Preflight(
         model_path=model_path,
         model_config=model_config,
@@ -177,6 +182,7 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
         errors=errors,
         model=model,
         scans=scans,
+        warnings=mismatch_warnings(declared, model, model_path) if given else [],
     )
 
 

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from multilora_cli.adapters.base_match import model_key
 from multilora_cli.adapters.preflight import DEFAULT_MAX_LORAS, parse_adapter_specs, preflight
 from multilora_cli.errors import AdapterError, ResolveError, UnsupportedAdapterError, UsageError
 
@@ -23,6 +24,7 @@ def fleet(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
     for name, src in (("legal", good_adapter), ("medical", medical)):
         shutil.copytree(src, lib / name)
     (lib / "not-an-adapter").mkdir()
+    shutil.copytree(good_adapter, lib / ".old-legal")  # hidden (a backup, a trash folder): not an adapter to run
     (lib / "README.txt").write_text("x")
     return dict(legal=good_adapter, medical=medical, chat=chat, dora=dora, lib=lib, root=root)
 
@@ -150,3 +152,38 @@ def test_missing_base_from_the_adapters_says_where_it_came_from(fleet, tmp_path)
     with pytest.raises(ResolveError) as e:  # a --model the user typed keeps the plain message
         preflight({"legal": str(ad)}, str(tmp_path / "gone" / "base"))
     assert "base_model_name_or_path" not in e.value.one_line()
+
+
+def test_model_key_forms():
+    assert model_key("meta-llama/Meta-Llama-3-8B@main") == "meta-llama-3-8b"
+    assert model_key("/models/Meta-Llama-3-8B/") == "meta-llama-3-8b"
+    cache = "/h/.cache/huggingface/hub/models--meta-llama--Meta-Llama-3-8B/snapshots/0a1b"
+    assert model_key(cache) == "meta-llama-3-8b"
+    assert model_key("C:\\models\\Llama") == "llama" and model_key("") == ""
+
+
+def test_preflight_warns_when_model_is_not_the_named_base(fleet, llama_base, tmp_path):
+    # shapes fit, so the adapter runs; but an adapter on another base than it names is quietly worse: say so
+    specs = {"legal": str(fleet["legal"]), "chat": str(fleet["chat"])}
+    pf = preflight(specs, str(llama_base))
+    assert len(pf.warnings) == 1, pf.warnings
+    assert pf.warnings[0].startswith("adapter 'chat' names base model") and "base-qwen2" in pf.warnings[0]
+    assert f"not the --model {str(llama_base)!r}" in pf.warnings[0]
+    assert preflight({"legal": str(fleet["legal"])}, None).warnings == []  # no --model: the named base runs
+    copy = tmp_path / "copy" / llama_base.name  # the same model elsewhere, under its name
+    shutil.copytree(llama_base, copy)
+    assert preflight({"legal": str(fleet["legal"])}, str(copy)).warnings == []
+    other = tmp_path / "tiny"
+    shutil.copytree(llama_base, other)
+    many = {f"a{i}": str(fleet["legal"]) for i in range(5)}
+    (w,) = preflight(many, str(other)).warnings  # one line per named base, adapters listed up to 3
+    assert w.startswith("adapters 'a0', 'a1', 'a2' and 2 more name base model") and str(llama_base) in w
+
+
+def test_preflight_run_prints_the_base_warning(fleet, llama_base, capsys):
+    from multilora_cli.run_setup import preflight_run
+    from multilora_cli.runconfig import RunConfig
+
+    preflight_run(RunConfig(input="-", model=str(llama_base), adapters=[f"chat={fleet['chat']}"]))
+    err = capsys.readouterr().err
+    assert err.startswith("multilora: warning: adapter 'chat' names base model") and err.count("\n") == 1
