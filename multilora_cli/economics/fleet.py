@@ -21,7 +21,8 @@ def ceil_div(a: float, b: float) -> int:
     """ceil(a / b), ignoring float noise just above an integer (8.000000001 -> 8)."""
     q = a / b
     r = round(q)
-    return int(r) if math.isclose(q, r, rel_tol=1e-9, abs_tol=1e-9) else math.ceil(q)
+    # relative tolerance only: an absolute one rounded a tiny positive quotient (10 tenants / 5e12 replicas) to 0
+    return int(r) if math.isclose(q, r, rel_tol=1e-9) else math.ceil(q)
 
 
 @dataclass(slots=True, frozen=True)

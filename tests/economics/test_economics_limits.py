@@ -78,3 +78,17 @@ def test_shared_needing_more_gpus_is_said_so(cli):
     assert data["fleet"]["gpus_saved"] == -1
     assert data["summary"].endswith("1 dedicated vs 2 shared h100-sxm GPUs, 1 more for shared = $2,183/month more")
     assert usd(-2182.7) == "-$2,183" and usd(-5) == "-$5.00" and usd(0) == "$0.00"
+
+
+def test_more_replicas_than_tenants_is_one_tenant_per_replica(cli):
+    # 10 tenants needing 5e9 tok/s of a replica at ~1e-3 tok/s: 5e12 replicas. ceil_div's absolute tolerance
+    # rounded 10 / 5e12 tenants per replica down to 0, and the slot arithmetic divided by it (internal error).
+    rc, out, err = cli("--tenants", 10, "--tokens-per-tenant-per-s", "1e9", "--bandwidth-efficiency", "1e-6", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["slots"]["tenants_per_replica"] == 1
+
+
+def test_ceil_div_never_rounds_a_positive_quotient_to_zero():
+    from multilora_cli.economics.fleet import ceil_div
+
+    assert ceil_div(10, 5e12) == 1 and ceil_div(8.000000001, 1) == 8 and ceil_div(0, 3) == 0 and ceil_div(9, 2) == 5
