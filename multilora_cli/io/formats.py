@@ -2,7 +2,7 @@
 
 Two formats, detected per file from its first JSON object line:
 - simple: `{"id", "prompt" | "messages", "adapter", max_tokens, temperature, top_p, top_k, seed, stop}`
-- OpenAI batch: `{"custom_id", "method", "url", "body": {...}}` (the object has a `custom_id`)
+- OpenAI batch: `{"custom_id", "method", "url", "body": {...}}` (a `custom_id`, and a `body` or no top-level prompt)
 
 Parsing never raises for a bad line: the problem lands in `LineSpec.error` and becomes that line's error record,
 so one bad line never costs another line its output.
@@ -134,8 +134,11 @@ def check_text(spec: LineSpec) -> None:
 
 
 def detect_format(obj: dict) -> str:
-    """The format of a file whose first JSON object line is `obj`."""
-    return OPENAI if "custom_id" in obj else SIMPLE
+    """The format of a file whose first JSON object line is `obj`. A `custom_id` beside a top-level prompt or
+    messages and no `body` is a simple line's metadata (other fields are ignored there), not a batch line."""
+    if "custom_id" not in obj:
+        return SIMPLE
+    return OPENAI if "body" in obj or not ("prompt" in obj or "messages" in obj) else SIMPLE
 
 
 def get_format(name: str) -> Format:

@@ -68,6 +68,15 @@ def test_openai_detected_even_after_a_malformed_first_line():
     assert specs[1].error is None and specs[1].id == "c1"
 
 
+
+def test_a_simple_line_keeping_custom_id_as_metadata_stays_simple():
+    # README: other fields are metadata. A custom_id beside a prompt (no body) made the whole file OpenAI batch
+    # and every line failed with "url None is not supported".
+    r = reader(b'{"id": "a", "prompt": "x", "custom_id": "crm-1"}\n{"id": "b", "prompt": "y"}\n')
+    assert r.format.name == SIMPLE
+    assert [(s.id, s.prompt, s.error) for s in r] == [("a", "x", None), ("b", "y", None)]
+    assert reader(b'{"custom_id": "c1", "url": "/v1/completions"}\n').format.name == OPENAI  # no body: its error
+
 def test_streaming_reads_only_what_is_consumed():
     stream = CountingStream(1_000_000)
     r = InputReader(io.BufferedReader(stream, buffer_size=1 << 16), "big")
