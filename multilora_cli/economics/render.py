@@ -23,33 +23,39 @@ def render(report: Report, console=None, err_console=None) -> None:
         console = Console()
         if not console.is_terminal and not os.environ.get("COLUMNS"):  # piped: rich would wrap at 80 columns
             console = Console(width=PIPE_WIDTH)
+
+    def row(table, *cells: str) -> None:
+        # cells hold paths and model names ("a[bold]x", "q[/b]"): rich would read them as markup
+        table.add_row(*(escape(str(c)) for c in cells))
+
     t = Table(title="Assumptions", title_justify="left", show_lines=False)
     for col in ("assumption", "value", "source", "note"):
         t.add_column(col, overflow="fold")
     for a in report.assumptions:
         value = f"{n(a.value) if isinstance(a.value, (int, float)) else a.value}{' ' + a.unit if a.unit else ''}"
-        t.add_row(a.label, value, a.source, a.note)
+        row(t, a.label, value, a.source, a.note)
     console.print(t)
 
     t = Table(title="Adapter modules: params = layers × r × (in + out)", title_justify="left")
     for col in ("module", "in → out", "rank", "layers", "params/layer", "params", "bytes"):
         t.add_column(col, justify="left" if col in ("module", "in → out") else "right")
     for m in report.modules:
-        t.add_row(m["module"], f"{m['in_features']} → {m['out_features']}", str(m["rank"]), str(m["layers"]),
-                  n(m["params_per_layer"]), n(m["params"]), size(m["bytes"]))
+        row(t, m["module"], f"{m['in_features']} → {m['out_features']}", str(m["rank"]), str(m["layers"]),
+            n(m["params_per_layer"]), n(m["params"]), size(m["bytes"]))
     console.print(t)
 
     for s in report.sections:
-        t = Table(title=s.title, title_justify="left")
+        t = Table(title=escape(s.title), title_justify="left")
         t.add_column("figure")
         t.add_column("value", justify="right")
         t.add_column("how", overflow="fold", style="dim")
         for f in s.figures:
-            t.add_row(f.label, f.shown, f.how)
+            row(t, f.label, f.shown, f.how)
         console.print(t)
 
     if err_console is None:
         err_console = Console(stderr=True)
     for w in report.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)  # paths may hold [..]
-    console.print(f"[bold]{report.summary}[/]", highlight=False, soft_wrap=True)  # one line, whatever its length
+    # one line, whatever its length
+    console.print(f"[bold]{escape(report.summary)}[/]", highlight=False, soft_wrap=True)

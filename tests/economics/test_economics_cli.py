@@ -174,3 +174,18 @@ def test_warnings_go_to_stderr(cli):
     rc, out, err = cli("--tenants", 10, "--model", "llama-3-70b")  # needs tensor parallel: a warning
     assert rc == 0 and "warning:" not in out and "tensor parallel" in err and err.startswith("warning: ")
     assert out.splitlines()[-1].startswith("10 tenants on llama-3-70b")
+
+
+def test_paths_that_look_like_rich_markup_print_as_typed(cli, tiny, tmp_path, monkeypatch):
+    # Paths reach the tables and the verdict: "[bold]" vanished from them, "[/b]" was an internal MarkupError.
+    import shutil
+
+    monkeypatch.setenv("COLUMNS", "1000")  # no folding of the long tmp paths
+
+    base = tmp_path / "m[" / "b]" / "base"
+    adapter = tmp_path / "a[bold]x"
+    shutil.copytree(tiny["base"], base)
+    shutil.copytree(tiny["qv"], adapter)
+    rc, out, err = cli("--tenants", 5, "--model", base, "--adapter", adapter)
+    assert rc == 0, err
+    assert str(adapter) in out and out.rstrip().splitlines()[-1].startswith(f"5 tenants on {base} with"), out
