@@ -71,7 +71,7 @@ class MeasuredRun:
     model: str = ""
     device: str = ""
     dtype: str = ""
-    requests: int | None = None
+    requests: int | None = None  # requests that generated: error records (no tokens) left out
     completion_tokens: int | None = None
     steps: int | None = None
     generation_seconds: float | None = None
@@ -132,8 +132,18 @@ def load_stats(path: str) -> MeasuredRun:
         model=str(data.get("model") or engine.get("model") or ""),
         device=str(data.get("device") or engine.get("device") or ""),
         dtype=str(data.get("dtype") or engine.get("dtype") or ""),
-        requests=num(data, "requests", int), completion_tokens=num(data, "completion_tokens", int),
+        requests=_generated(data, num), completion_tokens=num(data, "completion_tokens", int),
         steps=num(engine, "steps", int),
         generation_seconds=num(data, "generation_seconds") or num(engine, "wall_seconds"),
         slot_loads=num(data, "slot_loads", int), slot_hits=num(data, "slot_hits", int),
     )
+
+
+def _generated(data: dict, num) -> int | None:
+    """Requests that generated tokens. `requests` counts error records too (a run's and the engine's dict both):
+    they add no tokens, so dividing by it understated the tokens per request. A run file says `ok`; an engine
+    dict says `errors`."""
+    if "ok" in data:
+        return num(data, "ok", int)
+    requests, errors = num(data, "requests", int), num(data, "errors", int)
+    return requests if requests is None or errors is None else max(requests - errors, 0)

@@ -170,3 +170,21 @@ def test_bare_engine_stats_dict_is_accepted(tmp_path):
     (tmp_path / "e.json").write_text(json.dumps(engine.to_dict()))
     sl = compute(Scenario(tenants=10, model="llama-3-8b", stats=str(tmp_path / "e.json"))).section("slots")
     assert sl["step_seconds"] == pytest.approx(2.0 / 500) and sl["measured_hit_rate"] == pytest.approx(0.75)
+
+
+def test_measured_tokens_per_request_leave_error_records_out(tmp_path):
+    # 400 requests generated 256 tokens each; 400 more lines were error records (no tokens, never decoded).
+    # The mean counted them: 128 tokens per request, doubling the new requests per step.
+    engine = EngineStats(model="meta-llama/Llama-2-7b-hf", device="cuda:0 (NVIDIA H100 80GB HBM3)",
+                         dtype="bfloat16", requests=800, errors=400, completion_tokens=102_400, steps=2_000,
+                         wall_seconds=40.0)
+    run = RunStats()
+    for _ in range(400):
+        run.add_ok("a", 100, 256)
+        run.add_error("a", "invalid_request")
+    (tmp_path / "s.json").write_text(json.dumps(run.to_dict(engine=engine.to_dict(), wall_seconds=55.0)))
+    (tmp_path / "e.json").write_text(json.dumps(engine.to_dict()))  # the engine's own dict counts errors too
+    for name in ("s.json", "e.json"):
+        rep = compute(Scenario(tenants=100, model="llama-2-7b", stats=str(tmp_path / name)))
+        out = {a.key: a for a in rep.assumptions}["output_tokens"]
+        assert (out.value, out.source) == (256, "measured"), name
