@@ -98,6 +98,14 @@ def shrink_blocks(t: int, in_features: int, n_slices: int, max_rank: int, num_sm
     # 16 adapters, 17.1 -> 16.0 at 64. qkv (4 x 16 rank columns per tile) is slower with 2 warps.
     if 128 < t <= 256 and n_slices <= 2 and bk == 128:
         warps, stages = 2, 5
+    # Two slices ([gate | up]) at 16-128 tokens: at most 8 splits. Its expand is the widest (2 x 14,336 columns:
+    # 224 CTAs per tile, each summing every partial), so halving the partials pays there for any adapter count
+    # (H200, results/ab-small-blocks-h200-run{2,3}.json, the engine's shrink + fused SiLU expand, us: 16 tokens /
+    # 16 adapters 16.7 -> 14.5, 64 / 1 9.1 -> 8.5, 64 / 64 49.8 -> 41.8, 128 / 1 13.3 -> 11.8, 128 / 64 53.0 ->
+    # 42.7). One- and three-slice modules lose with it at 1-16 adapters (down 9.3 -> 13.5 at 16 / 16): their
+    # expands are 4-6x narrower.
+    if 16 <= t <= 128 and n_slices == 2:
+        split = min(split, 8)
     return ShrinkBlocks(bm=bm, bk=bk, split=split, num_warps=warps, num_stages=stages)
 
 
@@ -125,6 +133,13 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
     # at 16 adapters; qkv with 2 x 256 columns on 2 warps wins at 64 adapters (10.7 vs 12.9 us) but loses at 16
     # (8.0 vs 6.0), and a graph's blocks cannot depend on the adapter mix, so e2e decode's ~16 decides.
     del max_rank  # the rank bucket is picked per slot inside the kernel
+    # 17-64 tokens, wide outputs (> 8192: gate_up when its expand is not fused with SiLU): four 128-column
+    # blocks per CTA instead of one (H200, results/ab-small-blocks-h200-run2.json, gate_up us: 32 tokens / 8
+    # adapters 14.1 -> 10.2, 64 / 1 14.9 -> 10.2, 64 / 64 51.4 -> 41.1; at 16 tokens / 1 adapter it loses, 6.1 ->
+    # 8.3, and at 96-128 tokens / 16 adapters the layer by 2.5%: run 3, so not there). The formula below plans ~4 CTAs per SM from T / 16 tiles; a 28,672-column expand with
+    # one block per CTA is 224 short CTAs per tile, each paying the tile lookups and the partial sums.
+    if 16 < t <= 64 and out_features > 8192:
+        return ExpandBlocks(bm=bm, bn=128, nb=4, num_warps=4, num_stages=3)
     if 128 < t <= 256:
         if out_features <= 8192:
             return ExpandBlocks(bm=bm, bn=256, nb=1, num_warps=4, num_stages=1)

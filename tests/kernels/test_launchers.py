@@ -72,6 +72,16 @@ def test_block_table_varies_with_shape():
         ShrinkBlocks(bm=24, bk=64, split=1)
 
 
+def test_block_table_many_small_tiles_rules():
+    """16-128 tokens (results/ab-small-blocks-h200-run{2,3}.json): the two-slice shrink splits at most 8 ways,
+    other shrinks as before; wide expands take 4 column blocks per CTA at 17-64 tokens, narrow ones one."""
+    assert [shrink_blocks(t, 4096, 2, 16, 132).split for t in (1, 15, 16, 64, 65, 128)] == [16, 16, 8, 8, 8, 8]
+    assert [shrink_blocks(t, 4096, 3, 16, 132).split for t in (16, 64)] == [16, 16]
+    assert shrink_blocks(64, 14336, 1, 16, 132).split == 16
+    assert [expand_blocks(t, 28672, 2, 16, 132).nb for t in (16, 17, 64, 65)] == [1, 4, 4, 2]
+    assert expand_blocks(64, 6144, 3, 16, 132).nb == 1 and expand_blocks(64, 28672, 2, 16, 132).bn == 128
+
+
 def test_block_tables_key_on_power_of_two_buckets_above_256():
     """Eager prefill steps come in every size; each distinct block set is one more Triton compile, so sizes
     above 256 share their bucket's blocks (decode sizes, one graph each, keep their own)."""
