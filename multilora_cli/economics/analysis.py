@@ -98,6 +98,7 @@ def compute(s: Scenario) -> Report:
     if r.stats:
         st.add("tokens_per_s_measured", "shared: generated tok/s (measured)", measured, n(round(measured, 1)),
                f"completion_tokens_per_second of {r.stats.path} (prefill time included)"
+               + (f" / {r.stats.workers} data-parallel workers" if r.stats.workers > 1 else "")
                + ("" if sizes else f" on {r.stats.device or '?'}: not comparable, shown only"))
         if sizes:  # a ratio against another model's or device's roofline would mean nothing
             st.add("measured_vs_roofline", "measured / roofline", measured / shared.tokens_per_s_roofline,
@@ -195,8 +196,9 @@ def _slots(s: Scenario, r: Resolved, shared, a_bytes: float, slot_bytes: float) 
     # step time is the device's and model's too: only a comparable run replaces the roofline's
     measured_step = r.stats.step_seconds if r.stats and r.comparable.ok else None
     step = measured_step or shared.step_seconds
-    f.add("step_seconds", "decode step", step, seconds(step), "measured: generation seconds / engine steps" if measured_step
-          else "roofline (throughput section)")
+    per_worker = f" per worker ({r.stats.workers} data parallel)" if measured_step and r.stats.workers > 1 else ""
+    f.add("step_seconds", "decode step", step, seconds(step),
+          f"measured: generation seconds / engine steps{per_worker}" if measured_step else "roofline (throughput section)")
     f.add("load_share", "load time / step time", load_s / step, pct(load_s / step),
           "< 100%: loads can hide behind compute; > 100%: PCIe-bound thrash")
     f.add("full_turnover_seconds", f"replacing all {r.max_loras} slots", r.max_loras * slot_bytes / pcie,

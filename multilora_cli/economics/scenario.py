@@ -197,6 +197,7 @@ def resolve(s: Scenario) -> Resolved:
     if stats:
         r.add("stats", "measured run", stats.path, "", "flag",
               f"model {stats.model or '?'} on {stats.device or '?'}: "
-              f"{stats.completion_tokens_per_second:,.1f} generated tok/s; "
+              f"{stats.completion_tokens_per_second:,.1f} generated tok/s"
+              + (f" per worker of {stats.workers} (data parallel); " if stats.workers > 1 else "; ")
               + ("sizes the fleet" if comparable.ok else "not comparable, shown only (see the warning)"))
     return r

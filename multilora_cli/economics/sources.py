@@ -67,7 +67,7 @@ class MeasuredRun:
     """The figures of a `multilora run --stats` JSON that the economics use."""
 
     path: str
-    completion_tokens_per_second: float  # over the generation time (model load excluded)
+    completion_tokens_per_second: float  # one worker's (= one replica's), over the generation time
     model: str = ""
     device: str = ""
     dtype: str = ""
@@ -77,6 +77,7 @@ class MeasuredRun:
     generation_seconds: float | None = None
     slot_loads: int | None = None
     slot_hits: int | None = None
+    workers: int = 1  # data-parallel workers (GPUs, each a full copy) whose counters the file sums
 
     @property
     def hit_rate(self) -> float | None:
@@ -86,7 +87,9 @@ class MeasuredRun:
 
     @property
     def step_seconds(self) -> float | None:
-        return self.generation_seconds / self.steps if self.steps and self.generation_seconds else None
+        # `steps` sums the workers' steps, each worker ran its share in the generation time
+        return self.generation_seconds * self.workers / self.steps if self.steps and self.generation_seconds \
+            else None
 
     @property
     def loads_per_step(self) -> float | None:
@@ -127,8 +130,15 @@ def load_stats(path: str) -> MeasuredRun:
     tps = num(data, "completion_tokens_per_second")
     if not tps:
         raise InputError(f"--stats {path}: completion_tokens_per_second is 0; the run generated nothing to measure")
+    # `multilora run --data-parallel N`: tokens/s and steps are all N workers' (one GPU and full copy each), and a
+    # replica is one of them
+    dp = data.get("data_parallel") if isinstance(data.get("data_parallel"), dict) else engine.get("data_parallel")
+    workers = num(dp, "world_size", int) if isinstance(dp, dict) and "world_size" in dp else 1
+    if workers == 0:
+        raise InputError(f"--stats {path}: data_parallel.world_size must be a positive whole number, got 0")
+    workers = workers or 1  # null: a file that does not say
     return MeasuredRun(
-        path=str(path), completion_tokens_per_second=tps,
+        path=str(path), completion_tokens_per_second=tps / workers, workers=workers,
         model=str(data.get("model") or engine.get("model") or ""),
         device=str(data.get("device") or engine.get("device") or ""),
         dtype=str(data.get("dtype") or engine.get("dtype") or ""),

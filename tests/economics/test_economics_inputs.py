@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from multilora_cli.economics import Scenario, compute
 from multilora_cli.engine.request import EngineStats
-from multilora_cli.errors import AdapterError, UsageError
+from multilora_cli.errors import AdapterError, InputError, UsageError
 from multilora_cli.io.stats import RunStats
 
 
@@ -188,3 +188,24 @@ def test_measured_tokens_per_request_leave_error_records_out(tmp_path):
         rep = compute(Scenario(tenants=100, model="llama-2-7b", stats=str(tmp_path / name)))
         out = {a.key: a for a in rep.assumptions}["output_tokens"]
         assert (out.value, out.source) == (256, "measured"), name
+
+
+def test_data_parallel_stats_size_one_replica_per_worker(tmp_path):
+    # `multilora run --data-parallel 2 --stats`: tokens/s are both GPUs' and steps both workers'. Read as one
+    # replica's, they halved the shared fleet and its step time.
+    path = write_stats(tmp_path / "dp.json", device="2 x cuda:0 (NVIDIA H100 80GB HBM3)")
+    data = json.loads(path.read_text())
+    data["data_parallel"] = data["engine"]["data_parallel"] = {"world_size": 2, "workers": [{}, {}]}
+    path.write_text(json.dumps(data))
+    rep = compute(Scenario(tenants=100, model="llama-2-7b", stats=str(path)))
+    th, sl = rep.section("throughput"), rep.section("slots")
+    assert th["measured_used_for_sizing"] is True and not rep.warnings
+    assert th["tokens_per_s_measured"] == th["tokens_per_s"] == pytest.approx(102_400 / 40.0 / 2)
+    assert "2 data-parallel workers" in {f.key: f.how for f in th.figures}["tokens_per_s_measured"]
+    assert rep.section("fleet")["shared_replicas_by_throughput"] == math.ceil(100 * 50 / (102_400 / 40.0 / 2))
+    assert sl["step_seconds"] == pytest.approx(40.0 / (2000 / 2))  # each worker ran half the steps
+    assert sl["measured_loads_per_step"] == pytest.approx(300 / 2000)  # summed loads over summed steps
+    data["data_parallel"]["world_size"] = 0
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="world_size must be a positive whole number"):
+        compute(Scenario(tenants=100, model="llama-2-7b", stats=str(path)))
