@@ -33,6 +33,15 @@ def looks_like_path(spec: str) -> bool:
     return "/" in spec and Path(head).exists()  # "adapters/legal" where ./adapters exists
 
 
+def expand_user(spec: str | Path) -> Path:
+    """`spec` with a leading `~` / `~user` expanded; as typed when that user does not exist (Path.expanduser
+    raises RuntimeError there), so the caller says the path does not exist instead of crashing."""
+    try:
+        return Path(spec).expanduser()
+    except RuntimeError:
+        return Path(spec)
+
+
 def hub_offline() -> bool:
     """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as set now, or as huggingface_hub read it at import."""
     env = (os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or "").strip().lower()
@@ -68,7 +77,7 @@ def resolve(spec: str, *, kind: str = "adapter", allow_patterns: list[str] | Non
     label = f"{kind} {name!r} ({spec})" if name and name != spec else f"{kind} {spec!r}"
     if not spec:
         raise ResolveError(f"{label}: empty path or id", hint="give a directory or a Hugging Face Hub id")
-    path = Path(spec).expanduser() if spec.startswith("~") else Path(spec)
+    path = expand_user(spec) if spec.startswith("~") else Path(spec)
     if path.exists():
         return _as_dir(path, label, kind)
     if path.is_absolute() or looks_like_path(spec):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
+from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, GpuSpec, model_preset
 from multilora_cli.economics.sources import MeasuredRun, ModelSource
 from multilora_cli.errors import MultiloraError
@@ -48,8 +48,8 @@ def _measured_shape(spec: str, stats_path: str) -> ModelConfig | None:
         cfg = model_preset(key) if key else None
         if cfg is not None:
             return cfg
-    here = Path(spec).expanduser()
-    for d in (here, Path(stats_path).expanduser().parent / here):  # a relative path: from the cwd or beside the file
+    here = expand_user(spec)
+    for d in (here, expand_user(stats_path).parent / here):  # a relative path: from the cwd or beside the file
         d = d.parent if d.name == "config.json" else d
         if (d / "config.json").is_file():
             try:

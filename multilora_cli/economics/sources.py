@@ -13,7 +13,7 @@ from pathlib import Path
 
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.preflight import adapter_base
-from multilora_cli.adapters.resolve import looks_like_path, resolve
+from multilora_cli.adapters.resolve import expand_user, looks_like_path, resolve
 from multilora_cli.economics.presets import MODEL_PRESETS, model_preset, preset_name
 from multilora_cli.economics.shapes import AdapterShape, shape_from_modules
 from multilora_cli.errors import InputError, UsageError
@@ -38,10 +38,10 @@ def resolve_model(spec: str | None) -> ModelSource:
     name = preset_name(spec)
     if name is not None:  # also the Hub id a preset came from: no download needed
         return ModelSource(model_preset(name), name, "preset")
-    if "/" not in spec and not Path(spec).expanduser().exists():
+    if "/" not in spec and not expand_user(spec).exists():
         raise UsageError(f"--model: unknown preset {spec!r}",
                          hint=f"presets: {', '.join(MODEL_PRESETS)}; or a model directory or Hub id org/name")
-    local = looks_like_path(spec) or Path(spec).expanduser().exists()
+    local = looks_like_path(spec) or expand_user(spec).exists()
     path = resolve(spec, kind="model", allow_patterns=["config.json"])
     return ModelSource(ModelConfig.from_dir(path), spec, "directory" if local else "hub")
 
@@ -106,7 +106,7 @@ def load_stats(path: str) -> MeasuredRun:
     Step counts live in the run file's `engine` object; its generation_seconds is the engine's time.
     """
     try:
-        data = json.loads(Path(path).expanduser().read_text())
+        data = json.loads(expand_user(path).read_text())
     except OSError as e:
         raise InputError(f"--stats {path}: cannot read: {e.strerror or e}") from None
     except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack

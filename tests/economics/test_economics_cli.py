@@ -189,3 +189,13 @@ def test_paths_that_look_like_rich_markup_print_as_typed(cli, tiny, tmp_path, mo
     rc, out, err = cli("--tenants", 5, "--model", base, "--adapter", adapter)
     assert rc == 0, err
     assert str(adapter) in out and out.rstrip().splitlines()[-1].startswith(f"5 tenants on {base} with"), out
+
+
+def test_home_of_a_user_that_does_not_exist_is_a_missing_path(cli, tmp_path):
+    # Path("~nosuchuser-ml/x").expanduser() raises RuntimeError: each was an internal error
+    for flag in ("--model", "--adapter", "--stats"):
+        rc, out, err = cli("--tenants", 5, flag, "~nosuchuser-ml/x")
+        assert rc in (1, 2) and out == "" and "internal error" not in err and "~nosuchuser-ml/x" in err, (flag, err)
+    stats = _stats_file(tmp_path / "s.json", model="~nosuchuser-ml/llama")  # only compared by name
+    rc, out, err = cli("--tenants", 5, "--stats", stats)
+    assert rc == 0 and "'llama' is another name" in err, err
