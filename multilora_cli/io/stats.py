@@ -20,9 +20,9 @@ import json
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from multilora_cli.errors import OutputError
+from multilora_cli.io.sink import in_place, open_in_place, real_file
 
 
 @dataclass(slots=True)
@@ -123,11 +123,17 @@ def cost(gpu_hour_usd: float | None, wall_seconds: float, total_tokens: int, com
 
 
 def write_stats(path: str, stats: dict) -> None:
-    """Write the stats JSON atomically (temp file + rename), so a reader never sees half a file."""
-    p = Path(path).expanduser()
-    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+    """Write the stats JSON atomically (temp file + rename), so a reader never sees half a file; a FIFO or a
+    descriptor (/dev/stderr) is written in place."""
+    data = (json.dumps(stats, indent=2) + "\n").encode()
     try:
-        tmp.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+        if in_place(path):  # /dev/stderr, a FIFO: a rename would replace it with a regular file (io/sink.py)
+            with open_in_place(path) as f:
+                f.write(data)
+            return
+        p = real_file(path)  # through a symlink: replace the file it points to, not the link
+        tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
         os.replace(tmp, p)
     except OSError as e:
         raise OutputError(f"cannot write stats {path}: {e.strerror or e}") from e

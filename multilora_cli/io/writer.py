@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from multilora_cli.errors import OutputError, UsageError
+from multilora_cli.io.sink import descriptor_of, in_place, open_in_place, real_file
 
 
 def encode_record(record: dict) -> bytes:
@@ -39,6 +40,8 @@ def open_output(path: str | None, *, append: bool = False, what: str = "output")
     if p.is_dir():
         raise OutputError(f"{what} {path} is a directory; give a file path")
     try:
+        if in_place(p):  # /dev/stderr, a FIFO: a duplicate of the descriptor, not the name opened anew
+            return open_in_place(p, "ab" if append else "wb"), str(p)
         return open(p, "ab" if append else "wb"), str(p)
     except OSError as e:
         raise OutputError(f"cannot write {what} {path}: {e.strerror or e}",
@@ -80,6 +83,13 @@ def check_writable(path: str, what: str) -> None:
     p = Path(path).expanduser()
     if p.is_dir():
         raise OutputError(f"{what} {path} is a directory; give a file path")
+    if in_place(p):  # written where it is (io/sink.py): nothing is created beside it
+        fd = descriptor_of(p)
+        if not (_fd_writable(fd) if fd is not None else os.access(p, os.W_OK)):
+            raise OutputError(f"cannot write {what} {path}: "
+                              + (f"descriptor {fd} is not open for writing" if fd is not None else "permission denied"))
+        return
+    p = real_file(p)  # through a symlink: the probe (and the stats file's rename) go where the file is
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise OutputError(f"cannot write {what} {path}: directory {parent} does not exist")
@@ -94,6 +104,15 @@ def check_writable(path: str, what: str) -> None:
                           hint="choose a writable directory") from e
     os.close(fd)
     os.unlink(probe)
+
+
+def _fd_writable(fd: int) -> bool:
+    import fcntl
+
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+    except OSError:  # not open
+        return False
 
 
 class OrderedWriter:
