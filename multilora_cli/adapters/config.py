@@ -69,6 +69,19 @@ class AdapterConfig:
                 raise bad(f"target_modules regex {self.target_modules!r} is invalid: {e}") from None
         if isinstance(self.exclude_modules, (tuple, set)):
             self.exclude_modules = sorted(self.exclude_modules)
+        # hand-edited configs: a wrong type here failed later as an internal error (TypeError, re.error)
+        if self.exclude_modules is not None and not isinstance(self.exclude_modules, (list, str)):
+            raise bad(f"exclude_modules must be a list of names or a regex string, got {self.exclude_modules!r}")
+        if isinstance(self.exclude_modules, str):
+            try:
+                re.compile(self.exclude_modules)
+            except re.error as e:
+                raise bad(f"exclude_modules regex {self.exclude_modules!r} is invalid: {e}") from None
+        if self.modules_to_save is not None and not (isinstance(self.modules_to_save, list)
+                                                     and all(isinstance(m, str) for m in self.modules_to_save)):
+            raise bad(f"modules_to_save must be a list of module names, got {self.modules_to_save!r}")
+        if self.base_model_name_or_path is not None and not isinstance(self.base_model_name_or_path, str):
+            raise bad(f"base_model_name_or_path must be a string, got {self.base_model_name_or_path!r}")
         for name, pattern, kind in (("rank_pattern", self.rank_pattern, int), ("alpha_pattern", self.alpha_pattern, float)):
             if not isinstance(pattern, dict):
                 raise bad(f"{name} must be an object, got {pattern!r}")
@@ -82,8 +95,10 @@ class AdapterConfig:
                     raise bad(f"{name} key {key!r} is not a valid regex: {e}") from None
         if self.bias not in _BIAS:
             raise bad(f"bias must be one of {', '.join(_BIAS)}, got {self.bias!r}")
-        if isinstance(self.layers_to_transform, list) and not all(isinstance(i, int) for i in self.layers_to_transform):
-            raise bad(f"layers_to_transform must be integers, got {self.layers_to_transform!r}")
+        ltt = self.layers_to_transform
+        if not (ltt is None or (isinstance(ltt, int) and not isinstance(ltt, bool))
+                or (isinstance(ltt, list) and all(isinstance(i, int) for i in ltt))):
+            raise bad(f"layers_to_transform must be an integer or a list of integers, got {ltt!r}")
         self.peft_type = str(self.peft_type or "LORA").upper()
 
     # Parsing ------------------------------------------------------------------------------------

@@ -90,6 +90,13 @@ def test_rank_alpha_scaling_agree_with_peft_rules(rslora):
     ({"rank_pattern": {"q_proj": 0}}, "rank_pattern['q_proj'] must be a positive integer"),
     ({"alpha_pattern": {"q_proj": "big"}}, "alpha_pattern['q_proj'] must be a positive number"),
     ({"bias": "some"}, "bias must be one of"),
+    # each of these was an internal error (TypeError / re.error) when the modules were matched or the base read
+    ({"exclude_modules": 5}, "exclude_modules must be a list of names or a regex string"),
+    ({"exclude_modules": "("}, "exclude_modules regex '(' is invalid"),
+    ({"layers_to_transform": "0,1"}, "layers_to_transform must be an integer or a list of integers"),
+    ({"layers_to_transform": 2.5}, "layers_to_transform must be an integer or a list of integers"),
+    ({"modules_to_save": "lm_head"}, "modules_to_save must be a list of module names"),
+    ({"base_model_name_or_path": ["x"]}, "base_model_name_or_path must be a string"),
 ])
 def test_invalid_config_values_raise(raw, message):
     with pytest.raises(AdapterError) as e:
