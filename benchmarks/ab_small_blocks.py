@@ -37,6 +37,18 @@ def wide_nb(nb, hi=64):
     return table
 
 
+def narrow_nb(nb):  # run 4: qkv, o, down (<= 8192 columns) at 17-64 tokens
+    def table(t, out_f, n_slices, max_rank, num_sms=132):
+        b = EXPAND(t, out_f, n_slices, max_rank, num_sms)
+        return replace(b, nb=nb, num_stages=3 if nb >= 3 else 2) if 16 < t <= 64 and out_f <= 8192 else b
+    return table
+
+
+def uncapped(t, in_f, n_slices, max_rank, num_sms=132):  # run 5: the table before the two-slice cap
+    b = SHRINK(t, in_f, n_slices, max_rank, num_sms)
+    return replace(b, split=SHRINK(t, in_f, 1, max_rank, num_sms).split) if n_slices == 2 else b
+
+
 ARMS = {
     "now": (SHRINK, EXPAND),
     "split8": (shrink_cap(8), EXPAND),
@@ -49,6 +61,9 @@ ARMS = {
     "split8gu128": (shrink_cap(8, (2,), 128), EXPAND),
     "nb4-128": (SHRINK, wide_nb(4, 128)),
     "split8gu128+nb4-128": (shrink_cap(8, (2,), 128), wide_nb(4, 128)),
+    "narrow-nb2": (SHRINK, narrow_nb(2)),
+    "narrow-nb4": (SHRINK, narrow_nb(4)),
+    "uncapped": (uncapped, EXPAND),
 }
 
 
