@@ -92,13 +92,13 @@ class RunJob:
                 ledger = open_ledger(plan, self._ledger.fingerprint)
             if ledger is None:  # records go out without ledger lines
                 self._ledger = None
-            errors = None
+            errors, err = None, "<errors>"
             if cfg.errors:
-                errors, _ = open_output(cfg.errors, what="errors file")
+                errors, err = open_output(cfg.errors, what="errors file")
                 kept_errors.seek(0)
                 errors.write(kept_errors.read())
         self.stats.resumed, self.stats.kept_errors = plan.kept, plan.kept_errors
-        return OrderedWriter(out, errors, start_key=plan.kept, out_name=out_name, ledger=ledger), plan
+        return OrderedWriter(out, errors, start_key=plan.kept, out_name=out_name, ledger=ledger, errors_name=err), plan
 
     def _unique(self, specs: Iterator[LineSpec]) -> Iterator[LineSpec]:
         """Duplicate ids (compared as text: 7 and "7" collide) fail the later line."""

@@ -120,11 +120,12 @@ class OrderedWriter:
     ledger lines (`put(tag=...)`) to `ledger`."""
 
     def __init__(self, out: BinaryIO, errors: BinaryIO | None = None, *, start_key: int = 0,
-                 out_name: str = "<output>", ledger: BinaryIO | None = None):
+                 out_name: str = "<output>", ledger: BinaryIO | None = None, errors_name: str = "<errors>"):
         self._out = out
         self._errors = errors
         self._ledger = ledger
         self._name = out_name
+        self._errors_name = errors_name
         self._next = start_key
         self._pending: dict[int, tuple[bytes, bool, str | None]] = {}
         self._lock = threading.Lock()  # the engine may pull the request iterable from another thread
@@ -171,20 +172,32 @@ class OrderedWriter:
             raise OutputError(f"writing the --resume ledger of {self._name} failed: {e.strerror or e}") from e
 
     def _write(self, data: bytes, is_error: bool) -> None:
-        try:
-            if self._errors is not None and is_error:
+        if self._errors is not None and is_error:
+            try:
                 self._errors.write(data)
+            except OSError as e:
+                raise self._errors_failed(e) from e
+        try:
             self._out.write(data)
         except OSError as e:
             raise self._failed(e) from e
 
     def _flush(self) -> None:
-        try:
-            if self._errors is not None:
+        if self._errors is not None:
+            try:
                 self._errors.flush()
+            except OSError as e:
+                raise self._errors_failed(e) from e
+        try:
             self._out.flush()
         except OSError as e:
             raise self._failed(e) from e
+
+    def _errors_failed(self, e: OSError) -> OutputError:
+        # the copy of the error records failed, not the output: name the file the user has to look at
+        if isinstance(e, BrokenPipeError):
+            return OutputError(f"errors file {self._errors_name} was closed by the reader before the run finished")
+        return OutputError(f"writing errors file {self._errors_name} failed: {e.strerror or e}")
 
     def _failed(self, e: OSError) -> OutputError:
         if isinstance(e, BrokenPipeError):

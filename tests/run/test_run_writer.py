@@ -69,3 +69,25 @@ def test_broken_pipe_is_a_clear_error():
     w = OrderedWriter(Closed(), out_name="<stdout>")
     with pytest.raises(OutputError, match="closed by the reader"):
         w.put(0, {"id": 0})
+
+
+def test_a_failing_errors_file_is_named_not_the_output():
+    # `--errors /dev/full` (or a closed pipe) said "writing <stdout> failed": the wrong file to go and look at
+    class Full:
+        def write(self, b):
+            raise OSError(28, "No space left on device")
+
+        def flush(self):
+            pass
+
+    class Sink:
+        def write(self, b):
+            return len(b)
+
+        def flush(self):
+            pass
+
+    w = OrderedWriter(Sink(), Full(), out_name="<stdout>", errors_name="/dev/full")
+    w.put(0, {"id": 0})
+    with pytest.raises(OutputError, match="^writing errors file /dev/full failed: No space left on device$"):
+        w.put(1, {"id": 1, "error": {"code": "x"}}, is_error=True)
