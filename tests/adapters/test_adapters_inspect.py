@@ -192,6 +192,13 @@ def test_every_bad_case_is_exercised(bad):
     assert builders.TINY["hidden_size"] == 64  # the shape fragments above assume the tiny model
 
 
+def test_adapter_given_as_model_hint_names_inspect_s_own_argument(cli, good_adapter):
+    # the hint was run's: "pass it with --adapters", a flag inspect does not have
+    rc, out, err = cli("inspect", good_adapter, "--model", good_adapter)
+    assert rc == 1 and out == "" and "not a base model" in err and "--adapters" not in err
+    assert f"multilora inspect {good_adapter}" in err, err
+
+
 def test_inspect_piped_keeps_each_row_on_one_line(good_adapter):
     # Off a terminal rich wrapped the summary at 80 columns ("... 14.3 kB (14,336" / "bytes) in bf16").
     import os

@@ -199,3 +199,10 @@ def test_home_of_a_user_that_does_not_exist_is_a_missing_path(cli, tmp_path):
     stats = _stats_file(tmp_path / "s.json", model="~nosuchuser-ml/llama")  # only compared by name
     rc, out, err = cli("--tenants", 5, "--stats", stats)
     assert rc == 0 and "'llama' is another name" in err, err
+
+
+def test_adapter_given_as_model_is_pointed_at_the_adapter_flag(cli, tiny):
+    # the hint was run's: "pass it with --adapters", a flag economics does not have
+    rc, out, err = cli("--tenants", 5, "--model", tiny["qv"])
+    assert rc == 1 and out == "" and "not a base model" in err and "--adapters" not in err
+    assert f"--adapter {tiny['qv']}" in err, err
