@@ -30,6 +30,7 @@ def parser(description: str, rows: str, temperature: float = 0.0, top_p: float =
     p.add_argument("--temperature", type=float, default=temperature, help="above 0: seeded sampling, else greedy")
     p.add_argument("--top-p", type=float, default=top_p)
     p.add_argument("--rank", type=int, default=rank, help="LoRA rank of every adapter")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per decode step at most")
     p.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -46,7 +47,7 @@ def run_arms(args, arms: dict[str, Callable[[], None]], extra: Callable[[dict], 
     bw = measure_bandwidth(device)
     report = {"device": torch.cuda.get_device_name(), "bandwidth_tbs": bw / 1e12, "command": command, "rows": []}
     base = Workload(preset=args.preset, num_requests=args.requests, temperature=args.temperature, top_p=args.top_p,
-                    rank=args.rank)
+                    rank=args.rank, max_num_seqs=args.max_num_seqs)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.preset, Path(tmp) / "model")
         for rep in range(args.repeats):
