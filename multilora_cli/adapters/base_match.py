@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from multilora_cli.adapters.resolve import expand_user
+
 
 def model_key(spec: str) -> str:
     """The model name a base spec refers to: "org/Name@rev", "/x/Name", ".../models--org--Name/snapshots/abc"
@@ -25,7 +27,7 @@ def model_key(spec: str) -> str:
 
 def same_base(declared: str, given: str, given_path: Path) -> bool:
     """Whether an adapter's declared base and the --model given (resolved to given_path) are the same model."""
-    p = Path(declared).expanduser()
+    p = expand_user(declared)
     try:
         if p.is_absolute() and p.exists() and p.resolve() == given_path.resolve():
             return True

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from multilora_cli.adapters.base_match import mismatch_warnings
 from multilora_cli.adapters.config import CONFIG_NAME, AdapterConfig
-from multilora_cli.adapters.resolve import looks_like_path, resolve
+from multilora_cli.adapters.resolve import expand_user, looks_like_path, resolve
 from multilora_cli.errors import AdapterError, MultiloraError, ResolveError, UsageError
 from multilora_cli.models.config import ModelConfig
 
@@ -42,14 +42,14 @@ class Preflight:
 
 def default_name(spec: str) -> str:
     """Name of an adapter given without NAME=: the folder name for a path, the repo id for a Hub id."""
-    if Path(spec).expanduser().exists() or looks_like_path(spec):
-        p = Path(spec).expanduser()
+    if expand_user(spec).exists() or looks_like_path(spec):
+        p = expand_user(spec)
         return p.name or p.resolve().name
     return spec.partition("@")[0]
 
 
 def _same(a: str, b: str) -> bool:
-    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    pa, pb = expand_user(a), expand_user(b)
     if pa.exists() and pb.exists():
         return pa.resolve() == pb.resolve()
     return a == b
@@ -85,7 +85,7 @@ def parse_adapter_specs(items: list[str], adapter_dir: str | None) -> dict[str, 
             else:
                 add(default_name(part), part, f"--adapters {part!r}")
     if adapter_dir is not None:
-        root = Path(adapter_dir).expanduser()
+        root = expand_user(adapter_dir)
         if not root.is_dir():
             raise UsageError(f"--adapter-dir {adapter_dir!r} is not a directory")
         # hidden folders (.old-x, .Trash-1000, .cache) are skipped, as a shell glob would
@@ -106,7 +106,7 @@ def adapter_base(adapter_path: Path, config: AdapterConfig) -> str | None:
     base = config.base_model_name_or_path
     if not base:
         return None
-    p = Path(base).expanduser()
+    p = expand_user(base)
     if not p.is_absolute() and (adapter_path / p).exists():
         return str((adapter_path / p).resolve())
     if p.exists():

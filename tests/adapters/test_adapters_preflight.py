@@ -187,3 +187,20 @@ def test_preflight_run_prints_the_base_warning(fleet, llama_base, capsys):
     preflight_run(RunConfig(input="-", model=str(llama_base), adapters=[f"chat={fleet['chat']}"]))
     err = capsys.readouterr().err
     assert err.startswith("multilora: warning: adapter 'chat' names base model") and err.count("\n") == 1
+
+
+def test_unknown_user_home_is_a_missing_path_not_a_crash(fleet, llama_base, tmp_path):
+    # Path("~nosuchuser/x").expanduser() raises RuntimeError: it was an internal error in every flag taking a path
+    assert parse_adapter_specs(["~nosuchuser-ml/x"], None) == {"x": "~nosuchuser-ml/x"}
+    pf = preflight({"x": "~nosuchuser-ml/x"}, str(llama_base))
+    assert isinstance(pf.errors["x"], ResolveError) and "does not exist" in pf.errors["x"].message
+    with pytest.raises(UsageError, match="is not a directory"):
+        parse_adapter_specs([], "~nosuchuser-ml")
+    ad = tmp_path / "ad"
+    shutil.copytree(fleet["legal"], ad)
+    cfg = json.loads((ad / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = "~nosuchuser-ml/base"
+    (ad / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ResolveError, match="does not exist"):
+        preflight({"ad": str(ad)}, None)
+    assert preflight({"ad": str(ad)}, str(llama_base)).warnings  # named base differs from --model: a warning
