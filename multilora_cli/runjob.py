@@ -2,7 +2,8 @@
 
 Order of work, so every fatal problem surfaces before the model is loaded:
   open INPUT -> validate flags -> pre-flight adapters (+ base model) -> check outputs are writable ->
-  detect the format -> (--resume: verify the kept prefix against the input) -> load the engine -> stream.
+  detect the format -> (--resume: verify the kept prefix against the input) -> load the engine -> open the
+  outputs (only now is -o truncated: a run that cannot start leaves the last one's output) -> stream.
 Each non-blank line gets exactly one record: bad lines become error records as they are read, the engine's
 results are written through a reorder buffer as soon as they are next in input order. An `-o FILE` run also
 keeps FILE.resume, the ledger that lets --resume prove kept records answer the same requests (io/ledger.py).
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -23,14 +23,13 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.errors import EXIT_OK, EXIT_PARTIAL, EngineError
 from multilora_cli.io.formats import LineSpec, parse_line
 from multilora_cli.io.progress import make_progress, print_summary
-from multilora_cli.io.ledger import ledger_path, open_ledger
 from multilora_cli.io.reader import InputReader, count_records, open_input
-from multilora_cli.io.resume import ResumePlan, scan_output, truncate_torn, verify_prefix
 from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.io.stats import RunStats, write_stats
 from multilora_cli.io.terminal import stop_on_next_signal
-from multilora_cli.io.writer import OrderedWriter, check_writable, open_output, refuse_clobbering
-from multilora_cli.run_ledger import RunLedger, check_ledger_clash, resumable_output
+from multilora_cli.io.writer import refuse_clobbering
+from multilora_cli.run_ledger import RunLedger, check_ledger_clash
+from multilora_cli.run_outputs import RunOutputs
 from multilora_cli.run_setup import engine_config, note, preflight_run, why
 from multilora_cli.runconfig import RunConfig, base_aliases
 
@@ -62,43 +61,6 @@ class RunJob:
             if self._ledger is not None:
                 self._ledger.note_line(key, raw)
             yield parse_line(raw, key, lineno, reader.format)
-
-    def _open_outputs(self, reader: InputReader, specs: Iterator[LineSpec]) -> tuple[OrderedWriter, ResumePlan]:
-        cfg = self.cfg
-        if cfg.stats:
-            check_writable(cfg.stats, "stats file")
-        if cfg.errors:
-            check_writable(cfg.errors, "errors file")
-        plan = ResumePlan(Path("-") if self._ledger is None else Path(cfg.output).expanduser(), exists=False)
-        with tempfile.SpooledTemporaryFile(max_size=8 << 20) as kept_errors:
-            if cfg.resume:
-                plan = verify_prefix(scan_output(cfg.output), specs, reader.format, kept_errors,
-                                     self._ledger.fingerprint if self._ledger is not None else None)
-                truncate_torn(plan)
-                if plan.unverified:
-                    note(f"warning: {cfg.output} has no --resume ledger {ledger_path(cfg.output)} (written by an "
-                         f"older multilora, or copied without it): its {plan.kept} records were checked by id "
-                         "only, not by prompt or settings")
-                if plan.exists:
-                    note(f"resuming {cfg.output}: {plan.kept} records kept"
-                         + (f", dropped a torn last line of {plan.torn_bytes} bytes" if plan.torn_bytes else ""),
-                         cfg.quiet)
-                else:
-                    note(f"--resume: {cfg.output} does not exist yet; starting from the first line", cfg.quiet)
-            out, out_name = open_output(cfg.output, append=cfg.resume)
-            ledger = None
-            self._resumable = resumable_output(cfg.output, out)
-            if self._ledger is not None and self._resumable:  # not for -o /dev/null, a FIFO or /dev/stdout
-                ledger = open_ledger(plan, self._ledger.fingerprint)
-            if ledger is None:  # records go out without ledger lines
-                self._ledger = None
-            errors, err = None, "<errors>"
-            if cfg.errors:
-                errors, err = open_output(cfg.errors, what="errors file")
-                kept_errors.seek(0)
-                errors.write(kept_errors.read())
-        self.stats.resumed, self.stats.kept_errors = plan.kept, plan.kept_errors
-        return OrderedWriter(out, errors, start_key=plan.kept, out_name=out_name, ledger=ledger, errors_name=err), plan
 
     def _unique(self, specs: Iterator[LineSpec]) -> Iterator[LineSpec]:
         """Duplicate ids (compared as text: 7 and "7" collide) fail the later line."""
@@ -193,7 +155,7 @@ class RunJob:
         cfg = self.cfg
         t0 = time.perf_counter()
         source, in_name = open_input(cfg.input)
-        reader = None
+        reader = outputs = None
         try:
             refuse_clobbering(source, in_name, {"-o": cfg.output, "--errors": cfg.errors, "--stats": cfg.stats})
             check_ledger_clash(cfg)
@@ -210,33 +172,42 @@ class RunJob:
             reader = InputReader(source, in_name)
             self._fmt = reader.format
             specs = self._unique(self._parse(reader))
-            self.writer, plan = self._open_outputs(reader, specs)
+            outputs = RunOutputs(cfg, self._ledger)
+            plan = outputs.check(specs, reader.format)
+            self.stats.resumed, self.stats.kept_errors = plan.kept, plan.kept_errors
             first = next(specs, None)
             self.progress = make_progress(cfg.quiet)
+            if first is not None:  # the engine starts before -o is opened: failing to start must not empty it
+                self._start_engine(engine_cfg)
+            self.writer = outputs.open()
+            self._ledger, self._resumable = outputs.ledger, outputs.resumable
             if first is None:
                 if reader.empty and not plan.kept:  # (the reader drains its head while --resume verifies)
                     note(f"no requests in {in_name} (empty input): nothing to do")
                 else:
                     note(f"nothing left to run: all {plan.kept} records are already in {cfg.output}", cfg.quiet)
                 return self._finish(t0, in_name, None)
-            rest = itertools.chain([first], specs)
-            return self._generate(rest, engine_cfg, t0, in_name)
+            return self._generate(itertools.chain([first], specs), t0, in_name)
         finally:
             if reader is not None:
                 reader.close()
             elif source is not getattr(sys.stdin, "buffer", None):
                 source.close()
+            if outputs is not None:
+                outputs.close()
             if hasattr(self, "writer"):
                 self.writer.close()
 
-    def _generate(self, specs: Iterator[LineSpec], engine_cfg: EngineConfig, t0: float, in_name: str) -> int:
+    def _start_engine(self, engine_cfg: EngineConfig) -> None:
         from multilora_cli.engine.engine import Engine
 
-        cfg = self.cfg
         if self._engine_factory is not None:
             self.engine = self._engine_factory(self, engine_cfg)
         else:
             self.engine = Engine(engine_cfg, self._good, scans=self._pf.scans)
+
+    def _generate(self, specs: Iterator[LineSpec], t0: float, in_name: str) -> int:
+        cfg = self.cfg
         defaults = getattr(self.engine, "default_sampling", None)
         if defaults is None:  # engines without the attribute: read generation_config.json the same way
             from multilora_cli.engine.generation_config import read_generation_config

@@ -67,6 +67,17 @@ def test_max_model_len_above_the_models_positions_is_a_usage_error(model_dir, in
     assert "--max-model-len 100000 is above the model's max_position_embeddings" in stderr
 
 
+def test_a_run_that_cannot_start_leaves_the_last_runs_output_as_it_was(model_dir, inp, tmp_path):
+    # -o was opened (truncated) and its ledger rewritten before the engine started: a rerun with a bad flag
+    # that only the engine checks (exit 2) emptied a finished output, and --resume had nothing left to keep
+    out, ledger = tmp_path / "out.jsonl", tmp_path / "out.jsonl.resume"
+    rc, _, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-o", str(out)])
+    assert rc == 0, stderr
+    before = out.read_bytes(), ledger.read_bytes()
+    rc, _, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-o", str(out), "--max-model-len", "100000"])
+    assert rc == 2 and "max_position_embeddings" in stderr, stderr
+    assert (out.read_bytes(), ledger.read_bytes()) == before
+
 def test_an_adapter_folder_given_as_the_model_says_so(model_dir, inp):
     rc, stdout, stderr = run_cli(["run", str(inp), "-m", str(model_dir / "legal"), "--device", "cpu", "-q"])
     assert rc == 1 and stdout == b"", stderr
