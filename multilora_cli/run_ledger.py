@@ -11,6 +11,7 @@ import os
 import stat
 from pathlib import Path
 
+from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.config import EngineConfig
 from multilora_cli.errors import UsageError
 from multilora_cli.io.formats import LineSpec
@@ -93,7 +94,7 @@ def check_ledger_clash(cfg: RunConfig) -> None:
         return
     led = ledger_path(cfg.output).resolve()
     for flag, path in (("INPUT", cfg.input), ("--errors", cfg.errors), ("--stats", cfg.stats)):
-        if path not in (None, "-") and Path(path).expanduser().resolve() == led:
+        if path not in (None, "-") and expand_user(path).resolve() == led:
             raise UsageError(f"{flag} {path} is where -o {cfg.output} keeps its --resume ledger; "
                              f"give {flag} another path")
 

@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.io.formats import Format, LineSpec
 from multilora_cli.io.ledger import ledger_path, open_ledger
 from multilora_cli.io.resume import ResumePlan, scan_output, truncate_torn, verify_prefix
@@ -30,7 +31,7 @@ class RunOutputs:
         self.cfg = cfg
         self.ledger = ledger
         self.resumable = False
-        self.plan = ResumePlan(Path("-") if ledger is None else Path(cfg.output).expanduser(), exists=False)
+        self.plan = ResumePlan(Path("-") if ledger is None else expand_user(cfg.output), exists=False)
         self._kept_errors = tempfile.SpooledTemporaryFile(max_size=8 << 20)  # for --errors, until it is opened
 
     def check(self, specs: Iterator[LineSpec], fmt: Format) -> ResumePlan:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import UsageError
 from multilora_cli.io.ledger import names_a_descriptor
 from multilora_cli.io.sampling import SamplingResolver
@@ -54,7 +55,7 @@ class RunConfig:
         for flag, path in files.items():
             if path in (None, "-"):
                 continue
-            p = Path(path).expanduser().resolve()
+            p = expand_user(path).resolve()
             if p in seen:
                 raise UsageError(f"{seen[p]} and {flag} are the same file ({path}); give different paths")
             seen[p] = flag

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import OutputError
 from multilora_cli.io.formats import LineSpec
 
@@ -53,7 +54,7 @@ class Fingerprint:
 
 def ledger_path(output: str | Path) -> Path:
     """The ledger of output FILE: FILE.resume beside it."""
-    p = Path(output).expanduser()
+    p = expand_user(output)
     return p.with_name(p.name + LEDGER_SUFFIX)
 
 
@@ -61,7 +62,7 @@ def names_a_descriptor(output: str | Path) -> bool:
     """True for -o /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: another name for an open descriptor.
     Even when it leads to a regular file (`-o /dev/stdout > out.jsonl`), "beside it" is /dev or /proc: the
     ledger would land in /dev for every such run, or fail to be created there and stop the run."""
-    parts = Path(output).expanduser().absolute().parts
+    parts = expand_user(output).absolute().parts
     return parts[1:3] in (("dev", "stdout"), ("dev", "stderr"), ("dev", "fd")) or \
         (parts[1:2] == ("proc",) and len(parts) > 4 and parts[3] == "fd")
 

@@ -12,9 +12,9 @@ import os
 import stat
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import BinaryIO
 
+from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import InputError
 from multilora_cli.io.formats import SIMPLE, Format, LineSpec, detect_format, get_format, parse_line
 
@@ -31,7 +31,7 @@ def open_input(path: str) -> tuple[BinaryIO, str]:
         if sys.stdin is None:  # started with `<&-`: Python has no stdin object at all
             raise InputError("INPUT is - but stdin is closed", hint="pipe the JSONL in, or give a file path")
         return sys.stdin.buffer, "<stdin>"
-    p = Path(path).expanduser()
+    p = expand_user(path)
     if not p.exists():
         raise InputError(f"input {path} does not exist", hint="give a JSONL file, or - for stdin")
     if p.is_dir():
@@ -47,7 +47,7 @@ def count_records(path: str) -> int | None:
     if path == "-":
         return None
     try:
-        p = Path(path).expanduser()
+        p = expand_user(path)
         if not stat.S_ISREG(os.stat(p).st_mode):
             return None
         with open(p, "rb") as f:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import OutputError
 from multilora_cli.io.formats import Format, LineSpec
 from multilora_cli.io.ledger import HINT, Fingerprint, LedgerReader
@@ -39,7 +40,7 @@ class ResumePlan:
 
 def scan_output(path: str) -> ResumePlan:
     """Locate the last newline of `path` by reading backwards (the file can be huge)."""
-    p = Path(path).expanduser()
+    p = expand_user(path)
     if not p.exists():
         return ResumePlan(p, exists=False)
     if p.is_dir():

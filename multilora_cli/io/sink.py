@@ -13,6 +13,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from multilora_cli.adapters.resolve import expand_user
+
 NAMED_FDS = {"stdout": 1, "stderr": 2}
 
 
@@ -20,7 +22,7 @@ def descriptor_of(path: str | Path) -> int | None:
     """N when `path` names this process's open descriptor N: /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N
     (also with this process's pid). Opening that name anew would truncate a file the shell redirected the
     descriptor to, under the writes already made through it: a duplicate of the descriptor shares its offset."""
-    parts = Path(path).expanduser().absolute().parts
+    parts = expand_user(path).absolute().parts
     if parts[1:2] == ("dev",) and len(parts) == 3:
         return NAMED_FDS.get(parts[2])
     if parts[1:3] == ("dev", "fd") and len(parts) == 4:
@@ -35,14 +37,14 @@ def in_place(path: str | Path) -> bool:
     if descriptor_of(path) is not None:
         return True
     try:
-        return not stat.S_ISREG(os.stat(Path(path).expanduser()).st_mode)
+        return not stat.S_ISREG(os.stat(expand_user(path)).st_mode)
     except OSError:  # not there yet (or a dangling link): a new regular file
         return False
 
 
 def real_file(path: str | Path) -> Path:
     """The file a regular-file `path` stands for: through symlinks, so that the link itself is not replaced."""
-    return Path(os.path.realpath(Path(path).expanduser()))
+    return Path(os.path.realpath(expand_user(path)))
 
 
 def open_in_place(path: str | Path, mode: str = "wb") -> BinaryIO:
@@ -50,4 +52,4 @@ def open_in_place(path: str | Path, mode: str = "wb") -> BinaryIO:
     fd = descriptor_of(path)
     if fd is not None:
         return os.fdopen(os.dup(fd), mode)
-    return open(Path(path).expanduser(), mode)
+    return open(expand_user(path), mode)

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import BinaryIO
 
+from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import OutputError, UsageError
 from multilora_cli.io.sink import descriptor_of, in_place, open_in_place, real_file
 
@@ -36,7 +37,7 @@ def open_output(path: str | None, *, append: bool = False, what: str = "output")
         if sys.stdout is None:  # started with `>&-`: there is nowhere for the records to go
             raise OutputError(f"stdout is closed, so the {what} records have nowhere to go", hint="give -o PATH")
         return sys.stdout.buffer, "<stdout>"
-    p = Path(path).expanduser()
+    p = expand_user(path)
     if p.is_dir():
         raise OutputError(f"{what} {path} is a directory; give a file path")
     try:
@@ -63,7 +64,7 @@ def refuse_clobbering(source: BinaryIO, in_name: str, outputs: dict[str, str | N
         if path in (None, "-"):
             continue
         try:
-            st = os.stat(Path(path).expanduser())
+            st = os.stat(expand_user(path))
         except OSError:  # not there yet: it cannot be the same as a file that is
             continue
         if not stat.S_ISREG(st.st_mode):
@@ -80,7 +81,7 @@ def refuse_clobbering(source: BinaryIO, in_name: str, outputs: dict[str, str | N
 
 def check_writable(path: str, what: str) -> None:
     """Fail now (exit 1) if `path` could not be created or replaced at the end of the run."""
-    p = Path(path).expanduser()
+    p = expand_user(path)
     if p.is_dir():
         raise OutputError(f"{what} {path} is a directory; give a file path")
     if in_place(p):  # written where it is (io/sink.py): nothing is created beside it

@@ -85,6 +85,17 @@ def test_an_adapter_folder_given_as_the_model_says_so(model_dir, inp):
     assert "pass it with --adapters" in stderr
 
 
+@pytest.mark.parametrize("flag", ["INPUT", "-o", "--errors", "--stats"])
+def test_unknown_user_home_is_a_missing_path_not_an_internal_error(model_dir, inp, flag):
+    # Path("~nosuchuser/x").expanduser() raises RuntimeError: every path flag was an internal error (exit 1)
+    path = "~nosuchuser-ml/x.jsonl"
+    argv = ["run", path if flag == "INPUT" else str(inp), *base_args(model_dir)] + ([] if flag == "INPUT" else
+                                                                                 [flag, path])
+    rc, stdout, stderr = run_cli(argv)
+    assert rc != 0 and "internal error" not in stderr and "does not exist" in stderr, stderr
+    assert path in stderr and stderr.count("\n") == 1
+
+
 def test_missing_input(model_dir, tmp_path):
     rc, _, stderr = run_cli(["run", str(tmp_path / "none.jsonl"), *base_args(model_dir)])
     assert rc == 1 and "does not exist" in stderr
