@@ -136,8 +136,9 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
     # 17-64 tokens, wide outputs (> 8192: gate_up when its expand is not fused with SiLU): four 128-column
     # blocks per CTA instead of one (H200, results/ab-small-blocks-h200-run2.json, gate_up us: 32 tokens / 8
     # adapters 14.1 -> 10.2, 64 / 1 14.9 -> 10.2, 64 / 64 51.4 -> 41.1; at 16 tokens / 1 adapter it loses, 6.1 ->
-    # 8.3, and at 96-128 tokens / 16 adapters the layer by 2.5%: run 3, so not there). The formula below plans ~4 CTAs per SM from T / 16 tiles; a 28,672-column expand with
-    # one block per CTA is 224 short CTAs per tile, each paying the tile lookups and the partial sums.
+    # 8.3, and at 96-128 tokens / 16 adapters the layer by 2.5%: run 3, so not there). The formula below plans
+    # ~4 CTAs per SM from T / 16 tiles; a 28,672-column expand with one block per CTA is 224 short CTAs per
+    # tile, each paying the tile lookups and the partial sums.
     if 16 < t <= 64 and out_features > 8192:
         return ExpandBlocks(bm=bm, bn=128, nb=4, num_warps=4, num_stages=3)
     if 128 < t <= 256:
