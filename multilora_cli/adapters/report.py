@@ -13,7 +13,7 @@ from pathlib import Path
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.preflight import adapter_base, default_name
 from multilora_cli.adapters.resolve import resolve
-from multilora_cli.errors import AdapterError, ModelError, MultiloraError
+from multilora_cli.errors import AdapterError, MultiloraError
 from multilora_cli.models.config import LINEAR_MODULES, ModelConfig
 
 
@@ -73,15 +73,9 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
     config = AdapterConfig.from_dir(path)
     model_config, note = None, None
     if model is not None:
-        model_path = resolve(model, kind="model")
-        try:
-            model_config = replace(ModelConfig.from_dir(model_path), name_or_path=model)
-        except ModelError as e:
-            if not (model_path / "adapter_config.json").is_file():
-                raise
-            # ModelConfig's hint names run's --adapters, which inspect does not have
-            raise ModelError(e.message, hint=f"--model takes a base model; to inspect this adapter: "
-                                             f"multilora inspect {model}") from None
+        hint = f"--model takes a base model; to inspect this adapter: multilora inspect {model}"
+        model_config = replace(ModelConfig.from_dir(resolve(model, kind="model"), adapter_hint=hint),
+                               name_or_path=model)
     else:
         base = adapter_base(Path(path), config)
         if base is not None and (Path(base) / "config.json").is_file():

@@ -16,7 +16,7 @@ from multilora_cli.adapters.preflight import adapter_base
 from multilora_cli.adapters.resolve import expand_user, looks_like_path, resolve
 from multilora_cli.economics.presets import MODEL_PRESETS, model_preset, preset_name
 from multilora_cli.economics.shapes import AdapterShape, shape_from_modules
-from multilora_cli.errors import InputError, ModelError, UsageError
+from multilora_cli.errors import InputError, UsageError
 from multilora_cli.models.config import ModelConfig
 
 DEFAULT_MODEL = "llama-2-7b"  # the seeds' reference model
@@ -43,14 +43,8 @@ def resolve_model(spec: str | None) -> ModelSource:
                          hint=f"presets: {', '.join(MODEL_PRESETS)}; or a model directory or Hub id org/name")
     local = looks_like_path(spec) or expand_user(spec).exists()
     path = resolve(spec, kind="model", allow_patterns=["config.json"])
-    try:
-        config = ModelConfig.from_dir(path)
-    except ModelError as e:
-        if not (path / "adapter_config.json").is_file():
-            raise
-        # ModelConfig's hint names run's --adapters, which economics does not have
-        raise ModelError(e.message, hint=f"pass it as --adapter {spec}; its base model is then the default "
-                                         "--model") from None
+    config = ModelConfig.from_dir(path, adapter_hint=f"pass it as --adapter {spec}; its base model is then the "
+                                                    "default --model")
     return ModelSource(config, spec, "directory" if local else "hub")
 
 

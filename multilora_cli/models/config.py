@@ -30,6 +30,10 @@ FUSED = {  # peft name -> (our fused module, slice index)
 FUSED_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
+RUN_ADAPTER_HINT = ("pass it with --adapters, and the base model with --model (or leave --model out to use the "
+                    "adapter's base_model_name_or_path)")
+
+
 @dataclass(slots=True)
 class ModelConfig:
     """Architecture of a Llama-family decoder. Build with `ModelConfig.from_dict` / `from_dir`."""
@@ -179,14 +183,14 @@ class ModelConfig:
             raise ModelError(f"{name_or_path or 'config.json'}: bad value in config.json: {e}") from None
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "ModelConfig":
-        """Read `<path>/config.json`."""
+    def from_dir(cls, path: str | Path, adapter_hint: str = RUN_ADAPTER_HINT) -> "ModelConfig":
+        """Read `<path>/config.json`. adapter_hint: what to do when `path` is an adapter folder (the default names
+        `run`'s flags; commands with other flags pass their own)."""
         p = Path(path) / "config.json"
         if not p.is_file():
             if (Path(path) / "adapter_config.json").is_file():
                 raise ModelError(f"{path}: this is a LoRA adapter folder (adapter_config.json), not a base model",
-                                 hint="pass it with --adapters, and the base model with --model (or leave --model "
-                                      "out to use the adapter's base_model_name_or_path)")
+                                 hint=adapter_hint)
             raise ModelError(f"{path}: no config.json",
                              hint="point --model at a Hugging Face model directory or Hub id")
         try:
