@@ -16,8 +16,9 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.errors import UsageError
 from multilora_cli.io.formats import LineSpec
 from multilora_cli.io.ledger import (ADAPTER_FILES, MODEL_FILES, Fingerprint, folder_fingerprint, ledger_path,
-                                     line_hash, names_a_descriptor, short_hash)
+                                     line_hash, short_hash)
 from multilora_cli.io.sampling import SamplingResolver
+from multilora_cli.io.sink import names_a_descriptor
 from multilora_cli.runconfig import RunConfig
 
 

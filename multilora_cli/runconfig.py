@@ -7,7 +7,7 @@ from pathlib import Path
 
 from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import UsageError
-from multilora_cli.io.ledger import names_a_descriptor
+from multilora_cli.io.sink import names_a_descriptor
 from multilora_cli.io.sampling import SamplingResolver
 
 BASE = "base"

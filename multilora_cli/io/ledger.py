@@ -58,15 +58,6 @@ def ledger_path(output: str | Path) -> Path:
     return p.with_name(p.name + LEDGER_SUFFIX)
 
 
-def names_a_descriptor(output: str | Path) -> bool:
-    """True for -o /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: another name for an open descriptor.
-    Even when it leads to a regular file (`-o /dev/stdout > out.jsonl`), "beside it" is /dev or /proc: the
-    ledger would land in /dev for every such run, or fail to be created there and stop the run."""
-    parts = expand_user(output).absolute().parts
-    return parts[1:3] in (("dev", "stdout"), ("dev", "stderr"), ("dev", "fd")) or \
-        (parts[1:2] == ("proc",) and len(parts) > 4 and parts[3] == "fd")
-
-
 def short_hash(data: bytes) -> str:
     """16 hex digits: enough to tell two requests apart, short enough for a ledger line per record."""
     return hashlib.blake2b(data, digest_size=8).hexdigest()

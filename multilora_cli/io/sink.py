@@ -32,6 +32,16 @@ def descriptor_of(path: str | Path) -> int | None:
     return None
 
 
+def names_a_descriptor(output: str | Path) -> bool:
+    """True for /dev/stdout, /dev/stderr, /dev/fd/N, /proc/PID/fd/N: a name for an open descriptor (of any process,
+    unlike `descriptor_of`). An -o there gets no --resume ledger: even when it leads to a regular file (`-o
+    /dev/stdout > out.jsonl`), "beside it" is /dev or /proc, where the ledger would land for every such run, or
+    fail to be created and stop the run."""
+    parts = expand_user(output).absolute().parts
+    return parts[1:3] in (("dev", "stdout"), ("dev", "stderr"), ("dev", "fd")) or \
+        (parts[1:2] == ("proc",) and len(parts) > 4 and parts[3] == "fd")
+
+
 def in_place(path: str | Path) -> bool:
     """True when `path` must be written where it is: a descriptor's name, or an existing FIFO, terminal, socket."""
     if descriptor_of(path) is not None:
