@@ -171,7 +171,6 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
             continue
         ranks[name] = adapter.max_rank
         scans[name] = adapter
-    declared = {n: adapter_base(paths[n], configs[n]) for n in ranks}
     return Preflight(
         model_path=model_path,
         model_config=model_config,
@@ -182,7 +181,8 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
         errors=errors,
         model=model,
         scans=scans,
-        warnings=mismatch_warnings(declared, model, model_path) if given else [],
+        warnings=mismatch_warnings({n: adapter_base(paths[n], configs[n]) for n in ranks}, model, model_path)
+        if given else [],  # without --model the run is on the base the adapters name
     )
 
 
