@@ -30,6 +30,7 @@ def installer(out_major: bool):
                     if key not in _SAVED:
                         _SAVED[key] = (w.b, w.b.contiguous())  # (rank-major view, out-major copy)
                     w.b = _SAVED[key][1] if out_major else _SAVED[key][0]
+
     return install
 
 
@@ -43,6 +44,7 @@ class TrackedPools(Pools):
 
 def main() -> int:
     import ab_pool
+
     ab_pool.Pools = TrackedPools
     args = parser(__doc__.splitlines()[0], "rank-major,out-major").parse_args()
     compare({name: installer(name == "out-major") for name in args.arms.split(",")}, args)

@@ -49,6 +49,7 @@ POLICIES = {"none": none, "current": CURRENT, "p16": from_64(p16), "p32": from_6
 def installer(policy):
     def install():
         sgmv_silu.silu_bucket_columns = policy
+
     return install
 
 

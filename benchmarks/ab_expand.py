@@ -38,6 +38,7 @@ def load_baseline(path: str):
 
     def base(s, w, meta, y, blocks=None, after_shrink=False):  # older launchers know no after_shrink
         mod.lora_expand(s, w, meta, y, blocks)
+
     return base
 
 
@@ -53,6 +54,7 @@ def arms(baseline) -> dict:
         def install():
             sgmv.lora_expand = fn
             sgmv_expand.S_VECTOR_MIN_TOKENS = vector_min_tokens
+
         return install
 
     return {"base": use(baseline), "current": use(CURRENT), "late": use(late), "vec": use(CURRENT, 0)}
@@ -74,8 +76,10 @@ def outputs(case: Case, install) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline", required=True, help="a copy of an earlier sgmv_expand.py")
-    p.add_argument("--points", default="256,64,16;256,16,16;64,64,16;16,8,16;8,8,16;4,4,16;2,2,16;1,1,16;1024,64,16;"
-                                       "4096,64,16;256,64,64")
+    p.add_argument(
+        "--points",
+        default="256,64,16;256,16,16;64,64,16;16,8,16;8,8,16;4,4,16;2,2,16;1,1,16;1024,64,16;4096,64,16;256,64,64",
+    )
     p.add_argument("--pool-rank", type=int, default=16, help="max_rank of the pool (rank-64 points use 64)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", required=True)
@@ -97,19 +101,30 @@ def main() -> int:
         case = Case(pool, t, a, r, k)
         ys = {name: outputs(case, install) for name, install in arm.items()}
         same_late = all(torch.equal(ys["current"][n], ys["late"][n]) for n in MODULES)
-        rel = {e: max(((ys[e][n].float() - ys["base"][n].float()).norm() / ys["base"][n].float().norm()).item()
-                      for n in MODULES) for e in ("current", "vec")}
+        rel = {
+            e: max(
+                ((ys[e][n].float() - ys["base"][n].float()).norm() / ys["base"][n].float().norm()).item()
+                for n in MODULES
+            )
+            for e in ("current", "vec")
+        }
         times = {name: [] for name in arm}
         for _ in range(args.repeats):
             for name, install in arm.items():
                 install()
                 times[name].append(graph_time_us(case.ours, k))
         floor_us = fb / bw * 1e6
-        row = dict(tokens=t, adapters=a, rank=r, pool_rank=pr, floor_us=round(floor_us, 2),
-                   current_late_identical=same_late,
-                   **{f"rel_diff_{e}_vs_base": float(f"{v:.3g}") for e, v in rel.items()},
-                   **{f"{m}_us": round(min(v), 2) for m, v in times.items()},
-                   **{f"{m}_all": [round(x, 2) for x in v] for m, v in times.items()})
+        row = dict(
+            tokens=t,
+            adapters=a,
+            rank=r,
+            pool_rank=pr,
+            floor_us=round(floor_us, 2),
+            current_late_identical=same_late,
+            **{f"rel_diff_{e}_vs_base": float(f"{v:.3g}") for e, v in rel.items()},
+            **{f"{m}_us": round(min(v), 2) for m, v in times.items()},
+            **{f"{m}_all": [round(x, 2) for x in v] for m, v in times.items()},
+        )
         report["rows"].append(row)
         print(json.dumps(row), flush=True)
         if (t, a, r) == (256, 64, 16):  # where the time goes at the target, per module and arm
@@ -121,8 +136,10 @@ def main() -> int:
         json.dump(report, f, indent=1)
     print(f"{'point':>14} {'floor':>7} " + " ".join(f"{m:>8}" for m in arm))
     for row in report["rows"]:
-        print(f"{row['tokens']:>5}/{row['adapters']:>3}/r{row['rank']:<3} {row['floor_us']:>7.1f} "
-              + " ".join(f"{row[m + '_us']:>8.1f}" for m in arm))
+        print(
+            f"{row['tokens']:>5}/{row['adapters']:>3}/r{row['rank']:<3} {row['floor_us']:>7.1f} "
+            + " ".join(f"{row[m + '_us']:>8.1f}" for m in arm)
+        )
     return 0
 
 

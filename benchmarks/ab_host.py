@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main() -> int:
     argv = sys.argv[1:]
-    rest = argv[argv.index("--") + 1:] if "--" in argv else []
-    own = argv[:argv.index("--")] if "--" in argv else argv
+    rest = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--switch-ms", type=float, default=None, help="sys.setswitchinterval, milliseconds")
     ap.add_argument("--prefetch-threads", type=int, default=None)
@@ -47,9 +47,15 @@ def main() -> int:
         runner.STAGING_BUFFERS = args.staging_buffers
     import bench_e2e
 
-    return bench_e2e.main(rest + ["--note", f"ab_host switch_ms={args.switch_ms} prefetch_threads="
-                                            f"{args.prefetch_threads} staging_buffers={args.staging_buffers} "
-                                            f"arena={not args.no_arena} scatter={not args.no_scatter}"])
+    return bench_e2e.main(
+        rest
+        + [
+            "--note",
+            f"ab_host switch_ms={args.switch_ms} prefetch_threads="
+            f"{args.prefetch_threads} staging_buffers={args.staging_buffers} "
+            f"arena={not args.no_arena} scatter={not args.no_scatter}",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -31,13 +31,18 @@ def main() -> int:
     def arm(sized: bool):
         def switch():
             engine_mod.host_cache_capacity = SIZED if sized else (lambda arena, size, cpu, slots: cpu)
+
         return switch
 
     def extra(e: dict) -> dict:
         arena = e.get("pinned_arena") or {}
-        return {"steps": e["steps"], "decode_steps": e["decode_steps"], "fallbacks": arena.get("fallbacks"),
-                "host_outside_steps_s": round(e["host_outside_steps_s"], 3),
-                "mean_adapters_per_decode_step": round(e["mean_adapters_per_decode_step"], 1)}
+        return {
+            "steps": e["steps"],
+            "decode_steps": e["decode_steps"],
+            "fallbacks": arena.get("fallbacks"),
+            "host_outside_steps_s": round(e["host_outside_steps_s"], 3),
+            "mean_adapters_per_decode_step": round(e["mean_adapters_per_decode_step"], 1),
+        }
 
     try:
         run_arms(args, {"asked": arm(False), "arena": arm(True)}, extra, command=" ".join(sys.argv))

@@ -47,6 +47,7 @@ def installer(fns: dict):
     def install():
         for fn, f in fns.items():
             setattr(sgmv, fn, f)
+
     return install
 
 
@@ -54,6 +55,7 @@ def silu_fn(case: Case, pools: Pools):
     def fn(i):
         r = case.rot[i]
         sgmv.add_lora_silu_mul_triton(r["y"]["gate_up"], r["x"]["gate_up"], pools.w["gate_up"][r["copy"]], r["meta"])
+
     return fn
 
 
@@ -105,10 +107,16 @@ def main() -> int:
         k = rotations_for(fb, l2)
         case = Case(pools, t, a, r, k)
         same, best = time_arms(case, pools, arms, k, args.repeats)
-        row = dict(tokens=t, adapters=a, rank=r, floor_us=round(fb / bw * 1e6, 2), bit_identical=same["current"],
-                   **best,
-                   layer_ratio=round(best["current layer"] / best["base layer"], 3),
-                   silu_ratio=round(best["current silu"] / best["base silu"], 3))
+        row = dict(
+            tokens=t,
+            adapters=a,
+            rank=r,
+            floor_us=round(fb / bw * 1e6, 2),
+            bit_identical=same["current"],
+            **best,
+            layer_ratio=round(best["current layer"] / best["base layer"], 3),
+            silu_ratio=round(best["current silu"] / best["base silu"], 3),
+        )
         report["rows"].append(row)
         print(json.dumps(row), flush=True)
         del case

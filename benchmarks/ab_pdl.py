@@ -39,8 +39,11 @@ class ExactGrid:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--points", default="256,64,16;256,16,16;64,64,16;16,8,16;1,1,16;1024,64,16;4096,64,16",
-                   help="tokens,adapters,rank;...")
+    p.add_argument(
+        "--points",
+        default="256,64,16;256,16,16;64,64,16;16,8,16;1,1,16;1024,64,16;4096,64,16",
+        help="tokens,adapters,rank;...",
+    )
     p.add_argument("--pool-rank", type=int, default=16, help="max_rank of the pool (the engine sizes it so)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", required=True)
@@ -63,15 +66,21 @@ def main() -> int:
             with ExactGrid():
                 times["pdl-exact-grid"].append(graph_time_us(case.ours, k))
         floor_us = fb / bw * 1e6
-        row = dict(tokens=t, adapters=a, rank=r, floor_us=round(floor_us, 2),
-                   **{f"{m}_us": round(min(v), 2) for m, v in times.items()},
-                   **{f"{m}_all": [round(x, 2) for x in v] for m, v in times.items()})
+        row = dict(
+            tokens=t,
+            adapters=a,
+            rank=r,
+            floor_us=round(floor_us, 2),
+            **{f"{m}_us": round(min(v), 2) for m, v in times.items()},
+            **{f"{m}_all": [round(x, 2) for x in v] for m, v in times.items()},
+        )
         row.update({f"{m}_over_floor": round(min(v) / floor_us, 3) for m, v in times.items()})
         report["rows"].append(row)
         print(json.dumps(row), flush=True)
         if (t, a, r) == (256, 64, 16):  # where the time goes at the target, per module and mode
-            report["modules"] = module_times(pools, t, a, r, l2, {
-                name: (lambda mode=mode: pdl.force(mode)) for name, mode in MODES.items()})
+            report["modules"] = module_times(
+                pools, t, a, r, l2, {name: (lambda mode=mode: pdl.force(mode)) for name, mode in MODES.items()}
+            )
         del case
     pdl.force(None)
     report["elapsed_s"] = round(time.time() - start, 1)

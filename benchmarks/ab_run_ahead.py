@@ -48,11 +48,15 @@ def main() -> int:
     def arm(ahead: bool):
         def switch():
             engine_mod.RUN_AHEAD = ahead
+
         return switch
 
     def extra(e: dict) -> dict:
-        return {"host_outside_steps_s": round(e["host_outside_steps_s"], 3), "ahead_steps": AHEAD_STEPS[-1],
-                "decode_steps": e["decode_steps"]}
+        return {
+            "host_outside_steps_s": round(e["host_outside_steps_s"], 3),
+            "ahead_steps": AHEAD_STEPS[-1],
+            "decode_steps": e["decode_steps"],
+        }
 
     try:
         run_arms(args, {"sync": arm(False), "ahead": arm(True)}, extra, command=" ".join(sys.argv))

@@ -32,6 +32,7 @@ def main() -> int:
     def arm(triton: bool):
         def switch():  # the sampler module's own name: the LoRA layers keep theirs (Triton on CUDA) in both arms
             sampler_mod.use_triton = use_triton if triton else (lambda t: False)
+
         return switch
 
     try:

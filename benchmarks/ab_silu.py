@@ -84,20 +84,32 @@ def main() -> int:
                 times[name].append(graph_time_us(fn, k))
         best = min((n for n in arms if n.startswith("fused")), key=lambda n: min(times[n]))
         table = f"fused {silu_blocks(t).bm}x{silu_blocks(t).bn}w{silu_blocks(t).num_warps}"
-        row = dict(tokens=t, adapters=a, rank=args.rank, bit_identical=same, floor_two_step_us=round(f2, 2),
-                   floor_fused_us=round(f1, 2), best_fused=best, table_fused=table,
-                   **{f"{n}_us": round(min(v), 2) for n, v in times.items()})
+        row = dict(
+            tokens=t,
+            adapters=a,
+            rank=args.rank,
+            bit_identical=same,
+            floor_two_step_us=round(f2, 2),
+            floor_fused_us=round(f1, 2),
+            best_fused=best,
+            table_fused=table,
+            **{f"{n}_us": round(min(v), 2) for n, v in times.items()},
+        )
         report["rows"].append(row)
         print(json.dumps(row), flush=True)
     report["elapsed_s"] = round(time.time() - start, 1)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    print(f"{'point':>10} {'two-step':>9} {'table':>9} {'best':>9} {'best blocks':>22} {'silu':>7} {'floor2':>7} "
-          f"{'floor1':>7} same")
+    print(
+        f"{'point':>10} {'two-step':>9} {'table':>9} {'best':>9} {'best blocks':>22} {'silu':>7} {'floor2':>7} "
+        f"{'floor1':>7} same"
+    )
     for r in report["rows"]:
-        print(f"{r['tokens']:>5}/{r['adapters']:<4} {r['two-step_us']:>9.1f} {r[r['table_fused'] + '_us']:>9.1f} "
-              f"{r[r['best_fused'] + '_us']:>9.1f} {r['best_fused']:>22} {r['silu only_us']:>7.1f} "
-              f"{r['floor_two_step_us']:>7.1f} {r['floor_fused_us']:>7.1f} {r['bit_identical']}")
+        print(
+            f"{r['tokens']:>5}/{r['adapters']:<4} {r['two-step_us']:>9.1f} {r[r['table_fused'] + '_us']:>9.1f} "
+            f"{r[r['best_fused'] + '_us']:>9.1f} {r['best_fused']:>22} {r['silu only_us']:>7.1f} "
+            f"{r['floor_two_step_us']:>7.1f} {r['floor_fused_us']:>7.1f} {r['bit_identical']}"
+        )
     return 0
 
 

@@ -30,6 +30,7 @@ def main() -> int:
     def arm(policy):
         def switch():
             sgmv_silu.silu_bucket_columns = policy
+
         return switch
 
     try:

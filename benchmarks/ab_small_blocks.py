@@ -27,6 +27,7 @@ def shrink_cap(cap, slices=(1, 2, 3), hi=64):
     def table(t, in_f, n_slices, max_rank, num_sms=132):
         b = SHRINK(t, in_f, n_slices, max_rank, num_sms)
         return replace(b, split=min(b.split, cap)) if 16 <= t <= hi and n_slices in slices else b
+
     return table
 
 
@@ -34,6 +35,7 @@ def wide_nb(nb, hi=64):
     def table(t, out_f, n_slices, max_rank, num_sms=132):
         b = EXPAND(t, out_f, n_slices, max_rank, num_sms)
         return replace(b, nb=nb, num_stages=3 if nb >= 3 else 2) if 16 <= t <= hi and out_f > 8192 else b
+
     return table
 
 
@@ -41,6 +43,7 @@ def narrow_nb(nb):  # run 4: qkv, o, down (<= 8192 columns) at 17-64 tokens
     def table(t, out_f, n_slices, max_rank, num_sms=132):
         b = EXPAND(t, out_f, n_slices, max_rank, num_sms)
         return replace(b, nb=nb, num_stages=3 if nb >= 3 else 2) if 16 < t <= 64 and out_f <= 8192 else b
+
     return table
 
 
@@ -70,6 +73,7 @@ ARMS = {
 def installer(pair):
     def install():
         sgmv_shrink.shrink_blocks, sgmv_expand.expand_blocks = pair
+
     return install
 
 

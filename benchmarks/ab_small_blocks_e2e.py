@@ -35,6 +35,7 @@ def main() -> int:
     def arm(table):
         def switch():
             sgmv_shrink.shrink_blocks = table
+
         return switch
 
     try:

@@ -20,8 +20,7 @@ import time
 
 import torch
 
-from bench_kernels import (MODULES, Case, Pools, device_report, floor_bytes, graph_time_us, rotations_for,
-                           save_report)
+from bench_kernels import MODULES, Case, Pools, device_report, floor_bytes, graph_time_us, rotations_for, save_report
 from multilora_cli.kernels.blocks import ShrinkBlocks, expand_blocks, shrink_blocks
 from multilora_cli.kernels.sgmv import add_lora_triton
 from multilora_cli.kernels.sgmv_expand import lora_expand
@@ -68,6 +67,7 @@ def module_arms(case: Case, pools: Pools, n: str, splits: list[int]) -> dict:
 
 def layer_fn(case: Case, pools: Pools, splits: dict):
     """The four modules back to back, module n's shrink at splits[n] (None: the table)."""
+
     def fn(i):
         r = case.rot[i]
         for n, (in_f, slices) in MODULES.items():
@@ -75,6 +75,7 @@ def layer_fn(case: Case, pools: Pools, splits: dict):
             if splits.get(n):
                 sb = with_split(shrink_blocks(case.t, in_f, len(slices), pools.pool_rank, 132), splits[n])
             add_lora_triton(r["y"][n], r["x"][n], pools.w[n][r["copy"]], r["meta"], shrink=sb)
+
     return fn
 
 
@@ -104,8 +105,9 @@ def main() -> int:
         for n in MODULES:
             k = rotations_for(floor_bytes(t, min(t, a), r) // 4, l2)
             case = Case(pools, t, a, r, k)
-            row = dict(tokens=t, adapters=a, rank=r, module=n, **timed(module_arms(case, pools, n, splits), k,
-                                                                        args.repeats))
+            row = dict(
+                tokens=t, adapters=a, rank=r, module=n, **timed(module_arms(case, pools, n, splits), k, args.repeats)
+            )
             pairs = {key: v for key, v in row.items() if key.endswith(" pair")}
             best[n] = int(min(pairs, key=pairs.get).split()[0].strip("s*"))
             row["best_split"] = best[n]
@@ -115,8 +117,14 @@ def main() -> int:
         k = rotations_for(floor_bytes(t, min(t, a), r), l2)
         case = Case(pools, t, a, r, k)
         lay = timed({"table": layer_fn(case, pools, {}), "best": layer_fn(case, pools, best)}, k, args.repeats + 1)
-        row = dict(tokens=t, adapters=a, rank=r, best_splits=best, floor_us=round(floor_bytes(t, min(t, a), r) / bw
-                                                                                   * 1e6, 2), **lay)
+        row = dict(
+            tokens=t,
+            adapters=a,
+            rank=r,
+            best_splits=best,
+            floor_us=round(floor_bytes(t, min(t, a), r) / bw * 1e6, 2),
+            **lay,
+        )
         report["layers"].append(row)
         print(json.dumps(row), flush=True)
         del case

@@ -54,7 +54,7 @@ class Case:
 
     def run(self, i: int, **kw) -> torch.Tensor:
         q, k, v, tables, lens, out = self.copies[i]
-        return paged_attention_decode(q, k, v, tables, lens, D ** -0.5, max_context_len=self.max_len, out=out, **kw)
+        return paged_attention_decode(q, k, v, tables, lens, D**-0.5, max_context_len=self.max_len, out=out, **kw)
 
     def floor_bytes(self) -> int:
         return int(self.lens.sum()) * KVH * D * 2 * 2 + 2 * self.b * H * D * 2
@@ -73,12 +73,21 @@ def main() -> int:
     start = time.time()
     props = torch.cuda.get_device_properties(0)
     bw = bandwidth()
-    report = dict(device=props.name, torch=torch.__version__, copy_bandwidth_Bps=round(bw),
-                  command=" ".join(["python3"] + sys.argv), layout="head-major" if args.head_major else "page-major",
-                  shapes=dict(heads=H, kv_heads=KVH, head_dim=D, page=PAGE),
-                  rows=[])
-    arms = [dict(block_n=n, num_warps=w, num_stages=s) for n, w, s in itertools.product(
-        *[[int(v) for v in a.split(",")] for a in (args.block_n, args.warps, args.stages)])]
+    report = dict(
+        device=props.name,
+        torch=torch.__version__,
+        copy_bandwidth_Bps=round(bw),
+        command=" ".join(["python3"] + sys.argv),
+        layout="head-major" if args.head_major else "page-major",
+        shapes=dict(heads=H, kv_heads=KVH, head_dim=D, page=PAGE),
+        rows=[],
+    )
+    arms = [
+        dict(block_n=n, num_warps=w, num_stages=s)
+        for n, w, s in itertools.product(
+            *[[int(v) for v in a.split(",")] for a in (args.block_n, args.warps, args.stages)]
+        )
+    ]
     for ci, spec in enumerate(args.cases.split(";")):
         b, lo, hi = (int(v) for v in spec.split(","))
         case = Case(b, lo, hi, seed=ci, head_major=args.head_major)
@@ -98,10 +107,19 @@ def main() -> int:
         table = graph_time_us(case.run, COPIES, 40)
         best = min(times, key=lambda k: min(times[k]))
         floor = case.floor_bytes() / bw * 1e6
-        row = dict(seqs=b, context=[lo, hi], context_tokens=int(case.lens.sum()), floor_us=round(floor, 2),
-                   table_us=round(table, 2), best=best, best_us=round(min(times[best]), 2),
-                   table_over_floor=round(table / floor, 3), best_over_floor=round(min(times[best]) / floor, 3),
-                   all_close=all(ok.values()), arms={k: round(min(v), 2) for k, v in times.items()})
+        row = dict(
+            seqs=b,
+            context=[lo, hi],
+            context_tokens=int(case.lens.sum()),
+            floor_us=round(floor, 2),
+            table_us=round(table, 2),
+            best=best,
+            best_us=round(min(times[best]), 2),
+            table_over_floor=round(table / floor, 3),
+            best_over_floor=round(min(times[best]) / floor, 3),
+            all_close=all(ok.values()),
+            arms={k: round(min(v), 2) for k, v in times.items()},
+        )
         report["rows"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "arms"}), flush=True)
         print(" ".join(f"{k}={v}" for k, v in sorted(row["arms"].items(), key=lambda kv: kv[1])[:12]), flush=True)

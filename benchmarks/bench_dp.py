@@ -50,10 +50,13 @@ def build_workload(work: Path, a) -> tuple[Path, Path, list[str]]:
                 fin, fout = cfg.linear_shape(m)
                 part = "mlp" if m in ("gate_proj", "up_proj", "down_proj") else "self_attn"
                 lora[f"model.layers.{layer}.{part}.{m}"] = (
-                    torch.randn(a.rank, fin, generator=g) * fin ** -0.5,
-                    torch.randn(fout, a.rank, generator=g) * 0.05, 2.0)
-        write_adapter(work / "adapters" / name, model, lora, r=a.rank, alpha=2 * a.rank, targets=targets,
-                      use_rslora=False)
+                    torch.randn(a.rank, fin, generator=g) * fin**-0.5,
+                    torch.randn(fout, a.rank, generator=g) * 0.05,
+                    2.0,
+                )
+        write_adapter(
+            work / "adapters" / name, model, lora, r=a.rank, alpha=2 * a.rank, targets=targets, use_rslora=False
+        )
     rng = np.random.default_rng(a.seed)
     if a.distribution == "zipf":
         p = 1.0 / np.arange(1, a.adapters + 1) ** a.zipf_s
@@ -74,47 +77,101 @@ def run_row(spec: dict) -> int:
     from multilora_cli.runconfig import RunConfig
     from multilora_cli.runjob import run_job
 
-    cfg = RunConfig(input=spec["input"], model=spec["model"], adapter_dir=spec["adapter_dir"],
-                    output=spec["output"], stats=spec["stats"], quiet=True, max_loras=spec["max_loras"],
-                    max_lora_rank=spec["rank"], data_parallel=spec["dp"], dp_sharding=spec["sharding"],
-                    engine={"load_format": "dummy", "device": spec["device"], "dtype": spec["dtype"],
-                            "max_num_seqs": spec["max_num_seqs"], "max_model_len": spec["max_model_len"],
-                            "max_cpu_loras": spec["max_cpu_loras"]})
+    cfg = RunConfig(
+        input=spec["input"],
+        model=spec["model"],
+        adapter_dir=spec["adapter_dir"],
+        output=spec["output"],
+        stats=spec["stats"],
+        quiet=True,
+        max_loras=spec["max_loras"],
+        max_lora_rank=spec["rank"],
+        data_parallel=spec["dp"],
+        dp_sharding=spec["sharding"],
+        engine={
+            "load_format": "dummy",
+            "device": spec["device"],
+            "dtype": spec["dtype"],
+            "max_num_seqs": spec["max_num_seqs"],
+            "max_model_len": spec["max_model_len"],
+            "max_cpu_loras": spec["max_cpu_loras"],
+        },
+    )
     return run_job(cfg)
 
 
 def summarize_row(name: str, spec: dict, stats: dict, seconds: float) -> dict:
     dp = stats.get("data_parallel") or {}
-    workers = [{k: w.get(k) for k in ("rank", "device", "requests", "prompt_tokens", "completion_tokens",
-                                      "tokens_per_second", "wall_seconds", "assigned_adapters", "slot_loads",
-                                      "slot_evictions", "load_seconds")} for w in dp.get("workers", [])]
+    workers = [
+        {
+            k: w.get(k)
+            for k in (
+                "rank",
+                "device",
+                "requests",
+                "prompt_tokens",
+                "completion_tokens",
+                "tokens_per_second",
+                "wall_seconds",
+                "assigned_adapters",
+                "slot_loads",
+                "slot_evictions",
+                "load_seconds",
+            )
+        }
+        for w in dp.get("workers", [])
+    ]
     if not workers:  # one process: the engine's own numbers
         e = stats["engine"]
-        workers = [{"rank": 0, "device": e.get("device"), "requests": e.get("requests"),
-                    "prompt_tokens": e.get("prompt_tokens"), "completion_tokens": e.get("completion_tokens"),
-                    "tokens_per_second": e.get("tokens_per_second"), "wall_seconds": e.get("wall_seconds"),
-                    "assigned_adapters": sum(1 for n, a in stats["per_adapter"].items() if n != "base"),
-                    "slot_loads": e.get("slot_loads"), "slot_evictions": e.get("slot_evictions")}]
-    return {"row": name, "data_parallel": spec["dp"], "sharding": spec["sharding"] if spec["dp"] > 1 else None,
-            "requests": stats["requests"], "errors": stats["errors"], "total_tokens": stats["total_tokens"],
-            "completion_tokens": stats["completion_tokens"], "generation_seconds": stats["generation_seconds"],
-            "wall_seconds": stats["wall_seconds"], "process_seconds": round(seconds, 2),
-            "tokens_per_second": stats["tokens_per_second"],
-            "wall_tokens_per_second": stats["total_tokens"] / stats["wall_seconds"],
-            "slot_loads": stats["slot_loads"], "slot_evictions": stats["slot_evictions"],
-            "adapters_split": dp.get("adapters_split"), "workers": workers}
+        workers = [
+            {
+                "rank": 0,
+                "device": e.get("device"),
+                "requests": e.get("requests"),
+                "prompt_tokens": e.get("prompt_tokens"),
+                "completion_tokens": e.get("completion_tokens"),
+                "tokens_per_second": e.get("tokens_per_second"),
+                "wall_seconds": e.get("wall_seconds"),
+                "assigned_adapters": sum(1 for n, a in stats["per_adapter"].items() if n != "base"),
+                "slot_loads": e.get("slot_loads"),
+                "slot_evictions": e.get("slot_evictions"),
+            }
+        ]
+    return {
+        "row": name,
+        "data_parallel": spec["dp"],
+        "sharding": spec["sharding"] if spec["dp"] > 1 else None,
+        "requests": stats["requests"],
+        "errors": stats["errors"],
+        "total_tokens": stats["total_tokens"],
+        "completion_tokens": stats["completion_tokens"],
+        "generation_seconds": stats["generation_seconds"],
+        "wall_seconds": stats["wall_seconds"],
+        "process_seconds": round(seconds, 2),
+        "tokens_per_second": stats["tokens_per_second"],
+        "wall_tokens_per_second": stats["total_tokens"] / stats["wall_seconds"],
+        "slot_loads": stats["slot_loads"],
+        "slot_evictions": stats["slot_evictions"],
+        "adapters_split": dp.get("adapters_split"),
+        "workers": workers,
+    }
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| row | GPUs | sharding | tok/s (generation) | tok/s (wall) | per-worker tok/s | adapters per worker "
-           "| slot loads per worker |", "|---|---:|---|---:|---:|---|---|---|"]
+    out = [
+        "| row | GPUs | sharding | tok/s (generation) | tok/s (wall) | per-worker tok/s | adapters per worker "
+        "| slot loads per worker |",
+        "|---|---:|---|---:|---:|---|---|---|",
+    ]
     for r in rows:
         w = r["workers"]
         per = ", ".join(format(x["tokens_per_second"], ",.0f") for x in w)
-        out.append(f"| {r['row']} | {r['data_parallel']} | {r['sharding'] or '-'} | {r['tokens_per_second']:,.0f} "
-                   f"| {r['wall_tokens_per_second']:,.0f} | {per} "
-                   f"| {', '.join(str(x['assigned_adapters']) for x in w)} "
-                   f"| {', '.join(str(x['slot_loads']) for x in w)} |")
+        out.append(
+            f"| {r['row']} | {r['data_parallel']} | {r['sharding'] or '-'} | {r['tokens_per_second']:,.0f} "
+            f"| {r['wall_tokens_per_second']:,.0f} | {per} "
+            f"| {', '.join(str(x['assigned_adapters']) for x in w)} "
+            f"| {', '.join(str(x['slot_loads']) for x in w)} |"
+        )
     return "\n".join(out)
 
 
@@ -155,19 +212,36 @@ def main(argv: list[str] | None = None) -> int:
         model, inp, names = build_workload(work, a)
         setup = time.perf_counter() - t0
         print(f"bench_dp: workload ready in {setup:.1f} s ({a.requests} requests, {a.adapters} adapters)", flush=True)
-        base = {"input": str(inp), "model": str(model), "adapter_dir": str(work / "adapters"),
-                "max_loras": a.max_loras, "rank": a.rank, "device": a.device,
-                "dtype": "bfloat16" if a.device == "cuda" else "float32", "max_num_seqs": a.max_num_seqs,
-                "max_model_len": a.prompt_len + a.output_len + 16, "max_cpu_loras": max(a.adapters, a.max_loras)}
-        plan = {"dp1": (1, "affinity"), "dp2-affinity": (a.gpus, "affinity"),
-                "dp2-round-robin": (a.gpus, "round-robin")}
+        base = {
+            "input": str(inp),
+            "model": str(model),
+            "adapter_dir": str(work / "adapters"),
+            "max_loras": a.max_loras,
+            "rank": a.rank,
+            "device": a.device,
+            "dtype": "bfloat16" if a.device == "cuda" else "float32",
+            "max_num_seqs": a.max_num_seqs,
+            "max_model_len": a.prompt_len + a.output_len + 16,
+            "max_cpu_loras": max(a.adapters, a.max_loras),
+        }
+        plan = {
+            "dp1": (1, "affinity"),
+            "dp2-affinity": (a.gpus, "affinity"),
+            "dp2-round-robin": (a.gpus, "round-robin"),
+        }
         rows, results = [], {}
         warm = work / "warm.jsonl"  # the first 64 lines: compiles the Triton kernels before any timed row
         warm.write_text("".join(inp.read_text().splitlines(keepends=True)[:64]))
         for name in ["warmup", *a.rows.split(",")]:
             dp, sharding = plan.get(name, (1, "affinity"))
-            spec = {**base, "dp": dp, "sharding": sharding, "output": str(work / f"{name}.jsonl"),
-                    "stats": str(work / f"{name}.json"), **({"input": str(warm)} if name == "warmup" else {})}
+            spec = {
+                **base,
+                "dp": dp,
+                "sharding": sharding,
+                "output": str(work / f"{name}.jsonl"),
+                "stats": str(work / f"{name}.json"),
+                **({"input": str(warm)} if name == "warmup" else {}),
+            }
             t1 = time.perf_counter()
             res = subprocess.run([sys.executable, __file__, "--row", json.dumps(spec)], timeout=540)
             secs = time.perf_counter() - t1
@@ -180,8 +254,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results[name] = row = summarize_row(name, spec, stats, secs)
             rows.append(row)
-            print(f"bench_dp: {name}: {row['tokens_per_second']:,.0f} tok/s, loads per worker "
-                  f"{[w['slot_loads'] for w in row['workers']]}", flush=True)
+            print(
+                f"bench_dp: {name}: {row['tokens_per_second']:,.0f} tok/s, loads per worker "
+                f"{[w['slot_loads'] for w in row['workers']]}",
+                flush=True,
+            )
         same = None
         outs = [work / f"{r['row']}.jsonl" for r in rows]
         if len(outs) > 1:  # greedy: the same records whatever the sharding, up to bf16 batch-order effects
@@ -189,18 +266,42 @@ def main(argv: list[str] | None = None) -> int:
             same = sum(all(t[i] == texts[0][i] for t in texts) for i in range(len(texts[0]))) / len(texts[0])
     one, aff, rr = (results.get(k, {}) for k in ("dp1", "dp2-affinity", "dp2-round-robin"))
     report = {
-        "device": device_name, "gpus": a.gpus, "torch": torch.__version__, "setup_seconds": round(setup, 1),
-        "workload": {k: getattr(a, k) for k in ("preset", "adapters", "rank", "targets", "requests", "prompt_len",
-                                                 "output_len", "distribution", "zipf_s", "max_loras",
-                                                 "max_num_seqs", "seed")},
+        "device": device_name,
+        "gpus": a.gpus,
+        "torch": torch.__version__,
+        "setup_seconds": round(setup, 1),
+        "workload": {
+            k: getattr(a, k)
+            for k in (
+                "preset",
+                "adapters",
+                "rank",
+                "targets",
+                "requests",
+                "prompt_len",
+                "output_len",
+                "distribution",
+                "zipf_s",
+                "max_loras",
+                "max_num_seqs",
+                "seed",
+            )
+        },
         "rows": rows,
-        "speedup_dp2_vs_dp1": (aff["tokens_per_second"] / one["tokens_per_second"]
-                               if "tokens_per_second" in aff and "tokens_per_second" in one else None),
-        "wall_speedup_dp2_vs_dp1": (aff["wall_tokens_per_second"] / one["wall_tokens_per_second"]
-                                    if "wall_tokens_per_second" in aff and "wall_tokens_per_second" in one
-                                    else None),
-        "loads_per_worker": {"affinity": [w["slot_loads"] for w in aff.get("workers", [])],
-                             "round_robin": [w["slot_loads"] for w in rr.get("workers", [])]},
+        "speedup_dp2_vs_dp1": (
+            aff["tokens_per_second"] / one["tokens_per_second"]
+            if "tokens_per_second" in aff and "tokens_per_second" in one
+            else None
+        ),
+        "wall_speedup_dp2_vs_dp1": (
+            aff["wall_tokens_per_second"] / one["wall_tokens_per_second"]
+            if "wall_tokens_per_second" in aff and "wall_tokens_per_second" in one
+            else None
+        ),
+        "loads_per_worker": {
+            "affinity": [w["slot_loads"] for w in aff.get("workers", [])],
+            "round_robin": [w["slot_loads"] for w in rr.get("workers", [])],
+        },
         "identical_records_fraction": same,
         "failed_rows": [k for k, v in results.items() if "failed" in v],
     }

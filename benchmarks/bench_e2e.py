@@ -54,20 +54,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--hf-from", type=Path, default=None,
-                    help="take the hf-peft rows from an earlier report of this script (same device and shapes) "
-                         "instead of re-running them; they are marked as imported")
-    ap.add_argument("--host-warm", action="store_true",
-                    help="read + pack each row's adapters into host memory before timing (slots still cold): "
-                         "a server that preloaded its adapters; default: they are read during the timed run")
+    ap.add_argument(
+        "--hf-from",
+        type=Path,
+        default=None,
+        help="take the hf-peft rows from an earlier report of this script (same device and shapes) "
+        "instead of re-running them; they are marked as imported",
+    )
+    ap.add_argument(
+        "--host-warm",
+        action="store_true",
+        help="read + pack each row's adapters into host memory before timing (slots still cold): "
+        "a server that preloaded its adapters; default: they are read during the timed run",
+    )
     ap.add_argument("--note", default="", help="free text stored in the report (e.g. which A/B arm this is)")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
-    base = Workload(preset=args.preset, num_requests=args.requests, prompt_len=args.prompt_len,
-                    output_len=args.output_len, rank=args.rank, max_num_seqs=args.max_num_seqs,
-                    max_num_batched_tokens=args.max_num_batched_tokens, temperature=args.temperature,
-                    top_p=args.top_p)
+    base = Workload(
+        preset=args.preset,
+        num_requests=args.requests,
+        prompt_len=args.prompt_len,
+        output_len=args.output_len,
+        rank=args.rank,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+    )
     plan = parse_rows(args.rows, base)
     slug = device_slug(device_info(device)["name"])
     out = args.out or ROOT / "benchmarks" / "results" / f"e2e-{slug}.json"
@@ -77,18 +91,31 @@ def main(argv: list[str] | None = None) -> int:
         report["command"] = command.strip()
         if args.note:
             report["note"] = args.note
-        report["shapes"] = {"preset": args.preset, "rank": args.rank, "lora_targets": "q,k,v,o,gate,up,down",
-                            "requests": args.requests, "prompt_len": args.prompt_len, "output_len": args.output_len,
-                            "max_num_seqs": args.max_num_seqs,
-                            "dtype": "bfloat16" if device.type == "cuda" else "float32"}
+        report["shapes"] = {
+            "preset": args.preset,
+            "rank": args.rank,
+            "lora_targets": "q,k,v,o,gate,up,down",
+            "requests": args.requests,
+            "prompt_len": args.prompt_len,
+            "output_len": args.output_len,
+            "max_num_seqs": args.max_num_seqs,
+            "dtype": "bfloat16" if device.type == "cuda" else "float32",
+        }
         write_json(report, out)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.preset, Path(tmp) / args.preset)
-        report = run_suite(plan, model_dir, device, hf_batch_sizes=[int(x) for x in args.hf_batch_sizes.split(",")],
-                           hf_new_tokens=tuple(int(x) for x in args.hf_new_tokens.split(",")),
-                           budget_s=args.budget_s, log=lambda m: print(m, flush=True), on_row=on_row,
-                           host_warm=args.host_warm)
+        report = run_suite(
+            plan,
+            model_dir,
+            device,
+            hf_batch_sizes=[int(x) for x in args.hf_batch_sizes.split(",")],
+            hf_new_tokens=tuple(int(x) for x in args.hf_new_tokens.split(",")),
+            budget_s=args.budget_s,
+            log=lambda m: print(m, flush=True),
+            on_row=on_row,
+            host_warm=args.host_warm,
+        )
     if args.hf_from is not None:
         import json
 

@@ -24,8 +24,13 @@ import torch.nn.functional as F
 from bench_kernels import bandwidth, graph_time_us, save_report
 from triton.testing import do_bench
 
-SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
-          "lm_head": (4096, 128256)}  # name -> (in, out)
+SHAPES = {
+    "qkv": (4096, 6144),
+    "o": (4096, 4096),
+    "gate_up": (4096, 28672),
+    "down": (14336, 4096),
+    "lm_head": (4096, 128256),
+}  # name -> (in, out)
 LAYERS = 32
 COPIES = 3
 
@@ -34,7 +39,7 @@ def matmul_rate() -> float:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ms = do_bench(lambda: a @ b, warmup=10, rep=100, return_mode="median")
-    return 2 * 8192 ** 3 / (ms * 1e-3)
+    return 2 * 8192**3 / (ms * 1e-3)
 
 
 def main() -> int:
@@ -46,11 +51,18 @@ def main() -> int:
     start = time.time()
     props = torch.cuda.get_device_properties(0)
     bw, flops = bandwidth(), matmul_rate()
-    report = dict(device=props.name, torch=torch.__version__, copy_bandwidth_Bps=round(bw), matmul_flops=round(flops),
-                  command=" ".join(["python3"] + sys.argv), rows=[], steps=[])
+    report = dict(
+        device=props.name,
+        torch=torch.__version__,
+        copy_bandwidth_Bps=round(bw),
+        matmul_flops=round(flops),
+        command=" ".join(["python3"] + sys.argv),
+        rows=[],
+        steps=[],
+    )
     print(f"{props.name}: copy {bw / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
     for name, (k, n) in SHAPES.items():
-        w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(COPIES)]
+        w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(COPIES)]
         wt = [x.t().contiguous() for x in w]
         for m in (int(v) for v in args.tokens.split(",")):
             x = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
@@ -61,9 +73,14 @@ def main() -> int:
                 for a, fn in arms.items():
                     times[a].append(graph_time_us(fn, COPIES, 60))
             fl, by = 2 * m * k * n, (k * n + m * k + m * n) * 2
-            row = dict(module=name, tokens=m, close=same, compute_floor_us=round(fl / flops * 1e6, 2),
-                       bytes_floor_us=round(by / bw * 1e6, 2),
-                       **{f"{a}_us": round(min(v), 2) for a, v in times.items()})
+            row = dict(
+                module=name,
+                tokens=m,
+                close=same,
+                compute_floor_us=round(fl / flops * 1e6, 2),
+                bytes_floor_us=round(by / bw * 1e6, 2),
+                **{f"{a}_us": round(min(v), 2) for a, v in times.items()},
+            )
             row["linear_tflops"] = round(fl / row["linear_us"] / 1e6, 1)
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
@@ -74,9 +91,14 @@ def main() -> int:
         for key in ("linear_us", "xwt_us", "compute_floor_us", "bytes_floor_us"):
             layer = sum(rows[n][key] for n in SHAPES if n != "lm_head")
             step[key.replace("_us", "_ms")] = round((LAYERS * layer + rows["lm_head"][key]) / 1e3, 3)
-        step["best_of_both_ms"] = round((LAYERS * sum(min(rows[n]["linear_us"], rows[n]["xwt_us"])
-                                                      for n in SHAPES if n != "lm_head")
-                                         + min(rows["lm_head"]["linear_us"], rows["lm_head"]["xwt_us"])) / 1e3, 3)
+        step["best_of_both_ms"] = round(
+            (
+                LAYERS * sum(min(rows[n]["linear_us"], rows[n]["xwt_us"]) for n in SHAPES if n != "lm_head")
+                + min(rows["lm_head"]["linear_us"], rows["lm_head"]["xwt_us"])
+            )
+            / 1e3,
+            3,
+        )
         report["steps"].append(dict(tokens=m, **step))
         print(json.dumps(report["steps"][-1]), flush=True)
     save_report(report, args.out, start)

@@ -61,7 +61,7 @@ class Pools:
         for name, (in_f, slices) in MODULES.items():
             for _ in range(copies):
                 w = LoraWeights.empty(max_loras, pool_rank, in_f, slices, DT, DEVICE)
-                w.a.normal_(0, in_f ** -0.5)
+                w.a.normal_(0, in_f**-0.5)
                 w.b.normal_(0, 0.1)
                 self.w[name].append(w)
 
@@ -120,8 +120,8 @@ class Case:
                 parts = []
                 for i in range(len(slices)):
                     lo, hi = w.slice_offsets[i], w.slice_offsets[i + 1]
-                    s = (xs @ w.a[slot, i, :self.rank].T) * 2.0
-                    parts.append(s @ w.b[slot, lo:hi, :self.rank].T)
+                    s = (xs @ w.a[slot, i, : self.rank].T) * 2.0
+                    parts.append(s @ w.b[slot, lo:hi, : self.rank].T)
                 y.index_add_(0, idx, torch.cat(parts, 1) if len(parts) > 1 else parts[0])
 
 
@@ -153,8 +153,18 @@ def device_report(**extra) -> tuple[int, float, dict]:
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     bw = bandwidth()
-    return l2, bw, dict(device=props.name, torch=torch.__version__, triton=triton.__version__,
-                        copy_bandwidth_Bps=round(bw), command=" ".join(["python3"] + sys.argv), **extra)
+    return (
+        l2,
+        bw,
+        dict(
+            device=props.name,
+            torch=torch.__version__,
+            triton=triton.__version__,
+            copy_bandwidth_Bps=round(bw),
+            command=" ".join(["python3"] + sys.argv),
+            **extra,
+        ),
+    )
 
 
 def save_report(report: dict, path: str, start: float) -> None:
@@ -200,10 +210,21 @@ def run_grid(args, pools: Pools, bw: float, l2: int, results: list, deadline: fl
                 loop = graph_time_us(case.torch_loop, kt)
                 ours_eager = eager_time_us(case.ours, min(k, 4))
                 floor_us = fb / bw * 1e6
-                row = dict(tokens=t, adapters=adapters, distinct=distinct, rank=rank, pool_rank=pools.pool_rank,
-                           rotations=k, floor_bytes=fb, floor_us=round(floor_us, 2), ours_us=round(ours, 2),
-                           ours_eager_us=round(ours_eager, 2), torch_loop_us=round(loop, 2),
-                           ours_over_floor=round(ours / floor_us, 3), torch_over_ours=round(loop / ours, 2))
+                row = dict(
+                    tokens=t,
+                    adapters=adapters,
+                    distinct=distinct,
+                    rank=rank,
+                    pool_rank=pools.pool_rank,
+                    rotations=k,
+                    floor_bytes=fb,
+                    floor_us=round(floor_us, 2),
+                    ours_us=round(ours, 2),
+                    ours_eager_us=round(ours_eager, 2),
+                    torch_loop_us=round(loop, 2),
+                    ours_over_floor=round(ours / floor_us, 3),
+                    torch_over_ours=round(loop / ours, 2),
+                )
                 results.append(row)
                 print(json.dumps(row), flush=True)
                 del case
@@ -220,15 +241,23 @@ def run_modules(pools: Pools, bw: float, l2: int, t: int, adapters: int, rank: i
         us = graph_time_us(lambda i: case.ours(i, modules=[n]), k)
         in_f, slices = MODULES[n]
         fb = distinct * rank * (len(slices) * in_f + sum(slices)) * 2 + t * in_f * 2 + t * sum(slices) * 4
-        out[n] = dict(ours_us=round(us, 2), floor_us=round(fb / bw * 1e6, 2),
-                      shrink=str(shrink_blocks(t, in_f, len(slices), pools.pool_rank, 132)),
-                      expand=str(expand_blocks(t, sum(slices), len(slices), pools.pool_rank, 132)))
+        out[n] = dict(
+            ours_us=round(us, 2),
+            floor_us=round(fb / bw * 1e6, 2),
+            shrink=str(shrink_blocks(t, in_f, len(slices), pools.pool_rank, 132)),
+            expand=str(expand_blocks(t, sum(slices), len(slices), pools.pool_rank, 132)),
+        )
         del case
     return out
 
 
-def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: float,
-          kinds: tuple[str, ...] = ("shrink", "expand")) -> list:
+def sweep(
+    pools: Pools,
+    l2: int,
+    points: list[tuple[int, int, int]],
+    deadline: float,
+    kinds: tuple[str, ...] = ("shrink", "expand"),
+) -> list:
     """Time shrink and expand alone per module for a few block-size candidates around the table's choice."""
     rows = []
     for t, adapters, rank in points:
@@ -244,15 +273,17 @@ def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: f
                 s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, split, base_s.num_warps, base_s.num_stages))
             for bk, st in ((64, 4), (128, 3), (256, 2)):
                 s_cands.add(ShrinkBlocks(base_s.bm, bk, base_s.split, base_s.num_warps, st))
-            s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, base_s.split, 8 if base_s.num_warps == 4 else 4,
-                                     base_s.num_stages))
+            s_cands.add(
+                ShrinkBlocks(base_s.bm, base_s.bk, base_s.split, 8 if base_s.num_warps == 4 else 4, base_s.num_stages)
+            )
             for warps, stages in ((2, base_s.num_stages), (4, 2), (4, 5), (2, 5)):  # fewer warps, deeper pipes
                 s_cands.add(ShrinkBlocks(base_s.bm, base_s.bk, base_s.split, warps, stages))
             e_cands = {base_e}
             for bn, nb in ((64, 1), (128, 1), (128, 2), (128, 4), (128, 8), (256, 1), (256, 2), (256, 4), (512, 1)):
                 e_cands.add(ExpandBlocks(base_e.bm, bn, nb, base_e.num_warps, 3 if nb >= 3 else 2))
-            e_cands.add(ExpandBlocks(base_e.bm, base_e.bn, base_e.nb, 8 if base_e.num_warps == 4 else 4,
-                                     base_e.num_stages))
+            e_cands.add(
+                ExpandBlocks(base_e.bm, base_e.bn, base_e.nb, 8 if base_e.num_warps == 4 else 4, base_e.num_stages)
+            )
             # no cp.async pipeline (num_stages 1: no shared-memory staging barriers) and fewer warps
             for bn, nb in ((128, 1), (128, 4), (256, 1), (256, 2)):
                 for warps, stages in ((4, 1), (2, 1), (2, 2)):
@@ -278,15 +309,24 @@ def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: f
 
                     # the partials the table's shrink writes at this shape (an expand sums all of them), random:
                     # a 1-partial zero s (sweeps 1-3) hid the partial-sum cost and could run faster than real data
-                    case_s = [torch.randn((base_s.split, t, len(slices), pools.pool_rank), device=DEVICE)
-                              for _ in range(k)]
+                    case_s = [
+                        torch.randn((base_s.split, t, len(slices), pools.pool_rank), device=DEVICE) for _ in range(k)
+                    ]
                     try:
                         us = graph_time_us(fn, k, rep_ms=30)
                     except Exception as e:  # a candidate that does not fit (shared memory) is skipped
                         print(f"sweep {kind} {c}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                         continue
-                    row = dict(tokens=t, adapters=adapters, rank=rank, module=n, kernel=kind, blocks=str(c),
-                               table=str(base_s if kind == "shrink" else base_e) == str(c), us=round(us, 2))
+                    row = dict(
+                        tokens=t,
+                        adapters=adapters,
+                        rank=rank,
+                        module=n,
+                        kernel=kind,
+                        blocks=str(c),
+                        table=str(base_s if kind == "shrink" else base_e) == str(c),
+                        us=round(us, 2),
+                    )
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             del case
@@ -295,16 +335,21 @@ def sweep(pools: Pools, l2: int, points: list[tuple[int, int, int]], deadline: f
 
 def render_markdown(report: dict) -> str:
     """The table for benchmarks/RESULTS.md from a results json (no figure typed by hand)."""
-    lines = [f"Device: {report['device']} ({report['sms']} SMs, L2 {report['l2_bytes'] >> 20} MiB), measured copy "
-             f"bandwidth {report['copy_bandwidth_Bps'] / 1e12:.2f} TB/s; torch {report['torch']}, triton "
-             f"{report['triton']}; bf16, pool max_loras={report['max_loras']} max_rank={report['pool_rank']}.", "",
-             "| tokens | distinct adapters | rank | ours us | floor us | ours/floor | torch loop us | torch/ours "
-             "| ours eager us |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Device: {report['device']} ({report['sms']} SMs, L2 {report['l2_bytes'] >> 20} MiB), measured copy "
+        f"bandwidth {report['copy_bandwidth_Bps'] / 1e12:.2f} TB/s; torch {report['torch']}, triton "
+        f"{report['triton']}; bf16, pool max_loras={report['max_loras']} max_rank={report['pool_rank']}.",
+        "",
+        "| tokens | distinct adapters | rank | ours us | floor us | ours/floor | torch loop us | torch/ours "
+        "| ours eager us |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in report["grid"]:
-        lines.append(f"| {r['tokens']} | {r['distinct']} | {r['rank']} | {r['ours_us']:.1f} | {r['floor_us']:.1f} | "
-                     f"{r['ours_over_floor']:.2f} | {r['torch_loop_us']:.1f} | {r['torch_over_ours']:.1f} | "
-                     f"{r['ours_eager_us']:.1f} |")
+        lines.append(
+            f"| {r['tokens']} | {r['distinct']} | {r['rank']} | {r['ours_us']:.1f} | {r['floor_us']:.1f} | "
+            f"{r['ours_over_floor']:.2f} | {r['torch_loop_us']:.1f} | {r['torch_over_ours']:.1f} | "
+            f"{r['ours_eager_us']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -334,16 +379,31 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     bw = bandwidth()
-    print(f"{props.name}: {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB, copy bandwidth {bw / 1e12:.2f} TB/s",
-          flush=True)
-    report = dict(device=props.name, sms=props.multi_processor_count, l2_bytes=l2, copy_bandwidth_Bps=round(bw),
-                  torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-                  command=" ".join(["python3"] + sys.argv), dtype="bfloat16",
-                  shapes={n: dict(in_features=i, slices=s) for n, (i, s) in MODULES.items()},
-                  max_loras=args.max_loras, pool_rank=args.pool_rank, copies=args.copies,
-                  timing="median of CUDA-graph replays (triton do_bench, L2 cleared between replays) / rotations",
-                  floor="bytes(each distinct adapter's A,B at its rank once + x once + y read and written) / copy bw",
-                  grid=[], target={}, modules={}, sweep=[])
+    print(
+        f"{props.name}: {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB, copy bandwidth {bw / 1e12:.2f} TB/s",
+        flush=True,
+    )
+    report = dict(
+        device=props.name,
+        sms=props.multi_processor_count,
+        l2_bytes=l2,
+        copy_bandwidth_Bps=round(bw),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        python=platform.python_version(),
+        command=" ".join(["python3"] + sys.argv),
+        dtype="bfloat16",
+        shapes={n: dict(in_features=i, slices=s) for n, (i, s) in MODULES.items()},
+        max_loras=args.max_loras,
+        pool_rank=args.pool_rank,
+        copies=args.copies,
+        timing="median of CUDA-graph replays (triton do_bench, L2 cleared between replays) / rotations",
+        floor="bytes(each distinct adapter's A,B at its rank once + x once + y read and written) / copy bw",
+        grid=[],
+        target={},
+        modules={},
+        sweep=[],
+    )
 
     def save():
         report["elapsed_s"] = round(time.time() - start, 1)

@@ -99,8 +99,13 @@ def main() -> int:
     dev = torch.device("cuda")
     bw = measure_bandwidth(dev)
     sampler = Sampler()
-    report = {"device": torch.cuda.get_device_name(), "bandwidth_tbs": bw / 1e12, "command": " ".join(sys.argv),
-              "vocab": V, "rows": []}
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "bandwidth_tbs": bw / 1e12,
+        "command": " ".join(sys.argv),
+        "vocab": V,
+        "rows": [],
+    }
     g = torch.Generator(device=dev).manual_seed(0)
     for lk, b in ((lk, int(x)) for lk in args.logits.split(",") for x in args.batches.split(",")):
         logits = make_logits(b, lk, dev, g)
@@ -121,10 +126,17 @@ def main() -> int:
         floor = logits.numel() * logits.element_size() / bw * 1e6
         for kind, impl in cases:
             us = best[kind, impl]
-            row = dict(logits=lk, batch=b, kind=kind, impl=impl, device_us=round(us, 1),
-                       host_build_us=round(host[kind] * 1e6, 1), floor_us=round(floor, 1),
-                       vs_greedy=round(us / best["greedy", "-"], 2),
-                       torch_over_triton=round(best[kind, "torch"] / us, 2) if impl == "triton" else None)
+            row = dict(
+                logits=lk,
+                batch=b,
+                kind=kind,
+                impl=impl,
+                device_us=round(us, 1),
+                host_build_us=round(host[kind] * 1e6, 1),
+                floor_us=round(floor, 1),
+                vs_greedy=round(us / best["greedy", "-"], 2),
+                torch_over_triton=round(best[kind, "torch"] / us, 2) if impl == "triton" else None,
+            )
             if impl == "triton" and args.baseline:
                 row.update(base_over_triton=round(best[kind, "base"] / us, 2), same_tokens_as_base=same[kind])
             report["rows"].append(row)

@@ -49,9 +49,11 @@ def main() -> None:
                     t.join()
                 wall = time.perf_counter() - t0
                 times.sort()
-                print(f"torch threads {threads or 'default'} x {concurrent} packers, arena {use_arena}: "
-                      f"median {times[len(times) // 2] * 1e3:.1f} ms per pack, "
-                      f"{4 * concurrent * src.nbytes / wall / 1e9:.2f} GB/s together")
+                print(
+                    f"torch threads {threads or 'default'} x {concurrent} packers, arena {use_arena}: "
+                    f"median {times[len(times) // 2] * 1e3:.1f} ms per pack, "
+                    f"{4 * concurrent * src.nbytes / wall / 1e9:.2f} GB/s together"
+                )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ SINK = tl.constexpr(SINK_WORDS)
 
 
 @triton.jit
-def _stream(w_ptr, n_w, a_ptr, n_a, out_ptr, RMW: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
-            BLOCK: tl.constexpr):
+def _stream(
+    w_ptr, n_w, a_ptr, n_a, out_ptr, RMW: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, BLOCK: tl.constexpr
+):
     """Read w[:n_w]; then read a[:n_a] (RMW: a += 1 in place). int32 words; grid-stride loops."""
     pid = tl.program_id(0)
     npg = tl.num_programs(0)
@@ -73,8 +74,10 @@ class Chain:
         self.sms = sms
         self.rot = []
         for _ in range(rotations):
-            bufs = {n: [torch.randint(-9, 9, (max(w, 1),), dtype=torch.int32, device="cuda") for w in ws]
-                    for n, ws in words.items()}
+            bufs = {
+                n: [torch.randint(-9, 9, (max(w, 1),), dtype=torch.int32, device="cuda") for w in ws]
+                for n, ws in words.items()
+            }
             self.rot.append(bufs)
         self.words = words
         self.out = torch.empty(SINK_WORDS, dtype=torch.int32, device="cuda")
@@ -114,17 +117,31 @@ def kernel_table(case: Case, pools: Pools, chain: Chain, grids: list[int], block
         fns = dict(zip(("shrink", "expand"), kernel_fns(case, pools, n)))
         for kind, fn in fns.items():
             ours = graph_time_us(fn, rot, rep_ms=30)
-            best = min((graph_time_us(lambda k: chain.kernel(k, n, kind, pdl, False, g, b), rot, rep_ms=30), g, b,
-                        pdl) for pdl in (False, True) for g in grids for b in blocks)
+            best = min(
+                (graph_time_us(lambda k: chain.kernel(k, n, kind, pdl, False, g, b), rot, rep_ms=30), g, b, pdl)
+                for pdl in (False, True)
+                for g in grids
+                for b in blocks
+            )
             configs[(n, kind)] = best[1:3]
-            rows.append(dict(module=n, kind=kind, ours_us=ours, stream_us=best[0], ctas_per_sm=best[1],
-                             block=best[2], pdl=best[3]))
+            rows.append(
+                dict(
+                    module=n,
+                    kind=kind,
+                    ours_us=ours,
+                    stream_us=best[0],
+                    ctas_per_sm=best[1],
+                    block=best[2],
+                    pdl=best[3],
+                )
+            )
             print(f"  {n} {kind}: ours {ours:.1f} us, stream {best[0]:.1f} ({ours / best[0]:.2f}x)", flush=True)
     return rows, configs
 
 
-def measure_point(t: int, a: int, r: int, grids: list[int], blocks: list[int], l2: int, bw: float,
-                  sms: int, per_kernel: bool) -> dict:
+def measure_point(
+    t: int, a: int, r: int, grids: list[int], blocks: list[int], l2: int, bw: float, sms: int, per_kernel: bool
+) -> dict:
     """Ours (the layer as bench_kernels.py times it) and every streaming mode's best grid / block, one point."""
     distinct = min(t, a)
     fb = floor_bytes(t, distinct, r)
@@ -137,15 +154,18 @@ def measure_point(t: int, a: int, r: int, grids: list[int], blocks: list[int], l
     row = dict(tokens=t, adapters=a, rank=r, floor_us=fb / bw * 1e6, ours_us=ours, rotations=rot, modes={})
     if per_kernel:
         row["kernels"], configs = kernel_table(case, pools, chain, grids, blocks, rot)
-        for name, early in (("chain, PDL, per-kernel best", False), ("chain, PDL, weights early, per-kernel best",
-                                                                      True)):
+        for name, early in (
+            ("chain, PDL, per-kernel best", False),
+            ("chain, PDL, weights early, per-kernel best", True),
+        ):
             us = graph_time_us(lambda k: chain.chain(k, True, early, 0, 0, configs), rot)
             row["modes"][name] = dict(us=us, ctas_per_sm=None, block=None)
     del case, pools
     modes = {"chain, no PDL": (False, False), "chain, PDL": (True, False), "chain, PDL, weights early": (True, True)}
     for name, (pdl, early) in modes.items():
-        best = min((graph_time_us(lambda k: chain.chain(k, pdl, early, g, b), rot), g, b)
-                   for g in grids for b in blocks)
+        best = min(
+            (graph_time_us(lambda k: chain.chain(k, pdl, early, g, b), rot), g, b) for g in grids for b in blocks
+        )
         row["modes"][name] = dict(us=best[0], ctas_per_sm=best[1], block=best[2])
     best = min((graph_time_us(lambda k: chain.one(k, g, b), rot), g, b) for g in grids for b in blocks)
     row["modes"]["one launch"] = dict(us=best[0], ctas_per_sm=best[1], block=best[2])
@@ -165,14 +185,18 @@ def main() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     report["points"] = []
     for spec in args.points.split(";"):
-        row = measure_point(*ints(spec), ints(args.grids), ints(args.blocks), l2, bw, sms,
-                            per_kernel=spec in args.per_kernel.split(";"))
+        row = measure_point(
+            *ints(spec), ints(args.grids), ints(args.blocks), l2, bw, sms, per_kernel=spec in args.per_kernel.split(";")
+        )
         report["points"].append(row)
         fl, ours = row["floor_us"], row["ours_us"]
         print(f"{spec}: floor {fl:.1f} us, ours {ours:.1f} ({ours / fl:.2f}x)", flush=True)
         for name, m in row["modes"].items():
-            print(f"  {name}: {m['us']:.1f} us ({m['us'] / fl:.2f}x floor; ours / this {ours / m['us']:.2f}) "
-                  f"g={m['ctas_per_sm']} block={m['block']}", flush=True)
+            print(
+                f"  {name}: {m['us']:.1f} us ({m['us'] / fl:.2f}x floor; ours / this {ours / m['us']:.2f}) "
+                f"g={m['ctas_per_sm']} block={m['block']}",
+                flush=True,
+            )
         torch.cuda.empty_cache()
     report["elapsed_s"] = round(time.time() - start, 1)
     with open(args.out, "w") as f:

@@ -6,6 +6,7 @@
 compare form is kernels/sample.py's `_histogram` before tl.histogram (counts and masses); tl.histogram is timed
 over block sizes and warp counts, and its counts are checked equal to the compare form's. do_bench medians.
 """
+
 import json
 import os
 

@@ -44,8 +44,12 @@ def main() -> int:
     src = SyntheticAdapters(cfg, names, 16, max_distinct=4)
     src.prepare(torch.bfloat16, torch.device("cuda" if cuda else "cpu"), write=False)
     arena = PinnedArena(4 * args.packs * (src.nbytes + (1 << 20)), cuda=cuda)
-    report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch_threads": torch.get_num_threads(),
-              "adapter_mb": src.nbytes / 1e6, "arms": {}}
+    report = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "adapter_mb": src.nbytes / 1e6,
+        "arms": {},
+    }
 
     def parts(i: int) -> list[torch.Tensor]:
         mods = src.load(names[i % len(names)]).modules.values()
@@ -58,7 +62,7 @@ def main() -> int:
         dst, off = flat.view(torch.uint8).numpy(), 0
         for t in ps:
             b = t.view(torch.uint8).numpy()
-            np.copyto(dst[off:off + b.size], b)
+            np.copyto(dst[off : off + b.size], b)
             off += b.size
 
     fills = {"torch": fill_torch, "numpy": fill_numpy}
@@ -87,9 +91,11 @@ def main() -> int:
                 t0 = time.perf_counter()
                 three = list(ex.map(pack, range(3 * args.packs)))
                 wall = time.perf_counter() - t0
-            row = {"one_thread_ms_median": 1e3 * statistics.median(one),
-                   "three_threads_ms_median": 1e3 * statistics.median(three),
-                   "three_threads_packs_per_s": len(three) / wall}
+            row = {
+                "one_thread_ms_median": 1e3 * statistics.median(one),
+                "three_threads_ms_median": 1e3 * statistics.median(three),
+                "three_threads_packs_per_s": len(three) / wall,
+            }
             report["arms"][f"{name}-rep{rep}"] = row
             print(name, rep, json.dumps({k: round(v, 1) for k, v in row.items()}), flush=True)
     print("bit identical:", report["bit_identical"])

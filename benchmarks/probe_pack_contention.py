@@ -48,7 +48,7 @@ def fill_numpy(flat, ps):
     dst, off = flat.view(torch.uint8).numpy(), 0
     for t in ps:
         b = t.view(torch.uint8).numpy()
-        np.copyto(dst[off:off + b.size], b)
+        np.copyto(dst[off : off + b.size], b)
         off += b.size
 
 
@@ -84,10 +84,12 @@ class Background:
                         stream.synchronize()
                         self.count += 1
         else:
+
             def loop():
                 while not self.stop.is_set():
                     sum(i * i for i in range(2000))
                     self.count += 1
+
         self.thread = threading.Thread(target=loop, daemon=True)
         self.thread.start()
         time.sleep(0.05)
@@ -117,8 +119,13 @@ def main() -> int:
     threads = [int(t) for t in args.threads.split(",")]
     arena = PinnedArena(max(threads) * 2 * (src.nbytes + (1 << 20)), cuda=cuda)
     n0 = torch.get_num_threads()
-    report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch_threads": n0,
-              "adapter_mb": src.nbytes / 1e6, "packs_per_thread": args.packs, "arms": []}
+    report = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch_threads": n0,
+        "adapter_mb": src.nbytes / 1e6,
+        "packs_per_thread": args.packs,
+        "arms": [],
+    }
 
     def parts(i: int) -> list[torch.Tensor]:
         mods = src.load(names[i % len(names)]).modules.values()
@@ -151,12 +158,20 @@ def main() -> int:
                         ms = list(ex.map(lambda i: pack(FILLS[fname], i), range(nt * args.packs)))
                         wall = time.perf_counter() - t0
                     torch.set_num_threads(n0)  # cat1's initializer also set the default for new threads
-                    row = {"rep": rep, "background": bg, "fill": fname, "threads": nt,
-                           "ms_median": 1e3 * statistics.median(ms), "packs_per_s": len(ms) / wall,
-                           "gb_per_s": len(ms) * src.nbytes / wall / 1e9, "background_iters": b.count}
+                    row = {
+                        "rep": rep,
+                        "background": bg,
+                        "fill": fname,
+                        "threads": nt,
+                        "ms_median": 1e3 * statistics.median(ms),
+                        "packs_per_s": len(ms) / wall,
+                        "gb_per_s": len(ms) * src.nbytes / wall / 1e9,
+                        "background_iters": b.count,
+                    }
                     report["arms"].append(row)
-                    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}),
-                          flush=True)
+                    print(
+                        json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True
+                    )
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
     return 0

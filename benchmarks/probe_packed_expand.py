@@ -34,9 +34,27 @@ from multilora_cli.kernels.sgmv_expand import lora_expand
 
 
 @triton.jit
-def _packed_expand(s_ptr, b_ptr, rank_ptr, idx_ptr, slot_ptr, tiles_ptr, y_ptr, n_split, N, tile_cap,
-                   stride_s_split, stride_s_t, stride_b_slot, stride_b_rank, stride_yt,
-                   BM: tl.constexpr, BN: tl.constexpr, R: tl.constexpr, NSEG: tl.constexpr):
+def _packed_expand(
+    s_ptr,
+    b_ptr,
+    rank_ptr,
+    idx_ptr,
+    slot_ptr,
+    tiles_ptr,
+    y_ptr,
+    n_split,
+    N,
+    tile_cap,
+    stride_s_split,
+    stride_s_t,
+    stride_b_slot,
+    stride_b_rank,
+    stride_yt,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    R: tl.constexpr,
+    NSEG: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     lo = tl.load(tiles_ptr + pid_t)
@@ -57,8 +75,11 @@ def _packed_expand(s_ptr, b_ptr, rank_ptr, idx_ptr, slot_ptr, tiles_ptr, y_ptr, 
     cols = pid_n * BN + tl.arange(0, BN)
     col_ok = cols < N
     ok = row_ok[:, None] & col_ok[None, :]
-    b = tl.load(b_ptr + seg_slot.to(tl.int64)[:, None] * stride_b_slot + kr[:, None] * stride_b_rank + cols[None, :],
-                mask=k_ok[:, None] & col_ok[None, :], other=0.0)  # [NSEG*R, BN] the tile's adapters stacked
+    b = tl.load(
+        b_ptr + seg_slot.to(tl.int64)[:, None] * stride_b_slot + kr[:, None] * stride_b_rank + cols[None, :],
+        mask=k_ok[:, None] & col_ok[None, :],
+        other=0.0,
+    )  # [NSEG*R, BN] the tile's adapters stacked
     y_ptrs = y_ptr + rows[:, None] * stride_yt + cols[None, :]
     yv = tl.load(y_ptrs, mask=ok, other=0.0)
     s_ptrs = s_ptr + rows[:, None] * stride_s_t + kr[None, :]
@@ -97,8 +118,11 @@ def packed_tiles(case: Case, k: int, bm: int, nseg: int, device) -> tuple[torch.
     if cur_rows:
         tiles.append((cur_lo, cur_lo + cur_rows))
     t = torch.tensor(tiles, dtype=torch.int32).T.contiguous()
-    return (torch.tensor(order, dtype=torch.int32, device=device), torch.tensor(slot_of, dtype=torch.int32,
-            device=device), t.to(device))
+    return (
+        torch.tensor(order, dtype=torch.int32, device=device),
+        torch.tensor(slot_of, dtype=torch.int32, device=device),
+        t.to(device),
+    )
 
 
 def main() -> int:
@@ -145,9 +169,28 @@ def main() -> int:
                     order, slot_of, tiles = packs[nseg][i]
                     w = ws[i]
                     _packed_expand[(triton.cdiv(n, bn), tiles.shape[1])](
-                        ss[i], w.b, w.rank, order, slot_of, tiles, case.rot[i]["y"][module], sb.split, n,
-                        tiles.stride(0), ss[i].stride(0), ss[i].stride(1), w.b.stride(0), w.b.stride(2),
-                        case.rot[i]["y"][module].stride(0), BM=16, BN=bn, R=16, NSEG=nseg, num_warps=4)
+                        ss[i],
+                        w.b,
+                        w.rank,
+                        order,
+                        slot_of,
+                        tiles,
+                        case.rot[i]["y"][module],
+                        sb.split,
+                        n,
+                        tiles.stride(0),
+                        ss[i].stride(0),
+                        ss[i].stride(1),
+                        w.b.stride(0),
+                        w.b.stride(2),
+                        case.rot[i]["y"][module].stride(0),
+                        BM=16,
+                        BN=bn,
+                        R=16,
+                        NSEG=nseg,
+                        num_warps=4,
+                    )
+
                 return fn
 
             # correctness on rotation 0: the packed result vs the current one
@@ -162,15 +205,21 @@ def main() -> int:
             times = {}
             for name_rep in range(args.repeats):
                 for mode, fn in [("current pdl", current), ("current no-pdl", current)] + [
-                        (f"packed nseg{s} bn{b}", packed(s, b)) for s in packs for b in (int(v) for v in
-                                                                                          args.bn.split(","))]:
+                    (f"packed nseg{s} bn{b}", packed(s, b)) for s in packs for b in (int(v) for v in args.bn.split(","))
+                ]:
                     pdl.force(pdl.OFF if "no-pdl" in mode or mode.startswith("packed") else None)
                     times.setdefault(mode, []).append(graph_time_us(fn, k, rep_ms=30))
             pdl.force(None)
-            row = dict(tokens=t, adapters=a, module=module, columns=n,
-                       max_rel_err=err, tiles_current=case.rot[0]["meta"].tile_counts[0],
-                       tiles_packed={s: int(packs[s][0][2].shape[1]) for s in packs},
-                       **{m: round(min(v), 2) for m, v in times.items()})
+            row = dict(
+                tokens=t,
+                adapters=a,
+                module=module,
+                columns=n,
+                max_rel_err=err,
+                tiles_current=case.rot[0]["meta"].tile_counts[0],
+                tiles_packed={s: int(packs[s][0][2].shape[1]) for s in packs},
+                **{m: round(min(v), 2) for m, v in times.items()},
+            )
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
         del case

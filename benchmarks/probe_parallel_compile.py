@@ -23,13 +23,16 @@ def _mm(a, b, c, M, N, K, sa, sb, sc, BM: tl.constexpr, BN: tl.constexpr, BK: tl
     rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, K, BK):
-        x = tl.load(a + rm[:, None] * sa + (k + rk)[None, :], mask=(rm[:, None] < M) & ((k + rk)[None, :] < K),
-                    other=0.0)
-        y = tl.load(b + (k + rk)[:, None] * sb + rn[None, :], mask=((k + rk)[:, None] < K) & (rn[None, :] < N),
-                    other=0.0)
+        x = tl.load(
+            a + rm[:, None] * sa + (k + rk)[None, :], mask=(rm[:, None] < M) & ((k + rk)[None, :] < K), other=0.0
+        )
+        y = tl.load(
+            b + (k + rk)[:, None] * sb + rn[None, :], mask=((k + rk)[:, None] < K) & (rn[None, :] < N), other=0.0
+        )
         acc = tl.dot(x, y, acc)
-    tl.store(c + rm[:, None] * sc + rn[None, :], (acc * V).to(c.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    tl.store(
+        c + rm[:, None] * sc + rn[None, :], (acc * V).to(c.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N)
+    )
 
 
 def main() -> None:

@@ -76,7 +76,7 @@ def h2d(t: torch.Tensor) -> dict:
 def matmul_batches(seconds: float, a, b, until: threading.Thread | None = None) -> list[float]:
     out = []
     end = time.perf_counter() + seconds
-    while (until.is_alive() if until is not None else time.perf_counter() < end):
+    while until.is_alive() if until is not None else time.perf_counter() < end:
         t0 = time.perf_counter()
         for _ in range(20):
             a @ b
@@ -92,8 +92,13 @@ def main() -> int:
     args = ap.parse_args()
     n = int(args.gib * GIB)
     torch.cuda.init()
-    report = {"device": torch.cuda.get_device_name(), "gib": args.gib, "thp": thp(), "cpus": __import__("os").cpu_count(),
-              "register": {}}
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "gib": args.gib,
+        "thp": thp(),
+        "cpus": __import__("os").cpu_count(),
+        "register": {},
+    }
     for kind in ("malloc", "malloc-prefault", "thp", "thp-prefault", "arena"):
         if kind == "arena":  # what the engine now builds (engine/pinned.py), registration included
             from multilora_cli.engine.pinned import PinnedArena
@@ -140,9 +145,14 @@ def main() -> int:
         del t
         if m is not None:
             m.close()
-        row = {"register_s": box["s"], "alone_median_ms": 1e3 * statistics.median(alone),
-               "alone_max_ms": 1e3 * max(alone), "beside_median_ms": 1e3 * statistics.median(beside),
-               "beside_max_ms": 1e3 * max(beside), "beside_batches": len(beside)}
+        row = {
+            "register_s": box["s"],
+            "alone_median_ms": 1e3 * statistics.median(alone),
+            "alone_max_ms": 1e3 * max(alone),
+            "beside_median_ms": 1e3 * statistics.median(beside),
+            "beside_max_ms": 1e3 * max(beside),
+            "beside_batches": len(beside),
+        }
         report[f"interference_{kind}"] = row
         print("interference", kind, json.dumps(row), flush=True)
     if args.out:

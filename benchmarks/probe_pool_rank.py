@@ -39,6 +39,7 @@ def _capped(kind: str):
         if CAPS.get(kind) is not None and "maxnreg" not in kwargs:
             kwargs["maxnreg"] = CAPS[kind]
         _launch(kernel, grid, *args, **kwargs)
+
     return launch
 
 
@@ -66,9 +67,16 @@ def resources(case: Case, pools: Pools) -> list[dict]:
         ck = kernel.warmup(*args, grid=(1,), **kwargs)
         if hasattr(ck, "_init_handles"):
             ck._init_handles()
-        rows.append(dict(kernel=kind, module=names[min(i // 2, len(names) - 1)],
-                         regs=getattr(ck, "n_regs", None), spills=getattr(ck, "n_spills", None),
-                         shared=getattr(ck.metadata, "shared", None), warps=kwargs.get("num_warps")))
+        rows.append(
+            dict(
+                kernel=kind,
+                module=names[min(i // 2, len(names) - 1)],
+                regs=getattr(ck, "n_regs", None),
+                spills=getattr(ck, "n_spills", None),
+                shared=getattr(ck.metadata, "shared", None),
+                warps=kwargs.get("num_warps"),
+            )
+        )
     return rows
 
 
@@ -87,6 +95,7 @@ def kernel_fns(case: Case, pools: Pools, module: str):
     def expand(i):
         r = case.rot[i]
         sgmv.lora_expand(s[i], pools.w[module][r["copy"]], r["meta"], r["y"][module], eb)
+
     return shrink, expand
 
 
@@ -133,9 +142,15 @@ def main() -> int:
                     CAPS.clear()
                     CAPS.update(caps)
                     pools[pr].set_rank(rank)
-                    row = dict(tokens=t, adapters=a, rank=rank, arm=name, repeat=rep,
-                               floor_us=round(floor_bytes(t, min(t, a), rank) / bw * 1e6, 2),
-                               **time_point(pools[pr], t, a, rank, l2, per_kernel=(t == 256 and not caps)))
+                    row = dict(
+                        tokens=t,
+                        adapters=a,
+                        rank=rank,
+                        arm=name,
+                        repeat=rep,
+                        floor_us=round(floor_bytes(t, min(t, a), rank) / bw * 1e6, 2),
+                        **time_point(pools[pr], t, a, rank, l2, per_kernel=(t == 256 and not caps)),
+                    )
                     if rep:
                         row.pop("resources")
                     report["rows"].append(row)

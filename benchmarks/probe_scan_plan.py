@@ -57,9 +57,15 @@ def main() -> int:
         for arm, dt in zip(arms, (t1 - t0, t2 - t1, t3 - t2)):
             arms[arm].append(dt / n * 1e3)
     rows = {arm: {"min_ms": round(min(v), 3), "median_ms": round(statistics.median(v), 3)} for arm, v in arms.items()}
-    report = {"host": platform.processor() or platform.machine(), "python": platform.python_version(),
-              "preset": args.preset, "adapters": n, "repeats": args.repeats, "per_adapter": rows,
-              "command": " ".join(["python3", *sys.argv])}
+    report = {
+        "host": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "preset": args.preset,
+        "adapters": n,
+        "repeats": args.repeats,
+        "per_adapter": rows,
+        "command": " ".join(["python3", *sys.argv]),
+    }
     for arm, r in rows.items():
         print(f"{arm:>22}: {r['min_ms']:.2f} ms min, {r['median_ms']:.2f} ms median per adapter")
     if args.out:

@@ -54,12 +54,27 @@ def main() -> int:
     args = p.parse_args()
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    work = Workload(preset=args.preset, num_adapters=args.adapters, max_loras=min(args.adapters, 64), rank=16, distribution="uniform",
-                    num_requests=args.requests, prompt_len=args.prompt_len, output_len=args.output_len,
-                    max_num_seqs=256, max_num_batched_tokens=8192, seed=0)
-    report = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__, triton=triton.__version__,
-                  command=" ".join(["python3"] + sys.argv), import_s=round(IMPORT_S, 2),
-                  cache_entries_at_start=compiled_count())
+    work = Workload(
+        preset=args.preset,
+        num_adapters=args.adapters,
+        max_loras=min(args.adapters, 64),
+        rank=16,
+        distribution="uniform",
+        num_requests=args.requests,
+        prompt_len=args.prompt_len,
+        output_len=args.output_len,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        seed=0,
+    )
+    report = dict(
+        device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        command=" ".join(["python3"] + sys.argv),
+        import_s=round(IMPORT_S, 2),
+        cache_entries_at_start=compiled_count(),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.preset, Path(tmp) / "model")
         cfg = ModelConfig.from_dir(model_dir)
@@ -69,10 +84,13 @@ def main() -> int:
         t = time.perf_counter()
         engine = SyntheticEngine(engine_config(work, model_dir, device), source, cfg)
         sync()
-        report.update(engine_s=round(time.perf_counter() - t, 2), capture_s=round(engine.runner.capture_seconds, 2),
-                      arena_s=round(engine.arena_seconds, 2),
-                      precompile_s=round(getattr(engine.runner, "precompile_seconds", 0.0), 2),
-                      precompiled=getattr(engine.runner, "precompiled", None))
+        report.update(
+            engine_s=round(time.perf_counter() - t, 2),
+            capture_s=round(engine.runner.capture_seconds, 2),
+            arena_s=round(engine.arena_seconds, 2),
+            precompile_s=round(getattr(engine.runner, "precompile_seconds", 0.0), 2),
+            precompiled=getattr(engine.runner, "precompiled", None),
+        )
         for i, tag in enumerate(("first", "second")):
             reqs = work.requests(cfg.vocab_size) if i == 0 else replace(work, seed=1).requests(cfg.vocab_size)
             if i:

@@ -39,8 +39,13 @@ def main() -> int:
     ap.add_argument("--phase", choices=("decode", "prefill"), default="decode")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    work = Workload(preset=args.preset, num_adapters=args.adapters, num_requests=256, output_len=96,
-                    max_loras=max(1, min(args.adapters, 64)))
+    work = Workload(
+        preset=args.preset,
+        num_adapters=args.adapters,
+        num_requests=256,
+        output_len=96,
+        max_loras=max(1, min(args.adapters, 64)),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.preset, Path(tmp) / "m")
         cfg = ModelConfig.from_dir(model_dir)
@@ -82,10 +87,14 @@ def main() -> int:
                 torch.cuda.synchronize()
                 walls.append(time.perf_counter() - t0)
                 gpus.append(a.elapsed_time(b))
-            print(f"prefill step: {batch.num_seqs} seqs, {batch.num_tokens} tokens, "
-                  f"{len({s for s in batch.slots if s >= 0})} adapters")
-            print(f"  step wall (runner.run): {statistics.median(walls) * 1e3:.2f} ms, "
-                  f"events around it: {statistics.median(gpus):.2f} ms")
+            print(
+                f"prefill step: {batch.num_seqs} seqs, {batch.num_tokens} tokens, "
+                f"{len({s for s in batch.slots if s >= 0})} adapters"
+            )
+            print(
+                f"  step wall (runner.run): {statistics.median(walls) * 1e3:.2f} ms, "
+                f"events around it: {statistics.median(gpus):.2f} ms"
+            )
             kernel_table(lambda: real_run(batch))
 
         def kernel_table(step):
@@ -97,7 +106,7 @@ def main() -> int:
             total = sum(e.self_device_time_total for e in events) / 3 / 1e3
             print(f"  kernels, GPU time per step: {total:.2f} ms in {sum(e.count for e in events) // 3} kernels")
             events.sort(key=lambda e: -e.self_device_time_total)
-            for e in events[:args.rows]:
+            for e in events[: args.rows]:
                 print(f"    {e.self_device_time_total / 3 / 1e3:7.3f} ms  {e.count // 3:5d}x  {e.key[:110]}")
 
         def profile(batch):
@@ -127,8 +136,10 @@ def main() -> int:
                 hosts.append(time.perf_counter() - t0)
             torch.cuda.synchronize()
             kv = sum(batch.seq_lens())
-            print(f"decode step: {batch.num_seqs} seqs, {kv} context tokens, "
-                  f"{len({s for s in batch.slots if s >= 0})} adapters")
+            print(
+                f"decode step: {batch.num_seqs} seqs, {kv} context tokens, "
+                f"{len({s for s in batch.slots if s >= 0})} adapters"
+            )
             print(f"  graph step wall (runner.run): {statistics.median(walls) * 1e3:.2f} ms")
             print(f"  graph replay GPU time:        {replay:.2f} ms")
             print(f"  host fill + LoRA meta build:  {statistics.median(hosts) * 1e3:.2f} ms")

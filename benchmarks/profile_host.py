@@ -40,6 +40,7 @@ def profiled(fn):
             return fn(*args, **kwargs)
         finally:
             PROFILE.disable()
+
     return wrapper
 
 
@@ -68,9 +69,11 @@ def main() -> int:
             res = run_multilora_row(work, model_dir, device, bandwidth=bw, base_only=n == 0, host_warm=warm)
             s = io.StringIO()
             pstats.Stats(PROFILE, stream=s).sort_stats("cumulative").print_stats(args.top)
-            head = (f"== row {row}: {res.tokens_per_s:.0f} tok/s, schedule_s {res.extra['schedule_s']:.3f} "
-                    f"(profiled, warm-up included below), host outside steps {res.extra['host_outside_steps_s']:.3f}"
-                    f", read_wait_s {res.extra['read_wait_s']:.3f}, install_host_s {res.extra['install_host_s']:.3f}")
+            head = (
+                f"== row {row}: {res.tokens_per_s:.0f} tok/s, schedule_s {res.extra['schedule_s']:.3f} "
+                f"(profiled, warm-up included below), host outside steps {res.extra['host_outside_steps_s']:.3f}"
+                f", read_wait_s {res.extra['read_wait_s']:.3f}, install_host_s {res.extra['install_host_s']:.3f}"
+            )
             print(head, flush=True)
             lines += [head, s.getvalue()]
     args.out.write_text("\n".join(lines))

@@ -34,7 +34,7 @@ def main() -> int:
     if "--slow-ms" in argv:
         i = argv.index("--slow-ms")
         slow_ms = float(argv[i + 1])
-        del argv[i:i + 2]
+        del argv[i : i + 2]
     per_row: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     row = {"i": 1}  # the e2e row now running (1-based), advanced by the row summary line
@@ -66,6 +66,7 @@ def main() -> int:
                 segs = torch.cuda.memory_stats().get("segment.all.allocated", 0) if torch.cuda.is_available() else 0
                 log(f"  [row {row['i']} ended; cudaMalloc segments so far: {segs}]")
                 row["i"] += 1
+
         return orig_suite(plan, *a, log=log2, **kw)
 
     suite.run_suite = traced_suite  # bench_e2e imports it inside main()

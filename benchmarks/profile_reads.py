@@ -47,8 +47,15 @@ def instrument() -> None:
         try:
             return load(self, name)
         finally:
-            EVENTS.append({"kind": "read", "name": name, "t0": t0, "t1": time.perf_counter(),
-                           "thread": threading.current_thread().name})
+            EVENTS.append(
+                {
+                    "kind": "read",
+                    "name": name,
+                    "t0": t0,
+                    "t1": time.perf_counter(),
+                    "thread": threading.current_thread().name,
+                }
+            )
 
     def timed_copy(self, name):
         cached = name in self._cpu
@@ -82,7 +89,8 @@ def summarise(events: list[dict], t_start: float) -> dict:
     for c in claims:
         per_second[int(c["t0"] - t_start)] = per_second.get(int(c["t0"] - t_start), 0.0) + (c["t1"] - c["t0"])
     return {
-        "reads": len(reads), "read_ms_median": statistics.median(ms) if ms else 0.0,
+        "reads": len(reads),
+        "read_ms_median": statistics.median(ms) if ms else 0.0,
         "read_ms_p90": ms[int(0.9 * (len(ms) - 1))] if ms else 0.0,
         "read_threads": sorted({e["thread"] for e in reads}),
         "reads_on_step_thread": sum(e["thread"] == "MainThread" for e in reads),
@@ -105,7 +113,11 @@ def main() -> int:
     default_threads = engine_mod.PREFETCH_THREADS
     device = torch.device(args.device)
     bw = measure_bandwidth(device)
-    report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "command": " ".join(sys.argv), "rows": []}
+    report = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "command": " ".join(sys.argv),
+        "rows": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.preset, Path(tmp) / "model")
         for row in args.rows.split(","):
@@ -118,23 +130,34 @@ def main() -> int:
             engine_mod.DIRECT_READ = mode == "d"
             synth.SyntheticEngine.FROM_MEMORY = mode == "m"
             n, _, slots = spec.partition("/")
-            work = Workload(preset=args.preset, num_adapters=int(n), max_loras=int(slots or n),
-                            num_requests=args.requests)
+            work = Workload(
+                preset=args.preset, num_adapters=int(n), max_loras=int(slots or n), num_requests=args.requests
+            )
             EVENTS.clear()
             t_start = time.perf_counter()
             res = run_multilora_row(work, model_dir, device, bandwidth=bw)
             t_run = [e["t0"] for e in EVENTS if e["kind"] == "generate"][-1]  # the timed run's start
             timed = [e for e in EVENTS if e["kind"] != "generate" and e["t1"] >= t_run]
-            out = {"row": row, "read_path": {"d": "direct", "o": "load+pack", "m": "memory"}[mode],
-                   "prefetch_threads": engine_mod.PREFETCH_THREADS, "tok_s": res.tokens_per_s, "wall_s": res.wall_s,
-                   "read_wait_s": res.extra["read_wait_s"], "host_outside_steps_s": res.extra["host_outside_steps_s"],
-                   "timed": summarise(timed, t_run), "setup_s": t_run - t_start}
+            out = {
+                "row": row,
+                "read_path": {"d": "direct", "o": "load+pack", "m": "memory"}[mode],
+                "prefetch_threads": engine_mod.PREFETCH_THREADS,
+                "tok_s": res.tokens_per_s,
+                "wall_s": res.wall_s,
+                "read_wait_s": res.extra["read_wait_s"],
+                "host_outside_steps_s": res.extra["host_outside_steps_s"],
+                "timed": summarise(timed, t_run),
+                "setup_s": t_run - t_start,
+            }
             report["rows"].append(out)
             tm = out["timed"]
-            print(f"{row}: {res.tokens_per_s:.0f} tok/s, read_wait {out['read_wait_s']:.2f} s, host outside steps "
-                  f"{out['host_outside_steps_s']:.2f} s, reads {tm['reads']} median {tm['read_ms_median']:.1f} ms "
-                  f"p90 {tm['read_ms_p90']:.1f}, on the step thread {tm['reads_on_step_thread']}, claims "
-                  f"{json.dumps(tm['claims'])}, waits by second {json.dumps(tm['wait_s_by_second'])}", flush=True)
+            print(
+                f"{row}: {res.tokens_per_s:.0f} tok/s, read_wait {out['read_wait_s']:.2f} s, host outside steps "
+                f"{out['host_outside_steps_s']:.2f} s, reads {tm['reads']} median {tm['read_ms_median']:.1f} ms "
+                f"p90 {tm['read_ms_p90']:.1f}, on the step thread {tm['reads_on_step_thread']}, claims "
+                f"{json.dumps(tm['claims'])}, waits by second {json.dumps(tm['wait_s_by_second'])}",
+                flush=True,
+            )
             args.out.write_text(json.dumps(report, indent=1))  # after each row: a cut-off run keeps what it has
     return 0
 

@@ -30,7 +30,12 @@ from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.scheduler import Scheduler
 from multilora_cli.engine.slots import SlotManager
 
-ROWS = {"base": (0, "uniform", None), "64": (64, "uniform", 64), "64z": (64, "zipf", 64), "256/64": (256, "uniform", 64)}
+ROWS = {
+    "base": (0, "uniform", None),
+    "64": (64, "uniform", 64),
+    "64z": (64, "zipf", 64),
+    "256/64": (256, "uniform", 64),
+}
 
 
 class InlinePool:
@@ -45,13 +50,25 @@ class InlinePool:
 def make_engine(work: Workload, base_only: bool):
     block = 16
     per_seq = -(-(work.prompt_len + work.output_len) // block) + 1  # as bench/suite.engine_config
-    cfg = EngineConfig(model="m", max_loras=work.max_loras, max_cpu_loras=work.num_adapters + work.max_loras,
-                       max_num_seqs=work.max_num_seqs, max_num_batched_tokens=work.max_num_batched_tokens,
-                       max_model_len=work.prompt_len + work.output_len, block_size=block,
-                       num_kv_blocks=work.max_num_seqs * per_seq)
-    slots = SlotManager(cfg.max_loras, cfg.max_cpu_loras, load_cpu=lambda n: SimpleNamespace(name=n, staged=None),
-                        install=lambda slot, n, obj: None, evict=lambda slot, n: None,
-                        stage=lambda obj: setattr(obj, "staged", True) or True, stage_ahead=8)
+    cfg = EngineConfig(
+        model="m",
+        max_loras=work.max_loras,
+        max_cpu_loras=work.num_adapters + work.max_loras,
+        max_num_seqs=work.max_num_seqs,
+        max_num_batched_tokens=work.max_num_batched_tokens,
+        max_model_len=work.prompt_len + work.output_len,
+        block_size=block,
+        num_kv_blocks=work.max_num_seqs * per_seq,
+    )
+    slots = SlotManager(
+        cfg.max_loras,
+        cfg.max_cpu_loras,
+        load_cpu=lambda n: SimpleNamespace(name=n, staged=None),
+        install=lambda slot, n, obj: None,
+        evict=lambda slot, n: None,
+        stage=lambda obj: setattr(obj, "staged", True) or True,
+        stage_ahead=8,
+    )
     if not base_only:
         slots._pool = InlinePool()  # the engine runs 3 prefetch threads with adapters, none without
     bm = BlockManager(cfg.num_kv_blocks, block)
@@ -62,8 +79,9 @@ def run(row: str, trace: list | None = None) -> dict:
     n_ad, dist, max_loras = ROWS[row]
     work = Workload(num_adapters=n_ad, distribution=dist, max_loras=max_loras)
     sched, stop = make_engine(work, base_only=n_ad == 0)
-    feed = iter([make_seq(i, a, work.prompt_len, work.output_len, ignore_eos=True)
-                 for i, a in enumerate(work.assignment())])
+    feed = iter(
+        [make_seq(i, a, work.prompt_len, work.output_len, ignore_eos=True) for i, a in enumerate(work.assignment())]
+    )
     t_sched = t_post = 0.0
     steps = done = 0
     pc = time.perf_counter
@@ -86,8 +104,12 @@ def run(row: str, trace: list | None = None) -> dict:
         steps += 1
         done += len(sched.pop_finished())
     assert done == work.num_requests and sched.num_preemptions == 0, (done, sched.num_preemptions)
-    return {"steps": steps, "sched_ms": 1e3 * t_sched / steps, "post_ms": 1e3 * t_post / steps,
-            "loads": sched.slots.loads}
+    return {
+        "steps": steps,
+        "sched_ms": 1e3 * t_sched / steps,
+        "post_ms": 1e3 * t_post / steps,
+        "loads": sched.slots.loads,
+    }
 
 
 def main() -> int:
@@ -107,9 +129,11 @@ def main() -> int:
         res = [run(row) for _ in range(args.repeats)]
         s = [r["sched_ms"] for r in res]
         p = [r["post_ms"] for r in res]
-        print(f"{row:>7}: {res[0]['steps']} steps, {res[0]['loads']} loads | schedule "
-              f"{statistics.median(s):.3f} ms/step (min {min(s):.3f}) | postprocess {statistics.median(p):.3f} "
-              f"(min {min(p):.3f}) | total {statistics.median(a + b for a, b in zip(s, p)):.3f} | trace {digest}")
+        print(
+            f"{row:>7}: {res[0]['steps']} steps, {res[0]['loads']} loads | schedule "
+            f"{statistics.median(s):.3f} ms/step (min {min(s):.3f}) | postprocess {statistics.median(p):.3f} "
+            f"(min {min(p):.3f}) | total {statistics.median(a + b for a, b in zip(s, p)):.3f} | trace {digest}"
+        )
         if args.profile:
             prof = cProfile.Profile()
             prof.runcall(run, row)

@@ -30,8 +30,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
-                or not 0 <= self.temperature < math.inf):
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, (int, float))
+            or not 0 <= self.temperature < math.inf
+        ):
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
@@ -83,8 +86,14 @@ class EngineConfig:
             raise ConfigError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         if self.device not in DEVICES:
             raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        for name in ("max_loras", "max_lora_rank", "max_cpu_loras", "max_num_seqs", "max_num_batched_tokens",
-                     "block_size"):
+        for name in (
+            "max_loras",
+            "max_lora_rank",
+            "max_cpu_loras",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_cpu_loras < self.max_loras:

@@ -11,14 +11,21 @@ import os
 import stat
 from pathlib import Path
 
-from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.config import EngineConfig
 from multilora_cli.errors import UsageError
-from multilora_cli.io.formats import LineSpec
-from multilora_cli.io.ledger import (ADAPTER_FILES, MODEL_FILES, Fingerprint, folder_fingerprint, ledger_path,
-                                     line_hash, short_hash)
+from multilora_cli.io.ledger import (
+    ADAPTER_FILES,
+    MODEL_FILES,
+    Fingerprint,
+    folder_fingerprint,
+    ledger_path,
+    line_hash,
+    short_hash,
+)
+from multilora_cli.io.line import LineSpec
 from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.io.sink import names_a_descriptor
+from multilora_cli.paths import expand_user
 from multilora_cli.runconfig import RunConfig
 
 
@@ -26,8 +33,15 @@ class RunLedger:
     """Ledger lines of one run. `good`: adapter name -> folder of those that passed pre-flight; `pf_errors`: the
     pre-flight failures; `base_names`: names that mean the base model."""
 
-    def __init__(self, cfg: RunConfig, engine_cfg: EngineConfig, model_path: Path, good: dict[str, Path],
-                 pf_errors: dict, base_names: set[str]):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        engine_cfg: EngineConfig,
+        model_path: Path,
+        good: dict[str, Path],
+        pf_errors: dict,
+        base_names: set[str],
+    ):
         self._good, self._pf_errors, self._base_names = good, pf_errors, base_names
         self._line_hashes: dict[int, str] = {}  # key -> hash of the raw line, until its ledger line is made
         self._tags: dict[int, str] = {}  # key -> ledger line, until its record is written
@@ -42,9 +56,14 @@ class RunLedger:
 
         # the effective defaults, so `--max-tokens 16` where generation_config.json says 16 is the same run
         sampling = SamplingResolver(read_generation_config(model_path).sampling, cfg.sampling).base
-        return {"model": folder_fingerprint(model_path, MODEL_FILES, ".safetensors"),
-                "dtype": engine_cfg.dtype, "load_format": engine_cfg.load_format,
-                "max_model_len": engine_cfg.max_model_len, "seed": engine_cfg.seed, "sampling": sampling}
+        return {
+            "model": folder_fingerprint(model_path, MODEL_FILES, ".safetensors"),
+            "dtype": engine_cfg.dtype,
+            "load_format": engine_cfg.load_format,
+            "max_model_len": engine_cfg.max_model_len,
+            "seed": engine_cfg.seed,
+            "sampling": sampling,
+        }
 
     def note_line(self, key: int, raw: bytes) -> None:
         self._line_hashes[key] = line_hash(raw)
@@ -67,8 +86,10 @@ class RunLedger:
         if name is None or name in self._base_names:
             return "this run takes that name for the base model"
         if name in self._good:
-            return f"it is {self._good[name]} now, whose files differ from those that wrote the record (or it " \
-                   "was unknown or failed pre-flight then)"
+            return (
+                f"it is {self._good[name]} now, whose files differ from those that wrote the record (or it "
+                "was unknown or failed pre-flight then)"
+            )
         if name in self._pf_errors:
             return f"in this run it fails pre-flight ({self._pf_errors[name].code}), unlike then"
         return "this run has no adapter of that name (was it dropped from --adapters / --adapter-dir?)"
@@ -96,8 +117,9 @@ def check_ledger_clash(cfg: RunConfig) -> None:
     led = ledger_path(cfg.output).resolve()
     for flag, path in (("INPUT", cfg.input), ("--errors", cfg.errors), ("--stats", cfg.stats)):
         if path not in (None, "-") and expand_user(path).resolve() == led:
-            raise UsageError(f"{flag} {path} is where -o {cfg.output} keeps its --resume ledger; "
-                             f"give {flag} another path")
+            raise UsageError(
+                f"{flag} {path} is where -o {cfg.output} keeps its --resume ledger; give {flag} another path"
+            )
 
 
 def resumable_output(path: str | None, f) -> bool:

@@ -13,11 +13,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from multilora_cli.adapters.resolve import expand_user
-from multilora_cli.io.formats import Format, LineSpec
+from multilora_cli.io.formats import Format
 from multilora_cli.io.ledger import ledger_path, open_ledger
+from multilora_cli.io.line import LineSpec
 from multilora_cli.io.resume import ResumePlan, scan_output, truncate_torn, verify_prefix
 from multilora_cli.io.writer import OrderedWriter, check_writable, open_output
+from multilora_cli.paths import expand_user
 from multilora_cli.run_ledger import RunLedger, resumable_output
 from multilora_cli.run_setup import note
 from multilora_cli.runconfig import RunConfig
@@ -47,16 +48,26 @@ class RunOutputs:
             check_writable(cfg.errors, "errors file")
         if not cfg.resume:
             return self.plan
-        plan = self.plan = verify_prefix(scan_output(cfg.output), specs, fmt, self._kept_errors,
-                                         self.ledger.fingerprint if self.ledger is not None else None)
+        plan = self.plan = verify_prefix(
+            scan_output(cfg.output),
+            specs,
+            fmt,
+            self._kept_errors,
+            self.ledger.fingerprint if self.ledger is not None else None,
+        )
         truncate_torn(plan)
         if plan.unverified:
-            note(f"warning: {cfg.output} has no --resume ledger {ledger_path(cfg.output)} (written by an "
-                 f"older multilora, or copied without it): its {plan.kept} records were checked by id "
-                 "only, not by prompt or settings")
+            note(
+                f"warning: {cfg.output} has no --resume ledger {ledger_path(cfg.output)} (written by an "
+                f"older multilora, or copied without it): its {plan.kept} records were checked by id "
+                "only, not by prompt or settings"
+            )
         if plan.exists:
-            note(f"resuming {cfg.output}: {plan.kept} records kept"
-                 + (f", dropped a torn last line of {plan.torn_bytes} bytes" if plan.torn_bytes else ""), cfg.quiet)
+            note(
+                f"resuming {cfg.output}: {plan.kept} records kept"
+                + (f", dropped a torn last line of {plan.torn_bytes} bytes" if plan.torn_bytes else ""),
+                cfg.quiet,
+            )
         else:
             note(f"--resume: {cfg.output} does not exist yet; starting from the first line", cfg.quiet)
         return plan

@@ -38,8 +38,9 @@ def max_loras(cfg: RunConfig, pf, n_adapters: int) -> int:
         return pf.max_loras
     eng = cfg.engine
     itemsize = 4 if eng.get("dtype") == "float32" else 2
-    spare = spare_gpu_bytes(eng.get("device", "auto"), pf.model_config, itemsize,
-                            eng.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION))
+    spare = spare_gpu_bytes(
+        eng.get("device", "auto"), pf.model_config, itemsize, eng.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
+    )
     if spare is None:
         return pf.max_loras
     return auto_max_loras(n_adapters, slot_bytes(pf.model_config, pf.max_lora_rank, itemsize), spare)
@@ -47,9 +48,13 @@ def max_loras(cfg: RunConfig, pf, n_adapters: int) -> int:
 
 def engine_config(cfg: RunConfig, pf, good: dict[str, Path]) -> EngineConfig:
     """The EngineConfig of a run whose adapters `good` passed pre-flight `pf`."""
-    return EngineConfig(model=str(pf.model_path), max_loras=max_loras(cfg, pf, len(good)),
-                        max_lora_rank=pf.max_lora_rank, **({"seed": cfg.seed} if cfg.seed is not None else {}),
-                        **cfg.engine)
+    return EngineConfig(
+        model=str(pf.model_path),
+        max_loras=max_loras(cfg, pf, len(good)),
+        max_lora_rank=pf.max_lora_rank,
+        **({"seed": cfg.seed} if cfg.seed is not None else {}),
+        **cfg.engine,
+    )
 
 
 def why(name: str, err) -> str:
@@ -57,7 +62,7 @@ def why(name: str, err) -> str:
     text = err.one_line()
     for prefix in (f"adapter {name!r}: ", f"adapter {name!r} "):
         if text.startswith(prefix):
-            text = text[len(prefix):]
+            text = text[len(prefix) :]
             if text.startswith("("):  # "(./path/adapter_config.json) uses DoRA" -> "./path/...: uses DoRA"
                 inside, _, after = text[1:].partition(")")
                 text = f"{inside}: {after.lstrip(': ')}"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import UsageError
-from multilora_cli.io.sink import names_a_descriptor
 from multilora_cli.io.sampling import SamplingResolver
+from multilora_cli.io.sink import names_a_descriptor
+from multilora_cli.paths import expand_user
 
 BASE = "base"
 
@@ -41,8 +41,11 @@ class RunConfig:
         if self.resume and self.output in (None, "-"):
             raise UsageError("--resume needs -o/--output: a run written to stdout cannot be resumed")
         if self.resume and names_a_descriptor(self.output):
-            raise UsageError(f"--resume needs -o FILE: {self.output} is an open descriptor, not a file a run can "
-                             "keep its --resume ledger beside", hint="give -o the output file's own path")
+            raise UsageError(
+                f"--resume needs -o FILE: {self.output} is an open descriptor, not a file a run can "
+                "keep its --resume ledger beside",
+                hint="give -o the output file's own path",
+            )
         if self.gpu_hour_usd is not None and self.gpu_hour_usd < 0:
             raise UsageError(f"--gpu-hour-usd must be >= 0, got {self.gpu_hour_usd}")
         for flag, path in (("--errors", self.errors), ("--stats", self.stats)):
@@ -69,5 +72,5 @@ def base_aliases(model_names: list[str | None], model_path: Path, adapters=()) -
     names = {BASE, str(model_path), model_path.name}
     names.update(n for n in model_names if n)
     if model_path.parent.name == "snapshots" and model_path.parent.parent.name.startswith("models--"):
-        names.add(model_path.parent.parent.name[len("models--"):].replace("--", "/"))
+        names.add(model_path.parent.parent.name[len("models--") :].replace("--", "/"))
     return names - (set(adapters) - {BASE})

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from multilora_cli.config import EngineConfig
 from multilora_cli.errors import EXIT_OK, EXIT_PARTIAL, EngineError
-from multilora_cli.io.formats import LineSpec, parse_line
+from multilora_cli.io.formats import parse_line
+from multilora_cli.io.line import LineSpec
 from multilora_cli.io.progress import make_progress, print_summary
 from multilora_cli.io.reader import InputReader, count_records, open_input
 from multilora_cli.io.sampling import SamplingResolver
@@ -35,8 +36,17 @@ from multilora_cli.runconfig import RunConfig, base_aliases
 
 # Error records whose line could not be read far enough to name an adapter are tallied apart from "base".
 UNREAD = "(unread)"
-UNREAD_CODES = frozenset({"invalid_json", "invalid_utf8", "missing_custom_id", "invalid_method", "invalid_url",
-                          "missing_body", "missing_model"})
+UNREAD_CODES = frozenset(
+    {
+        "invalid_json",
+        "invalid_utf8",
+        "missing_custom_id",
+        "invalid_method",
+        "invalid_url",
+        "missing_body",
+        "missing_model",
+    }
+)
 
 
 class RunJob:
@@ -86,8 +96,9 @@ class RunJob:
             spec.fail(f"adapter {name!r} failed pre-flight: {why(name, err)}", err.code)
         else:
             known = ", ".join(sorted(self._good)) or "none"
-            spec.fail(f"unknown adapter {name!r} (known: {known}; add it with --adapters {name}=PATH)",
-                      "unknown_adapter")
+            spec.fail(
+                f"unknown adapter {name!r} (known: {known}; add it with --adapters {name}=PATH)", "unknown_adapter"
+            )
         return None
 
     def _requests(self, specs: Iterator[LineSpec]):
@@ -101,8 +112,15 @@ class RunJob:
             if spec.error is not None:
                 self._emit_error(spec, spec.error.code, spec.error.one_line())
                 continue
-            req = Request(key=spec.key, id=str(spec.id), adapter=adapter, prompt=spec.prompt,
-                          messages=spec.messages, prompt_token_ids=spec.prompt_token_ids, sampling=params)
+            req = Request(
+                key=spec.key,
+                id=str(spec.id),
+                adapter=adapter,
+                prompt=spec.prompt,
+                messages=spec.messages,
+                prompt_token_ids=spec.prompt_token_ids,
+                sampling=params,
+            )
             spec.prompt = spec.messages = spec.prompt_token_ids = None  # the engine holds them now
             with self._lock:
                 self._inflight[spec.key] = (spec, adapter)
@@ -121,16 +139,20 @@ class RunJob:
 
     def _stat_name(self, spec: LineSpec) -> str | None:
         name = spec.adapter
-        if name is None and spec.error is not None and (spec.error.code in UNREAD_CODES
-                                                        or "adapter_raw" in spec.meta):
+        if name is None and spec.error is not None and (spec.error.code in UNREAD_CODES or "adapter_raw" in spec.meta):
             return UNREAD  # the line never said which adapter: not a base request
         return None if name is None or name in self._base_names else str(name)
 
     def _tick(self) -> None:
         slots = getattr(self.engine, "slots", None)  # live counter; EngineStats is synced at the end
         slot_loads = getattr(slots, "loads", None) or getattr(getattr(self.engine, "stats", None), "slot_loads", 0)
-        self.progress.update(self.writer.written, self.stats.errors, self.stats.total_tokens,
-                             sum(1 for a, n in self._active.items() if n > 0 and a), slot_loads)
+        self.progress.update(
+            self.writer.written,
+            self.stats.errors,
+            self.stats.total_tokens,
+            sum(1 for a, n in self._active.items() if n > 0 and a),
+            slot_loads,
+        )
 
     def _on_result(self, res) -> None:
         with self._lock:
@@ -164,11 +186,9 @@ class RunJob:
             self._base_names = base_aliases([cfg.model, pf.model], Path(pf.model_path), [*pf.adapters, *pf.errors])
             engine_cfg = engine_config(cfg, pf, self._good)
             if cfg.output not in (None, "-"):
-                self._ledger = RunLedger(cfg, engine_cfg, Path(pf.model_path), self._good, pf.errors,
-                                         self._base_names)
+                self._ledger = RunLedger(cfg, engine_cfg, Path(pf.model_path), self._good, pf.errors, self._base_names)
             if cfg.input == "-" and sys.stdin.isatty():  # `multilora run -` typed alone waits here, silently
-                note("reading requests from the terminal (stdin): one JSON object per line, Ctrl-D to end",
-                     cfg.quiet)
+                note("reading requests from the terminal (stdin): one JSON object per line, Ctrl-D to end", cfg.quiet)
             reader = InputReader(source, in_name)
             self._fmt = reader.format
             specs = self._unique(self._parse(reader))
@@ -221,16 +241,20 @@ class RunJob:
                 self._on_result(res)
             if self._inflight or self.writer.pending:
                 lines = sorted(s.lineno for s, _ in self._inflight.values())[:5]
-                raise EngineError(f"internal: the engine finished without results for {len(self._inflight)} "
-                                  f"requests (input lines {lines})")
+                raise EngineError(
+                    f"internal: the engine finished without results for {len(self._inflight)} "
+                    f"requests (input lines {lines})"
+                )
         except BaseException as exc:  # fatal error, bug or Ctrl-C: the output is a valid prefix; say how to go on
             if isinstance(exc, KeyboardInterrupt):
                 stop_on_next_signal(force=self._engine_factory is None)
             self.progress.close()
             if self._resumable:  # -o /dev/stdout or a FIFO: nothing to --resume
                 done = self.stats.resumed + self.writer.written
-                note(f"stopped after {done} record{'' if done == 1 else 's'} in {cfg.output}; "
-                     "rerun the same command with --resume to finish")
+                note(
+                    f"stopped after {done} record{'' if done == 1 else 's'} in {cfg.output}; "
+                    "rerun the same command with --resume to finish"
+                )
             raise
         self.progress.close()
         return self._finish(t0, in_name, self.engine.stats.to_dict())
@@ -238,9 +262,15 @@ class RunJob:
     def _finish(self, t0: float, in_name: str, engine_stats: dict | None) -> int:
         cfg = self.cfg
         info = {} if engine_stats is not None else {"model": str(self._pf.model_path)}  # no engine was needed
-        stats = self.stats.to_dict(engine=engine_stats, wall_seconds=time.perf_counter() - t0,
-                                   gpu_hour_usd=cfg.gpu_hour_usd, input=in_name,
-                                   output=cfg.output or "<stdout>", format=self._fmt.name, **info)
+        stats = self.stats.to_dict(
+            engine=engine_stats,
+            wall_seconds=time.perf_counter() - t0,
+            gpu_hour_usd=cfg.gpu_hour_usd,
+            input=in_name,
+            output=cfg.output or "<stdout>",
+            format=self._fmt.name,
+            **info,
+        )
         if engine_stats is not None and hasattr(self.engine, "annotate_stats"):
             self.engine.annotate_stats(stats)  # e.g. a data-parallel run's per-worker section
         if cfg.stats:

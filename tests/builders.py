@@ -30,8 +30,13 @@ def tiny_config(arch: str = "llama", **overrides):
     if arch in ("llama", "llama-tied", "llama3"):
         kw["tie_word_embeddings"] = arch == "llama-tied"
         if arch == "llama3":
-            kw["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+            kw["rope_scaling"] = {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
             kw["rope_theta"] = 500000.0
         cfg = tf.LlamaConfig(**{**kw, **overrides})
     elif arch == "mistral":
@@ -60,16 +65,30 @@ def build_base(path: Path, arch: str = "llama", seed: int = 0, dtype=torch.float
     return Path(path)
 
 
-def build_adapter(base_path: Path, out: Path, *, r: int = 8, alpha: float = 16, targets=("q_proj", "v_proj"),
-                  seed: int = 1, safetensors: bool = True, **lora_kw) -> Path:
+def build_adapter(
+    base_path: Path,
+    out: Path,
+    *,
+    r: int = 8,
+    alpha: float = 16,
+    targets=("q_proj", "v_proj"),
+    seed: int = 1,
+    safetensors: bool = True,
+    **lora_kw,
+) -> Path:
     """Write a real PEFT LoRA adapter for the model at `base_path` with random lora_A and lora_B."""
     import peft
     import transformers as tf
 
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    cfg = peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets) if not isinstance(targets, str)
-                          else targets, lora_dropout=0.0, **lora_kw)
+    cfg = peft.LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        target_modules=list(targets) if not isinstance(targets, str) else targets,
+        lora_dropout=0.0,
+        **lora_kw,
+    )
     pm = peft.get_peft_model(model, cfg)
     with torch.no_grad():
         for name, p in pm.named_parameters():
@@ -103,19 +122,24 @@ def build_tokenizer(path: Path, vocab_size: int = 256) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}assistant:{% endif %}",
-    }))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}assistant:{% endif %}",
+            }
+        )
+    )
     return path
 
 
 MIXED_ADAPTERS = {  # name -> build_adapter kwargs: different ranks, targets, rsLoRA, rank_pattern
     "qv8": dict(r=8, alpha=16, targets=("q_proj", "v_proj"), seed=11),
     "all4rs": dict(r=4, alpha=8, targets="all-linear", use_rslora=True, seed=12),
-    "mlp16": dict(r=16, alpha=32, targets=("o_proj", "up_proj", "down_proj"), rank_pattern={"down_proj": 2},
-                  seed=13),
+    "mlp16": dict(r=16, alpha=32, targets=("o_proj", "up_proj", "down_proj"), rank_pattern={"down_proj": 2}, seed=13),
 }
 
 

@@ -40,8 +40,9 @@ def test_version(capsys):
 
 
 def test_version_through_python_dash_m():
-    p = subprocess.run([sys.executable, "-m", "multilora_cli", "--version"], capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "multilora_cli", "--version"], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == f"multilora {__version__}"
 
@@ -129,8 +130,20 @@ def test_run_help_shows_flags_as_flags_and_states_defaults(capsys, monkeypatch):
     rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│ --")}
     for flag in ("--resume", "--quiet"):
         assert "<bool>" not in rows[flag], rows[flag]
-    for flag in ("--max-tokens", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--max-num-seqs",
-                 "--max-model-len", "--seed", "--temperature", "--top-p", "--top-k", "--dtype", "--device"):
+    for flag in (
+        "--max-tokens",
+        "--max-loras",
+        "--max-lora-rank",
+        "--max-cpu-loras",
+        "--max-num-seqs",
+        "--max-model-len",
+        "--seed",
+        "--temperature",
+        "--top-p",
+        "--top-k",
+        "--dtype",
+        "--device",
+    ):
         assert "default" in rows[flag].lower(), rows[flag]
     for argv in (["inspect", "-h"], ["economics", "-h"], ["demo", "-h"], ["-h"]):
         code, out, _ = call(argv, capsys)

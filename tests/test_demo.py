@@ -73,7 +73,7 @@ def _lora_from_files(adapter_dir: Path) -> tinyllama.LoraParams:
     with safe_open(adapter_dir / "adapter_model.safetensors", "pt") as f:
         t = {k: f.get_tensor(k) for k in f.keys()}
     pre, suf = "base_model.model.", ".lora_A.weight"
-    return {k[len(pre):-len(suf)]: (t[k], t[k.replace("lora_A", "lora_B")], scaling) for k in t if k.endswith(suf)}
+    return {k[len(pre) : -len(suf)]: (t[k], t[k.replace("lora_A", "lora_B")], scaling) for k in t if k.endswith(suf)}
 
 
 def test_layout_is_hugging_face_and_peft(demo):
@@ -88,8 +88,12 @@ def test_layout_is_hugging_face_and_peft(demo):
     with safe_open(base / "model.safetensors", "pt") as f:
         keys = set(f.keys())
         assert f.get_tensor("model.embed_tokens.weight").shape == (cfg["vocab_size"], cfg["hidden_size"])
-    assert {"model.norm.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight",
-            f"model.layers.{cfg['num_hidden_layers'] - 1}.mlp.down_proj.weight"} <= keys
+    assert {
+        "model.norm.weight",
+        "lm_head.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        f"model.layers.{cfg['num_hidden_layers'] - 1}.mlp.down_proj.weight",
+    } <= keys
     ranks = set()
     for spec in DemoSpec().adapters:
         acfg = json.loads((demo / spec.name / "adapter_config.json").read_text())
@@ -160,16 +164,19 @@ def test_peft_loads_each_adapter_and_it_changes_the_output(demo, hf_base):
     w = load_file(demo / "base" / "model.safetensors")
     cfg = json.loads((demo / "base" / "config.json").read_text())
     eos = [tok.convert_tokens_to_ids(t) for t in (tokenizer.EOS, tokenizer.EOT)]
-    probes = [r.get("prompt") or tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
-              for r in prompts.PROMPTS]
+    probes = [
+        r.get("prompt") or tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+        for r in prompts.PROMPTS
+    ]
     encoded = [tok(p, add_special_tokens=not p.startswith(tokenizer.BOS))["input_ids"] for p in probes]
 
     def greedy(model) -> list[str]:
         outs = []
         for seq in encoded:
-            g = model.generate(input_ids=torch.tensor([seq]), max_new_tokens=24, do_sample=False, eos_token_id=eos,
-                               pad_token_id=eos[0])
-            outs.append(tok.decode(g[0, len(seq):], skip_special_tokens=True))
+            g = model.generate(
+                input_ids=torch.tensor([seq]), max_new_tokens=24, do_sample=False, eos_token_id=eos, pad_token_id=eos[0]
+            )
+            outs.append(tok.decode(g[0, len(seq) :], skip_special_tokens=True))
         return outs
 
     with torch.no_grad():
@@ -228,16 +235,18 @@ def test_existing_dirs(demo, tmp_path, capsys):
 
 
 def test_make_demo_wrapper_is_the_command():
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / "make_demo.py"), "--help"], capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "make_demo.py"), "--help"], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     assert "--force" in p.stdout and "OUT_DIR" in p.stdout.upper()
 
 
 def test_ci_runs_readme_test_command_verbatim():
     _, two = readme_commands()
-    p = subprocess.run(["bash", str(ROOT / ".ci" / "run"), "--print-command"], capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "run"), "--print-command"], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.rstrip("\n") == two
     assert "pip install torch==2.13.0" in two and "'.[test]'" in two and "TRITON_INTERPRET=1 python -m pytest" in two

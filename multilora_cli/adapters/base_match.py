@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multilora_cli.adapters.resolve import expand_user
+from multilora_cli.paths import expand_user
 
 
 def model_key(spec: str) -> str:
@@ -48,7 +48,9 @@ def mismatch_warnings(declared: dict[str, str | None], given: str, given_path: P
     for base, names in by_base.items():
         listed = ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         one = len(names) == 1
-        out.append(f"{'adapter' if one else 'adapters'} {listed} {'names' if one else 'name'} base model {base!r} "
-                   f"in adapter_config.json, not the --model {given!r} {'it runs' if one else 'they run'} on "
-                   "(the shapes fit)")
+        out.append(
+            f"{'adapter' if one else 'adapters'} {listed} {'names' if one else 'name'} base model {base!r} "
+            f"in adapter_config.json, not the --model {given!r} {'it runs' if one else 'they run'} on "
+            "(the shapes fit)"
+        )
     return out

@@ -51,12 +51,17 @@ class AdapterConfig:
 
     def __post_init__(self) -> None:
         def bad(what: str) -> AdapterError:
-            return AdapterError(f"{self.source}: {what}", hint="fix adapter_config.json or re-save the adapter with PEFT")
+            return AdapterError(
+                f"{self.source}: {what}", hint="fix adapter_config.json or re-save the adapter with PEFT"
+            )
 
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r <= 0:
             raise bad(f"r must be a positive integer (the LoRA rank), got {self.r!r}")
-        if isinstance(self.lora_alpha, bool) or not isinstance(self.lora_alpha, (int, float)) \
-                or not math.isfinite(self.lora_alpha):
+        if (
+            isinstance(self.lora_alpha, bool)
+            or not isinstance(self.lora_alpha, (int, float))
+            or not math.isfinite(self.lora_alpha)
+        ):
             raise bad(f"lora_alpha must be a number, got {self.lora_alpha!r}")
         if isinstance(self.target_modules, (list, tuple, set)):
             self.target_modules = sorted(str(t) for t in self.target_modules)
@@ -77,18 +82,24 @@ class AdapterConfig:
                 re.compile(self.exclude_modules)
             except re.error as e:
                 raise bad(f"exclude_modules regex {self.exclude_modules!r} is invalid: {e}") from None
-        if self.modules_to_save is not None and not (isinstance(self.modules_to_save, list)
-                                                     and all(isinstance(m, str) for m in self.modules_to_save)):
+        if self.modules_to_save is not None and not (
+            isinstance(self.modules_to_save, list) and all(isinstance(m, str) for m in self.modules_to_save)
+        ):
             raise bad(f"modules_to_save must be a list of module names, got {self.modules_to_save!r}")
         if self.base_model_name_or_path is not None and not isinstance(self.base_model_name_or_path, str):
             raise bad(f"base_model_name_or_path must be a string, got {self.base_model_name_or_path!r}")
-        for name, pattern, kind in (("rank_pattern", self.rank_pattern, int), ("alpha_pattern", self.alpha_pattern, float)):
+        for name, pattern, kind in (
+            ("rank_pattern", self.rank_pattern, int),
+            ("alpha_pattern", self.alpha_pattern, float),
+        ):
             if not isinstance(pattern, dict):
                 raise bad(f"{name} must be an object, got {pattern!r}")
             for key, value in pattern.items():
                 ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
                 if not ok or isinstance(value, bool) or (kind is int and value <= 0):
-                    raise bad(f"{name}[{key!r}] must be a positive {'integer' if kind is int else 'number'}, got {value!r}")
+                    raise bad(
+                        f"{name}[{key!r}] must be a positive {'integer' if kind is int else 'number'}, got {value!r}"
+                    )
                 try:
                     re.compile(key)
                 except re.error as e:
@@ -96,14 +107,17 @@ class AdapterConfig:
         if self.bias not in _BIAS:
             raise bad(f"bias must be one of {', '.join(_BIAS)}, got {self.bias!r}")
         ltt = self.layers_to_transform
-        if not (ltt is None or (isinstance(ltt, int) and not isinstance(ltt, bool))
-                or (isinstance(ltt, list) and all(isinstance(i, int) for i in ltt))):
+        if not (
+            ltt is None
+            or (isinstance(ltt, int) and not isinstance(ltt, bool))
+            or (isinstance(ltt, list) and all(isinstance(i, int) for i in ltt))
+        ):
             raise bad(f"layers_to_transform must be an integer or a list of integers, got {ltt!r}")
         self.peft_type = str(self.peft_type or "LORA").upper()
 
     # Parsing ------------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, raw: dict, source: str = CONFIG_NAME) -> "AdapterConfig":
+    def from_dict(cls, raw: dict, source: str = CONFIG_NAME) -> AdapterConfig:
         """Build from a parsed adapter_config.json; unknown keys go to `extra`."""
         if not isinstance(raw, dict):
             raise AdapterError(f"{source}: expected a JSON object, got {type(raw).__name__}")
@@ -114,7 +128,7 @@ class AdapterConfig:
         return cls(**kw, extra={k: v for k, v in raw.items() if k not in names}, source=source)
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "AdapterConfig":
+    def from_dir(cls, path: str | Path) -> AdapterConfig:
         """Read `<path>/adapter_config.json`. Raises AdapterError if missing or not valid JSON."""
         p = Path(path) / CONFIG_NAME
         if not p.is_file():
@@ -211,12 +225,14 @@ class AdapterConfig:
         for head in ("embed_tokens", "lm_head"):
             if any(t == head or t.endswith(f".{head}") for t in targets):
                 out.append(f"LoRA on {head} ({'embedding' if head == 'embed_tokens' else 'output head'} LoRA)")
-        for key, label in (("target_parameters", "LoRA on parameters (target_parameters)"),
-                           ("trainable_token_indices", "trainable token embeddings (trainable_token_indices)"),
-                           ("layer_replication", "layer_replication"),
-                           ("alora_invocation_tokens", "activated LoRA (alora_invocation_tokens)"),
-                           ("use_qalora", "QALoRA (use_qalora=true)"),
-                           ("use_bdlora", "block-diagonal LoRA (use_bdlora)")):
+        for key, label in (
+            ("target_parameters", "LoRA on parameters (target_parameters)"),
+            ("trainable_token_indices", "trainable token embeddings (trainable_token_indices)"),
+            ("layer_replication", "layer_replication"),
+            ("alora_invocation_tokens", "activated LoRA (alora_invocation_tokens)"),
+            ("use_qalora", "QALoRA (use_qalora=true)"),
+            ("use_bdlora", "block-diagonal LoRA (use_bdlora)"),
+        ):
             if self.extra.get(key):
                 out.append(label)
         return out
@@ -231,8 +247,10 @@ def _no_config_hint(folder: Path) -> str:
     subs = [e.name for e in entries if e.is_dir() and (e / CONFIG_NAME).is_file()]
     if subs:
         listed = ", ".join(subs[:5]) + (f", ... ({len(subs)} in all)" if len(subs) > 5 else "")
-        return (f"it holds adapters in subfolders ({listed}): point at one, e.g. {folder / subs[0]}, "
-                "or pass the folder to `multilora run --adapter-dir`")
+        return (
+            f"it holds adapters in subfolders ({listed}): point at one, e.g. {folder / subs[0]}, "
+            "or pass the folder to `multilora run --adapter-dir`"
+        )
     if (folder / "config.json").is_file():
         return "it is a base model folder (config.json), not an adapter: pass it with --model"
     if not entries:

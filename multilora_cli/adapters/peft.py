@@ -18,8 +18,10 @@ from multilora_cli.adapters.scan import all_finite, nonfinite, scan_adapter
 from multilora_cli.models.config import FUSED, FUSED_MODULES, ModelConfig
 
 # fused module -> PEFT names of its slices, in slice order: qkv_proj -> [q_proj, k_proj, v_proj]
-SLICES = {f: [n for n, _ in sorted(((n, i) for n, (g, i) in FUSED.items() if g == f), key=lambda t: t[1])]
-          for f in FUSED_MODULES}
+SLICES = {
+    f: [n for n, _ in sorted(((n, i) for n, (g, i) in FUSED.items() if g == f), key=lambda t: t[1])]
+    for f in FUSED_MODULES
+}
 
 
 @dataclass(slots=True)
@@ -84,8 +86,9 @@ class LoraAdapter:
         return out
 
 
-def load_adapter(path: Path, name: str, model_config: ModelConfig | None = None, *,
-                 dtype: torch.dtype | None = None) -> LoraAdapter:
+def load_adapter(
+    path: Path, name: str, model_config: ModelConfig | None = None, *, dtype: torch.dtype | None = None
+) -> LoraAdapter:
     """Read and validate the PEFT LoRA adapter in folder `path` (named `name` in messages).
 
     With `model_config`, layers and in/out features are checked against the base model. `dtype` converts the
@@ -102,8 +105,14 @@ def load_adapter(path: Path, name: str, model_config: ModelConfig | None = None,
         if dtype is not None:
             a, b = a.to(dtype), b.to(dtype)
         modules[(layer, module)] = LoraModule(a=a, b=b, scaling=spec.scaling)
-    return LoraAdapter(name=name, path=scan.path, config=scan.config, modules=modules,
-                       base_model=scan.config.base_model_name_or_path, weights_path=scan.weights_path,
-                       stored_dtype=scan.stored_dtype, stored_nbytes=scan.stored_nbytes,
-                       module_names=scan.module_names)
-
+    return LoraAdapter(
+        name=name,
+        path=scan.path,
+        config=scan.config,
+        modules=modules,
+        base_model=scan.config.base_model_name_or_path,
+        weights_path=scan.weights_path,
+        stored_dtype=scan.stored_dtype,
+        stored_nbytes=scan.stored_nbytes,
+        module_names=scan.module_names,
+    )

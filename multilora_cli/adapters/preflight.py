@@ -15,9 +15,10 @@ from pathlib import Path
 
 from multilora_cli.adapters.base_match import mismatch_warnings
 from multilora_cli.adapters.config import CONFIG_NAME, AdapterConfig
-from multilora_cli.adapters.resolve import expand_user, looks_like_path, resolve
+from multilora_cli.adapters.resolve import looks_like_path, resolve
 from multilora_cli.errors import AdapterError, MultiloraError, ResolveError, UsageError
 from multilora_cli.models.config import ModelConfig
+from multilora_cli.paths import expand_user
 
 RESERVED_NAMES = ("base",)
 DEFAULT_MAX_LORAS = 8  # slots to preallocate when --max-loras is not given (vLLM's --max-loras default is 1)
@@ -67,11 +68,15 @@ def parse_adapter_specs(items: list[str], adapter_dir: str | None) -> dict[str, 
         if not name or not spec:
             raise UsageError(f"{origin}: expected NAME=PATH, a path or a Hub id", hint="e.g. --adapters legal=./legal")
         if name.lower() in RESERVED_NAMES:
-            raise UsageError(f"{origin}: adapter name {name!r} is reserved for the base model",
-                             hint="give the adapter another name with NAME=PATH")
+            raise UsageError(
+                f"{origin}: adapter name {name!r} is reserved for the base model",
+                hint="give the adapter another name with NAME=PATH",
+            )
         if name in out and not _same(out[name], spec):
-            raise UsageError(f"adapter name {name!r} is given twice: {out[name]!r} and {spec!r}",
-                             hint="give them different names with NAME=PATH")
+            raise UsageError(
+                f"adapter name {name!r} is given twice: {out[name]!r} and {spec!r}",
+                hint="give them different names with NAME=PATH",
+            )
         out.setdefault(name, spec)
 
     for item in items or []:
@@ -89,11 +94,15 @@ def parse_adapter_specs(items: list[str], adapter_dir: str | None) -> dict[str, 
         if not root.is_dir():
             raise UsageError(f"--adapter-dir {adapter_dir!r} is not a directory")
         # hidden folders (.old-x, .Trash-1000, .cache) are skipped, as a shell glob would
-        subs = sorted(p for p in root.iterdir()
-                      if p.is_dir() and not p.name.startswith(".") and (p / CONFIG_NAME).is_file())
+        subs = sorted(
+            p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / CONFIG_NAME).is_file()
+        )
         if not subs:
-            hint = "it is an adapter itself: use --adapters" if (root / CONFIG_NAME).is_file() else \
-                "put each adapter in its own subfolder"
+            hint = (
+                "it is an adapter itself: use --adapters"
+                if (root / CONFIG_NAME).is_file()
+                else "put each adapter in its own subfolder"
+            )
             raise UsageError(f"--adapter-dir {adapter_dir!r} has no subfolder holding {CONFIG_NAME}", hint=hint)
         for sub in subs:
             add(sub.name, str(sub), f"--adapter-dir {adapter_dir!r}")
@@ -116,8 +125,9 @@ def adapter_base(adapter_path: Path, config: AdapterConfig) -> str | None:
     return base
 
 
-def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None = None,
-              max_lora_rank: int | None = None) -> Preflight:
+def preflight(
+    specs: dict[str, str], model: str | None, *, max_loras: int | None = None, max_lora_rank: int | None = None
+) -> Preflight:
     """Resolve and validate every adapter against the base model; size the slot pool.
 
     model: the --model given, else the adapters' (agreeing) base_model_name_or_path. Raises UsageError when
@@ -149,9 +159,10 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
             raise
         # The user never typed this path: say where it came from (a moved or copied adapter folder keeps the
         # absolute base path it was trained with) and how to override it.
-        raise ResolveError(f"{e.message} (it is the base_model_name_or_path of adapter(s) "
-                           f"{', '.join(sorted(configs))})",
-                           hint="pass --model with the base model's folder or Hub id") from None
+        raise ResolveError(
+            f"{e.message} (it is the base_model_name_or_path of adapter(s) {', '.join(sorted(configs))})",
+            hint="pass --model with the base model's folder or Hub id",
+        ) from None
     model_config = ModelConfig.from_dir(model_path)
     named = replace(model_config, name_or_path=model)  # messages name the base as the user knows it
 
@@ -166,8 +177,10 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
             errors[name] = e
             continue
         if max_lora_rank is not None and adapter.max_rank > max_lora_rank:
-            errors[name] = AdapterError(f"adapter {name!r} has rank {adapter.max_rank}, above --max-lora-rank "
-                                        f"{max_lora_rank}", hint=f"raise --max-lora-rank to {adapter.max_rank}")
+            errors[name] = AdapterError(
+                f"adapter {name!r} has rank {adapter.max_rank}, above --max-lora-rank {max_lora_rank}",
+                hint=f"raise --max-lora-rank to {adapter.max_rank}",
+            )
             continue
         ranks[name] = adapter.max_rank
         scans[name] = adapter
@@ -182,24 +195,28 @@ def preflight(specs: dict[str, str], model: str | None, *, max_loras: int | None
         model=model,
         scans=scans,
         warnings=mismatch_warnings({n: adapter_base(paths[n], configs[n]) for n in ranks}, model, model_path)
-        if given else [],  # without --model the run is on the base the adapters name
+        if given
+        else [],  # without --model the run is on the base the adapters name
     )
 
 
-def _base_from_adapters(paths: dict[str, Path], configs: dict[str, AdapterConfig],
-                        errors: dict[str, MultiloraError]) -> str:
+def _base_from_adapters(
+    paths: dict[str, Path], configs: dict[str, AdapterConfig], errors: dict[str, MultiloraError]
+) -> str:
     bases = {name: adapter_base(paths[name], cfg) for name, cfg in configs.items()}
     named = {name: b for name, b in bases.items() if b}
     distinct = sorted(set(named.values()))
     if len(distinct) > 1:
         listed = ", ".join(f"{n} -> {b}" for n, b in named.items())
-        raise UsageError(f"the adapters name different base models ({listed})",
-                         hint="pass --model to choose the base model")
+        raise UsageError(
+            f"the adapters name different base models ({listed})", hint="pass --model to choose the base model"
+        )
     if distinct:
         return distinct[0]
     if errors and not configs:
         raise next(iter(errors.values()))
     if not bases:
         raise UsageError("no --model and no adapters given", hint="pass --model")
-    raise UsageError("no --model given and the adapters' adapter_config.json names no base_model_name_or_path",
-                     hint="pass --model")
+    raise UsageError(
+        "no --model given and the adapters' adapter_config.json names no base_model_name_or_path", hint="pass --model"
+    )

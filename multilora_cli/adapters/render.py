@@ -56,14 +56,16 @@ def render(rep: InspectReport, console=None) -> None:
 
     add("adapter", rep.source if rep.source == rep.path else f"{rep.source} ({rep.path})")
     base = rep.base_model or "(not named in adapter_config.json)"
-    check = f"shapes checked against {rep.checked_against}" if rep.checked_against else \
-        f"shapes not checked ({rep.check_note + '; ' if rep.check_note else ''}pass --model to check)"
+    check = (
+        f"shapes checked against {rep.checked_against}"
+        if rep.checked_against
+        else f"shapes not checked ({rep.check_note + '; ' if rep.check_note else ''}pass --model to check)"
+    )
     add("base model", f"{base}; {check}")
     add("type", rep.peft_type + (f", task {rep.task_type}" if rep.task_type else ""))
     add("rank", _span(rep.rank, "rank_pattern"))
     add("alpha", _span(rep.alpha, "alpha_pattern"))
-    add("scaling", _span(rep.scaling, "per module") + (" (rsLoRA: alpha/sqrt(r))" if rep.use_rslora
-                                                                  else " (alpha/r)"))
+    add("scaling", _span(rep.scaling, "per module") + (" (rsLoRA: alpha/sqrt(r))" if rep.use_rslora else " (alpha/r)"))
     add("rsLoRA", "yes" if rep.use_rslora else "no")
     add("target modules", _targets(rep.target_modules))
     if rep.modules_adapted:
@@ -81,12 +83,23 @@ def render(rep: InspectReport, console=None) -> None:
         for col in ("module", "layers", "rank", "alpha", "scaling", "in", "out", "params"):
             table.add_column(col, justify="left" if col in ("module", "layers") else "right")
         for row in rep.modules:
-            table.add_row(row.module, layer_ranges(row.layers), str(row.rank), _num(row.alpha),
-                          f"{row.scaling:.4g}", str(row.in_features), str(row.out_features), f"{row.params:,}")
+            table.add_row(
+                row.module,
+                layer_ranges(row.layers),
+                str(row.rank),
+                _num(row.alpha),
+                f"{row.scaling:.4g}",
+                str(row.in_features),
+                str(row.out_features),
+                f"{row.params:,}",
+            )
         console.print(table)
 
     if rep.servable:
         console.print("[bold green]servable by multilora: yes[/]")
     else:
-        console.print(f"[bold red]servable by multilora: no[/], because {escape(rep.reason or '')}", highlight=False,
-                      soft_wrap=True)  # one line: easy to grep, whatever its length
+        console.print(
+            f"[bold red]servable by multilora: no[/], because {escape(rep.reason or '')}",
+            highlight=False,
+            soft_wrap=True,
+        )  # one line: easy to grep, whatever its length

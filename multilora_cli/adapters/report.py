@@ -74,8 +74,9 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
     model_config, note = None, None
     if model is not None:
         hint = f"--model takes a base model; to inspect this adapter: multilora inspect {model}"
-        model_config = replace(ModelConfig.from_dir(resolve(model, kind="model"), adapter_hint=hint),
-                               name_or_path=model)
+        model_config = replace(
+            ModelConfig.from_dir(resolve(model, kind="model"), adapter_hint=hint), name_or_path=model
+        )
     else:
         base = adapter_base(Path(path), config)
         if base is not None and (Path(base) / "config.json").is_file():
@@ -92,29 +93,60 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
     groups: dict[tuple, list[tuple[int, object]]] = {}
     for (layer, module), m in adapter.modules.items():
         full = adapter.module_names[(layer, module)]
-        key = (LINEAR_MODULES.index(module), module, m.rank, config.alpha_for(full), m.scaling,
-               m.a.shape[1], m.b.shape[0])
+        key = (
+            LINEAR_MODULES.index(module),
+            module,
+            m.rank,
+            config.alpha_for(full),
+            m.scaling,
+            m.a.shape[1],
+            m.b.shape[0],
+        )
         groups.setdefault(key, []).append((layer, m))
-    rows = [ModuleRow(module=k[1], layers=sorted(layer for layer, _ in ms), rank=k[2], alpha=k[3], scaling=k[4],
-                      in_features=k[5], out_features=k[6], params=sum(m.a.numel() + m.b.numel() for _, m in ms))
-            for k, ms in sorted(groups.items(), key=lambda kv: (kv[0][0], min(layer for layer, _ in kv[1])))]
+    rows = [
+        ModuleRow(
+            module=k[1],
+            layers=sorted(layer for layer, _ in ms),
+            rank=k[2],
+            alpha=k[3],
+            scaling=k[4],
+            in_features=k[5],
+            out_features=k[6],
+            params=sum(m.a.numel() + m.b.numel() for _, m in ms),
+        )
+        for k, ms in sorted(groups.items(), key=lambda kv: (kv[0][0], min(layer for layer, _ in kv[1])))
+    ]
     alphas = [r.alpha for r in rows]
     scalings = [r.scaling for r in rows]
     return InspectReport(
-        source=spec, path=str(path), base_model=config.base_model_name_or_path, checked_against=model,
-        check_note=note, peft_type=config.peft_type, task_type=config.task_type,
+        source=spec,
+        path=str(path),
+        base_model=config.base_model_name_or_path,
+        checked_against=model,
+        check_note=note,
+        peft_type=config.peft_type,
+        task_type=config.task_type,
         rank={"min": adapter.min_rank, "max": adapter.max_rank},
-        alpha={"min": min(alphas), "max": max(alphas)}, scaling={"min": min(scalings), "max": max(scalings)},
-        use_rslora=config.use_rslora, target_modules=config.target_modules,
+        alpha={"min": min(alphas), "max": max(alphas)},
+        scaling={"min": min(scalings), "max": max(scalings)},
+        use_rslora=config.use_rslora,
+        target_modules=config.target_modules,
         modules_adapted=[m for m in LINEAR_MODULES if any(r.module == m for r in rows)],
-        layers=adapter.layers, num_layers=model_config.num_hidden_layers if model_config else None,
-        num_params=adapter.num_params, bytes=adapter.nbytes, bytes_bf16=2 * adapter.num_params,
-        dtype=str(adapter.dtype).removeprefix("torch."), modules=rows, servable=True, reason=None,
+        layers=adapter.layers,
+        num_layers=model_config.num_hidden_layers if model_config else None,
+        num_params=adapter.num_params,
+        bytes=adapter.nbytes,
+        bytes_bf16=2 * adapter.num_params,
+        dtype=str(adapter.dtype).removeprefix("torch."),
+        modules=rows,
+        servable=True,
+        reason=None,
     )
 
 
-def _from_config(spec: str, path: Path, config: AdapterConfig, model: str | None, note: str | None,
-                 error: AdapterError) -> InspectReport:
+def _from_config(
+    spec: str, path: Path, config: AdapterConfig, model: str | None, note: str | None, error: AdapterError
+) -> InspectReport:
     """The report of an adapter that cannot be served: ranks, alphas and scalings of the LoRA pairs its header
     names (as PEFT would set them), else what the config alone says; no per-module table or size."""
     ranks, alphas, scalings = _header_figures(path, config)
@@ -128,12 +160,29 @@ def _from_config(spec: str, path: Path, config: AdapterConfig, model: str | None
         return {"min": min(xs), "max": max(xs)} if xs else {"min": None, "max": None}
 
     return InspectReport(
-        source=spec, path=str(path), base_model=config.base_model_name_or_path, checked_against=model,
-        check_note=note, peft_type=config.peft_type, task_type=config.task_type,
-        rank=span(ranks), alpha=span(alphas), scaling=span(scalings),
-        use_rslora=config.use_rslora, target_modules=config.target_modules, modules_adapted=[], layers=[],
-        num_layers=None, num_params=None, bytes=None, bytes_bf16=None, dtype=None, modules=[],
-        servable=False, reason=" ".join(error.message.split()), error=error,
+        source=spec,
+        path=str(path),
+        base_model=config.base_model_name_or_path,
+        checked_against=model,
+        check_note=note,
+        peft_type=config.peft_type,
+        task_type=config.task_type,
+        rank=span(ranks),
+        alpha=span(alphas),
+        scaling=span(scalings),
+        use_rslora=config.use_rslora,
+        target_modules=config.target_modules,
+        modules_adapted=[],
+        layers=[],
+        num_layers=None,
+        num_params=None,
+        bytes=None,
+        bytes_bf16=None,
+        dtype=None,
+        modules=[],
+        servable=False,
+        reason=" ".join(error.message.split()),
+        error=error,
     )
 
 

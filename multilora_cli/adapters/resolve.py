@@ -12,11 +12,18 @@ import os
 from pathlib import Path
 
 from multilora_cli.errors import ResolveError
+from multilora_cli.paths import expand_user
 
 ADAPTER_PATTERNS = ["adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", "README.md"]
 MODEL_PATTERNS = [
-    "config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-    "generation_config.json", "chat_template.jinja", "special_tokens_map.json",
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
 ]
 # A file the user pointed at instead of its folder: we take the folder.
 _KNOWN_FILES = {"adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", "config.json"}
@@ -31,15 +38,6 @@ def looks_like_path(spec: str) -> bool:
         return True
     head = spec.split("/", 1)[0]
     return "/" in spec and Path(head).exists()  # "adapters/legal" where ./adapters exists
-
-
-def expand_user(spec: str | Path) -> Path:
-    """`spec` with a leading `~` / `~user` expanded; as typed when that user does not exist (Path.expanduser
-    raises RuntimeError there), so the caller says the path does not exist instead of crashing."""
-    try:
-        return Path(spec).expanduser()
-    except RuntimeError:
-        return Path(spec)
 
 
 def hub_offline() -> bool:
@@ -63,8 +61,15 @@ def hub_cache_dir() -> str | None:
     return None
 
 
-def resolve(spec: str, *, kind: str = "adapter", allow_patterns: list[str] | None = None,
-            cache_dir: str | None = None, local_files_only: bool | None = None, name: str | None = None) -> Path:
+def resolve(
+    spec: str,
+    *,
+    kind: str = "adapter",
+    allow_patterns: list[str] | None = None,
+    cache_dir: str | None = None,
+    local_files_only: bool | None = None,
+    name: str | None = None,
+) -> Path:
     """Resolve a local path or Hub id (`org/name`, `org/name@revision`) to a local directory.
 
     kind: "adapter" (fetch adapter files only) or "model" (config, weights, tokenizer files).
@@ -95,8 +100,9 @@ def resolve(spec: str, *, kind: str = "adapter", allow_patterns: list[str] | Non
             f"{label} is neither an existing path nor a valid Hugging Face Hub id",
             hint="pass a directory, or an id like org/name (optionally org/name@revision)",
         ) from None
-    patterns = allow_patterns if allow_patterns is not None else (
-        ADAPTER_PATTERNS if kind == "adapter" else MODEL_PATTERNS)
+    patterns = (
+        allow_patterns if allow_patterns is not None else (ADAPTER_PATTERNS if kind == "adapter" else MODEL_PATTERNS)
+    )
     offline = hub_offline() if local_files_only is None else bool(local_files_only)
     try:
         return _download(label, repo_id, revision or None, patterns, cache_dir or hub_cache_dir(), offline)
@@ -106,31 +112,45 @@ def resolve(spec: str, *, kind: str = "adapter", allow_patterns: list[str] | Non
         # A bare word ("legal") is far more often a mistyped local folder than a Hub id: say that first.
         why = e.message.removeprefix(label).lstrip(": ")
         why = f"it {why}" if why.startswith("is ") else why
-        raise ResolveError(f"{label}: there is no folder {spec!r} in {Path.cwd()}; as a Hugging Face Hub id, {why}",
-                           hint="check the folder name and the current directory, or give a Hub id like org/name"
-                           ) from None
+        raise ResolveError(
+            f"{label}: there is no folder {spec!r} in {Path.cwd()}; as a Hugging Face Hub id, {why}",
+            hint="check the folder name and the current directory, or give a Hub id like org/name",
+        ) from None
 
 
 def _as_dir(path: Path, label: str, kind: str) -> Path:
     if path.is_file():
         if path.name in _KNOWN_FILES:
             return path.parent.resolve()
-        raise ResolveError(f"{label} is a file; expected a directory",
-                           hint=f"point at the folder holding {'adapter_config.json' if kind == 'adapter' else 'config.json'}")
+        raise ResolveError(
+            f"{label} is a file; expected a directory",
+            hint=f"point at the folder holding {'adapter_config.json' if kind == 'adapter' else 'config.json'}",
+        )
     return path.resolve()
 
 
-def _download(label: str, repo_id: str, revision: str | None, patterns: list[str],
-              cache_dir: str | None, offline: bool) -> Path:
+def _download(
+    label: str, repo_id: str, revision: str | None, patterns: list[str], cache_dir: str | None, offline: bool
+) -> Path:
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     where = cache_dir or "the Hugging Face cache"
     try:
         folder = snapshot_download(
-            repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline, allow_patterns=patterns,
-            endpoint=os.environ.get("HF_ENDPOINT") or None, token=os.environ.get("HF_TOKEN") or None,
+            repo_id,
+            revision=revision,
+            cache_dir=cache_dir,
+            local_files_only=offline,
+            allow_patterns=patterns,
+            endpoint=os.environ.get("HF_ENDPOINT") or None,
+            token=os.environ.get("HF_TOKEN") or None,
         )
     except GatedRepoError:
         raise ResolveError(
@@ -152,18 +172,20 @@ def _download(label: str, repo_id: str, revision: str | None, patterns: list[str
             raise ResolveError(
                 f"{label} is not in {where} and Hub downloads are off (HF_HUB_OFFLINE)",
                 hint=f"download it while online (hf download {repo_id}{f' --revision {revision}' if revision else ''})"
-                     " or unset HF_HUB_OFFLINE",
+                " or unset HF_HUB_OFFLINE",
             ) from None
         raise ResolveError(
             f"{label}: cannot reach the Hugging Face Hub and it is not in {where} ({_first_line(e)})",
             hint="check the network (or HF_ENDPOINT), or pass a local path",
         ) from None
     except HfHubHTTPError as e:
-        raise ResolveError(f"{label}: Hugging Face Hub error: {_first_line(e)}",
-                           hint="retry later, or pass a local path") from None
+        raise ResolveError(
+            f"{label}: Hugging Face Hub error: {_first_line(e)}", hint="retry later, or pass a local path"
+        ) from None
     except (OSError, ValueError) as e:
-        raise ResolveError(f"{label}: download failed: {_first_line(e)}",
-                           hint="check the network and disk space, or pass a local path") from None
+        raise ResolveError(
+            f"{label}: download failed: {_first_line(e)}", hint="check the network and disk space, or pass a local path"
+        ) from None
     return Path(folder)
 
 

@@ -95,41 +95,64 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         raise AdapterError(f"adapter {name!r}: {wfile} holds no LoRA tensors", hint="re-save the adapter with PEFT")
 
     ident = (config_ident, weights_ident) if config_ident and weights_ident else None
-    scan = AdapterScan(name=name, path=path, config=config, weights_path=wfile, tensors=tf, modules={},
-                       module_names=full_names, ident=ident)
+    scan = AdapterScan(
+        name=name,
+        path=path,
+        config=config,
+        weights_path=wfile,
+        tensors=tf,
+        modules={},
+        module_names=full_names,
+        ident=ident,
+    )
     for (layer, module), keys in sorted(pairs.items()):
         full = full_names[(layer, module)]
         where = f"adapter {name!r}: {wfile}: {full}"
         for ab in ("A", "B"):
             if ab not in keys:
                 have = "lora_B" if ab == "A" else "lora_A"
-                raise AdapterError(f"{where} has {have} but no lora_{ab}",
-                                   hint="the checkpoint is incomplete; re-save or re-download it")
+                raise AdapterError(
+                    f"{where} has {have} but no lora_{ab}",
+                    hint="the checkpoint is incomplete; re-save or re-download it",
+                )
         if not config.target_matches(full):
-            raise AdapterError(f"{where} has LoRA tensors but adapter_config.json target_modules does not select it "
-                               "(PEFT would ignore them)", hint="fix target_modules or re-save the adapter with PEFT")
+            raise AdapterError(
+                f"{where} has LoRA tensors but adapter_config.json target_modules does not select it "
+                "(PEFT would ignore them)",
+                hint="fix target_modules or re-save the adapter with PEFT",
+            )
         sa, sb = tf.shape(keys["A"]), tf.shape(keys["B"])
         if len(sa) != 2 or len(sb) != 2 or sa[0] != sb[1]:
-            raise AdapterError(f"{where}: lora_A {tuple(sa)} and lora_B {tuple(sb)} are not a [r, in] / "
-                               "[out, r] pair", hint="the checkpoint is corrupt; re-save it")
+            raise AdapterError(
+                f"{where}: lora_A {tuple(sa)} and lora_B {tuple(sb)} are not a [r, in] / [out, r] pair",
+                hint="the checkpoint is corrupt; re-save it",
+            )
         r = sa[0]
         if r == 0:
             raise AdapterError(f"{where} has rank 0", hint="re-train or re-save the adapter with r >= 1")
         want = config.rank_for(full)
         if r != want:
-            raise AdapterError(f"{where} has rank {r} but adapter_config.json gives it r={want} "
-                               "(r / rank_pattern)", hint="fix adapter_config.json so PEFT and multilora agree")
+            raise AdapterError(
+                f"{where} has rank {r} but adapter_config.json gives it r={want} (r / rank_pattern)",
+                hint="fix adapter_config.json so PEFT and multilora agree",
+            )
         dtypes = tf.dtype(keys["A"]), tf.dtype(keys["B"])
         for dt, ab, shape in ((dtypes[0], "A", sa), (dtypes[1], "B", sb)):
             if not dt.is_floating_point:
                 raise AdapterError(f"{where}: lora_{ab} has dtype {dt}; LoRA weights must be floating point")
             scan.stored_nbytes += shape[0] * shape[1] * dt.itemsize
             scan.stored_dtype = scan.stored_dtype or dt
-        scan.modules[(layer, module)] = ModuleSpec(keys["A"], keys["B"], r, sa[1], sb[0],
-                                                   config.scaling_for(full, r), *dtypes)
+        scan.modules[(layer, module)] = ModuleSpec(
+            keys["A"], keys["B"], r, sa[1], sb[0], config.scaling_for(full, r), *dtypes
+        )
     if model_config is not None:
-        check_fits(name, config.base_model_name_or_path,
-                   {k: (m.in_features, m.out_features) for k, m in scan.modules.items()}, full_names, model_config)
+        check_fits(
+            name,
+            config.base_model_name_or_path,
+            {k: (m.in_features, m.out_features) for k, m in scan.modules.items()},
+            full_names,
+            model_config,
+        )
     return scan
 
 
@@ -148,8 +171,13 @@ def scan_ident(scan: AdapterScan) -> tuple | None:
     return (a, b) if a and b else None
 
 
-def check_fits(name: str, base_model: str | None, features: dict[tuple[int, str], tuple[int, int]],
-               module_names: dict[tuple[int, str], str], model_config: ModelConfig) -> None:
+def check_fits(
+    name: str,
+    base_model: str | None,
+    features: dict[tuple[int, str], tuple[int, int]],
+    module_names: dict[tuple[int, str], str],
+    model_config: ModelConfig,
+) -> None:
     """Raise AdapterError if a module (layer, PEFT name) -> (in, out) is a layer or feature count the base lacks."""
     base = model_config.name_or_path or "the base model"
     trained = f" (it was trained on {base_model!r})" if base_model else ""
@@ -159,12 +187,15 @@ def check_fits(name: str, base_model: str | None, features: dict[tuple[int, str]
     for (layer, module), (got_in, got_out) in sorted(features.items()):
         full = module_names.get((layer, module), f"layers.{layer}.{module}")
         if layer >= n_layers:
-            raise AdapterError(f"{head}: {full} is layer {layer} but the base has {n_layers} layers (0..{n_layers - 1})",
-                               hint=hint)
+            raise AdapterError(
+                f"{head}: {full} is layer {layer} but the base has {n_layers} layers (0..{n_layers - 1})", hint=hint
+            )
         want_in, want_out = model_config.linear_shape(module)
         if (got_in, got_out) != (want_in, want_out):
-            raise AdapterError(f"{head}: {full} maps {got_in} -> {got_out} features, the base's {module} maps "
-                               f"{want_in} -> {want_out}", hint=hint)
+            raise AdapterError(
+                f"{head}: {full} maps {got_in} -> {got_out} features, the base's {module} maps {want_in} -> {want_out}",
+                hint=hint,
+            )
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -178,8 +209,10 @@ def all_finite(t: torch.Tensor) -> bool:
 
 def nonfinite(name: str, file: Path, full: str, ab: str) -> AdapterError:
     """The error for a lora_A / lora_B (`ab`) holding NaN or Inf, whichever reader found it."""
-    return AdapterError(f"adapter {name!r}: {file}: {full}: lora_{ab} contains NaN or Inf values",
-                        hint="the adapter is broken (diverged training?); use another checkpoint")
+    return AdapterError(
+        f"adapter {name!r}: {file}: {full}: lora_{ab} contains NaN or Inf values",
+        hint="the adapter is broken (diverged training?); use another checkpoint",
+    )
 
 
 def unsupported(name: str, file: Path, features: list[str]) -> UnsupportedAdapterError:
@@ -187,5 +220,5 @@ def unsupported(name: str, file: Path, features: list[str]) -> UnsupportedAdapte
     return UnsupportedAdapterError(
         f"adapter {name!r} ({file}) uses {listed}, which multilora cannot serve yet",
         hint="merge it into the base model with PEFT merge_and_unload, or re-train a plain LoRA "
-             "on q/k/v/o/gate/up/down projections",
+        "on q/k/v/o/gate/up/down projections",
     )

@@ -30,9 +30,20 @@ LORA_KEY = re.compile(
 )
 _PARENT = {m: ("self_attn" if m in ATTN_MODULES else "mlp") for m in LINEAR_MODULES}
 # safetensors dtype names -> torch (the ones a LoRA checkpoint may hold; others are refused as unknown)
-ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-             "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+ST_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 
 
@@ -41,8 +52,10 @@ def weights_file(path: Path, name: str) -> Path:
     for fname in (SAFETENSORS_NAME, BIN_NAME):
         if (path / fname).is_file():
             return path / fname
-    raise AdapterError(f"adapter {name!r} ({path}): no {SAFETENSORS_NAME} or {BIN_NAME}",
-                       hint="point at a PEFT adapter folder saved with save_pretrained")
+    raise AdapterError(
+        f"adapter {name!r} ({path}): no {SAFETENSORS_NAME} or {BIN_NAME}",
+        hint="point at a PEFT adapter folder saved with save_pretrained",
+    )
 
 
 class TensorFile:
@@ -72,15 +85,19 @@ class TensorFile:
                     ) from None
                 raise self.corrupt(e) from None
             if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-                raise AdapterError(f"adapter {self.adapter!r}: {file} is not a state dict of tensors",
-                                   hint="re-save the adapter with PEFT save_pretrained")
+                raise AdapterError(
+                    f"adapter {self.adapter!r}: {file} is not a state dict of tensors",
+                    hint="re-save the adapter with PEFT save_pretrained",
+                )
             self._tensors = obj
             self._keys = list(obj)
 
     def corrupt(self, e: BaseException) -> AdapterError:
         detail = _short(e)
-        return AdapterError(f"adapter {self.adapter!r}: {self.file} is corrupt or truncated ({detail})",
-                            hint="re-download or re-save the adapter")
+        return AdapterError(
+            f"adapter {self.adapter!r}: {self.file} is corrupt or truncated ({detail})",
+            hint="re-download or re-save the adapter",
+        )
 
     def keys(self) -> list[str]:
         return self._keys

@@ -19,8 +19,9 @@ from multilora_cli.bench.suite import run_multilora_row
 from multilora_cli.bench.workload import Workload
 
 
-def parser(description: str, rows: str, temperature: float = 0.0, top_p: float = 1.0,
-           rank: int = 16) -> argparse.ArgumentParser:
+def parser(
+    description: str, rows: str, temperature: float = 0.0, top_p: float = 1.0, rank: int = 16
+) -> argparse.ArgumentParser:
     """The options every end-to-end A/B script takes (what `run_arms` reads); scripts add their own."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--preset", default="llama-3-8b")
@@ -36,8 +37,9 @@ def parser(description: str, rows: str, temperature: float = 0.0, top_p: float =
     return p
 
 
-def run_arms(args, arms: dict[str, Callable[[], None]], extra: Callable[[dict], dict] | None = None,
-             command: str = "") -> dict:
+def run_arms(
+    args, arms: dict[str, Callable[[], None]], extra: Callable[[dict], dict] | None = None, command: str = ""
+) -> dict:
     """For each repeat, row of `args.rows` and arm: `arms[arm]()` (switch the engine to it), then one bench_e2e
     row; the report (device, bandwidth, command, rows) is rewritten to `args.out` after each row, so a run cut
     off by `args.budget_s` or a timeout keeps what it measured. `extra(res.extra)` adds fields to a row.
@@ -46,8 +48,14 @@ def run_arms(args, arms: dict[str, Callable[[], None]], extra: Callable[[dict], 
     device = torch.device("cuda")
     bw = measure_bandwidth(device)
     report = {"device": torch.cuda.get_device_name(), "bandwidth_tbs": bw / 1e12, "command": command, "rows": []}
-    base = Workload(preset=args.preset, num_requests=args.requests, temperature=args.temperature, top_p=args.top_p,
-                    rank=args.rank, max_num_seqs=args.max_num_seqs)
+    base = Workload(
+        preset=args.preset,
+        num_requests=args.requests,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        rank=args.rank,
+        max_num_seqs=args.max_num_seqs,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.preset, Path(tmp) / "model")
         for rep in range(args.repeats):
@@ -59,13 +67,21 @@ def run_arms(args, arms: dict[str, Callable[[], None]], extra: Callable[[dict], 
                         args.out.write_text(json.dumps(report, indent=1))
                         return report
                     switch()
-                    res = run_multilora_row(work, model_dir, device, bandwidth=bw, base_only=kind == "base",
-                                            log=lambda *a: None)
+                    res = run_multilora_row(
+                        work, model_dir, device, bandwidth=bw, base_only=kind == "base", log=lambda *a: None
+                    )
                     e = res.extra
-                    row = {"repeat": rep, "row": spec, "arm": arm, "tok_s": round(res.tokens_per_s, 1),
-                           "decode_step_ms": round(res.decode_step_ms, 3), "decode_batch": res.decode_batch,
-                           "decode_s": round(e["decode_s"], 3), "prefill_s": round(e["prefill_s"], 3),
-                           **(extra(e) if extra else {})}
+                    row = {
+                        "repeat": rep,
+                        "row": spec,
+                        "arm": arm,
+                        "tok_s": round(res.tokens_per_s, 1),
+                        "decode_step_ms": round(res.decode_step_ms, 3),
+                        "decode_batch": res.decode_batch,
+                        "decode_s": round(e["decode_s"], 3),
+                        "prefill_s": round(e["prefill_s"], 3),
+                        **(extra(e) if extra else {}),
+                    }
                     report["rows"].append(row)
                     print(json.dumps(row), flush=True)
                     args.out.write_text(json.dumps(report, indent=1))

@@ -35,8 +35,9 @@ _ROOT: list[Path] = []
 class SyntheticAdapters:
     """names -> LoraAdapter, generated up front by `prepare` (outside any timed region)."""
 
-    def __init__(self, model_config: ModelConfig, names: list[str], rank: int, *, seed: int = 0,
-                 max_distinct: int = 64):
+    def __init__(
+        self, model_config: ModelConfig, names: list[str], rank: int, *, seed: int = 0, max_distinct: int = 64
+    ):
         self.model_config = model_config
         self.names = list(names)
         self.rank = rank
@@ -74,13 +75,19 @@ class SyntheticAdapters:
         for _ in range(min(len(self.names), self.max_distinct)):
             dev = torch.randn(total, generator=gen, device=device, dtype=torch.float32)
             for _, off, fin, fout in layout:  # A ~ N(0, 1/in) keeps x @ A.T ~ O(1); B small
-                dev[off:off + r * fin].mul_(fin ** -0.5)
-                dev[off + r * fin:off + r * (fin + fout)].mul_(0.05)
+                dev[off : off + r * fin].mul_(fin**-0.5)
+                dev[off + r * fin : off + r * (fin + fout)].mul_(0.05)
             dev = dev.to(dtype)
             host = dev.cpu()
-            self._banks.append({key: (host[off:off + r * fin].view(r, fin),
-                                      host[off + r * fin:off + r * (fin + fout)].view(fout, r))
-                                for key, off, fin, fout in layout})
+            self._banks.append(
+                {
+                    key: (
+                        host[off : off + r * fin].view(r, fin),
+                        host[off + r * fin : off + r * (fin + fout)].view(fout, r),
+                    )
+                    for key, off, fin, fout in layout
+                }
+            )
 
     def _write(self, dtype: torch.dtype) -> dict[str, Path]:
         cfg, r = self.model_config, self.rank
@@ -88,8 +95,16 @@ class SyntheticAdapters:
             _ROOT.append(Path(tempfile.mkdtemp(prefix="multilora-bench-adapters-")))
             atexit.register(shutil.rmtree, _ROOT[0], True)
         root = _ROOT[0]
-        sig = (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-               cfg.num_key_value_heads, r, self.seed, str(dtype))
+        sig = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_hidden_layers,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            r,
+            self.seed,
+            str(dtype),
+        )
         files = []
         for i, bank in enumerate(self._banks):
             f = _FILES.get((*sig, i))
@@ -112,10 +127,20 @@ class SyntheticAdapters:
                 os.link(files[i % len(files)], d / "adapter_model.safetensors")
             except OSError:  # no hard links here: a copy
                 shutil.copyfile(files[i % len(files)], d / "adapter_model.safetensors")
-            (d / "adapter_config.json").write_text(json.dumps({
-                "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": self._scaling(i) * r,
-                "target_modules": list(LINEAR_MODULES), "lora_dropout": 0.0, "bias": "none",
-                "base_model_name_or_path": cfg.name_or_path or None}))
+            (d / "adapter_config.json").write_text(
+                json.dumps(
+                    {
+                        "peft_type": "LORA",
+                        "task_type": "CAUSAL_LM",
+                        "r": r,
+                        "lora_alpha": self._scaling(i) * r,
+                        "target_modules": list(LINEAR_MODULES),
+                        "lora_dropout": 0.0,
+                        "bias": "none",
+                        "base_model_name_or_path": cfg.name_or_path or None,
+                    }
+                )
+            )
             paths[name] = d
         return paths
 
@@ -132,9 +157,16 @@ class SyntheticAdapters:
         bank = self._banks[i % len(self._banks)]
         scaling = self._scaling(i)
         modules = {key: LoraModule(a=a, b=b, scaling=scaling) for key, (a, b) in bank.items()}
-        adapter = LoraAdapter(name=name, path=Path("synthetic") / name, config=None, modules=modules,
-                              base_model=None, weights_path=Path("synthetic") / name,
-                              stored_dtype=next(iter(bank.values()))[0].dtype, stored_nbytes=self.nbytes)
+        adapter = LoraAdapter(
+            name=name,
+            path=Path("synthetic") / name,
+            config=None,
+            modules=modules,
+            base_model=None,
+            weights_path=Path("synthetic") / name,
+            stored_dtype=next(iter(bank.values()))[0].dtype,
+            stored_nbytes=self.nbytes,
+        )
         self._cache[name] = adapter
         return adapter
 
@@ -145,8 +177,7 @@ class SyntheticEngine(Engine):
 
     FROM_MEMORY = False
 
-    def __init__(self, config: EngineConfig, source: SyntheticAdapters | None,
-                 model_config: ModelConfig | None = None):
+    def __init__(self, config: EngineConfig, source: SyntheticAdapters | None, model_config: ModelConfig | None = None):
         self.source = source
         names = source.names if source is not None else []
         paths = source.paths if source is not None else {}

@@ -35,8 +35,13 @@ def build_hf_peft(model_dir: Path, work: Workload, device: torch.device, dtype: 
     names = work.adapter_names
     if not names:
         return model
-    lcfg = peft.LoraConfig(r=work.rank, lora_alpha=2 * work.rank, target_modules=list(LINEAR_MODULES),
-                           lora_dropout=0.0, init_lora_weights=False)
+    lcfg = peft.LoraConfig(
+        r=work.rank,
+        lora_alpha=2 * work.rank,
+        target_modules=list(LINEAR_MODULES),
+        lora_dropout=0.0,
+        init_lora_weights=False,
+    )
     with torch.device(device):
         pm = peft.get_peft_model(model, lcfg, adapter_name=names[0])
         for n in names[1:]:
@@ -46,10 +51,17 @@ def build_hf_peft(model_dir: Path, work: Workload, device: torch.device, dtype: 
     return pm.eval()
 
 
-def _generate(model, ids: torch.Tensor, adapters: list[str] | None, n: int, device: torch.device,
-              work: Workload | None = None) -> float:
-    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-              do_sample=False, pad_token_id=0)
+def _generate(
+    model, ids: torch.Tensor, adapters: list[str] | None, n: int, device: torch.device, work: Workload | None = None
+) -> float:
+    kw = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+    )
     if work is not None and work.sampled:  # the same sampling as the multilora rows (HF's own RNG)
         kw.update(do_sample=True, temperature=work.temperature, top_p=work.top_p, top_k=0)
     if adapters is not None:
@@ -65,8 +77,15 @@ def _generate(model, ids: torch.Tensor, adapters: list[str] | None, n: int, devi
     return dt
 
 
-def time_hf_peft(model, work: Workload, vocab_size: int, device: torch.device, batch_sizes: list[int],
-                 new_tokens: tuple[int, int] = (2, 4), log=print) -> list[dict]:
+def time_hf_peft(
+    model,
+    work: Workload,
+    vocab_size: int,
+    device: torch.device,
+    batch_sizes: list[int],
+    new_tokens: tuple[int, int] = (2, 4),
+    log=print,
+) -> list[dict]:
     """Per batch size: measured times of n1 and n2 new tokens, the derived step/prefill times and the tokens/s
     extrapolated to `work.output_len` new tokens per request."""
     n1, n2 = new_tokens
@@ -85,10 +104,19 @@ def time_hf_peft(model, work: Workload, vocab_size: int, device: torch.device, b
         step = max((t2 - t1) / (n2 - n1), 1e-9)
         prefill = max(t1 - (n1 - 1) * step, 0.0)
         total = prefill + (work.output_len - 1) * step
-        row = dict(batch_size=b, new_tokens=[n1, n2], seconds=[t1, t2], step_ms=step * 1e3, prefill_s=prefill,
-                   distinct_adapters=len(set(sub)) if sub else 0,
-                   measured_tokens_per_s=b * n2 / t2, tokens_per_s=b * work.output_len / total)
-        log(f"  hf-peft batch {b}: step {row['step_ms']:.1f} ms, prefill {prefill:.2f} s, "
-            f"~{row['tokens_per_s']:.0f} tok/s extrapolated to {work.output_len} tokens")
+        row = dict(
+            batch_size=b,
+            new_tokens=[n1, n2],
+            seconds=[t1, t2],
+            step_ms=step * 1e3,
+            prefill_s=prefill,
+            distinct_adapters=len(set(sub)) if sub else 0,
+            measured_tokens_per_s=b * n2 / t2,
+            tokens_per_s=b * work.output_len / total,
+        )
+        log(
+            f"  hf-peft batch {b}: step {row['step_ms']:.1f} ms, prefill {prefill:.2f} s, "
+            f"~{row['tokens_per_s']:.0f} tok/s extrapolated to {work.output_len} tokens"
+        )
         out.append(row)
     return out

@@ -12,9 +12,17 @@ from pathlib import Path
 from multilora_cli.economics.presets import MODEL_PRESETS
 from multilora_cli.errors import UsageError
 
-TINY = dict(_name_or_path="multilora/tiny-random", model_type="llama", hidden_size=64, intermediate_size=128,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-            max_position_embeddings=2048)
+TINY = dict(
+    _name_or_path="multilora/tiny-random",
+    model_type="llama",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=2048,
+)
 PRESETS: dict[str, dict] = {**MODEL_PRESETS, "tiny": TINY}
 
 
@@ -40,6 +48,7 @@ def write_model_dir(preset: str, path: Path) -> Path:
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>")])
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
-                                                            "unk_token": "<unk>"}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    )
     return path

@@ -1,11 +1,11 @@
 """Row specs for the benchmark command and script: a short string per row.
 
-    64        multilora, 64 adapters, uniform, min(64, N) slots
-    256/64    multilora, 256 adapters through 64 slots
-    64z       the same with a zipf spread over adapters
-    base      multilora, base model only (no LoRA layers)
-    eager64   multilora with 64 adapters, CUDA graphs off
-    hf64      HF transformers + PEFT, 64 adapters
+64        multilora, 64 adapters, uniform, min(64, N) slots
+256/64    multilora, 256 adapters through 64 slots
+64z       the same with a zipf spread over adapters
+base      multilora, base model only (no LoRA layers)
+eager64   multilora with 64 adapters, CUDA graphs off
+hf64      HF transformers + PEFT, 64 adapters
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ def parse_rows(spec: str, base: Workload) -> list[tuple[str, Workload]]:
             continue
         m = _SPEC.match(item)
         if m is None:
-            raise UsageError(f"bad benchmark row {item!r}",
-                             hint="use N, N/SLOTS, Nz (zipf), base, eagerN or hfN, e.g. 64,base,hf64,256/64")
+            raise UsageError(
+                f"bad benchmark row {item!r}",
+                hint="use N, N/SLOTS, Nz (zipf), base, eagerN or hfN, e.g. 64,base,hf64,256/64",
+            )
         kind = m.group(1) or "multilora"
         n = int(m.group(2))
         slots = int(m.group(3)) if m.group(3) else None

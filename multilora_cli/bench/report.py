@@ -25,16 +25,23 @@ def _find(rows: list[dict], system: str, **want) -> dict | None:
 
 def target_ratios(rows: list[dict], reference_adapters: int = 64) -> dict:
     """Ratios of the issue's targets from whatever rows exist (None where a row is missing)."""
-    ref = _find(rows, "multilora", num_adapters=reference_adapters, distribution="uniform",
-                max_loras=reference_adapters)
+    ref = _find(
+        rows, "multilora", num_adapters=reference_adapters, distribution="uniform", max_loras=reference_adapters
+    )
     out = {name: None for name in TARGETS}
     if ref is None:
         return out
     preset = ref["workload"]["preset"]
     hf = _find(rows, "hf-peft", num_adapters=reference_adapters, preset=preset)
     base = _find(rows, "multilora-base", preset=preset)
-    wide = _find(rows, "multilora", num_adapters=4 * reference_adapters, max_loras=reference_adapters,
-                 distribution="uniform", preset=preset)
+    wide = _find(
+        rows,
+        "multilora",
+        num_adapters=4 * reference_adapters,
+        max_loras=reference_adapters,
+        distribution="uniform",
+        preset=preset,
+    )
     if hf:
         out["speedup_vs_hf_peft"] = ref["tokens_per_s"] / hf["tokens_per_s"]
     if base:
@@ -60,9 +67,11 @@ def _f(v, fmt: str) -> str:
 
 def format_table(report: dict) -> str:
     """Markdown table of the rows, then the targets."""
-    lines = ["| system | preset | adapters | dist | slots | requests | out tok/s | decode step ms (batch) "
-             "| roofline ms | decode/roofline | floor ms | decode/floor | slot loads |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| system | preset | adapters | dist | slots | requests | out tok/s | decode step ms (batch) "
+        "| roofline ms | decode/roofline | floor ms | decode/floor | slot loads |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["rows"]:
         w, x = r["workload"], r["extra"]
         adapters = 0 if r["system"].startswith("multilora-base") else w["num_adapters"]
@@ -70,12 +79,14 @@ def format_table(report: dict) -> str:
         note = " (extrapolated)" if x.get("extrapolated") else ""
         note += " (imported)" if x.get("imported_from") else ""
         note += f" ({x['note']})" if x.get("note") else ""
-        lines.append(f"| {r['system']}{note} | {w['preset']} "
-                     f"| {adapters} | {w['distribution'] if adapters else '-'} "
-                     f"| {w['max_loras'] if adapters else '-'} | {w['num_requests']} | {r['tokens_per_s']:.0f} "
-                     f"| {step} | {_f(r['roofline_ms'], '.2f')} | {_f(r['decode_vs_roofline'], '.2f')} "
-                     f"| {_f(r.get('floor_ms'), '.2f')} | {_f(x.get('decode_vs_floor'), '.2f')} "
-                     f"| {x.get('slot_loads', '-')} |")
+        lines.append(
+            f"| {r['system']}{note} | {w['preset']} "
+            f"| {adapters} | {w['distribution'] if adapters else '-'} "
+            f"| {w['max_loras'] if adapters else '-'} | {w['num_requests']} | {r['tokens_per_s']:.0f} "
+            f"| {step} | {_f(r['roofline_ms'], '.2f')} | {_f(r['decode_vs_roofline'], '.2f')} "
+            f"| {_f(r.get('floor_ms'), '.2f')} | {_f(x.get('decode_vs_floor'), '.2f')} "
+            f"| {x.get('slot_loads', '-')} |"
+        )
     ratios = report.get("targets") or {}
     if any(v is not None for v in ratios.values()):  # the issue's targets need the 64-adapter row
         lines.append("")
@@ -83,8 +94,9 @@ def format_table(report: dict) -> str:
         lines.append("|---|---|---|---|")
         v = verdicts(ratios)
         for name, (limit, kind) in TARGETS.items():
-            lines.append(f"| {name} | {_f(ratios.get(name), '.2f')} | {'>=' if kind == 'min' else '<='} {limit} "
-                         f"| {v[name]} |")
+            lines.append(
+                f"| {name} | {_f(ratios.get(name), '.2f')} | {'>=' if kind == 'min' else '<='} {limit} | {v[name]} |"
+            )
     for f in report.get("failed", []):
         lines.append(f"\nFAILED {f['kind']} {f['workload']['num_adapters']} adapters: {f['error']}")
     return "\n".join(lines)

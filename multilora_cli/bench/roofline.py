@@ -67,7 +67,7 @@ def measure_matmul_flops(device: torch.device, n: int = 8192, iters: int = 10) -
         if i >= 3:
             times.append(dt)
     times.sort()
-    return 2 * n ** 3 / times[len(times) // 2]
+    return 2 * n**3 / times[len(times) // 2]
 
 
 @dataclass(slots=True)
@@ -82,14 +82,20 @@ class Roofline:
     matmul_params: int = 0  # weights every token multiplies through (linear layers + LM head)
 
     @classmethod
-    def for_model(cls, cfg: ModelConfig, dtype_bytes: int, adapter_bytes: int, bandwidth: float,
-                  flops: float = 0.0) -> "Roofline":
+    def for_model(
+        cls, cfg: ModelConfig, dtype_bytes: int, adapter_bytes: int, bandwidth: float, flops: float = 0.0
+    ) -> Roofline:
         # embeddings: a step reads only its T rows; the LM head is read whole (tied or not)
         emb = cfg.vocab_size * cfg.hidden_size
         params = cfg.num_params() - (0 if cfg.tie_word_embeddings else emb)
-        return cls(bandwidth=bandwidth, weight_bytes=params * dtype_bytes,
-                   kv_bytes_per_token=cfg.kv_bytes_per_token(dtype_bytes), adapter_bytes=adapter_bytes,
-                   flops=flops, matmul_params=params)
+        return cls(
+            bandwidth=bandwidth,
+            weight_bytes=params * dtype_bytes,
+            kv_bytes_per_token=cfg.kv_bytes_per_token(dtype_bytes),
+            adapter_bytes=adapter_bytes,
+            flops=flops,
+            matmul_params=params,
+        )
 
     def step_flops(self, tokens: int, kv_tokens: int = 0) -> float:
         """Matmul FLOPs of a decode step: 2 per weight per token (attention's q.k and p.v: 4 per head-dim per

@@ -49,24 +49,43 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def engine_config(work: Workload, model_dir: Path, device: torch.device, *,
-                  enforce_eager: bool = False) -> EngineConfig:
+def engine_config(
+    work: Workload, model_dir: Path, device: torch.device, *, enforce_eager: bool = False
+) -> EngineConfig:
     """Engine settings of a row: dummy weights, KV sized for max_num_seqs full-length sequences (+1 block each)."""
     block = 16
     per_seq = -(-(work.prompt_len + work.output_len) // block) + 1
     return EngineConfig(
-        model=str(model_dir), dtype="bfloat16" if device.type == "cuda" else "float32", device=device.type,
-        max_loras=work.max_loras, max_lora_rank=max(16, work.rank),
-        max_cpu_loras=max(work.num_adapters + work.max_loras, 1), max_num_seqs=work.max_num_seqs,
-        max_num_batched_tokens=work.max_num_batched_tokens, max_model_len=work.prompt_len + work.output_len,
-        block_size=block, num_kv_blocks=work.max_num_seqs * per_seq, load_format="dummy",
-        enforce_eager=enforce_eager, seed=work.seed)
+        model=str(model_dir),
+        dtype="bfloat16" if device.type == "cuda" else "float32",
+        device=device.type,
+        max_loras=work.max_loras,
+        max_lora_rank=max(16, work.rank),
+        max_cpu_loras=max(work.num_adapters + work.max_loras, 1),
+        max_num_seqs=work.max_num_seqs,
+        max_num_batched_tokens=work.max_num_batched_tokens,
+        max_model_len=work.prompt_len + work.output_len,
+        block_size=block,
+        num_kv_blocks=work.max_num_seqs * per_seq,
+        load_format="dummy",
+        enforce_eager=enforce_eager,
+        seed=work.seed,
+    )
 
 
-def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, bandwidth: float,
-                      flops: float = 0.0, base_only: bool = False, enforce_eager: bool = False, warmup: bool = True,
-                      host_warm: bool = False,
-                      log=print) -> BenchRow:
+def run_multilora_row(
+    work: Workload,
+    model_dir: Path,
+    device: torch.device,
+    *,
+    bandwidth: float,
+    flops: float = 0.0,
+    base_only: bool = False,
+    enforce_eager: bool = False,
+    warmup: bool = True,
+    host_warm: bool = False,
+    log=print,
+) -> BenchRow:
     """Time one multilora configuration (`base_only`: no adapters, no LoRA layers at all)."""
     cfg = ModelConfig.from_dir(model_dir)
     econf = engine_config(work, model_dir, device, enforce_eager=enforce_eager)
@@ -120,19 +139,28 @@ def run_multilora_row(work: Workload, model_dir: Path, device: torch.device, *, 
         roof = Roofline.for_model(cfg, dtype_bytes, source.nbytes if source else 0, bandwidth, flops)
         system = ("multilora-base" if base_only else "multilora") + ("-eager" if enforce_eager else "")
         row = _summarise(work, steps, roof, system, out_tokens, wall)
-        row.extra.update(startup_s=startup, capture_s=engine.runner.capture_seconds,
-                         precompile_s=engine.runner.precompile_seconds, precompiled=engine.runner.precompiled,
-                         slot_loads=engine.stats.slot_loads - loads0,
-                         slot_evictions=engine.stats.slot_evictions - evict0,
-                         enforce_eager=enforce_eager, preemptions=engine.stats.preemptions,
-                         install_host_s=install_s[0], host_warm=host_warm,
-                         staging={k: v - staging0.get(k, 0) for k, v in engine.runner.staging_stats().items()},
-                         pinned_arena=engine.arena.stats() if engine.arena is not None else None,
-                         arena_s=engine.arena_seconds, schedule_s=engine.schedule_seconds - sched0,
-                         read_wait_s=engine.slots.read_wait_seconds - wait0)
-        log(f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
+        row.extra.update(
+            startup_s=startup,
+            capture_s=engine.runner.capture_seconds,
+            precompile_s=engine.runner.precompile_seconds,
+            precompiled=engine.runner.precompiled,
+            slot_loads=engine.stats.slot_loads - loads0,
+            slot_evictions=engine.stats.slot_evictions - evict0,
+            enforce_eager=enforce_eager,
+            preemptions=engine.stats.preemptions,
+            install_host_s=install_s[0],
+            host_warm=host_warm,
+            staging={k: v - staging0.get(k, 0) for k, v in engine.runner.staging_stats().items()},
+            pinned_arena=engine.arena.stats() if engine.arena is not None else None,
+            arena_s=engine.arena_seconds,
+            schedule_s=engine.schedule_seconds - sched0,
+            read_wait_s=engine.slots.read_wait_seconds - wait0,
+        )
+        log(
+            f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
             f"{row.tokens_per_s:.0f} tok/s, decode step {row.decode_step_ms or 0:.2f} ms at batch "
-            f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms)")
+            f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms)"
+        )
         return row
     finally:
         engine.close()
@@ -164,32 +192,47 @@ def _sync(device: torch.device) -> None:
 
 def _summarise(work: Workload, steps, roof: Roofline, system: str, out_tokens: int, wall: float) -> BenchRow:
     decode = [s for s in steps if s.decode]
-    row = BenchRow(system=system, workload=work.to_dict(), tokens_per_s=out_tokens / wall, output_tokens=out_tokens,
-                   wall_s=wall)
+    row = BenchRow(
+        system=system, workload=work.to_dict(), tokens_per_s=out_tokens / wall, output_tokens=out_tokens, wall_s=wall
+    )
     if decode:
         common = statistics.mode(s.seqs for s in decode)
         at = [s for s in decode if s.seqs == common]
         row.decode_batch = common
         row.decode_step_ms = statistics.median(s.seconds for s in at) * 1e3
         row.roofline_ms = statistics.median(roof.step_seconds(s.kv_tokens, s.adapters) for s in at) * 1e3
-        row.decode_vs_roofline = (sum(s.seconds for s in decode)
-                                  / sum(roof.step_seconds(s.kv_tokens, s.adapters) for s in decode))
+        row.decode_vs_roofline = sum(s.seconds for s in decode) / sum(
+            roof.step_seconds(s.kv_tokens, s.adapters) for s in decode
+        )
         row.floor_ms = statistics.median(roof.floor_seconds(s.tokens, s.kv_tokens, s.adapters) for s in at) * 1e3
-        row.extra["decode_vs_floor"] = (sum(s.seconds for s in decode)
-                                        / sum(roof.floor_seconds(s.tokens, s.kv_tokens, s.adapters) for s in decode))
+        row.extra["decode_vs_floor"] = sum(s.seconds for s in decode) / sum(
+            roof.floor_seconds(s.tokens, s.kv_tokens, s.adapters) for s in decode
+        )
     other = [s for s in steps if not s.decode]
     row.extra.update(
-        steps=len(steps), decode_steps=len(decode), graph_steps=sum(s.graph for s in steps),
-        decode_s=sum(s.seconds for s in decode), prefill_s=sum(s.seconds for s in other),
+        steps=len(steps),
+        decode_steps=len(decode),
+        graph_steps=sum(s.graph for s in steps),
+        decode_s=sum(s.seconds for s in decode),
+        prefill_s=sum(s.seconds for s in other),
         host_outside_steps_s=wall - sum(s.seconds for s in steps),
         mean_adapters_per_decode_step=statistics.fmean(s.adapters for s in decode) if decode else 0.0,
-        roofline_weight_gb=roof.weight_bytes / 1e9, roofline_adapter_mb=roof.adapter_bytes / 1e6,
-        roofline_kv_kb_per_token=roof.kv_bytes_per_token / 1e3)
+        roofline_weight_gb=roof.weight_bytes / 1e9,
+        roofline_adapter_mb=roof.adapter_bytes / 1e6,
+        roofline_kv_kb_per_token=roof.kv_bytes_per_token / 1e3,
+    )
     return row
 
 
-def run_hf_row(work: Workload, model_dir: Path, device: torch.device, *, batch_sizes: list[int],
-               new_tokens: tuple[int, int] = (2, 4), log=print) -> BenchRow:
+def run_hf_row(
+    work: Workload,
+    model_dir: Path,
+    device: torch.device,
+    *,
+    batch_sizes: list[int],
+    new_tokens: tuple[int, int] = (2, 4),
+    log=print,
+) -> BenchRow:
     """HF + PEFT at several batch sizes; the row reports the best (extrapolated) one, all in `extra`."""
     from multilora_cli.bench.hf_peft import build_hf_peft, time_hf_peft
 
@@ -204,11 +247,20 @@ def run_hf_row(work: Workload, model_dir: Path, device: torch.device, *, batch_s
         del model
         _free(device)
     best = max(sizes, key=lambda r: r["tokens_per_s"])
-    return BenchRow(system="hf-peft", workload=work.to_dict(), tokens_per_s=best["tokens_per_s"],
-                    decode_step_ms=best["step_ms"], decode_batch=best["batch_size"],
-                    extra=dict(build_s=build_s, batch_sizes=sizes, extrapolated=True,
-                               note=f"timed {new_tokens[0]} and {new_tokens[1]} new tokens per batch size, "
-                                    f"extrapolated to {work.output_len}"))
+    return BenchRow(
+        system="hf-peft",
+        workload=work.to_dict(),
+        tokens_per_s=best["tokens_per_s"],
+        decode_step_ms=best["step_ms"],
+        decode_batch=best["batch_size"],
+        extra=dict(
+            build_s=build_s,
+            batch_sizes=sizes,
+            extrapolated=True,
+            note=f"timed {new_tokens[0]} and {new_tokens[1]} new tokens per batch size, "
+            f"extrapolated to {work.output_len}",
+        ),
+    )
 
 
 def device_info(device: torch.device) -> dict:
@@ -217,13 +269,27 @@ def device_info(device: torch.device) -> dict:
     p = torch.cuda.get_device_properties(device)
     import triton
 
-    return {"name": p.name, "sms": p.multi_processor_count, "memory_gb": p.total_memory / 1e9,
-            "torch": torch.__version__, "triton": triton.__version__}
+    return {
+        "name": p.name,
+        "sms": p.multi_processor_count,
+        "memory_gb": p.total_memory / 1e9,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
 
 
-def run_suite(plan: list[tuple[str, Workload]], model_dir: Path, device: torch.device, *,
-              hf_batch_sizes: list[int] = (64, 256), hf_new_tokens: tuple[int, int] = (2, 4),
-              budget_s: float | None = None, log=print, on_row=None, host_warm: bool = False) -> dict:
+def run_suite(
+    plan: list[tuple[str, Workload]],
+    model_dir: Path,
+    device: torch.device,
+    *,
+    hf_batch_sizes: list[int] = (64, 256),
+    hf_new_tokens: tuple[int, int] = (2, 4),
+    budget_s: float | None = None,
+    log=print,
+    on_row=None,
+    host_warm: bool = False,
+) -> dict:
     """Run `plan` rows in order: ("multilora" | "base" | "eager" | "hf", workload). Returns the report dict
     (device, measured bandwidth, rows, failed / not-run rows, target ratios). `on_row(report)` is called after
     each row, so a partial report survives a later failure or time limit; with `budget_s`, rows that would
@@ -233,10 +299,18 @@ def run_suite(plan: list[tuple[str, Workload]], model_dir: Path, device: torch.d
     t_start = time.perf_counter()
     bw = measure_bandwidth(device)
     flops = measure_matmul_flops(device)
-    log(f"device {device_info(device)['name']}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write), "
-        f"matmul {flops / 1e12:.0f} TFLOP/s")
-    report = {"device": device_info(device), "bandwidth_tbs": bw / 1e12, "matmul_tflops": flops / 1e12,
-              "rows": [], "failed": [], "not_run": []}
+    log(
+        f"device {device_info(device)['name']}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write), "
+        f"matmul {flops / 1e12:.0f} TFLOP/s"
+    )
+    report = {
+        "device": device_info(device),
+        "bandwidth_tbs": bw / 1e12,
+        "matmul_tflops": flops / 1e12,
+        "rows": [],
+        "failed": [],
+        "not_run": [],
+    }
     for i, (kind, work) in enumerate(plan):
         if budget_s is not None and time.perf_counter() - t_start > budget_s:
             report["not_run"] = [{"kind": k, "workload": w.to_dict()} for k, w in plan[i:]]
@@ -244,13 +318,23 @@ def run_suite(plan: list[tuple[str, Workload]], model_dir: Path, device: torch.d
             break
         try:
             if kind == "hf":
-                row = run_hf_row(work, model_dir, device, batch_sizes=list(hf_batch_sizes),
-                                 new_tokens=hf_new_tokens, log=log)
+                row = run_hf_row(
+                    work, model_dir, device, batch_sizes=list(hf_batch_sizes), new_tokens=hf_new_tokens, log=log
+                )
             else:
-                row = run_multilora_row(work, model_dir, device, bandwidth=bw, flops=flops, base_only=kind == "base",
-                                        enforce_eager=kind == "eager", host_warm=host_warm, log=log)
+                row = run_multilora_row(
+                    work,
+                    model_dir,
+                    device,
+                    bandwidth=bw,
+                    flops=flops,
+                    base_only=kind == "base",
+                    enforce_eager=kind == "eager",
+                    host_warm=host_warm,
+                    log=log,
+                )
             report["rows"].append(row.to_dict())
-        except Exception as e:  # keep the rows already measured; say what failed
+        except Exception as e:  # noqa: BLE001 - keep the rows already measured; say what failed
             log(f"  {kind} {work.num_adapters} adapters FAILED: {type(e).__name__}: {e}")
             report["failed"].append({"kind": kind, "workload": work.to_dict(), "error": f"{type(e).__name__}: {e}"})
             _free(device)

@@ -16,9 +16,16 @@ DISTRIBUTIONS = ("uniform", "zipf")
 # Workload field -> the `multilora bench` flag that sets it (the A/B scripts of bench/ab.py share these names), so
 # every error names what the user typed. Fields no flag sets (seed, zipf_s, ...) keep their own name.
 FLAGS = {
-    "preset": "--preset", "num_adapters": "--adapters", "rank": "--rank", "max_loras": "--max-loras",
-    "num_requests": "--requests", "prompt_len": "--prompt-len", "output_len": "--output-len",
-    "distribution": "--distribution", "max_num_seqs": "--max-num-seqs", "temperature": "--temperature",
+    "preset": "--preset",
+    "num_adapters": "--adapters",
+    "rank": "--rank",
+    "max_loras": "--max-loras",
+    "num_requests": "--requests",
+    "prompt_len": "--prompt-len",
+    "output_len": "--output-len",
+    "distribution": "--distribution",
+    "max_num_seqs": "--max-num-seqs",
+    "temperature": "--temperature",
     "top_p": "--top-p",
 }
 
@@ -54,11 +61,14 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.preset.strip().lower() not in PRESETS:  # before anything sizes a model or picks a device
-            raise ConfigError(f"{flag('preset')} {self.preset!r} is not a known model shape",
-                              hint=f"choose one of {', '.join(sorted(PRESETS))}")
+            raise ConfigError(
+                f"{flag('preset')} {self.preset!r} is not a known model shape",
+                hint=f"choose one of {', '.join(sorted(PRESETS))}",
+            )
         if self.distribution not in DISTRIBUTIONS:
-            raise ConfigError(f"{flag('distribution')} must be one of {', '.join(DISTRIBUTIONS)}, "
-                              f"got {self.distribution!r}")
+            raise ConfigError(
+                f"{flag('distribution')} must be one of {', '.join(DISTRIBUTIONS)}, got {self.distribution!r}"
+            )
         for name in ("num_requests", "prompt_len", "output_len", "rank", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
@@ -67,8 +77,10 @@ class Workload:
         if self.max_loras is None:  # None only: an explicit 0 is an error, not "unset"
             self.max_loras = max(1, min(self.num_adapters, 64))
         if self.max_loras < 1:
-            raise ConfigError(f"{flag('max_loras')} must be >= 1 (GPU adapter slots), got {self.max_loras}",
-                              hint="leave it out for min(adapters, 64)")
+            raise ConfigError(
+                f"{flag('max_loras')} must be >= 1 (GPU adapter slots), got {self.max_loras}",
+                hint="leave it out for min(adapters, 64)",
+            )
         try:
             SamplingParams(temperature=self.temperature, top_p=self.top_p)  # the same checks as a request's
         except ConfigError as e:  # its messages start with the field name: "top_p must be ..."
@@ -103,15 +115,23 @@ class Workload:
 
     def requests(self, vocab_size: int) -> list[Request]:
         """Requests of exactly output_len tokens (ignore_eos): greedy, or sampled with one seed per request."""
+
         def sp(i: int) -> SamplingParams:
             if not self.sampled:
                 return greedy
-            return SamplingParams(max_tokens=self.output_len, ignore_eos=True, temperature=self.temperature,
-                                  top_p=self.top_p, seed=self.seed + i)
+            return SamplingParams(
+                max_tokens=self.output_len,
+                ignore_eos=True,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                seed=self.seed + i,
+            )
 
         greedy = SamplingParams(max_tokens=self.output_len, ignore_eos=True)
-        return [Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp(i))
-                for i, (p, a) in enumerate(zip(self.prompts(vocab_size), self.assignment()))]
+        return [
+            Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp(i))
+            for i, (p, a) in enumerate(zip(self.prompts(vocab_size), self.assignment()))
+        ]
 
     def to_dict(self) -> dict:
         return asdict(self)

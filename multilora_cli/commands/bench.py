@@ -6,28 +6,46 @@ import typer
 
 
 def command(
-    preset: str = typer.Option("llama-3-8b", "--preset", "-p", help="Model shape: llama-3-8b, llama-3.1-8b, "
-                               "llama-3.2-1b, llama-2-7b, llama-3-70b, mistral-7b, qwen2.5-7b, tiny. Random "
-                               "weights: no download."),
-    adapters: str | None = typer.Option(None, "--adapters", "-a", help="Adapter counts to run, comma-separated "
-                                        "(8,64). Default 64."),
+    preset: str = typer.Option(
+        "llama-3-8b",
+        "--preset",
+        "-p",
+        help="Model shape: llama-3-8b, llama-3.1-8b, "
+        "llama-3.2-1b, llama-2-7b, llama-3-70b, mistral-7b, qwen2.5-7b, tiny. Random "
+        "weights: no download.",
+    ),
+    adapters: str | None = typer.Option(
+        None, "--adapters", "-a", help="Adapter counts to run, comma-separated (8,64). Default 64."
+    ),
     max_loras: int | None = typer.Option(None, "--max-loras", help="GPU slots, >= 1 (default min(adapters, 64))."),
     rank: int = typer.Option(16, "--rank", help="LoRA rank, on all 7 projections."),
-    distribution: str | None = typer.Option(None, "--distribution", help="uniform (default) | zipf spread over "
-                                            "adapters."),
+    distribution: str | None = typer.Option(
+        None, "--distribution", help="uniform (default) | zipf spread over adapters."
+    ),
     requests: int = typer.Option(1024, "--requests", "-n", help="Requests per row."),
     prompt_len: int = typer.Option(128, "--prompt-len", help="Prompt tokens per request."),
     output_len: int = typer.Option(128, "--output-len", help="Generated tokens per request (eos ignored)."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", help="Largest decode batch."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; above 0: seeded sampling (HF + PEFT "
-                                      "rows sample too)."),
+    temperature: float = typer.Option(
+        0.0, "--temperature", help="0 = greedy; above 0: seeded sampling (HF + PEFT rows sample too)."
+    ),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (with --temperature)."),
-    base: bool | None = typer.Option(None, "--base/--no-base", metavar="", help="Also run the base model without "
-                                     "adapters (default: yes)."),
-    hf: bool | None = typer.Option(None, "--hf/--no-hf", metavar="", help="Also time HF transformers + PEFT (slow to "
-                                   "build: minutes at 8B with 64 adapters; timed on a few tokens and extrapolated)."),
-    rows: str | None = typer.Option(None, "--rows", help="Advanced: row specs instead of the flags above, e.g. "
-                                    "64,base,hf64,256/64,64z (see multilora_cli/bench/plan.py)."),
+    base: bool | None = typer.Option(
+        None, "--base/--no-base", metavar="", help="Also run the base model without adapters (default: yes)."
+    ),
+    hf: bool | None = typer.Option(
+        None,
+        "--hf/--no-hf",
+        metavar="",
+        help="Also time HF transformers + PEFT (slow to "
+        "build: minutes at 8B with 64 adapters; timed on a few tokens and extrapolated).",
+    ),
+    rows: str | None = typer.Option(
+        None,
+        "--rows",
+        help="Advanced: row specs instead of the flags above, e.g. "
+        "64,base,hf64,256/64,64z (see multilora_cli/bench/plan.py).",
+    ),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu (cpu: use --preset tiny)."),
     json_path: str | None = typer.Option(None, "--json", help="Also write the full report (JSON) here."),
 ) -> int:
@@ -55,20 +73,42 @@ def command(
         if not math.isfinite(value):  # NaN and inf pass SamplingParams' comparisons
             raise UsageError(f"{flag} must be a finite number, got {value}")
     if rows is not None:  # each row spec sets these itself: a flag beside it would be ignored without a word
-        given = [f for f, v in (("--adapters", adapters), ("--distribution", distribution), ("--max-loras", max_loras),
-                                ("--base/--no-base", base), ("--hf/--no-hf", hf)) if v is not None]
+        given = [
+            f
+            for f, v in (
+                ("--adapters", adapters),
+                ("--distribution", distribution),
+                ("--max-loras", max_loras),
+                ("--base/--no-base", base),
+                ("--hf/--no-hf", hf),
+            )
+            if v is not None
+        ]
         if given:
-            raise UsageError(f"--rows sets adapters, slots, spread and systems per row; drop {', '.join(given)}",
-                             hint="e.g. --rows 64/8z,base,hf64 for 64 adapters in 8 slots, zipf, plus base and HF")
+            raise UsageError(
+                f"--rows sets adapters, slots, spread and systems per row; drop {', '.join(given)}",
+                hint="e.g. --rows 64/8z,base,hf64 for 64 adapters in 8 slots, zipf, plus base and HF",
+            )
     distribution = distribution or "uniform"
-    work = Workload(preset=preset, rank=rank, max_loras=max_loras, num_requests=requests, prompt_len=prompt_len,
-                    output_len=output_len, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max(8192, max_num_seqs), distribution=distribution,
-                    temperature=temperature, top_p=top_p)
+    work = Workload(
+        preset=preset,
+        rank=rank,
+        max_loras=max_loras,
+        num_requests=requests,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(8192, max_num_seqs),
+        distribution=distribution,
+        temperature=temperature,
+        top_p=top_p,
+    )
     shape = PRESETS[work.preset.strip().lower()]
     if prompt_len + output_len > shape.get("max_position_embeddings", 2048):  # else every row fails after the load
-        raise UsageError(f"--prompt-len {prompt_len} + --output-len {output_len} exceed the {preset} shape's "
-                         f"{shape.get('max_position_embeddings', 2048)} positions")
+        raise UsageError(
+            f"--prompt-len {prompt_len} + --output-len {output_len} exceed the {preset} shape's "
+            f"{shape.get('max_position_embeddings', 2048)} positions"
+        )
     if rank > shape["hidden_size"]:  # a LoRA delta's rank is at most min(in, out) <= hidden: more only costs memory
         raise UsageError(f"--rank {rank} is above the {preset} shape's hidden size {shape['hidden_size']}")
     if json_path:
@@ -91,20 +131,25 @@ def command(
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda was asked for but no CUDA device is visible", hint="use --device cpu")
     if device == "cpu" and work.preset.strip().lower() != "tiny":
-        raise UsageError(f"no GPU here: a {preset} benchmark on CPU would take hours",
-                         hint="run it on a GPU, or try the pipeline with --device cpu --preset tiny")
+        raise UsageError(
+            f"no GPU here: a {preset} benchmark on CPU would take hours",
+            hint="run it on a GPU, or try the pipeline with --device cpu --preset tiny",
+        )
     dev = torch.device(device)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(preset, Path(tmp) / "model")
-        report = run_suite(plan, model_dir, dev, hf_batch_sizes=[max_num_seqs, 4 * max_num_seqs],
-                           log=lambda m: typer.echo(m, err=True))
+        report = run_suite(
+            plan, model_dir, dev, hf_batch_sizes=[max_num_seqs, 4 * max_num_seqs], log=lambda m: typer.echo(m, err=True)
+        )
     if json_path:
         write_json(report, Path(json_path))
     typer.echo(format_table(report))
     if report["failed"]:  # the table lists them; the exit code tells a script
         first = report["failed"][0]
-        raise MultiloraError(f"{len(report['failed'])} of {len(plan)} benchmark rows failed (first: {first['kind']} "
-                             f"{first['workload']['num_adapters']} adapters: {first['error']})")
+        raise MultiloraError(
+            f"{len(report['failed'])} of {len(plan)} benchmark rows failed (first: {first['kind']} "
+            f"{first['workload']['num_adapters']} adapters: {first['error']})"
+        )
     return 0
 
 

@@ -10,9 +10,12 @@ NEXT = "cd {out} && multilora run prompts.jsonl --adapters legal,medical --stats
 
 
 def command(
-    out_dir: Path = typer.Argument(Path("demo"), metavar="OUT_DIR", help="Folder to build the demo in (created if missing)."),
-    force: bool = typer.Option(False, "--force", metavar="", help="Rebuild even if OUT_DIR is not empty (replaces only the "
-                               "demo's own files)."),
+    out_dir: Path = typer.Argument(
+        Path("demo"), metavar="OUT_DIR", help="Folder to build the demo in (created if missing)."
+    ),
+    force: bool = typer.Option(
+        False, "--force", metavar="", help="Rebuild even if OUT_DIR is not empty (replaces only the demo's own files)."
+    ),
 ) -> int:
     """Build a small Llama base model and legal/medical/code LoRA adapters, offline, in about 30 s on CPU."""
     from multilora_cli.demo.build import build_demo, is_demo
@@ -22,7 +25,9 @@ def command(
         typer.echo(f"next: {NEXT.format(out=out_dir)}")
         return 0
     summary = build_demo(out_dir, force=force, log=lambda line: typer.echo(line, err=True))
-    typer.echo(f"demo built in {out_dir}/ in {summary['seconds']:.1f} s: base/ (Llama, HF layout), legal/ medical/ "
-               "code/ (PEFT adapters), prompts.jsonl, openai_batch.jsonl")
+    typer.echo(
+        f"demo built in {out_dir}/ in {summary['seconds']:.1f} s: base/ (Llama, HF layout), legal/ medical/ "
+        "code/ (PEFT adapters), prompts.jsonl, openai_batch.jsonl"
+    )
     typer.echo(f"next: {NEXT.format(out=out_dir)}")
     return 0

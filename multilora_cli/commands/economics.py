@@ -10,13 +10,19 @@ import typer
 def command(
     tenants: int = typer.Option(..., "--tenants", help="Number of tenants, one adapter each."),
     model: str | None = typer.Option(
-        None, "--model", "-m", help="Model preset (llama-2-7b, llama-3-8b, llama-3.1-8b, llama-3-70b, llama-3.2-1b, "
+        None,
+        "--model",
+        "-m",
+        help="Model preset (llama-2-7b, llama-3-8b, llama-3.1-8b, llama-3-70b, llama-3.2-1b, "
         "mistral-7b, qwen2.5-7b), a HF model directory, or a Hub id. Default: the adapter's base model, "
-        "else llama-2-7b."),
+        "else llama-2-7b.",
+    ),
     rank: int | None = typer.Option(None, "--rank", help="LoRA rank (default 16)."),
     targets: str | None = typer.Option(
-        None, "--targets", help="Comma-separated modules (q_proj,...,down_proj) or all / attn / mlp. "
-        "Default q_proj,k_proj,v_proj,o_proj."),
+        None,
+        "--targets",
+        help="Comma-separated modules (q_proj,...,down_proj) or all / attn / mlp. Default q_proj,k_proj,v_proj,o_proj.",
+    ),
     adapter: str | None = typer.Option(None, "--adapter", help="Take the adapter shape from a real PEFT adapter."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 | float16 | float32."),
     gpu: str = typer.Option("h100-sxm", "--gpu", help="h100-sxm | h200 | a100-80gb | a100-40gb | l40s | a10g."),
@@ -29,21 +35,31 @@ def command(
     batch_size: int = typer.Option(64, "--batch-size", help="Decode batch (sequences per step), at most."),
     context_len: int = typer.Option(1024, "--context-len", help="Mean context tokens per sequence."),
     tokens_per_tenant_per_s: float = typer.Option(
-        50.0, "--tokens-per-tenant-per-s", help="Sustained generated tokens/s each tenant needs."),
-    max_loras: int | None = typer.Option(None, "--max-loras", help="GPU adapter slots. Default: what `multilora "
-                                          "run` allocates: one per tenant, at most 64, within 10% of the memory "
-                                          "beside the weights."),
+        50.0, "--tokens-per-tenant-per-s", help="Sustained generated tokens/s each tenant needs."
+    ),
+    max_loras: int | None = typer.Option(
+        None,
+        "--max-loras",
+        help="GPU adapter slots. Default: what `multilora "
+        "run` allocates: one per tenant, at most 64, within 10% of the memory "
+        "beside the weights.",
+    ),
     popularity: str = typer.Option("uniform", "--popularity", help="uniform | zipf."),
     zipf_s: float = typer.Option(1.0, "--zipf-s", help="Zipf exponent s (with --popularity zipf)."),
     output_tokens: float | None = typer.Option(
-        None, "--output-tokens", help="Mean generated tokens per request (default: measured, else 256)."),
+        None, "--output-tokens", help="Mean generated tokens per request (default: measured, else 256)."
+    ),
     requests_per_step: float | None = typer.Option(
-        None, "--requests-per-step", help="New requests per decode step (default: batch / output tokens)."),
+        None, "--requests-per-step", help="New requests per decode step (default: batch / output tokens)."
+    ),
     stats: str | None = typer.Option(
-        None, "--stats", help="run_stats.json from `multilora run --stats`. Its tokens/s and step time size the "
+        None,
+        "--stats",
+        help="run_stats.json from `multilora run --stats`. Its tokens/s and step time size the "
         "fleet only when it ran the same model shape in the same dtype width on a CUDA GPU of the --gpu kind "
         "(a bare 'cuda:0' is taken as that GPU, with a warning); otherwise the roofline does and a warning on "
-        "stderr says why. Its tokens per request and slot hit rate are used either way."),
+        "stderr says why. Its tokens per request and slot hit rate are used either way.",
+    ),
     as_json: bool = typer.Option(False, "--json", metavar="", help="Print one JSON object instead of tables."),
 ) -> int:
     """Adapter bytes, GPUs and dollars: dedicated full fine-tunes vs one shared base with LoRA slots.
@@ -56,13 +72,32 @@ def command(
     """
     from multilora_cli.economics import Scenario, compute, render
 
-    report = compute(Scenario(
-        tenants=tenants, model=model, rank=rank, targets=targets, adapter=adapter, dtype=dtype, gpu=gpu,
-        gpu_memory_gb=gpu_memory_gb, gpu_bandwidth_tbs=gpu_bandwidth_tbs, gpu_hour_usd=gpu_hour_usd,
-        pcie_gbs=pcie_gbs, bandwidth_efficiency=bandwidth_efficiency, kv_reserve=kv_reserve, batch_size=batch_size,
-        context_len=context_len, tokens_per_tenant_per_s=tokens_per_tenant_per_s, max_loras=max_loras,
-        popularity=popularity, zipf_s=zipf_s, output_tokens=output_tokens, requests_per_step=requests_per_step,
-        stats=stats))
+    report = compute(
+        Scenario(
+            tenants=tenants,
+            model=model,
+            rank=rank,
+            targets=targets,
+            adapter=adapter,
+            dtype=dtype,
+            gpu=gpu,
+            gpu_memory_gb=gpu_memory_gb,
+            gpu_bandwidth_tbs=gpu_bandwidth_tbs,
+            gpu_hour_usd=gpu_hour_usd,
+            pcie_gbs=pcie_gbs,
+            bandwidth_efficiency=bandwidth_efficiency,
+            kv_reserve=kv_reserve,
+            batch_size=batch_size,
+            context_len=context_len,
+            tokens_per_tenant_per_s=tokens_per_tenant_per_s,
+            max_loras=max_loras,
+            popularity=popularity,
+            zipf_s=zipf_s,
+            output_tokens=output_tokens,
+            requests_per_step=requests_per_step,
+            stats=stats,
+        )
+    )
     if as_json:
         # allow_nan=False: NaN / Infinity are not JSON; inputs are checked finite, so this only guards a bug
         typer.echo(json.dumps(report.to_dict(), indent=2, allow_nan=False))

@@ -6,8 +6,12 @@ import typer
 
 
 def command(
-    adapter: str = typer.Argument(..., metavar="PATH_OR_ID", help="Adapter folder or Hugging Face Hub id (id@revision)."),
-    model: str | None = typer.Option(None, "--model", "-m", metavar="MODEL", help="Base model (path or Hub id) to check shapes against."),
+    adapter: str = typer.Argument(
+        ..., metavar="PATH_OR_ID", help="Adapter folder or Hugging Face Hub id (id@revision)."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", "-m", metavar="MODEL", help="Base model (path or Hub id) to check shapes against."
+    ),
     as_json: bool = typer.Option(False, "--json", metavar="", help="Print one JSON object instead of tables."),
 ) -> int:
     """Show an adapter's base model, ranks, alphas, scaling, targets, size and whether it is servable.

@@ -28,57 +28,108 @@ def _opt(default, *names: str, metavar: str, help: str):
 
 def command(
     input: str = typer.Argument(..., metavar="INPUT", help="JSONL file of requests, or - for stdin."),
-    model: Optional[str] = _opt(None, "-m", "--model", metavar="MODEL",
-                                help="Base model: local dir or HF id. Default: the adapters' base model."),
-    adapters: Optional[list[str]] = _opt(None, "-a", "--adapters", metavar="LIST",
-                                         help="NAME=PATH or a path / HF id (a path is named by its folder, a Hub "
-                                              "id by itself); comma lists, repeatable."),
-    adapter_dir: Optional[str] = _opt(None, "--adapter-dir", metavar="DIR",
-                                      help="Add every subfolder holding an adapter_config.json, named by the folder."),
+    model: Optional[str] = _opt(
+        None,
+        "-m",
+        "--model",
+        metavar="MODEL",
+        help="Base model: local dir or HF id. Default: the adapters' base model.",
+    ),
+    adapters: Optional[list[str]] = _opt(
+        None,
+        "-a",
+        "--adapters",
+        metavar="LIST",
+        help="NAME=PATH or a path / HF id (a path is named by its folder, a Hub "
+        "id by itself); comma lists, repeatable.",
+    ),
+    adapter_dir: Optional[str] = _opt(
+        None,
+        "--adapter-dir",
+        metavar="DIR",
+        help="Add every subfolder holding an adapter_config.json, named by the folder.",
+    ),
     output: Optional[str] = _opt(None, "-o", "--output", metavar="PATH", help="Output JSONL. Default: stdout."),
     errors: Optional[str] = _opt(None, "--errors", metavar="PATH", help="Also copy error records to this file."),
     stats: Optional[str] = _opt(None, "--stats", metavar="PATH", help="Write run statistics JSON to this file."),
-    resume: bool = _opt(False, "--resume", metavar="",
-                        help="Keep the -o file's finished records (checked against INPUT); run only the rest."),
-    max_tokens: Optional[int] = _opt(None, "--max-tokens", metavar="N",
-                                     help="Max new tokens per line (a line's own value wins). " + _GEN + "256."),
-    temperature: Optional[float] = _opt(None, "--temperature", metavar="T",
-                                        help="Temperature, 0 = greedy (a line's own value wins). " + _GEN + "0."),
-    top_p: Optional[float] = _opt(None, "--top-p", metavar="P",
-                                  help="Nucleus sampling p in (0, 1] (a line's own value wins). " + _GEN + "1."),
-    top_k: Optional[int] = _opt(None, "--top-k", metavar="K",
-                                help="Top-k, 0 = off (a line's own value wins). " + _GEN + "0."),
-    seed: Optional[int] = _opt(None, "--seed", metavar="S",
-                               help="Run seed: sampled lines without a seed derive theirs from it and the line. "
-                                    "Default: 0."),
-    max_loras: Optional[int] = _opt(None, "--max-loras", metavar="N",
-                                    help="Adapters resident in GPU slots at once. Default: on a GPU one per "
-                                         "adapter (at most 64, within 10% of the memory beside the weights); on "
-                                         "CPU at most 8."),
-    max_lora_rank: Optional[int] = _opt(None, "--max-lora-rank", metavar="R",
-                                        help="Largest adapter rank to serve. Default: the adapters' largest rank."),
-    max_cpu_loras: Optional[int] = _opt(None, "--max-cpu-loras", metavar="N",
-                                        help="Adapters cached in host memory. Default: 64 (at least --max-loras)."),
-    max_num_seqs: Optional[int] = _opt(None, "--max-num-seqs", metavar="N",
-                                       help="Sequences in flight per step. Default: 256."),
-    max_model_len: Optional[int] = _opt(None, "--max-model-len", metavar="N",
-                                        help="Longest prompt + completion, in tokens. Default: the model's "
-                                             "max_position_embeddings (capped by the KV cache)."),
-    gpu_memory_utilization: Optional[float] = _opt(None, "--gpu-memory-utilization", metavar="F",
-                                                   help="Share of the GPU's memory the run may use (weights, "
-                                                        "slots, KV cache). Default: 0.9."),
-    pinned_arena: bool = _opt(True, "--pinned-arena/--no-pinned-arena", metavar="",
-                              help="CUDA: keep host-cached adapters in page-locked memory registered once at "
-                                   "start (asynchronous slot loads; costs ~0.3 s per GiB at start, at most a "
-                                   "quarter of RAM). Off: pageable memory."),
+    resume: bool = _opt(
+        False,
+        "--resume",
+        metavar="",
+        help="Keep the -o file's finished records (checked against INPUT); run only the rest.",
+    ),
+    max_tokens: Optional[int] = _opt(
+        None, "--max-tokens", metavar="N", help="Max new tokens per line (a line's own value wins). " + _GEN + "256."
+    ),
+    temperature: Optional[float] = _opt(
+        None, "--temperature", metavar="T", help="Temperature, 0 = greedy (a line's own value wins). " + _GEN + "0."
+    ),
+    top_p: Optional[float] = _opt(
+        None, "--top-p", metavar="P", help="Nucleus sampling p in (0, 1] (a line's own value wins). " + _GEN + "1."
+    ),
+    top_k: Optional[int] = _opt(
+        None, "--top-k", metavar="K", help="Top-k, 0 = off (a line's own value wins). " + _GEN + "0."
+    ),
+    seed: Optional[int] = _opt(
+        None,
+        "--seed",
+        metavar="S",
+        help="Run seed: sampled lines without a seed derive theirs from it and the line. Default: 0.",
+    ),
+    max_loras: Optional[int] = _opt(
+        None,
+        "--max-loras",
+        metavar="N",
+        help="Adapters resident in GPU slots at once. Default: on a GPU one per "
+        "adapter (at most 64, within 10% of the memory beside the weights); on "
+        "CPU at most 8.",
+    ),
+    max_lora_rank: Optional[int] = _opt(
+        None, "--max-lora-rank", metavar="R", help="Largest adapter rank to serve. Default: the adapters' largest rank."
+    ),
+    max_cpu_loras: Optional[int] = _opt(
+        None, "--max-cpu-loras", metavar="N", help="Adapters cached in host memory. Default: 64 (at least --max-loras)."
+    ),
+    max_num_seqs: Optional[int] = _opt(
+        None, "--max-num-seqs", metavar="N", help="Sequences in flight per step. Default: 256."
+    ),
+    max_model_len: Optional[int] = _opt(
+        None,
+        "--max-model-len",
+        metavar="N",
+        help="Longest prompt + completion, in tokens. Default: the model's "
+        "max_position_embeddings (capped by the KV cache).",
+    ),
+    gpu_memory_utilization: Optional[float] = _opt(
+        None,
+        "--gpu-memory-utilization",
+        metavar="F",
+        help="Share of the GPU's memory the run may use (weights, slots, KV cache). Default: 0.9.",
+    ),
+    pinned_arena: bool = _opt(
+        True,
+        "--pinned-arena/--no-pinned-arena",
+        metavar="",
+        help="CUDA: keep host-cached adapters in page-locked memory registered once at "
+        "start (asynchronous slot loads; costs ~0.3 s per GiB at start, at most a "
+        "quarter of RAM). Off: pageable memory.",
+    ),
     dtype: str = _opt("auto", "--dtype", metavar="DTYPE", help=f"One of {', '.join(DTYPES)}."),
     device: str = _opt("auto", "--device", metavar="DEVICE", help=f"One of {', '.join(DEVICES)}."),
-    gpu_hour_usd: Optional[float] = _opt(None, "--gpu-hour-usd", metavar="USD",
-                                         help="GPU price per hour, for the cost in stats (total and per 1M tokens)."),
+    gpu_hour_usd: Optional[float] = _opt(
+        None,
+        "--gpu-hour-usd",
+        metavar="USD",
+        help="GPU price per hour, for the cost in stats (total and per 1M tokens).",
+    ),
     quiet: bool = _opt(False, "-q", "--quiet", metavar="", help="No progress bar and no summary on stderr."),
-    data_parallel: int = _opt(1, "--data-parallel", metavar="N",
-                              help="Worker processes on this machine, one per GPU (or N CPU workers); requests are "
-                                   "sharded by adapter. Under torchrun leave it out."),
+    data_parallel: int = _opt(
+        1,
+        "--data-parallel",
+        metavar="N",
+        help="Worker processes on this machine, one per GPU (or N CPU workers); requests are "
+        "sharded by adapter. Under torchrun leave it out.",
+    ),
 ) -> int:
     """Run every line of INPUT through the base model or its adapter; write one record per line, in order.
 
@@ -89,9 +140,13 @@ def command(
     from multilora_cli.runjob import run_job
 
     guard_stderr()  # before anything is said on stderr: a closed or vanished stderr must not stop the run
-    for flag, value in (("--max-loras", max_loras), ("--max-lora-rank", max_lora_rank),
-                        ("--max-cpu-loras", max_cpu_loras), ("--max-num-seqs", max_num_seqs),
-                        ("--max-model-len", max_model_len)):
+    for flag, value in (
+        ("--max-loras", max_loras),
+        ("--max-lora-rank", max_lora_rank),
+        ("--max-cpu-loras", max_cpu_loras),
+        ("--max-num-seqs", max_num_seqs),
+        ("--max-model-len", max_model_len),
+    ):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     lo, hi = UTILIZATION_RANGE
@@ -102,13 +157,29 @@ def command(
     if device not in DEVICES:
         raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
     cfg = RunConfig(
-        input=input, model=model, adapters=split_items(adapters), adapter_dir=adapter_dir, output=output,
-        errors=errors, stats=stats, resume=resume,
+        input=input,
+        model=model,
+        adapters=split_items(adapters),
+        adapter_dir=adapter_dir,
+        output=output,
+        errors=errors,
+        stats=stats,
+        resume=resume,
         sampling={"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k},
-        seed=seed, max_loras=max_loras, max_lora_rank=max_lora_rank, gpu_hour_usd=gpu_hour_usd, quiet=quiet,
-        engine={"dtype": dtype, "device": device, "max_cpu_loras": max_cpu_loras, "max_num_seqs": max_num_seqs,
-                "max_model_len": max_model_len, "pinned_arena": pinned_arena,
-                "gpu_memory_utilization": gpu_memory_utilization},
+        seed=seed,
+        max_loras=max_loras,
+        max_lora_rank=max_lora_rank,
+        gpu_hour_usd=gpu_hour_usd,
+        quiet=quiet,
+        engine={
+            "dtype": dtype,
+            "device": device,
+            "max_cpu_loras": max_cpu_loras,
+            "max_num_seqs": max_num_seqs,
+            "max_model_len": max_model_len,
+            "pinned_arena": pinned_arena,
+            "gpu_memory_utilization": gpu_memory_utilization,
+        },
         data_parallel=data_parallel,
     )
     try:

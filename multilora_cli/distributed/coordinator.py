@@ -32,7 +32,7 @@ FIRST_BATCH, MAX_BATCH = 8, 256  # batches grow from FIRST_BATCH so every worker
 class _LiveLoads:
     """`slots.loads` for the progress line: the local engine's live count + the last count each worker sent."""
 
-    def __init__(self, owner: "DistributedEngine"):
+    def __init__(self, owner: DistributedEngine):
         self._owner = owner
 
     @property
@@ -67,9 +67,12 @@ class DistributedEngine:
         self._collectors = {r: self._spawn(self._collect, r) for r in ctx.workers}
         resolver = SamplingResolver(read_generation_config(engine_cfg.model).sampling, job.cfg.sampling)
         base, good = job._base_names, job._good
-        self.costs: LineCosts = scan_costs(job.cfg.input, job.stats.resumed,
-                                           lambda a: None if a is None or a in base or a not in good else a,
-                                           resolver.base["max_tokens"])
+        self.costs: LineCosts = scan_costs(
+            job.cfg.input,
+            job.stats.resumed,
+            lambda a: None if a is None or a in base or a not in good else a,
+            resolver.base["max_tokens"],
+        )
         self.assign = shard(self.costs.adapters, self.costs.tokens, ctx.world, sharding)
         self.summary = summarize(self.assign, self.costs.adapters, self.costs.tokens, ctx.world)
         t0 = time.perf_counter()
@@ -79,8 +82,11 @@ class DistributedEngine:
             torch.cuda.set_device(ctx.device_index)
         self.local = Engine(engine_cfg, job._good, scans=getattr(job._pf, "scans", None))
         self.default_sampling = self.local.default_sampling
-        self.info[0] = {**P.where(str(self.local.device)), "rank": 0,
-                        "load_seconds": round(time.perf_counter() - t0, 3)}
+        self.info[0] = {
+            **P.where(str(self.local.device)),
+            "rank": 0,
+            "load_seconds": round(time.perf_counter() - t0, 3),
+        }
         self.slots = _LiveLoads(self)
         self._wait_ready()
 
@@ -236,8 +242,10 @@ class DistributedEngine:
         if kind == P.FAILED:
             raise EngineError(f"{who} failed: {ev[2]}")
         if kind == "lost":
-            raise EngineError(f"{who} died ({self._exit_reason(r, ev[2])}) after returning {self.returned.get(r, 0)} "
-                              "results", hint="its requests were not finished; see that worker's messages above")
+            raise EngineError(
+                f"{who} died ({self._exit_reason(r, ev[2])}) after returning {self.returned.get(r, 0)} results",
+                hint="its requests were not finished; see that worker's messages above",
+            )
         raise EngineError(f"internal: unexpected message {kind!r} from worker {r}")
 
     def _who(self, r: int) -> str:
@@ -256,7 +264,7 @@ class DistributedEngine:
 
     # -- stats ------------------------------------------------------------------------------------------------
     @property
-    def stats(self) -> "_Stats":
+    def stats(self) -> _Stats:
         return _Stats(self)
 
     def annotate_stats(self, stats: dict) -> None:

@@ -115,8 +115,15 @@ class DistContext:
         return range(1, self.world)
 
 
-def init_groups(rank: int, world: int, local_rank: int, launcher: str, cuda: bool,
-                init_method: str = "env://", device_index: int = 0) -> DistContext:
+def init_groups(
+    rank: int,
+    world: int,
+    local_rank: int,
+    launcher: str,
+    cuda: bool,
+    init_method: str = "env://",
+    device_index: int = 0,
+) -> DistContext:
     """Join the default group and build the per-worker channels (collective: every rank calls this)."""
     import torch.distributed as dist
 

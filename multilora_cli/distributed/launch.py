@@ -13,8 +13,17 @@ import sys
 import threading
 from pathlib import Path
 
-from multilora_cli.distributed.group import (DistContext, destroy, init_groups, new_store_dir, pin_device,
-                                             pin_local_rank, store_url, torchrun_env, visible_devices)
+from multilora_cli.distributed.group import (
+    DistContext,
+    destroy,
+    init_groups,
+    new_store_dir,
+    pin_device,
+    pin_local_rank,
+    store_url,
+    torchrun_env,
+    visible_devices,
+)
 from multilora_cli.distributed.shard import SHARDINGS
 from multilora_cli.errors import EngineError, MultiloraError, UsageError
 
@@ -39,8 +48,10 @@ def run_distributed(cfg) -> int:
     if env is not None:
         rank, world, local_rank = env
         if cfg.data_parallel not in (1, world):
-            raise UsageError(f"--data-parallel {cfg.data_parallel} disagrees with torchrun's WORLD_SIZE={world}",
-                             hint="under torchrun leave --data-parallel out: torchrun decides the worker count")
+            raise UsageError(
+                f"--data-parallel {cfg.data_parallel} disagrees with torchrun's WORLD_SIZE={world}",
+                hint="under torchrun leave --data-parallel out: torchrun decides the worker count",
+            )
         pinned = cfg.engine.get("device", "auto") != "cpu" and pin_local_rank(local_rank)
         cuda = _use_cuda(cfg.engine.get("device", "auto"))
         ctx = init_groups(rank, world, local_rank, "torchrun", cuda, device_index=0 if pinned else local_rank)
@@ -50,8 +61,10 @@ def run_distributed(cfg) -> int:
     import torch
 
     if cuda and torch.cuda.device_count() < n:
-        raise UsageError(f"--data-parallel {n} needs {n} GPUs but {torch.cuda.device_count()} are visible",
-                         hint="lower --data-parallel, or check CUDA_VISIBLE_DEVICES")
+        raise UsageError(
+            f"--data-parallel {n} needs {n} GPUs but {torch.cuda.device_count()} are visible",
+            hint="lower --data-parallel, or check CUDA_VISIBLE_DEVICES",
+        )
     threads = None if cuda else max(1, torch.get_num_threads() // n)
     gpus = visible_devices(n) if cuda else None  # rank r gets gpus[r]; rank 0 (this process) uses cuda:0
     ctx = _spawn(n, cuda, threads, gpus)
@@ -68,8 +81,9 @@ def _spawn(n: int, cuda: bool, threads: int | None, gpus: list[str] | None) -> D
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = new_store_dir()
     url = store_url(store)
-    procs = mp.start_processes(_spawned_worker, args=(n, url, cuda, threads, gpus), nprocs=n - 1, join=False,
-                               start_method="spawn")
+    procs = mp.start_processes(
+        _spawned_worker, args=(n, url, cuda, threads, gpus), nprocs=n - 1, join=False, start_method="spawn"
+    )
     box: dict = {}
 
     def join() -> None:

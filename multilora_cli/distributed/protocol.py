@@ -30,15 +30,23 @@ TEST_EXIT_ENV = "MULTILORA_TEST_WORKER_EXIT"  # tests only: "RANK:K" makes worke
 
 def pack_result(r: Result) -> tuple:
     err = None if r.error is None else (r.error.code, r.error.one_line())
-    return (r.key, r.id, r.adapter, r.text, r.token_ids, r.finish_reason, r.prompt_tokens, r.completion_tokens,
-            err)
+    return (r.key, r.id, r.adapter, r.text, r.token_ids, r.finish_reason, r.prompt_tokens, r.completion_tokens, err)
 
 
 def unpack_result(t: tuple) -> Result:
     key, rid, adapter, text, token_ids, finish, pt, ct, err = t
     error = None if err is None else RequestError(err[1], code=err[0])
-    return Result(key=key, id=rid, adapter=adapter, text=text, token_ids=token_ids, finish_reason=finish,
-                  prompt_tokens=pt, completion_tokens=ct, error=error)
+    return Result(
+        key=key,
+        id=rid,
+        adapter=adapter,
+        text=text,
+        token_ids=token_ids,
+        finish_reason=finish,
+        prompt_tokens=pt,
+        completion_tokens=ct,
+        error=error,
+    )
 
 
 def where(device: str = "") -> dict:

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from multilora_cli.distributed.shard import BASE
-from multilora_cli.io.formats import Format, LineSpec, parse_line
+from multilora_cli.io.formats import Format, parse_line
+from multilora_cli.io.line import LineSpec
 from multilora_cli.io.reader import InputReader, open_input
 
 BYTES_PER_TOKEN = 4  # rough, for English text; only the relative cost between lines matters
@@ -52,8 +53,9 @@ def estimate_tokens(spec: LineSpec, default_max_tokens: int) -> int:
     return max(1, prompt + new)
 
 
-def scan_costs(path: str, start_key: int, adapter_of: Callable[[str | None], str | None],
-               default_max_tokens: int) -> LineCosts:
+def scan_costs(
+    path: str, start_key: int, adapter_of: Callable[[str | None], str | None], default_max_tokens: int
+) -> LineCosts:
     """Read `path` once; costs of lines with key >= start_key (the ones a --resume has not kept).
 
     `adapter_of(name)` maps a line's adapter name to the adapter it runs on (None = base model); lines that

@@ -44,9 +44,13 @@ class ShardSummary:
         return max(self.tokens) / mean - 1.0 if mean > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {"estimated_tokens": self.tokens, "requests": self.requests, "adapters": self.adapters,
-                "imbalance": round(self.imbalance, 4),
-                "adapters_split": sum(1 for n in self.spans.values() if n > 1)}
+        return {
+            "estimated_tokens": self.tokens,
+            "requests": self.requests,
+            "adapters": self.adapters,
+            "imbalance": round(self.imbalance, 4),
+            "adapters_split": sum(1 for n in self.spans.values() if n > 1),
+        }
 
 
 def round_robin_shard(n: int, world: int) -> list[int]:
@@ -54,8 +58,7 @@ def round_robin_shard(n: int, world: int) -> list[int]:
     return [i % world for i in range(n)]
 
 
-def affinity_shard(adapters: Sequence[int], tokens: Sequence[int], world: int,
-                   tolerance: float = 0.045) -> list[int]:
+def affinity_shard(adapters: Sequence[int], tokens: Sequence[int], world: int, tolerance: float = 0.045) -> list[int]:
     """Worker (0..world-1) of each request. `adapters[i]`: adapter index of request i (BASE = none);
     `tokens[i]`: its estimated cost (prompt + max new tokens). See the module docstring for the algorithm."""
     if world < 1:
@@ -77,8 +80,16 @@ def affinity_shard(adapters: Sequence[int], tokens: Sequence[int], world: int,
     return assign
 
 
-def _lpt(groups: dict[int, list[int]], order: list[int], weight: dict[int, int], free: list[int],
-         tokens: Sequence[int], world: int, target: float, cap: float) -> list[int]:
+def _lpt(
+    groups: dict[int, list[int]],
+    order: list[int],
+    weight: dict[int, int],
+    free: list[int],
+    tokens: Sequence[int],
+    world: int,
+    target: float,
+    cap: float,
+) -> list[int]:
     assign = [0] * len(tokens)
     load = [0] * world
     least = lambda: min(range(world), key=lambda w: (load[w], w))  # noqa: E731 - W is small
@@ -88,8 +99,10 @@ def _lpt(groups: dict[int, list[int]], order: list[int], weight: dict[int, int],
             w = least()
             if load[w] + remaining <= cap:  # the rest fits whole; a cut-off tail goes where it fits tightest
                 if start > 0:
-                    w = min((x for x in range(world) if load[x] + remaining <= cap),
-                            key=lambda x: (cap - load[x] - remaining, x))
+                    w = min(
+                        (x for x in range(world) if load[x] + remaining <= cap),
+                        key=lambda x: (cap - load[x] - remaining, x),
+                    )
                 for i in items[start:]:
                     assign[i] = w
                 load[w] += remaining
@@ -109,8 +122,15 @@ def _lpt(groups: dict[int, list[int]], order: list[int], weight: dict[int, int],
     return assign
 
 
-def _sequential(groups: dict[int, list[int]], order: list[int], free: list[int], tokens: Sequence[int],
-                world: int, target: float, tolerance: float) -> list[int]:
+def _sequential(
+    groups: dict[int, list[int]],
+    order: list[int],
+    free: list[int],
+    tokens: Sequence[int],
+    world: int,
+    target: float,
+    tolerance: float,
+) -> list[int]:
     seq: list[int] = []  # request indices end to end
     cum: list[int] = []  # cum[j] = tokens of seq[:j + 1]
     ends: list[int] = [0]  # cumulative positions where a cut splits no adapter
@@ -133,13 +153,20 @@ def _sequential(groups: dict[int, list[int]], order: list[int], free: list[int],
     cuts.append(len(seq))
     assign = [0] * len(tokens)
     for k in range(world):
-        for i in seq[cuts[k]:cuts[k + 1]]:
+        for i in seq[cuts[k] : cuts[k + 1]]:
             assign[i] = k
     return assign
 
 
-def _guaranteed(assign: list[int], adapters: Sequence[int], tokens: Sequence[int], world: int,
-                weight: dict[int, int], target: float, tolerance: float) -> bool:
+def _guaranteed(
+    assign: list[int],
+    adapters: Sequence[int],
+    tokens: Sequence[int],
+    world: int,
+    weight: dict[int, int],
+    target: float,
+    tolerance: float,
+) -> bool:
     """Does `assign` meet the sequential packing's bounds (balance and span per adapter)?"""
     s = summarize(assign, adapters, tokens, world)
     slack = 2 * tolerance * target + max(tokens)

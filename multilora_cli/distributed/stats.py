@@ -10,8 +10,20 @@ from __future__ import annotations
 
 from collections import Counter
 
-SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "steps", "prefill_steps", "decode_steps",
-          "ahead_steps", "preemptions", "slot_loads", "slot_hits", "slot_evictions")
+SUMMED = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "steps",
+    "prefill_steps",
+    "decode_steps",
+    "ahead_steps",
+    "preemptions",
+    "slot_loads",
+    "slot_hits",
+    "slot_evictions",
+)
 ADAPTER_SUMMED = ("requests", "prompt_tokens", "completion_tokens", "slot_loads")
 
 
@@ -36,8 +48,9 @@ def merge_stats(de) -> dict:
     for k in SUMMED:
         merged[k] = sum(int(p.get(k, 0)) for p in parts)
     merged["max_loras"], merged["max_lora_rank"] = first.get("max_loras", 0), first.get("max_lora_rank", 0)
-    merged["device"] = _devices([de.info.get(r, {}).get("device") or parts[r].get("device") or "?"
-                                 for r in range(world)])
+    merged["device"] = _devices(
+        [de.info.get(r, {}).get("device") or parts[r].get("device") or "?" for r in range(world)]
+    )
     merged["wall_seconds"] = de.wall_seconds
     per_adapter: dict[str, Counter] = {}
     for p in parts:
@@ -55,19 +68,33 @@ def merge_stats(de) -> dict:
         p, info = parts[r], de.info.get(r, {})
         tokens = int(p.get("prompt_tokens", 0)) + int(p.get("completion_tokens", 0))
         secs = float(p.get("wall_seconds", 0.0))
-        workers.append({
-            "rank": r, "host": info.get("host", ""), "pid": info.get("pid"), "device": info.get("device", ""),
-            "load_seconds": info.get("load_seconds"), "requests": int(p.get("requests", 0)),
-            "errors": int(p.get("errors", 0)), "prompt_tokens": int(p.get("prompt_tokens", 0)),
-            "completion_tokens": int(p.get("completion_tokens", 0)), "wall_seconds": round(secs, 4),
-            "tokens_per_second": _rate(tokens, secs), "assigned_requests": summary.requests[r],
-            "assigned_adapters": summary.adapters[r], "estimated_tokens": summary.tokens[r],
-            "slot_loads": int(p.get("slot_loads", 0)), "slot_evictions": int(p.get("slot_evictions", 0)),
-        })
+        workers.append(
+            {
+                "rank": r,
+                "host": info.get("host", ""),
+                "pid": info.get("pid"),
+                "device": info.get("device", ""),
+                "load_seconds": info.get("load_seconds"),
+                "requests": int(p.get("requests", 0)),
+                "errors": int(p.get("errors", 0)),
+                "prompt_tokens": int(p.get("prompt_tokens", 0)),
+                "completion_tokens": int(p.get("completion_tokens", 0)),
+                "wall_seconds": round(secs, 4),
+                "tokens_per_second": _rate(tokens, secs),
+                "assigned_requests": summary.requests[r],
+                "assigned_adapters": summary.adapters[r],
+                "estimated_tokens": summary.tokens[r],
+                "slot_loads": int(p.get("slot_loads", 0)),
+                "slot_evictions": int(p.get("slot_evictions", 0)),
+            }
+        )
     merged["data_parallel"] = {
-        "world_size": world, "launcher": de.ctx.launcher, "sharding": de.sharding,
+        "world_size": world,
+        "launcher": de.ctx.launcher,
+        "sharding": de.sharding,
         "tokens_per_second": merged["tokens_per_second"],
-        "adapters_split": summary.to_dict()["adapters_split"], "estimated_imbalance": round(summary.imbalance, 4),
+        "adapters_split": summary.to_dict()["adapters_split"],
+        "estimated_imbalance": round(summary.imbalance, 4),
         "workers": workers,
     }
     return merged
@@ -83,12 +110,22 @@ def print_workers(stats: dict, console=None) -> None:
     if not dp:
         return
     console = console or stderr_console()
-    t = Table(title=f"data parallel: {dp['world_size']} workers ({dp['launcher']}, {dp['sharding']} sharding, "
-                    f"{dp['adapters_split']} adapters split)", title_justify="left")
+    t = Table(
+        title=f"data parallel: {dp['world_size']} workers ({dp['launcher']}, {dp['sharding']} sharding, "
+        f"{dp['adapters_split']} adapters split)",
+        title_justify="left",
+    )
     for col in ("worker", "device", "requests", "tokens", "tok/s", "adapters", "slot loads"):
         t.add_column(col, justify="left" if col in ("worker", "device") else "right")
     for w in dp["workers"]:
         where = w["device"] + (f" @ {w['host']}" if w.get("host") else "")
-        t.add_row(str(w["rank"]), where, str(w["requests"]), f"{w['prompt_tokens'] + w['completion_tokens']:,}",
-                  f"{w['tokens_per_second']:,.1f}", str(w["assigned_adapters"]), str(w["slot_loads"]))
+        t.add_row(
+            str(w["rank"]),
+            where,
+            str(w["requests"]),
+            f"{w['prompt_tokens'] + w['completion_tokens']:,}",
+            f"{w['tokens_per_second']:,.1f}",
+            str(w["assigned_adapters"]),
+            str(w["slot_loads"]),
+        )
     console.print(t)

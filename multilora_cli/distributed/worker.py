@@ -36,15 +36,20 @@ def build_engine(ctx: DistContext, engine_cfg, adapters: dict[str, str], opts: d
     host = P.where()["host"]
     for what, path in [("model directory", engine_cfg.model), *((f"adapter {n!r}", p) for n, p in adapters.items())]:
         if not Path(path).exists():
-            raise EngineError(f"worker {ctx.rank} on {host}: {what} {path} not found",
-                              hint="on several nodes the model and adapters must be at the same paths on every "
-                                   "node (a shared filesystem or the same Hugging Face cache)")
+            raise EngineError(
+                f"worker {ctx.rank} on {host}: {what} {path} not found",
+                hint="on several nodes the model and adapters must be at the same paths on every "
+                "node (a shared filesystem or the same Hugging Face cache)",
+            )
     return Engine(engine_cfg, {n: Path(p) for n, p in adapters.items()})
 
 
 def _die(ctx: DistContext, what: str, e: BaseException) -> None:
-    print(f"multilora: worker {ctx.rank}: lost rank 0 while {what} ({type(e).__name__}: {e}); exiting",
-          file=sys.stderr, flush=True)
+    print(
+        f"multilora: worker {ctx.rank}: lost rank 0 while {what} ({type(e).__name__}: {e}); exiting",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(1)
 
 
@@ -105,7 +110,7 @@ class _Sender(threading.Thread):
             results = [x for x in items if not isinstance(x, list)]
             control = [x for x in items if isinstance(x, list)]  # [DONE, ...] / [FAILED, ...]
             if self.exit_after is not None:
-                results = results[:max(self.exit_after - self.sent, 0)]
+                results = results[: max(self.exit_after - self.sent, 0)]
             try:
                 if results:
                     chan.send((P.RESULTS, results, {"slot_loads": self.engine.slots.loads}))

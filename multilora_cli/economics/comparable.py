@@ -17,16 +17,23 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, GpuSpec, model_preset
 from multilora_cli.economics.sources import MeasuredRun, ModelSource
 from multilora_cli.errors import MultiloraError
 from multilora_cli.models.config import ModelConfig
+from multilora_cli.paths import expand_user
 
 # the fields that set bytes read per decode step, with the words the report uses for them
-_SHAPE = (("num_hidden_layers", "layers"), ("hidden_size", "hidden"), ("intermediate_size", "intermediate"),
-          ("num_attention_heads", "heads"), ("num_key_value_heads", "kv heads"), ("head_dim", "head_dim"),
-          ("vocab_size", "vocab"), ("tie_word_embeddings", "tied embeddings"))
+_SHAPE = (
+    ("num_hidden_layers", "layers"),
+    ("hidden_size", "hidden"),
+    ("intermediate_size", "intermediate"),
+    ("num_attention_heads", "heads"),
+    ("num_key_value_heads", "kv heads"),
+    ("head_dim", "head_dim"),
+    ("vocab_size", "vocab"),
+    ("tie_word_embeddings", "tied embeddings"),
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,8 +75,9 @@ def _model_reason(stats: MeasuredRun, model: ModelSource) -> str | None:
     if shape is None:  # e.g. a Hub id not cached here: compare names
         names = {_basename(model.label), _basename(cfg.name_or_path)} - {""}
         return None if _basename(m) in names else f"model shape unknown here, and {_basename(m)!r} is another name"
-    diff = [f"{word} {getattr(shape, f)} vs {getattr(cfg, f)}" for f, word in _SHAPE
-            if getattr(shape, f) != getattr(cfg, f)]
+    diff = [
+        f"{word} {getattr(shape, f)} vs {getattr(cfg, f)}" for f, word in _SHAPE if getattr(shape, f) != getattr(cfg, f)
+    ]
     return f"another model shape ({', '.join(diff[:3])}{', ...' if len(diff) > 3 else ''})" if diff else None
 
 
@@ -82,8 +90,9 @@ def _device_reason(stats: MeasuredRun, gpu: GpuSpec) -> tuple[str | None, str | 
     device = stats.device.strip()
     tokens = [t for t in _gpu_tokens(device) if t]
     families = {g.split("-")[0] for g in GPU_PRESETS}
-    if not tokens or not (tokens[0] == "cuda" or "nvidia" in tokens or
-                          any(t.startswith(f) for t in tokens for f in families)):
+    if not tokens or not (
+        tokens[0] == "cuda" or "nvidia" in tokens or any(t.startswith(f) for t in tokens for f in families)
+    ):
         return (f"{device} is not a CUDA GPU" if device else "the stats name no device"), None  # cpu, mps, ...
     named = [t for t in tokens if not t.isdigit() and t not in ("nvidia", "cuda")]
     if not named:  # the engine records str(torch.device): "cuda:0" says nothing about which GPU
@@ -116,9 +125,10 @@ def compare(stats: MeasuredRun, model: ModelSource, gpu: GpuSpec, dtype: str) ->
     return Comparability(True, (caveat,) if caveat else ())
 
 
-def not_comparable_message(stats: MeasuredRun, model: ModelSource, gpu: GpuSpec, dtype: str,
-                           c: Comparability) -> str:
+def not_comparable_message(stats: MeasuredRun, model: ModelSource, gpu: GpuSpec, dtype: str, c: Comparability) -> str:
     """One line: what the run measured, what is being sized, why they differ, and what the report does instead."""
-    return (f"--stats: measured on {stats.device or '?'} with {stats.model or '?'} ({stats.dtype or '?'}), not "
-            f"comparable to {model.label} ({dtype}) on {gpu.name}: {'; '.join(c.reasons)}; sizing from the roofline "
-            f"(measured throughput shown for reference only)")
+    return (
+        f"--stats: measured on {stats.device or '?'} with {stats.model or '?'} ({stats.dtype or '?'}), not "
+        f"comparable to {model.label} ({dtype}) on {gpu.name}: {'; '.join(c.reasons)}; sizing from the roofline "
+        f"(measured throughput shown for reference only)"
+    )

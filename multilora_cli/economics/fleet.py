@@ -82,8 +82,10 @@ def plan_dedicated(tenants: int, demand: float, work: Workload, hw: Hardware) ->
         if tps >= demand:
             break
     if best is None:
-        raise UsageError(f"one sequence of {work.context} tokens does not fit the KV reserve of a dedicated copy",
-                         hint="raise --kv-reserve or lower --context-len")
+        raise UsageError(
+            f"one sequence of {work.context} tokens does not fit the KV reserve of a dedicated copy",
+            hint="raise --kv-reserve or lower --context-len",
+        )
     m, b, tps = best
     per_tenant = 1 if tps >= demand else ceil_div(demand, tps)
     by_memory = ceil_div(tenants, by_mem) * g
@@ -110,8 +112,15 @@ class Shared:
         return "both" if m == t else "memory" if m > t else "throughput"
 
 
-def plan_shared(tenants: int, demand: float, work: Workload, hw: Hardware, adapter_bytes: float,
-                distinct_per_step, measured_tps: float | None = None) -> Shared:
+def plan_shared(
+    tenants: int,
+    demand: float,
+    work: Workload,
+    hw: Hardware,
+    adapter_bytes: float,
+    distinct_per_step,
+    measured_tps: float | None = None,
+) -> Shared:
     """One base per replica serves many tenants: bounded by adapters resident in memory and by tokens/s.
 
     `distinct_per_step(batch)` -> distinct adapters read in a decode step of that batch.
@@ -119,12 +128,16 @@ def plan_shared(tenants: int, demand: float, work: Workload, hw: Hardware, adapt
     g = hw.gpus_per_replica(work.copy_bytes)
     fit = int((g * hw.memory * (1 - hw.kv_reserve) - work.copy_bytes) // adapter_bytes)
     if fit < 1:
-        raise UsageError("the base model leaves no room for even one adapter in the weight budget",
-                         hint="raise GPU memory or lower --kv-reserve")
+        raise UsageError(
+            "the base model leaves no room for even one adapter in the weight budget",
+            hint="raise GPU memory or lower --kv-reserve",
+        )
     b = work.batch(g * hw.memory * hw.kv_reserve)
     if b < 1:
-        raise UsageError(f"one sequence of {work.context} tokens does not fit the KV reserve",
-                         hint="raise --kv-reserve or lower --context-len")
+        raise UsageError(
+            f"one sequence of {work.context} tokens does not fit the KV reserve",
+            hint="raise --kv-reserve or lower --context-len",
+        )
     k = distinct_per_step(b)
     step = work.step_seconds(b, k * adapter_bytes, g * hw.bandwidth)
     roof = b / step

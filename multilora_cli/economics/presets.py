@@ -14,34 +14,113 @@ from multilora_cli.models.config import ModelConfig
 HOURS_PER_MONTH = 730  # 8760 h / 12: the usual cloud billing month
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
-def _cfg(hf_id: str, model_type: str, hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int,
-         **extra) -> dict:
-    return dict(_name_or_path=hf_id, model_type=model_type, hidden_size=hidden, intermediate_size=inter,
-                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
-                **extra)
+def _cfg(
+    hf_id: str, model_type: str, hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, **extra
+) -> dict:
+    return dict(
+        _name_or_path=hf_id,
+        model_type=model_type,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=vocab,
+        **extra,
+    )
 
 
 # name -> HF config dict (values from each model's published config.json; the Hub id says which one).
 MODEL_PRESETS: dict[str, dict] = {
-    "llama-2-7b": _cfg("meta-llama/Llama-2-7b-hf", "llama", 4096, 11008, 32, 32, 32, 32000,
-                       max_position_embeddings=4096),
-    "llama-3-8b": _cfg("meta-llama/Meta-Llama-3-8B", "llama", 4096, 14336, 32, 32, 8, 128256,
-                       rope_theta=500000.0, max_position_embeddings=8192),
-    "llama-3.1-8b": _cfg("meta-llama/Llama-3.1-8B", "llama", 4096, 14336, 32, 32, 8, 128256,
-                         rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, max_position_embeddings=131072),
-    "llama-3-70b": _cfg("meta-llama/Meta-Llama-3-70B", "llama", 8192, 28672, 80, 64, 8, 128256,
-                        rope_theta=500000.0, max_position_embeddings=8192),
-    "llama-3.2-1b": _cfg("meta-llama/Llama-3.2-1B", "llama", 2048, 8192, 16, 32, 8, 128256, head_dim=64,
-                         tie_word_embeddings=True, rope_theta=500000.0,
-                         rope_scaling={**_LLAMA3_ROPE, "factor": 32.0}, max_position_embeddings=131072),
-    "mistral-7b": _cfg("mistralai/Mistral-7B-v0.1", "mistral", 4096, 14336, 32, 32, 8, 32000,
-                       sliding_window=4096, max_position_embeddings=32768),
-    "qwen2.5-7b": _cfg("Qwen/Qwen2.5-7B", "qwen2", 3584, 18944, 28, 28, 4, 152064, rope_theta=1000000.0,
-                       max_position_embeddings=131072, tie_word_embeddings=False),
+    "llama-2-7b": _cfg(
+        "meta-llama/Llama-2-7b-hf", "llama", 4096, 11008, 32, 32, 32, 32000, max_position_embeddings=4096
+    ),
+    "llama-3-8b": _cfg(
+        "meta-llama/Meta-Llama-3-8B",
+        "llama",
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        128256,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+    ),
+    "llama-3.1-8b": _cfg(
+        "meta-llama/Llama-3.1-8B",
+        "llama",
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        128256,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA3_ROPE,
+        max_position_embeddings=131072,
+    ),
+    "llama-3-70b": _cfg(
+        "meta-llama/Meta-Llama-3-70B",
+        "llama",
+        8192,
+        28672,
+        80,
+        64,
+        8,
+        128256,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+    ),
+    "llama-3.2-1b": _cfg(
+        "meta-llama/Llama-3.2-1B",
+        "llama",
+        2048,
+        8192,
+        16,
+        32,
+        8,
+        128256,
+        head_dim=64,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+        rope_scaling={**_LLAMA3_ROPE, "factor": 32.0},
+        max_position_embeddings=131072,
+    ),
+    "mistral-7b": _cfg(
+        "mistralai/Mistral-7B-v0.1",
+        "mistral",
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        32000,
+        sliding_window=4096,
+        max_position_embeddings=32768,
+    ),
+    "qwen2.5-7b": _cfg(
+        "Qwen/Qwen2.5-7B",
+        "qwen2",
+        3584,
+        18944,
+        28,
+        28,
+        4,
+        152064,
+        rope_theta=1000000.0,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+    ),
 }
 
 

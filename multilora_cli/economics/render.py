@@ -40,8 +40,16 @@ def render(report: Report, console=None, err_console=None) -> None:
     for col in ("module", "in → out", "rank", "layers", "params/layer", "params", "bytes"):
         t.add_column(col, justify="left" if col in ("module", "in → out") else "right")
     for m in report.modules:
-        row(t, m["module"], f"{m['in_features']} → {m['out_features']}", str(m["rank"]), str(m["layers"]),
-            n(m["params_per_layer"]), n(m["params"]), size(m["bytes"]))
+        row(
+            t,
+            m["module"],
+            f"{m['in_features']} → {m['out_features']}",
+            str(m["rank"]),
+            str(m["layers"]),
+            n(m["params_per_layer"]),
+            n(m["params"]),
+            size(m["bytes"]),
+        )
     console.print(t)
 
     for s in report.sections:

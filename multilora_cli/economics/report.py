@@ -50,8 +50,9 @@ class Report:
         """One JSON-ready object: every assumption (with source) and every figure (with its explanation)."""
         out: dict = {
             "summary": self.summary,
-            "assumptions": {a.key: {"value": a.value, "unit": a.unit, "source": a.source, "note": a.note}
-                            for a in self.assumptions},
+            "assumptions": {
+                a.key: {"value": a.value, "unit": a.unit, "source": a.source, "note": a.note} for a in self.assumptions
+            },
             "adapter_modules": self.modules,
         }
         for s in self.sections:

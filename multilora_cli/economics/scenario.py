@@ -15,10 +15,15 @@ from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, HOURS_PER_
 from multilora_cli.economics.shapes import DEFAULT_RANK, AdapterShape, parse_targets, shape_from_flags
 from multilora_cli.economics.slots import POPULARITIES
 from multilora_cli.economics.sources import (
-    MeasuredRun, ModelSource, adapter_dir, load_adapter_shape, load_stats, resolve_model)
+    MeasuredRun,
+    ModelSource,
+    adapter_dir,
+    load_adapter_shape,
+    load_stats,
+    resolve_model,
+)
 from multilora_cli.engine.slot_budget import MAX_AUTO_LORAS, SLOT_SHARE, auto_max_loras, slot_bytes, weight_bytes
 from multilora_cli.errors import ResolveError, UsageError
-
 
 # The slot arithmetic holds one float per tenant (slots.py): 10M tenants is 80 MB and a second; 1e9 exhausted memory.
 MAX_TENANTS = 10_000_000
@@ -65,14 +70,15 @@ class Scenario:
         # any real GPU or workload; beyond them the arithmetic overflows to inf / NaN or divides by zero. inf and
         # NaN are refused by name, as they pass or fail the comparisons arbitrarily.
         for flag, v, lo, closed, hi in (
-                ("--gpu-memory-gb", self.gpu_memory_gb, 0, False, 1e5),
-                ("--gpu-bandwidth-tbs", self.gpu_bandwidth_tbs, 1e-3, True, 1e3),
-                ("--pcie-gbs", self.pcie_gbs, 1e-3, True, 1e4),
-                ("--gpu-hour-usd", self.gpu_hour_usd, 0, True, 1e4),
-                ("--tokens-per-tenant-per-s", self.tokens_per_tenant_per_s, 0, False, 1e9),
-                ("--output-tokens", self.output_tokens, 1, True, 1e9),  # a request generates one token at least
-                ("--requests-per-step", self.requests_per_step, 0, False, 1e9),
-                ("--zipf-s", self.zipf_s, 0, True, 100)):
+            ("--gpu-memory-gb", self.gpu_memory_gb, 0, False, 1e5),
+            ("--gpu-bandwidth-tbs", self.gpu_bandwidth_tbs, 1e-3, True, 1e3),
+            ("--pcie-gbs", self.pcie_gbs, 1e-3, True, 1e4),
+            ("--gpu-hour-usd", self.gpu_hour_usd, 0, True, 1e4),
+            ("--tokens-per-tenant-per-s", self.tokens_per_tenant_per_s, 0, False, 1e9),
+            ("--output-tokens", self.output_tokens, 1, True, 1e9),  # a request generates one token at least
+            ("--requests-per-step", self.requests_per_step, 0, False, 1e9),
+            ("--zipf-s", self.zipf_s, 0, True, 100),
+        ):
             if v is None:
                 continue
             need(math.isfinite(v), flag, "a finite number", v)
@@ -83,8 +89,9 @@ class Scenario:
         need(self.batch_size >= 1, "--batch-size", "a positive integer", self.batch_size)
         need(self.context_len >= 1, "--context-len", "a positive integer", self.context_len)
         need(self.max_loras is None or self.max_loras >= 1, "--max-loras", "a positive integer", self.max_loras)
-        need(self.popularity in POPULARITIES, "--popularity", f"one of {', '.join(POPULARITIES)}",
-             repr(self.popularity))
+        need(
+            self.popularity in POPULARITIES, "--popularity", f"one of {', '.join(POPULARITIES)}", repr(self.popularity)
+        )
         if self.adapter and (self.rank is not None or self.targets is not None):
             raise UsageError("--adapter reads rank and targets from the adapter; drop --rank / --targets")
 
@@ -136,17 +143,25 @@ def resolve(s: Scenario) -> Resolved:
     except ResolveError as e:
         if s.model:
             raise
-        raise ResolveError(f"{e.message} (it is the base_model_name_or_path of --adapter {s.adapter})",
-                           hint="pass --model with the base model's folder, Hub id or a preset") from None
+        raise ResolveError(
+            f"{e.message} (it is the base_model_name_or_path of --adapter {s.adapter})",
+            hint="pass --model with the base model's folder, Hub id or a preset",
+        ) from None
     if path is not None:
         adapter = load_adapter_shape(path, model.config)
     else:
-        adapter = shape_from_flags(model.config, s.rank if s.rank is not None else DEFAULT_RANK,
-                                   parse_targets(s.targets))
+        adapter = shape_from_flags(
+            model.config, s.rank if s.rank is not None else DEFAULT_RANK, parse_targets(s.targets)
+        )
     preset = GPU_PRESETS[s.gpu.lower()]
-    gpu = GpuSpec(preset.name, s.gpu_memory_gb or preset.memory_gb, s.gpu_bandwidth_tbs or preset.bandwidth_tbs,
-                  preset.hour_usd if s.gpu_hour_usd is None else s.gpu_hour_usd, s.pcie_gbs or preset.pcie_gbs,
-                  preset.pcie_note if s.pcie_gbs is None else "given")
+    gpu = GpuSpec(
+        preset.name,
+        s.gpu_memory_gb or preset.memory_gb,
+        s.gpu_bandwidth_tbs or preset.bandwidth_tbs,
+        preset.hour_usd if s.gpu_hour_usd is None else s.gpu_hour_usd,
+        s.pcie_gbs or preset.pcie_gbs,
+        preset.pcie_note if s.pcie_gbs is None else "given",
+    )
     measured_out = stats.mean_completion_tokens if stats else None
     out_tokens = s.output_tokens or measured_out or 256.0
     comparable = compare(stats, model, gpu, s.dtype) if stats else None
@@ -159,45 +174,124 @@ def resolve(s: Scenario) -> Resolved:
     cfg = model.config
 
     r.add("tenants", "tenants (one adapter each)", s.tenants, "", "flag")
-    r.add("model", "base model", model.label, "", model.source,
-          f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, intermediate {cfg.intermediate_size}, "
-          f"heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, head_dim {cfg.head_dim}, "
-          f"vocab {cfg.vocab_size}, {'tied' if cfg.tie_word_embeddings else 'untied'} embeddings")
-    r.add("dtype", "serving dtype (base and adapters)", s.dtype, f"{r.dtype_bytes} B/param", src(None),
-          "adapters are cast to the base dtype when loaded into slots")
-    r.add("adapter", "adapter shape", adapter.source, "", "adapter" if path else src(s.rank, src(s.targets)),
-          f"rank {'/'.join(map(str, adapter.ranks))} on {','.join(adapter.targets)}")
+    r.add(
+        "model",
+        "base model",
+        model.label,
+        "",
+        model.source,
+        f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, intermediate {cfg.intermediate_size}, "
+        f"heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, head_dim {cfg.head_dim}, "
+        f"vocab {cfg.vocab_size}, {'tied' if cfg.tie_word_embeddings else 'untied'} embeddings",
+    )
+    r.add(
+        "dtype",
+        "serving dtype (base and adapters)",
+        s.dtype,
+        f"{r.dtype_bytes} B/param",
+        src(None),
+        "adapters are cast to the base dtype when loaded into slots",
+    )
+    r.add(
+        "adapter",
+        "adapter shape",
+        adapter.source,
+        "",
+        "adapter" if path else src(s.rank, src(s.targets)),
+        f"rank {'/'.join(map(str, adapter.ranks))} on {','.join(adapter.targets)}",
+    )
     r.add("gpu", "GPU", gpu.name, "", "flag" if s.gpu != "h100-sxm" else "default")
     r.add("gpu_memory_gb", "GPU memory", gpu.memory_gb, "GB (1e9 B)", src(s.gpu_memory_gb, gsrc))
     r.add("gpu_bandwidth_tbs", "GPU HBM bandwidth (peak)", gpu.bandwidth_tbs, "TB/s", src(s.gpu_bandwidth_tbs, gsrc))
-    r.add("bandwidth_efficiency", "achieved fraction of peak bandwidth", s.bandwidth_efficiency, "",
-          "default" if s.bandwidth_efficiency == 0.8 else "flag", "decode kernels typically reach 60-85% of peak")
-    r.add("gpu_hour_usd", "price per GPU-hour", gpu.hour_usd, "USD", src(s.gpu_hour_usd, gsrc),
-          "assumed on-demand list price; varies 2-3x by provider and commitment")
+    r.add(
+        "bandwidth_efficiency",
+        "achieved fraction of peak bandwidth",
+        s.bandwidth_efficiency,
+        "",
+        "default" if s.bandwidth_efficiency == 0.8 else "flag",
+        "decode kernels typically reach 60-85% of peak",
+    )
+    r.add(
+        "gpu_hour_usd",
+        "price per GPU-hour",
+        gpu.hour_usd,
+        "USD",
+        src(s.gpu_hour_usd, gsrc),
+        "assumed on-demand list price; varies 2-3x by provider and commitment",
+    )
     r.add("hours_per_month", "hours per month", HOURS_PER_MONTH, "h", "default", "8760 h / 12")
     r.add("pcie_gbs", "host->GPU copy bandwidth", gpu.pcie_gbs, "GB/s", src(s.pcie_gbs, gsrc), gpu.pcie_note)
-    r.add("kv_reserve", "GPU memory kept for KV cache + activations", s.kv_reserve, "fraction",
-          "default" if s.kv_reserve == 0.3 else "flag", "weights (base + resident adapters) get the rest")
-    r.add("batch_size", "decode batch (sequences per step), at most", s.batch_size, "seqs",
-          "default" if s.batch_size == 64 else "flag", "capped by the sequences whose KV fits the reserve")
-    r.add("context_len", "mean context per sequence", s.context_len, "tokens",
-          "default" if s.context_len == 1024 else "flag", "prompt + generated so far; sets KV bytes per sequence")
-    r.add("tokens_per_tenant_per_s", "demand per tenant (generated tokens/s, sustained)", s.tokens_per_tenant_per_s,
-          "tok/s", "default" if s.tokens_per_tenant_per_s == 50.0 else "flag")
-    r.max_loras = s.max_loras if s.max_loras is not None else default_slots(s.tenants, adapter, gpu, cfg,
-                                                                             r.dtype_bytes)
-    r.add("max_loras", "GPU adapter slots (--max-loras)", r.max_loras, "slots", src(s.max_loras),
-          "distinct adapters one step may use" + ("" if s.max_loras is not None else
-          f"; multilora run's default: one per tenant, at most {MAX_AUTO_LORAS}, within {SLOT_SHARE:.0%} of "
-          f"{GPU_MEMORY_UTILIZATION:g} x GPU memory less the base weights"))
-    r.add("popularity", "tenant popularity", s.popularity if s.popularity == "uniform" else f"zipf s={s.zipf_s}",
-          "", "default" if s.popularity == "uniform" else "flag", "independent reference model")
-    r.add("output_tokens", "mean generated tokens per request", out_tokens, "tokens",
-          "flag" if s.output_tokens else "measured" if measured_out else "default")
+    r.add(
+        "kv_reserve",
+        "GPU memory kept for KV cache + activations",
+        s.kv_reserve,
+        "fraction",
+        "default" if s.kv_reserve == 0.3 else "flag",
+        "weights (base + resident adapters) get the rest",
+    )
+    r.add(
+        "batch_size",
+        "decode batch (sequences per step), at most",
+        s.batch_size,
+        "seqs",
+        "default" if s.batch_size == 64 else "flag",
+        "capped by the sequences whose KV fits the reserve",
+    )
+    r.add(
+        "context_len",
+        "mean context per sequence",
+        s.context_len,
+        "tokens",
+        "default" if s.context_len == 1024 else "flag",
+        "prompt + generated so far; sets KV bytes per sequence",
+    )
+    r.add(
+        "tokens_per_tenant_per_s",
+        "demand per tenant (generated tokens/s, sustained)",
+        s.tokens_per_tenant_per_s,
+        "tok/s",
+        "default" if s.tokens_per_tenant_per_s == 50.0 else "flag",
+    )
+    r.max_loras = s.max_loras if s.max_loras is not None else default_slots(s.tenants, adapter, gpu, cfg, r.dtype_bytes)
+    r.add(
+        "max_loras",
+        "GPU adapter slots (--max-loras)",
+        r.max_loras,
+        "slots",
+        src(s.max_loras),
+        "distinct adapters one step may use"
+        + (
+            ""
+            if s.max_loras is not None
+            else f"; multilora run's default: one per tenant, at most {MAX_AUTO_LORAS}, within {SLOT_SHARE:.0%} of "
+            f"{GPU_MEMORY_UTILIZATION:g} x GPU memory less the base weights"
+        ),
+    )
+    r.add(
+        "popularity",
+        "tenant popularity",
+        s.popularity if s.popularity == "uniform" else f"zipf s={s.zipf_s}",
+        "",
+        "default" if s.popularity == "uniform" else "flag",
+        "independent reference model",
+    )
+    r.add(
+        "output_tokens",
+        "mean generated tokens per request",
+        out_tokens,
+        "tokens",
+        "flag" if s.output_tokens else "measured" if measured_out else "default",
+    )
     if stats:
-        r.add("stats", "measured run", stats.path, "", "flag",
-              f"model {stats.model or '?'} on {stats.device or '?'}: "
-              f"{stats.completion_tokens_per_second:,.1f} generated tok/s"
-              + (f" per worker of {stats.workers} (data parallel); " if stats.workers > 1 else "; ")
-              + ("sizes the fleet" if comparable.ok else "not comparable, shown only (see the warning)"))
+        r.add(
+            "stats",
+            "measured run",
+            stats.path,
+            "",
+            "flag",
+            f"model {stats.model or '?'} on {stats.device or '?'}: "
+            f"{stats.completion_tokens_per_second:,.1f} generated tok/s"
+            + (f" per worker of {stats.workers} (data parallel); " if stats.workers > 1 else "; ")
+            + ("sizes the fleet" if comparable.ok else "not comparable, shown only (see the warning)"),
+        )
     return r

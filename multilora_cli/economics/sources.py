@@ -13,11 +13,12 @@ from pathlib import Path
 
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.preflight import adapter_base
-from multilora_cli.adapters.resolve import expand_user, looks_like_path, resolve
+from multilora_cli.adapters.resolve import looks_like_path, resolve
 from multilora_cli.economics.presets import MODEL_PRESETS, model_preset, preset_name
 from multilora_cli.economics.shapes import AdapterShape, shape_from_modules
 from multilora_cli.errors import InputError, UsageError
 from multilora_cli.models.config import ModelConfig
+from multilora_cli.paths import expand_user
 
 DEFAULT_MODEL = "llama-2-7b"  # the seeds' reference model
 
@@ -39,12 +40,15 @@ def resolve_model(spec: str | None) -> ModelSource:
     if name is not None:  # also the Hub id a preset came from: no download needed
         return ModelSource(model_preset(name), name, "preset")
     if "/" not in spec and not expand_user(spec).exists():
-        raise UsageError(f"--model: unknown preset {spec!r}",
-                         hint=f"presets: {', '.join(MODEL_PRESETS)}; or a model directory or Hub id org/name")
+        raise UsageError(
+            f"--model: unknown preset {spec!r}",
+            hint=f"presets: {', '.join(MODEL_PRESETS)}; or a model directory or Hub id org/name",
+        )
     local = looks_like_path(spec) or expand_user(spec).exists()
     path = resolve(spec, kind="model", allow_patterns=["config.json"])
-    config = ModelConfig.from_dir(path, adapter_hint=f"pass it as --adapter {spec}; its base model is then the "
-                                                    "default --model")
+    config = ModelConfig.from_dir(
+        path, adapter_hint=f"pass it as --adapter {spec}; its base model is then the default --model"
+    )
     return ModelSource(config, spec, "directory" if local else "hub")
 
 
@@ -90,8 +94,7 @@ class MeasuredRun:
     @property
     def step_seconds(self) -> float | None:
         # `steps` sums the workers' steps, each worker ran its share in the generation time
-        return self.generation_seconds * self.workers / self.steps if self.steps and self.generation_seconds \
-            else None
+        return self.generation_seconds * self.workers / self.steps if self.steps and self.generation_seconds else None
 
     @property
     def loads_per_step(self) -> float | None:
@@ -114,8 +117,10 @@ def load_stats(path: str) -> MeasuredRun:
     except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
         raise InputError(f"--stats {path}: not valid JSON: {e}") from None
     if not isinstance(data, dict) or "completion_tokens_per_second" not in data:
-        raise InputError(f"--stats {path}: not a run stats file (no completion_tokens_per_second)",
-                         hint="write one with `multilora run ... --stats run_stats.json`")
+        raise InputError(
+            f"--stats {path}: not a run stats file (no completion_tokens_per_second)",
+            hint="write one with `multilora run ... --stats run_stats.json`",
+        )
     engine = data["engine"] if isinstance(data.get("engine"), dict) else data
 
     def num(d: dict, key: str, kind=float):
@@ -140,14 +145,18 @@ def load_stats(path: str) -> MeasuredRun:
         raise InputError(f"--stats {path}: data_parallel.world_size must be a positive whole number, got 0")
     workers = workers or 1  # null: a file that does not say
     return MeasuredRun(
-        path=str(path), completion_tokens_per_second=tps / workers, workers=workers,
+        path=str(path),
+        completion_tokens_per_second=tps / workers,
+        workers=workers,
         model=str(data.get("model") or engine.get("model") or ""),
         device=str(data.get("device") or engine.get("device") or ""),
         dtype=str(data.get("dtype") or engine.get("dtype") or ""),
-        requests=_generated(data, num), completion_tokens=num(data, "completion_tokens", int),
+        requests=_generated(data, num),
+        completion_tokens=num(data, "completion_tokens", int),
         steps=num(engine, "steps", int),
         generation_seconds=num(data, "generation_seconds") or num(engine, "wall_seconds"),
-        slot_loads=num(data, "slot_loads", int), slot_hits=num(data, "slot_hits", int),
+        slot_loads=num(data, "slot_loads", int),
+        slot_hits=num(data, "slot_hits", int),
     )
 
 

@@ -14,8 +14,10 @@ def size(b: float) -> str:
     """Bytes as binary and decimal units: '32.0 MiB (33.6 MB)'."""
     for unit, k in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if b >= k:
-            dec = next((f"{b / d:,.1f} {u}" for u, d in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
-                        if b >= d), f"{b:,.0f} B")
+            dec = next(
+                (f"{b / d:,.1f} {u}" for u, d in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if b >= d),
+                f"{b:,.0f} B",
+            )
             return f"{b / k:,.1f} {unit} ({dec})"
     return f"{b:,.0f} B"
 

@@ -75,7 +75,10 @@ class LoadPicker:
     def _fillable(self, seats: int, slots: int, taken: int) -> bool:
         """Whether at most `slots` (<= 2) other queues sum to exactly `seats` (one of size `taken` is spoken for)."""
         by = self._by_size
-        have = lambda q, n=1: len(by.get(q, ())) - (q == taken) >= n
+
+        def have(q: int, n: int = 1) -> bool:
+            return len(by.get(q, ())) - (q == taken) >= n
+
         if seats == 0:
             return True
         if slots >= 1 and have(seats):
@@ -101,8 +104,11 @@ class Admission:
         # in-slot adapters that are not pinned yet will pin their slots
         cheap = [a for a in w.adapters() if a is None or self.slots.is_resident(a)]
         seats = self.max_num_seqs - len(self.running) - sum(w.size(a) for a in cheap)
-        slots = (self.slots.max_loras - self.slots.num_pinned
-                 - sum(1 for a in cheap if a is not None and not self.slots.is_pinned(a)))
+        slots = (
+            self.slots.max_loras
+            - self.slots.num_pinned
+            - sum(1 for a in cheap if a is not None and not self.slots.is_pinned(a))
+        )
         out = []
         while len(out) < k and len(picker):
             if seats <= 0 or slots <= 0:

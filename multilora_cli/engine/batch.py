@@ -58,7 +58,7 @@ class ScheduledBatch:
             return [0] * self.num_tokens
         out: list[int] = []
         for seq, s, n in zip(self.seqs, self.start, self.num_new_tokens):
-            out.extend(seq.token_ids[s:s + n])
+            out.extend(seq.token_ids[s : s + n])
         return out
 
     def positions(self) -> list[int]:
@@ -140,6 +140,12 @@ class StepPlan:
             n_new = [n_new[i] for i in order]
         start = [s.num_computed_tokens for s in seqs]
         return ScheduledBatch(
-            seqs=seqs, num_new_tokens=n_new, start=start, slots=[s.slot for s in seqs],
+            seqs=seqs,
+            num_new_tokens=n_new,
+            start=start,
+            slots=[s.slot for s in seqs],
             sample=[st + n == len(s.token_ids) for s, st, n in zip(seqs, start, n_new)],
-            num_decodes=len(seqs) - self.num_prefills, block_size=block_size, preempted=self.preempted)
+            num_decodes=len(seqs) - self.num_prefills,
+            block_size=block_size,
+            preempted=self.preempted,
+        )

@@ -34,8 +34,16 @@ class DecodeGraphs:
                   eager steps) sets `lora_key = None`
     """
 
-    def __init__(self, model, *, max_num_seqs: int, max_model_len: int, block_size: int,
-                 lora_buffers: LoraMetaBuffers | None, device: torch.device):
+    def __init__(
+        self,
+        model,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        block_size: int,
+        lora_buffers: LoraMetaBuffers | None,
+        device: torch.device,
+    ):
         self.model = model
         self.device = device
         self.block_size = block_size
@@ -61,14 +69,22 @@ class DecodeGraphs:
     # --- buffers ---------------------------------------------------------------------------------------------
     def _views(self, bs: int) -> tuple[torch.Tensor, ...]:
         d, o = self._dev, self._off
-        tables = d[o[4]:o[4] + bs * self.width].view(bs, self.width)
-        return d[o[0]:o[0] + bs], d[o[1]:o[1] + bs], d[o[2]:o[2] + bs], d[o[3]:o[3] + bs], tables
+        tables = d[o[4] : o[4] + bs * self.width].view(bs, self.width)
+        return d[o[0] : o[0] + bs], d[o[1] : o[1] + bs], d[o[2] : o[2] + bs], d[o[3] : o[3] + bs], tables
 
     def _context(self, bs: int, lora) -> StepContext:
         _, _, slots, lens, tables = self._views(bs)
-        return StepContext(is_prefill=False, slot_mapping=slots, seqlens_q=[1] * bs, seqlens_k=[1] * bs,
-                           max_seqlen_q=1, max_seqlen_k=self.max_model_len, context_lens=lens,
-                           block_tables=tables, lora=lora)
+        return StepContext(
+            is_prefill=False,
+            slot_mapping=slots,
+            seqlens_q=[1] * bs,
+            seqlens_k=[1] * bs,
+            max_seqlen_q=1,
+            max_seqlen_k=self.max_model_len,
+            context_lens=lens,
+            block_tables=tables,
+            lora=lora,
+        )
 
     def bucket(self, num_seqs: int) -> int | None:
         for b in self.sizes:
@@ -85,23 +101,23 @@ class DecodeGraphs:
         self._copied.synchronize()  # the previous step's copy has finished before its source is rewritten
         h, o, B, bsz = self._np, self._off, batch.num_seqs, self.block_size
         start = batch.start
-        h[o[0]:o[0] + B] = 0 if ids is not None else [seq.token_ids[s] for seq, s in zip(batch.seqs, start)]
-        h[o[1]:o[1] + B] = start
-        h[o[2]:o[2] + B] = [seq.block_table[s // bsz] * bsz + s % bsz for seq, s in zip(batch.seqs, start)]
-        h[o[3]:o[3] + B] = [s + 1 for s in start]
-        h[o[0] + B:o[0] + bs] = 0
-        h[o[1] + B:o[1] + bs] = 0
-        h[o[2] + B:o[2] + bs] = -1
-        h[o[3] + B:o[3] + bs] = 0
-        tables = h[o[4]:o[4] + bs * self.width].reshape(bs, self.width)
+        h[o[0] : o[0] + B] = 0 if ids is not None else [seq.token_ids[s] for seq, s in zip(batch.seqs, start)]
+        h[o[1] : o[1] + B] = start
+        h[o[2] : o[2] + B] = [seq.block_table[s // bsz] * bsz + s % bsz for seq, s in zip(batch.seqs, start)]
+        h[o[3] : o[3] + B] = [s + 1 for s in start]
+        h[o[0] + B : o[0] + bs] = 0
+        h[o[1] + B : o[1] + bs] = 0
+        h[o[2] + B : o[2] + bs] = -1
+        h[o[3] + B : o[3] + bs] = 0
+        tables = h[o[4] : o[4] + bs * self.width].reshape(bs, self.width)
         for i, seq in enumerate(batch.seqs):
             t = seq.block_table
-            tables[i, :len(t)] = t
+            tables[i, : len(t)] = t
         end = o[4] + bs * self.width
         self._dev[:end].copy_(self._host[:end], non_blocking=True)
         self._copied.record()
         if ids is not None:
-            self._dev[o[0]:o[0] + B].copy_(ids)  # device to device, after the copy above in stream order
+            self._dev[o[0] : o[0] + B].copy_(ids)  # device to device, after the copy above in stream order
 
     # --- capture / replay ------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -109,8 +125,8 @@ class DecodeGraphs:
         """Capture one graph per bucket, largest first (smaller ones reuse the pool's memory)."""
         o = self._off
         self._np[:] = 0
-        self._np[o[2]:o[3]] = -1  # padding rows: store nothing
-        self._np[o[3]:o[4]] = 1  # warm-up attention reads one (garbage) cached token per row
+        self._np[o[2] : o[3]] = -1  # padding rows: store nothing
+        self._np[o[3] : o[4]] = 1  # warm-up attention reads one (garbage) cached token per row
         self._dev.copy_(self._host)
         torch.cuda.synchronize(self.device)
         try:
@@ -149,8 +165,9 @@ class DecodeGraphs:
             reset_context()
             self.lora_key = None
 
-    def run(self, batch: ScheduledBatch, token_slots: list[int] | None,
-            ids: torch.Tensor | None = None) -> torch.Tensor:
+    def run(
+        self, batch: ScheduledBatch, token_slots: list[int] | None, ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Replay the bucket's graph for a decode-only batch; returns hidden states [B, hidden] (a view).
         ids: [B] token ids on the device for an `ahead` batch (see `_fill`)."""
         B = batch.num_seqs

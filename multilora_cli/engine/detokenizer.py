@@ -9,7 +9,7 @@ Decoding a window rather than a single token keeps decoders that drop a leading 
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from multilora_cli.engine.sequence import Sequence
 
@@ -33,10 +33,10 @@ class IncrementalDecoder:
         """Append ids; return the text they complete (may be "" while a character is split)."""
         self.ids.extend(token_ids)
         dec = self.tokenizer.decode
-        prefix = dec(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=self.skip_special_tokens)
-        full = dec(self.ids[self.prefix_offset:], skip_special_tokens=self.skip_special_tokens)
+        prefix = dec(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip_special_tokens)
+        full = dec(self.ids[self.prefix_offset :], skip_special_tokens=self.skip_special_tokens)
         if len(full) > len(prefix) and not full.endswith(REPLACEMENT):
-            new = full[len(prefix):]
+            new = full[len(prefix) :]
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
             self.text += new
@@ -84,7 +84,8 @@ class StopChecker:
                 return "stop"
         n = len(ids)
         if n - len(seq.prompt_token_ids) >= sp.max_tokens or (
-                self.max_model_len is not None and n >= self.max_model_len):
+            self.max_model_len is not None and n >= self.max_model_len
+        ):
             self._set_text(seq, seq.output_token_ids)
             return "length"
         return None

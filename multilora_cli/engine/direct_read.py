@@ -52,8 +52,9 @@ class ReadPlan:
         return self.plan.total * self.dtype.itemsize
 
 
-def plan_read(path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype,
-              scan: AdapterScan | None = None) -> ReadPlan | None:
+def plan_read(
+    path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype, scan: AdapterScan | None = None
+) -> ReadPlan | None:
     """Validate the adapter in folder `path` from its config and header (raises `load_adapter`'s errors) and
     plan its read in `dtype`; None where this path does not apply (.bin, mixed dtypes). `scan`: its
     `scan_adapter` from earlier (pre-flight's), used instead of a second scan."""
@@ -75,8 +76,9 @@ def plan_read(path: Path, name: str, model_config: ModelConfig | None, dtype: to
     return ReadPlan(scan, plan, tuple(sorted(spans)), fdtype, dtype, scan.ident)
 
 
-def read_packed(path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype,
-                arena, planned: ReadPlan | None = None) -> PackedAdapter | None:
+def read_packed(
+    path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype, arena, planned: ReadPlan | None = None
+) -> PackedAdapter | None:
     """The adapter in folder `path` packed into a block of `arena` (engine/pinned.PinnedArena) in `dtype`,
     validated as `load_adapter` validates it (raises the same errors); None where this path does not apply.
     `planned`: its `plan_read` from earlier (the engine plans every adapter at start, on its own thread); used
@@ -117,13 +119,16 @@ def read_spans(file: Path, target: memoryview, spans: Iterable[tuple[int, int, i
             j = i + 1
             while j < len(spans) and j - i < IOV_MAX and spans[j][0] == spans[j - 1][1]:
                 j += 1
-            bufs = [target[d:d + e - b] for b, e, d in spans[i:j]]
+            bufs = [target[d : d + e - b] for b, e, d in spans[i:j]]
             pos = spans[i][0]
             while bufs:
                 n = os.preadv(fd, bufs, pos)
                 if n <= 0:
-                    raise AdapterError(f"adapter {scan.name!r}: {file} ended at byte {pos} while reading its tensors "
-                                       "(changed on disk?)", hint="re-download or re-save the adapter")
+                    raise AdapterError(
+                        f"adapter {scan.name!r}: {file} ended at byte {pos} while reading its tensors "
+                        "(changed on disk?)",
+                        hint="re-download or re-save the adapter",
+                    )
                 pos += n
                 while bufs and n >= len(bufs[0]):  # a short read: drop what is full, resume in the rest
                     n -= len(bufs[0])
@@ -141,7 +146,6 @@ def check_finite(values: torch.Tensor, plan: PackPlan, scan: AdapterScan) -> Non
         return
     for key, spec in scan.modules.items():
         a_off, b_off = plan.where[key][2:]
-        for ab, off, numel in (("A", a_off, spec.rank * spec.in_features),
-                               ("B", b_off, spec.out_features * spec.rank)):
-            if not all_finite(values[off:off + numel]):
+        for ab, off, numel in (("A", a_off, spec.rank * spec.in_features), ("B", b_off, spec.out_features * spec.rank)):
+            if not all_finite(values[off : off + numel]):
                 raise nonfinite(scan.name, scan.weights_path, scan.module_names[key], ab)

@@ -7,8 +7,8 @@ adapter-aware admission, run by the `ModelRunner`, and returned as soon as each 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 
@@ -55,8 +55,13 @@ class Engine:
               plans each adapter's reads from them instead of scanning every adapter again (~3-9 ms each).
     """
 
-    def __init__(self, config: EngineConfig, adapters: dict[str, Path] | None = None,
-                 model_config: ModelConfig | None = None, scans: dict | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        adapters: dict[str, Path] | None = None,
+        model_config: ModelConfig | None = None,
+        scans: dict | None = None,
+    ):
         self.config = config
         self.adapters = {name: Path(p) for name, p in (adapters or {}).items()}
         self._scans = {n: s for n, s in (scans or {}).items() if n in self.adapters and s.path == self.adapters[n]}
@@ -64,9 +69,11 @@ class Engine:
         limit = self.model_config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > limit:
             # positions past the trained range give garbage silently (and rope tables are sized to it)
-            raise ConfigError(f"--max-model-len {config.max_model_len} is above the model's max_position_embeddings "
-                              f"({limit}, {Path(config.model) / 'config.json'})",
-                              hint=f"use --max-model-len {limit} or less, or shorten the prompts")
+            raise ConfigError(
+                f"--max-model-len {config.max_model_len} is above the model's max_position_embeddings "
+                f"({limit}, {Path(config.model) / 'config.json'})",
+                hint=f"use --max-model-len {limit} or less, or shorten the prompts",
+            )
         self.tokenizer = Tokenizer.from_dir(config.model)
         gen = read_generation_config(config.model)
         self.default_sampling: dict = dict(gen.sampling)
@@ -78,17 +85,26 @@ class Engine:
         self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
         self.arena, self.host_cache_loras = self._make_arena()
         self.arena_seconds = time.perf_counter() - t0  # startup: planning the adapters' reads, page-locking the arena
-        self.slots = SlotManager(config.max_loras, self.host_cache_loras, load_cpu=self._load_cpu,
-                                 install=self.runner.install_adapter, evict=self.runner.evict_adapter,
-                                 prefetch_threads=PREFETCH_THREADS if self.adapters else 0,
-                                 stage=self.runner.stage_adapter,
-                                 stage_ahead=self.runner.staging_buffers)
+        self.slots = SlotManager(
+            config.max_loras,
+            self.host_cache_loras,
+            load_cpu=self._load_cpu,
+            install=self.runner.install_adapter,
+            evict=self.runner.evict_adapter,
+            prefetch_threads=PREFETCH_THREADS if self.adapters else 0,
+            stage=self.runner.stage_adapter,
+            stage_ahead=self.runner.staging_buffers,
+        )
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager, self.slots, max_model_len=self.max_model_len)
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids, self.max_model_len)
-        self.stats = EngineStats(model=str(config.model), device=device_label(self.runner.device),
-                                 dtype=str(self.runner.dtype).removeprefix("torch."), max_loras=config.max_loras,
-                                 max_lora_rank=config.max_lora_rank)
+        self.stats = EngineStats(
+            model=str(config.model),
+            device=device_label(self.runner.device),
+            dtype=str(self.runner.dtype).removeprefix("torch."),
+            max_loras=config.max_loras,
+            max_lora_rank=config.max_lora_rank,
+        )
         self._next_seq_id = 0
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
 
@@ -99,8 +115,14 @@ class Engine:
         from multilora_cli.engine.direct_read import read_packed
 
         if self.arena is not None and DIRECT_READ:  # file -> arena block in a few calls (engine/direct_read.py)
-            packed = read_packed(self.adapters[name], name, self.model_config, self.runner.dtype, self.arena,
-                                 planned=self._read_plans.get(name))
+            packed = read_packed(
+                self.adapters[name],
+                name,
+                self.model_config,
+                self.runner.dtype,
+                self.arena,
+                planned=self._read_plans.get(name),
+            )
             if packed is not None:
                 return self._check_rank(packed)
         adapter = load_adapter(self.adapters[name], name, self.model_config, dtype=self.runner.dtype)
@@ -108,8 +130,10 @@ class Engine:
 
     def _check_rank(self, adapter):
         if adapter.max_rank > self.config.max_lora_rank:
-            raise EngineError(f"adapter {adapter.name!r} has rank {adapter.max_rank} > max_lora_rank "
-                              f"{self.config.max_lora_rank}", hint="raise --max-lora-rank")
+            raise EngineError(
+                f"adapter {adapter.name!r} has rank {adapter.max_rank} > max_lora_rank {self.config.max_lora_rank}",
+                hint="raise --max-lora-rank",
+            )
         return adapter
 
     def _pack(self, adapter):
@@ -132,8 +156,9 @@ class Engine:
 
         if DIRECT_READ and self.runner.device.type == "cuda":
             try:
-                rp = plan_read(self.adapters[name], name, self.model_config, self.runner.dtype,
-                               scan=self._scans.pop(name, None))
+                rp = plan_read(
+                    self.adapters[name], name, self.model_config, self.runner.dtype, scan=self._scans.pop(name, None)
+                )
             except MultiloraError:
                 rp = None  # invalid: its load reports it, per request; the header may still size it below
             if rp is not None:
@@ -180,9 +205,14 @@ class Engine:
             adapter = request.adapter = None
         if adapter is not None and adapter not in self.adapters:
             known = ", ".join(sorted(self.adapters)) or "none"
-            return self._error(request, RequestError(
-                f"request {request.id}: unknown adapter {adapter!r}", code="unknown_adapter",
-                hint=f"known adapters: {known}; pass it with --adapters"))
+            return self._error(
+                request,
+                RequestError(
+                    f"request {request.id}: unknown adapter {adapter!r}",
+                    code="unknown_adapter",
+                    hint=f"known adapters: {known}; pass it with --adapters",
+                ),
+            )
         try:
             ids = self.tokenizer.encode_request(request, self.max_model_len)  # refuses huge prompts unencoded
         except MultiloraError as e:
@@ -202,8 +232,13 @@ class Engine:
         st.requests += 1
         if seq.error is not None:
             st.errors += 1
-            return Result(key=seq.request.key, id=seq.request.id, adapter=seq.adapter, error=seq.error,
-                          prompt_tokens=seq.num_prompt_tokens)
+            return Result(
+                key=seq.request.key,
+                id=seq.request.id,
+                adapter=seq.adapter,
+                error=seq.error,
+                prompt_tokens=seq.num_prompt_tokens,
+            )
         a = st.adapter(seq.adapter)
         a.requests += 1
         a.prompt_tokens += seq.num_prompt_tokens
@@ -213,9 +248,16 @@ class Engine:
         ids = seq.output_token_ids
         if ids and ids[-1] in self.stop.eos and not seq.sampling.ignore_eos:
             ids = ids[:-1]
-        return Result(key=seq.request.key, id=seq.request.id, adapter=seq.adapter, text=seq.text,
-                      token_ids=ids, finish_reason=seq.finish_reason, prompt_tokens=seq.num_prompt_tokens,
-                      completion_tokens=seq.num_completion_tokens)
+        return Result(
+            key=seq.request.key,
+            id=seq.request.id,
+            adapter=seq.adapter,
+            text=seq.text,
+            token_ids=ids,
+            finish_reason=seq.finish_reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_completion_tokens,
+        )
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Yield one Result per request, as each completes (any order). Requests are pulled lazily."""

@@ -79,8 +79,11 @@ class PackPlan:
     where: dict[tuple[int, str], tuple[tuple[int, str], int, int, int]]
 
     def layout(self, dtype: torch.dtype) -> tuple:
-        return (dtype, self.total, tuple((k, g.uniform, g.ranks, g.outs, g.a_off, g.b_off, g.slice_offs)
-                                         for k, g in self.groups.items()))
+        return (
+            dtype,
+            self.total,
+            tuple((k, g.uniform, g.ranks, g.outs, g.a_off, g.b_off, g.slice_offs) for k, g in self.groups.items()),
+        )
 
 
 def plan_pack(shapes: dict[tuple[int, str], tuple[int, int, int, float]]) -> PackPlan:
@@ -115,8 +118,9 @@ def plan_pack(shapes: dict[tuple[int, str], tuple[int, int, int, float]]) -> Pac
                 offs.append((total, total + r * fin))
                 order += [(n, "a", total), (n, "b", total + r * fin)]
                 total += r * (fin + o)
-            groups[key] = PackedGroup(False, ranks, tuple(m[3] if m else 0.0 for m in mods), fin, outs,
-                                      slice_offs=tuple(offs))
+            groups[key] = PackedGroup(
+                False, ranks, tuple(m[3] if m else 0.0 for m in mods), fin, outs, slice_offs=tuple(offs)
+            )
     offs = {(n, ab): off for n, ab, off in order}
     slice_of = {n: (g, i) for g in groups for i, n in enumerate((g[0], m) for m in SLICES[g[1]])}
     where = {n: (*slice_of[n], offs[(n, "a")], offs[(n, "b")]) for n in sorted(shapes)}
@@ -138,8 +142,9 @@ class PackedModules(Mapping):
             g = self._plan.groups[gkey]
             r, fin, o = g.ranks[i], g.in_features, g.outs[i]
             flat = self._flat
-            m = LoraModule(a=flat[a0:a0 + r * fin].view(r, fin), b=flat[b0:b0 + o * r].view(o, r),
-                           scaling=g.scalings[i])
+            m = LoraModule(
+                a=flat[a0 : a0 + r * fin].view(r, fin), b=flat[b0 : b0 + o * r].view(o, r), scaling=g.scalings[i]
+            )
             self._made[key] = m
         return m
 
@@ -156,26 +161,36 @@ class PackedModules(Mapping):
 def packed_adapter(src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, arena) -> PackedAdapter:
     """The PackedAdapter over `flat` (filled per `plan`), with `src`'s metadata; `block` goes back to `arena`
     when it dies."""
-    packed = PackedAdapter(name=src.name, path=src.path, config=src.config, modules=PackedModules(flat, plan),
-                           base_model=src.base_model, weights_path=src.weights_path,
-                           stored_dtype=src.stored_dtype, stored_nbytes=src.stored_nbytes,
-                           module_names=dict(src.module_names), flat=flat, groups=plan.groups,
-                           layout=plan.layout(flat.dtype), block=block)
+    packed = PackedAdapter(
+        name=src.name,
+        path=src.path,
+        config=src.config,
+        modules=PackedModules(flat, plan),
+        base_model=src.base_model,
+        weights_path=src.weights_path,
+        stored_dtype=src.stored_dtype,
+        stored_nbytes=src.stored_nbytes,
+        module_names=dict(src.module_names),
+        flat=flat,
+        groups=plan.groups,
+        layout=plan.layout(flat.dtype),
+        block=block,
+    )
     if block is not None:
         arena.adopt(block, packed)
     return packed
 
 
-def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None = None,
-                 arena=None) -> PackedAdapter:
+def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None = None, arena=None) -> PackedAdapter:
     """Copy `adapter` into one host buffer in the slot-like layout above: a block of `arena` (a PinnedArena)
     when it has room, else a fresh buffer (pinned by PyTorch if `pin`)."""
     mods = adapter.modules
     dtype = dtype or next(iter(mods.values())).a.dtype
     plan = plan_pack({k: (m.rank, m.a.shape[1], m.b.shape[0], m.scaling) for k, m in mods.items()})
     block = arena.alloc(plan.total * dtype.itemsize) if arena is not None else None
-    flat = (block.tensor(plan.total, dtype) if block is not None
-            else torch.empty(plan.total, dtype=dtype, pin_memory=pin))
+    flat = (
+        block.tensor(plan.total, dtype) if block is not None else torch.empty(plan.total, dtype=dtype, pin_memory=pin)
+    )
     # ONE copy op fills the buffer (sources in buffer order; B stays [out, r] as PEFT stores it, so every
     # source is contiguous: a plain memcpy, no strided transpose on the CPU; the slot scatter on the device
     # does the transpose into the rank-major slots)

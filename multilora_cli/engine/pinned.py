@@ -35,16 +35,16 @@ class PinnedBlock:
 
     __slots__ = ("arena", "offset", "nbytes", "events")
 
-    def __init__(self, arena: "PinnedArena", offset: int, nbytes: int):
+    def __init__(self, arena: PinnedArena, offset: int, nbytes: int):
         self.arena, self.offset, self.nbytes = arena, offset, nbytes
         self.events: list = []
 
     def tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return self.arena.buf[self.offset:self.offset + numel * dtype.itemsize].view(dtype)
+        return self.arena.buf[self.offset : self.offset + numel * dtype.itemsize].view(dtype)
 
     def memoryview(self) -> memoryview:
         """The block's bytes as a writable memoryview (no torch call: a reader thread can fill it by syscall)."""
-        return self.arena.bytes[self.offset:self.offset + self.nbytes]
+        return self.arena.bytes[self.offset : self.offset + self.nbytes]
 
     def record(self, stream=None) -> None:
         """A device copy reading this block was just enqueued on `stream` (default: the current one)."""
@@ -138,8 +138,13 @@ class PinnedArena:
             return sum(sz for _, sz in self._free)
 
     def stats(self) -> dict:
-        return {"arena_bytes": self.nbytes, "pinned": self.registered, "blocks": self.allocs,
-                "fallbacks": self.fallbacks, "peak_bytes": self.peak}
+        return {
+            "arena_bytes": self.nbytes,
+            "pinned": self.registered,
+            "blocks": self.allocs,
+            "fallbacks": self.fallbacks,
+            "peak_bytes": self.peak,
+        }
 
     def close(self) -> None:
         """Unregister the memory: blocks still in use stay valid, as pageable memory."""

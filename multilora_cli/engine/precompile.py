@@ -42,6 +42,7 @@ def _prefill_inputs(t: int, seq_len: int, prefix: int, block_size: int, device: 
     each after `prefix` cached tokens. Nothing is stored or read: the Triton kernels do not run."""
     qs = [seq_len] * (t // seq_len) + ([t % seq_len] if t % seq_len else [])
     ks = [q + prefix for q in qs]
+
     def cu(v):  # [B+1] int32 cumulative lengths
         return torch.tensor([0, *accumulate(v)], dtype=torch.int32, device=device)
 
@@ -49,23 +50,48 @@ def _prefill_inputs(t: int, seq_len: int, prefix: int, block_size: int, device: 
     tables = None
     if prefix:
         tables = torch.zeros(len(qs), -(-max(ks) // block_size), dtype=torch.int32, device=device)
-    ctx = StepContext(is_prefill=True, slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=device),
-                      seqlens_q=qs, seqlens_k=ks, cu_seqlens_q=cu(qs), cu_seqlens_k=cu(ks), max_seqlen_q=max(qs),
-                      max_seqlen_k=max(ks), block_tables=tables, lora=lora)
+    ctx = StepContext(
+        is_prefill=True,
+        slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=device),
+        seqlens_q=qs,
+        seqlens_k=ks,
+        cu_seqlens_q=cu(qs),
+        cu_seqlens_k=cu(ks),
+        max_seqlen_q=max(qs),
+        max_seqlen_k=max(ks),
+        block_tables=tables,
+        lora=lora,
+    )
     return torch.zeros(t, dtype=torch.int64, device=device), pos, ctx
 
 
 def _dry_sample(logits: torch.Tensor) -> None:
     """One recorded sampling launch on logits shaped as the runner's ([N, V], model dtype, contiguous)."""
     one = torch.zeros(1, device=logits.device)
-    sample_rows(logits, one.long(), one + 1, one.long() + logits.shape[1], one + 1, one.double(),
-                torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device), any_top_k=True,
-                any_top_p=True)  # every pass recorded: the top-k and top-p variants too
+    sample_rows(
+        logits,
+        one.long(),
+        one + 1,
+        one.long() + logits.shape[1],
+        one + 1,
+        one.double(),
+        torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device),
+        any_top_k=True,
+        any_top_p=True,
+    )  # every pass recorded: the top-k and top-p variants too
 
 
 @torch.inference_mode()
-def precompile(model, graphs, meta_buffers, *, max_num_batched_tokens: int, max_model_len: int, block_size: int,
-               device: torch.device) -> tuple[int, float]:
+def precompile(
+    model,
+    graphs,
+    meta_buffers,
+    *,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    block_size: int,
+    device: torch.device,
+) -> tuple[int, float]:
     """Dry-run the decode graphs' buckets (`graphs`: engine.cuda_graphs.DecodeGraphs or None) and the prefill
     sizes through `model`, LoRA metadata from `meta_buffers` (None without LoRA), then compile the recorded
     Triton kernels in parallel. Returns (distinct variants, seconds). CUDA only."""
@@ -79,7 +105,7 @@ def precompile(model, graphs, meta_buffers, *, max_num_batched_tokens: int, max_
         for i, t in enumerate(prefill_sizes(max_num_batched_tokens)):
             lora = meta_buffers.build([0] * t) if meta_buffers is not None else None
             # the first size also with a cached prefix: the paged variant of the prefill attention kernel
-            for prefix in ((0, block_size) if i == 0 else (0,)):
+            for prefix in (0, block_size) if i == 0 else (0,):
                 ids, pos, ctx = _prefill_inputs(t, min(seq_len, t), prefix, block_size, device, lora)
                 set_context(ctx)
                 try:
@@ -88,7 +114,11 @@ def precompile(model, graphs, meta_buffers, *, max_num_batched_tokens: int, max_
                     reset_context()
         if graphs is not None:
             graphs.lora_key = None  # the shared LoRA buffers were rewritten
-        _dry_sample(model.compute_logits(torch.zeros(1, model.lm_head.weight.shape[1], device=device,
-                                                     dtype=model.lm_head.weight.dtype), upcast=False))
+        _dry_sample(
+            model.compute_logits(
+                torch.zeros(1, model.lm_head.weight.shape[1], device=device, dtype=model.lm_head.weight.dtype),
+                upcast=False,
+            )
+        )
     torch.cuda.synchronize(device)
     return compile_all(calls), time.perf_counter() - t0

@@ -81,7 +81,5 @@ class EngineStats:
         d = asdict(self)
         total = self.prompt_tokens + self.completion_tokens
         d["tokens_per_second"] = total / self.wall_seconds if self.wall_seconds > 0 else 0.0
-        d["completion_tokens_per_second"] = (
-            self.completion_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
-        )
+        d["completion_tokens_per_second"] = self.completion_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
         return d

@@ -42,8 +42,9 @@ def pick_device(requested: str) -> torch.device:
     """auto = CUDA when available, else CPU."""
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise EngineError("--device cuda was asked for but no CUDA device is visible",
-                              hint="use --device cpu or auto")
+            raise EngineError(
+                "--device cuda was asked for but no CUDA device is visible", hint="use --device cpu or auto"
+            )
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -87,48 +88,82 @@ class ModelRunner:
     """Model + paged KV cache + LoRA slot tensors on one device; decode CUDA graphs on CUDA unless
     `config.enforce_eager`."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, *, use_lora: bool = True,
-                 lora_targets: set[str] | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        *,
+        use_lora: bool = True,
+        lora_targets: set[str] | None = None,
+    ):
         self.config = config
         self.model_config = model_config
         self.device = pick_device(config.device)
         self.dtype = resolve_dtype(model_config.torch_dtype, config.dtype, self.device)
         self.max_loras = config.max_loras if use_lora else 0
-        self.model = load_model(Path(config.model), model_config, dtype=self.dtype, device=self.device,
-                                max_loras=self.max_loras, max_lora_rank=config.max_lora_rank if use_lora else 0,
-                                lora_targets=lora_targets, load_format=config.load_format, seed=config.seed)
+        self.model = load_model(
+            Path(config.model),
+            model_config,
+            dtype=self.dtype,
+            device=self.device,
+            max_loras=self.max_loras,
+            max_lora_rank=config.max_lora_rank if use_lora else 0,
+            lora_targets=lora_targets,
+            load_format=config.load_format,
+            seed=config.seed,
+        )
         self._lora_modules = self.model.lora_modules()
         self._slot_writer = SlotWriter(self._lora_modules, self.device)
         if self.device.type == "cuda" and self._lora_modules:
             # allocated before the KV cache is sized, so their bytes are counted; one slot's worth each
-            numel = sum(m.lora.max_rank * (m.lora.n_slices * m.lora.in_features + m.lora.out_features)
-                        for m in self._lora_modules.values())
-            self._slot_writer.stager = DeviceStager(self.device, numel, self.dtype,
-                                                    n_buffers=staging_buffers(numel * self.dtype.itemsize))
+            numel = sum(
+                m.lora.max_rank * (m.lora.n_slices * m.lora.in_features + m.lora.out_features)
+                for m in self._lora_modules.values()
+            )
+            self._slot_writer.stager = DeviceStager(
+                self.device, numel, self.dtype, n_buffers=staging_buffers(numel * self.dtype.itemsize)
+            )
         self.block_size = config.block_size
         self.num_blocks = self._size_kv_cache()
         self.model.allocate_kv_cache(self.num_blocks, self.block_size)
         self.vocab_size = model_config.vocab_size
         self.sampler = Sampler()
         max_step_tokens = config.max_num_batched_tokens + config.max_num_seqs
-        self._meta_buffers = (LoraMetaBuffers(max_step_tokens, self.max_loras, self.device)
-                              if self.device.type == "cuda" and self.max_loras else None)
+        self._meta_buffers = (
+            LoraMetaBuffers(max_step_tokens, self.max_loras, self.device)
+            if self.device.type == "cuda" and self.max_loras
+            else None
+        )
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
         self._last_done = 0.0  # when the last step's ids were read (step times, `_log`)
         self._turn = 0
-        self._host_ids = ([torch.empty(config.max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(2)]
-                          if self.device.type == "cuda" else [])
+        self._host_ids = (
+            [torch.empty(config.max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+            if self.device.type == "cuda"
+            else []
+        )
         self.graphs: DecodeGraphs | None = None
         self.capture_seconds = 0.0
         if self.device.type == "cuda" and not config.enforce_eager:
-            self.graphs = DecodeGraphs(self.model, max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                       block_size=self.block_size, lora_buffers=self._meta_buffers,
-                                       device=self.device)
+            self.graphs = DecodeGraphs(
+                self.model,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=self.max_model_len,
+                block_size=self.block_size,
+                lora_buffers=self._meta_buffers,
+                device=self.device,
+            )
         # every Triton kernel the run will launch, compiled in parallel now (a cold cache compiled them one by
         # one inside the graph warm-ups and the first prefill steps)
         self.precompiled, self.precompile_seconds = precompile(
-            self.model, self.graphs, self._meta_buffers, max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=self.max_model_len, block_size=self.block_size, device=self.device)
+            self.model,
+            self.graphs,
+            self._meta_buffers,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            device=self.device,
+        )
         if self.graphs is not None:
             t0 = time.perf_counter()
             self.graphs.capture()
@@ -150,9 +185,10 @@ class ModelRunner:
         budget = free - (1 - self.config.gpu_memory_utilization) * total - activations
         blocks = int(budget // per_block)
         if blocks < 1:
-            raise EngineError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free after loading "
-                              "the model)",
-                              hint="raise --gpu-memory-utilization, or lower --max-num-seqs or --max-loras")
+            raise EngineError(
+                f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free after loading the model)",
+                hint="raise --gpu-memory-utilization, or lower --max-num-seqs or --max-loras",
+            )
         return blocks
 
     @property
@@ -217,8 +253,11 @@ class ModelRunner:
         else:
             lora = None
             if adapted:
-                lora = (self._meta_buffers.build(token_slots) if self._meta_buffers is not None
-                        else build_lora_meta(token_slots, self.device))
+                lora = (
+                    self._meta_buffers.build(token_slots)
+                    if self._meta_buffers is not None
+                    else build_lora_meta(token_slots, self.device)
+                )
                 if self.graphs is not None:
                     self.graphs.lora_key = None  # the shared LoRA buffers no longer hold the graphs' metadata
             inputs = build_step_inputs(batch, self.device, lora)
@@ -247,7 +286,7 @@ class ModelRunner:
             return Launched(batch, ids, ids, None, t0, graph)
         # the ids come back through page-locked memory, two buffers taking turns (at most two steps in flight)
         self._turn ^= 1
-        host = self._host_ids[self._turn][:ids.shape[0]]
+        host = self._host_ids[self._turn][: ids.shape[0]]
         host.copy_(ids, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
@@ -269,7 +308,14 @@ class ModelRunner:
         if self.step_log is None:
             return
         batch = launched.batch
-        self.step_log.append(StepRecord(
-            decode=batch.is_decode_only, graph=launched.graph, seqs=batch.num_seqs, tokens=batch.num_tokens,
-            kv_tokens=sum(batch.seq_lens()), adapters=len({s for s in batch.slots if s >= 0}),
-            seconds=now - since))
+        self.step_log.append(
+            StepRecord(
+                decode=batch.is_decode_only,
+                graph=launched.graph,
+                seqs=batch.num_seqs,
+                tokens=batch.num_tokens,
+                kv_tokens=sum(batch.seq_lens()),
+                adapters=len({s for s in batch.slots if s >= 0}),
+                seconds=now - since,
+            )
+        )

@@ -47,8 +47,14 @@ class SamplingBatch:
     any_top_p: bool = True
 
     @classmethod
-    def build(cls, params: list[SamplingParams], seeds: list[int], positions: list[int], vocab_size: int,
-              device: torch.device | str = "cpu") -> "SamplingBatch":
+    def build(
+        cls,
+        params: list[SamplingParams],
+        seeds: list[int],
+        positions: list[int],
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+    ) -> SamplingBatch:
         """Split rows by kind; every field goes to `device` in ONE float64 copy (exact for these values: ids and
         top-k are integers < 2^53, temperature and top-p round to float32 as from the Python float)."""
         g, s = [], []
@@ -56,24 +62,44 @@ class SamplingBatch:
             (g if sp.greedy or sp.top_k == 1 else s).append(i)
         k = [min(params[i].top_k, vocab_size) or vocab_size for i in s]
         host = torch.tensor(
-            g + s + [params[i].temperature for i in s] + k + [params[i].top_p for i in s]
-            + [uniform(seeds[i], positions[i]) for i in s], dtype=torch.float64)
+            g
+            + s
+            + [params[i].temperature for i in s]
+            + k
+            + [params[i].top_p for i in s]
+            + [uniform(seeds[i], positions[i]) for i in s],
+            dtype=torch.float64,
+        )
         dev = host.to(torch.device(device), non_blocking=True)
         n = len(s)
-        rows, temp, top_k, top_p, u = (dev[len(g) + j * n:len(g) + (j + 1) * n] for j in range(5))
-        return cls(greedy_rows=dev[:len(g)].long(), rows=rows.long(), temp=temp.float(), top_k=top_k.long(),
-                   top_p=top_p.float(), u=u, num_rows=len(params), any_top_k=any(x < vocab_size for x in k),
-                   any_top_p=any(params[i].top_p < 1.0 for i in s))
+        rows, temp, top_k, top_p, u = (dev[len(g) + j * n : len(g) + (j + 1) * n] for j in range(5))
+        return cls(
+            greedy_rows=dev[: len(g)].long(),
+            rows=rows.long(),
+            temp=temp.float(),
+            top_k=top_k.long(),
+            top_p=top_p.float(),
+            u=u,
+            num_rows=len(params),
+            any_top_k=any(x < vocab_size for x in k),
+            any_top_p=any(params[i].top_p < 1.0 for i in s),
+        )
 
     @classmethod
-    def for_seqs(cls, seqs: list[Sequence], vocab_size: int, device: torch.device | str = "cpu",
-                 ahead: bool = False) -> "SamplingBatch":
+    def for_seqs(
+        cls, seqs: list[Sequence], vocab_size: int, device: torch.device | str = "cpu", ahead: bool = False
+    ) -> SamplingBatch:
         """Rows = `seqs` (e.g. `ScheduledBatch.sampled_seqs()`), each at its `sample_position`; `ahead`: one
         position further (a step launched before the previous step's token reached the host:
         `ScheduledBatch.ahead`)."""
         step = 1 if ahead else 0
-        return cls.build([s.sampling for s in seqs], [s.seed for s in seqs],
-                         [s.sample_position + step for s in seqs], vocab_size, device)
+        return cls.build(
+            [s.sampling for s in seqs],
+            [s.seed for s in seqs],
+            [s.sample_position + step for s in seqs],
+            vocab_size,
+            device,
+        )
 
 
 class Sampler:
@@ -88,9 +114,17 @@ class Sampler:
             out[batch.greedy_rows] = logits[batch.greedy_rows].argmax(dim=-1)
         if batch.rows.numel():
             if use_triton(logits):
-                sample_rows(logits, batch.rows, batch.temp, batch.top_k, batch.top_p, batch.u, out,
-                            any_top_k=batch.any_top_k, any_top_p=batch.any_top_p)
+                sample_rows(
+                    logits,
+                    batch.rows,
+                    batch.temp,
+                    batch.top_k,
+                    batch.top_p,
+                    batch.u,
+                    out,
+                    any_top_k=batch.any_top_k,
+                    any_top_p=batch.any_top_p,
+                )
             else:
-                out[batch.rows] = sample_rows_torch(logits[batch.rows], batch.temp, batch.top_k, batch.top_p,
-                                                    batch.u)
+                out[batch.rows] = sample_rows_torch(logits[batch.rows], batch.temp, batch.top_k, batch.top_p, batch.u)
         return out

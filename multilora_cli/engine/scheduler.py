@@ -19,7 +19,8 @@ that are all prefill or all decode, `chunked_prefill=False` feeds each prompt wh
 
 from __future__ import annotations
 
-from typing import Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.admission import Admission
@@ -37,10 +38,19 @@ POLICIES = ("group", "fifo")
 class Scheduler(Admission):
     """Decides which sequences run each step; owns the waiting queues and the running list."""
 
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, slots: SlotManager, *,
-                 max_model_len: int | None = None, policy: str = "group", chunked_prefill: bool = True,
-                 mix_prefill_decode: bool = True, waiting_window: int | None = None,
-                 defer_limit: int | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        slots: SlotManager,
+        *,
+        max_model_len: int | None = None,
+        policy: str = "group",
+        chunked_prefill: bool = True,
+        mix_prefill_decode: bool = True,
+        waiting_window: int | None = None,
+        defer_limit: int | None = None,
+    ):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.max_num_seqs = config.max_num_seqs
@@ -89,18 +99,27 @@ class Scheduler(Admission):
         n = seq.num_tokens
         limit = self.max_model_len
         if limit is not None and n >= limit:
-            return self._fail(seq, RequestError(
-                f"request {seq.request.id}: prompt has {n} tokens but max_model_len is {limit}",
-                code="prompt_too_long", hint=PROMPT_TOO_LONG_HINT))
+            return self._fail(
+                seq,
+                RequestError(
+                    f"request {seq.request.id}: prompt has {n} tokens but max_model_len is {limit}",
+                    code="prompt_too_long",
+                    hint=PROMPT_TOO_LONG_HINT,
+                ),
+            )
         need_tokens = n + seq.sampling.max_tokens - seq.num_completion_tokens
         if limit is not None:
             need_tokens = min(need_tokens, limit)
         need = self.bm.blocks_for(need_tokens)
         if need > self.bm.num_blocks:
-            return self._fail(seq, EngineError(
-                f"request {seq.request.id}: needs {need} KV blocks ({need_tokens} tokens) but the whole cache "
-                f"holds {self.bm.num_blocks} blocks of {self.bm.block_size}",
-                hint="lower max_tokens, or give the KV cache more memory"))
+            return self._fail(
+                seq,
+                EngineError(
+                    f"request {seq.request.id}: needs {need} KV blocks ({need_tokens} tokens) but the whole cache "
+                    f"holds {self.bm.num_blocks} blocks of {self.bm.block_size}",
+                    hint="lower max_tokens, or give the KV cache more memory",
+                ),
+            )
         seq.status = SeqStatus.WAITING
         seq.enqueued_at = self._admissions
         self._waiting.push(seq)
@@ -156,8 +175,9 @@ class Scheduler(Admission):
         if self._pending != [batch] or not batch.is_decode_only or not all(batch.sample):
             return None
         running = self.running
-        if len(running) != batch.num_seqs or ((len(self._waiting) or more_requests)
-                                              and len(running) < self.max_num_seqs):
+        if len(running) != batch.num_seqs or (
+            (len(self._waiting) or more_requests) and len(running) < self.max_num_seqs
+        ):
             return None
         limit = self.max_model_len
         for seq in batch.seqs:
@@ -170,9 +190,16 @@ class Scheduler(Admission):
         for seq, st in zip(batch.seqs, start):
             if st + 1 > len(seq.block_table) * size and not bm.try_allocate(seq, st + 1):
                 return None  # the next schedule() decides who is preempted
-        ahead = ScheduledBatch(seqs=list(batch.seqs), num_new_tokens=[1] * batch.num_seqs, start=start,
-                               slots=list(batch.slots), sample=[True] * batch.num_seqs, num_decodes=batch.num_seqs,
-                               block_size=size, ahead=True)
+        ahead = ScheduledBatch(
+            seqs=list(batch.seqs),
+            num_new_tokens=[1] * batch.num_seqs,
+            start=start,
+            slots=list(batch.slots),
+            sample=[True] * batch.num_seqs,
+            num_decodes=batch.num_seqs,
+            block_size=size,
+            ahead=True,
+        )
         self._pending.append(ahead)
         self.num_steps += 1
         self.num_decode_steps += 1
@@ -187,8 +214,9 @@ class Scheduler(Admission):
             self._upcoming = (key, self.upcoming_adapters(self.slots.max_loras))
         return self._upcoming[1]
 
-    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int],
-                    stop: Callable[[Sequence], str | None]) -> None:
+    def postprocess(
+        self, batch: ScheduledBatch, sampled_token_ids: Seq[int], stop: Callable[[Sequence], str | None]
+    ) -> None:
         """Record the step: advance computed tokens, append one sampled id per `batch.sampled_seqs()` (in
         order), and finish sequences for which `stop(seq)` returns a finish reason."""
         if not self._pending or batch is not self._pending[0]:
@@ -254,10 +282,14 @@ class Scheduler(Admission):
                     if plan.seqs:  # others in this step hold the blocks: recompute this one later
                         self._preempt(seq, plan)
                     else:  # alone with the whole cache and still short (add() should have caught it)
-                        self._fail(seq, EngineError(
-                            f"request {seq.request.id}: {target} tokens do not fit in the KV cache "
-                            f"({bm.num_blocks} blocks of {bm.block_size})",
-                            hint="lower max_tokens, or give the KV cache more memory"))
+                        self._fail(
+                            seq,
+                            EngineError(
+                                f"request {seq.request.id}: {target} tokens do not fit in the KV cache "
+                                f"({bm.num_blocks} blocks of {bm.block_size})",
+                                hint="lower max_tokens, or give the KV cache more memory",
+                            ),
+                        )
                         running.remove(seq)
                     continue
             plan.add(seq, n)

@@ -66,14 +66,25 @@ class Sequence:
         self.token_ids = list(self.prompt_token_ids)
 
     @classmethod
-    def from_request(cls, seq_id: int, request: Request, prompt_token_ids: list[int], engine_seed: int = 0,
-                     adapter: str | None = None) -> "Sequence":
+    def from_request(
+        cls,
+        seq_id: int,
+        request: Request,
+        prompt_token_ids: list[int],
+        engine_seed: int = 0,
+        adapter: str | None = None,
+    ) -> Sequence:
         """Build a sequence; the seed is the request's own or derived from (engine_seed, request.key)."""
         seed = request.sampling.seed
         if seed is None:
             seed = derive_seed(engine_seed, request.key)
-        return cls(seq_id=seq_id, request=request, prompt_token_ids=prompt_token_ids,
-                   adapter=adapter if adapter is not None else request.adapter, seed=seed)
+        return cls(
+            seq_id=seq_id,
+            request=request,
+            prompt_token_ids=prompt_token_ids,
+            adapter=adapter if adapter is not None else request.adapter,
+            seed=seed,
+        )
 
     # --- sizes -------------------------------------------------------------------------------------------------
     @property
@@ -94,7 +105,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids):]
+        return self.token_ids[len(self.prompt_token_ids) :]
 
     @property
     def last_token(self) -> int:
@@ -125,5 +136,7 @@ class Sequence:
         self.token_ids.append(int(token_id))
 
     def __repr__(self) -> str:
-        return (f"Sequence(id={self.seq_id}, key={self.request.key}, adapter={self.adapter!r}, "
-                f"{self.status.value}, tokens={self.num_tokens}, computed={self.num_computed_tokens})")
+        return (
+            f"Sequence(id={self.seq_id}, key={self.request.key}, adapter={self.adapter!r}, "
+            f"{self.status.value}, tokens={self.num_tokens}, computed={self.num_computed_tokens})"
+        )

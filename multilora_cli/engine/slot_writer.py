@@ -45,8 +45,8 @@ class SlotWriter:
         n = len(self.modules)
         self._ranks_dev = torch.zeros(n, self.width, dtype=torch.int32, device=device)
         self._scales_dev = torch.zeros(n, self.width, dtype=torch.float32, device=device)
-        self._rank_src = [self._ranks_dev[j, :m.lora.n_slices] for j, (_, m) in enumerate(self.modules)]
-        self._scale_src = [self._scales_dev[j, :m.lora.n_slices] for j, (_, m) in enumerate(self.modules)]
+        self._rank_src = [self._ranks_dev[j, : m.lora.n_slices] for j, (_, m) in enumerate(self.modules)]
+        self._scale_src = [self._scales_dev[j, : m.lora.n_slices] for j, (_, m) in enumerate(self.modules)]
         self._staging: torch.Tensor | None = None
         self._dst: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]] = {}
         self._src: dict[tuple, list[torch.Tensor]] = {}
@@ -80,8 +80,10 @@ class SlotWriter:
                 r = a.shape[0]
                 lo, hi = w.slice_offsets[i], w.slice_offsets[i + 1]
                 if r > w.max_rank or a.shape[1] != w.in_features or tuple(b.shape) != (hi - lo, r):
-                    raise ValueError(f"layer {layer} {fused} slice {i}: A {tuple(a.shape)} / B {tuple(b.shape)} "
-                                     "do not fit this layer")
+                    raise ValueError(
+                        f"layer {layer} {fused} slice {i}: A {tuple(a.shape)} / B {tuple(b.shape)} "
+                        "do not fit this layer"
+                    )
                 src += [a, b]
                 ranks[j, i] = r
                 scales[j, i] = float(scaling)
@@ -124,7 +126,7 @@ class SlotWriter:
                 self._staging = torch.empty(flat.numel(), dtype=flat.dtype, device=self.device)
                 self._src.clear()
                 self._packed_src.clear()
-            self._staging[:flat.numel()].copy_(flat, non_blocking=True)  # async from an arena block
+            self._staging[: flat.numel()].copy_(flat, non_blocking=True)  # async from an arena block
             if p.block is not None:
                 p.block.record()
             base = self._staging
@@ -172,23 +174,33 @@ class SlotWriter:
                 continue
             w = module.lora
             outs = [w.slice_offsets[i + 1] - w.slice_offsets[i] for i in range(w.n_slices)]
-            if (max(g.ranks) > w.max_rank or g.in_features != w.in_features
-                    or any(o and o != want for o, want in zip(g.outs, outs))):
-                raise ValueError(f"layer {layer} {fused}: packed ranks {g.ranks} / in {g.in_features} / out "
-                                 f"{g.outs} do not fit this layer")
+            if (
+                max(g.ranks) > w.max_rank
+                or g.in_features != w.in_features
+                or any(o and o != want for o, want in zip(g.outs, outs))
+            ):
+                raise ValueError(
+                    f"layer {layer} {fused}: packed ranks {g.ranks} / in {g.in_features} / out "
+                    f"{g.outs} do not fit this layer"
+                )
             fin = g.in_features
             if g.uniform:
                 r, k, out = g.ranks[0], w.n_slices, w.out_features
                 dst += [w.a[slot, :, :r], w.b[slot, :, :r]]
-                src += [base[g.a_off:g.a_off + k * r * fin].view(k, r, fin),
-                        base[g.b_off:g.b_off + out * r].view(out, r)]
+                src += [
+                    base[g.a_off : g.a_off + k * r * fin].view(k, r, fin),
+                    base[g.b_off : g.b_off + out * r].view(out, r),
+                ]
                 continue
             for i, offs in enumerate(g.slice_offs):
                 if offs is None:
                     continue
                 r, lo, hi = g.ranks[i], w.slice_offsets[i], w.slice_offsets[i + 1]
                 dst += [w.a[slot, i, :r], w.b[slot, lo:hi, :r]]
-                src += [base[offs[0]:offs[0] + r * fin].view(r, fin), base[offs[1]:offs[1] + (hi - lo) * r].view(hi - lo, r)]
+                src += [
+                    base[offs[0] : offs[0] + r * fin].view(r, fin),
+                    base[offs[1] : offs[1] + (hi - lo) * r].view(hi - lo, r),
+                ]
         return dst, src
 
     def clear(self, slot: int) -> None:
@@ -219,8 +231,14 @@ class SlotWriter:
                         lo, hi = w.slice_offsets[i], w.slice_offsets[i + 1]
                         dst += [w.a[slot, i, :r], w.b[slot, lo:hi, :r]]
         rows = self._dst.get((slot, None))
-        hit = (dst, *(rows[1:] if rows else ([m.lora.rank[slot] for _, m in self.modules],
-                                               [m.lora.scale[slot] for _, m in self.modules])))
+        hit = (
+            dst,
+            *(
+                rows[1:]
+                if rows
+                else ([m.lora.rank[slot] for _, m in self.modules], [m.lora.scale[slot] for _, m in self.modules])
+            ),
+        )
         self._dst[key] = hit
         return hit
 
@@ -230,14 +248,13 @@ class SlotWriter:
             return src
         storage = src[0].untyped_storage()
         ptr, dtype = storage.data_ptr(), src[0].dtype
-        if not (src[0].is_pinned() and all(t.untyped_storage().data_ptr() == ptr and t.dtype == dtype
-                                              for t in src)):
+        if not (src[0].is_pinned() and all(t.untyped_storage().data_ptr() == ptr and t.dtype == dtype for t in src)):
             return src
         flat = torch.empty(0, dtype=dtype).set_(storage)  # the whole host buffer, 1-D
         if self._staging is None or self._staging.numel() < flat.numel() or self._staging.dtype != dtype:
             self._staging = torch.empty(flat.numel(), dtype=dtype, device=self.device)
             self._src.clear()
-        self._staging[:flat.numel()].copy_(flat, non_blocking=True)
+        self._staging[: flat.numel()].copy_(flat, non_blocking=True)
         key = (dtype, flat.numel(), tuple((t.storage_offset(), t.shape, t.stride()) for t in src))
         views = self._src.get(key)
         if views is None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Container, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Container, Iterable
 
 BASE_SLOT = -1
 
@@ -28,9 +28,17 @@ BASE_SLOT = -1
 class SlotManager:
     """Adapter name -> GPU slot, LRU eviction of unpinned adapters, LRU host cache of `max_cpu_loras` objects."""
 
-    def __init__(self, max_loras: int, max_cpu_loras: int, load_cpu: Callable[[str], object],
-                 install: Callable[[int, str, object], None], evict: Callable[[int, str], None] | None = None,
-                 prefetch_threads: int = 0, stage: Callable[[object], bool] | None = None, stage_ahead: int = 0):
+    def __init__(
+        self,
+        max_loras: int,
+        max_cpu_loras: int,
+        load_cpu: Callable[[str], object],
+        install: Callable[[int, str, object], None],
+        evict: Callable[[int, str], None] | None = None,
+        prefetch_threads: int = 0,
+        stage: Callable[[object], bool] | None = None,
+        stage_ahead: int = 0,
+    ):
         if max_loras < 1 or max_cpu_loras < 0:
             raise ValueError(f"max_loras must be >= 1 and max_cpu_loras >= 0, got {max_loras}, {max_cpu_loras}")
         self.max_loras = max_loras
@@ -47,8 +55,9 @@ class SlotManager:
         # host-cached adapters get their device copy made ahead too (engine/staging.py), at most stage_ahead
         self._stage, self._stage_ahead = stage, stage_ahead
         self._staging: dict[str, Future] = {}
-        self._pool = (ThreadPoolExecutor(prefetch_threads, thread_name_prefix="lora-prefetch")
-                      if prefetch_threads > 0 else None)
+        self._pool = (
+            ThreadPoolExecutor(prefetch_threads, thread_name_prefix="lora-prefetch") if prefetch_threads > 0 else None
+        )
         # counters
         self.loads = 0  # installs into a GPU slot (misses)
         self.hits = 0  # acquire() found the adapter already resident
@@ -228,9 +237,16 @@ class SlotManager:
         self._staging.clear()
 
     def stats(self) -> dict:
-        return {"loads": self.loads, "hits": self.hits, "evictions": self.evictions, "cpu_loads": self.cpu_loads,
-                "cpu_hits": self.cpu_hits, "prefetches": self.prefetches, "not_ready": self.not_ready,
-                "adapter_loads": dict(self.adapter_loads)}
+        return {
+            "loads": self.loads,
+            "hits": self.hits,
+            "evictions": self.evictions,
+            "cpu_loads": self.cpu_loads,
+            "cpu_hits": self.cpu_hits,
+            "prefetches": self.prefetches,
+            "not_ready": self.not_ready,
+            "adapter_loads": dict(self.adapter_loads),
+        }
 
     # --- host cache ------------------------------------------------------------------------------------------
     def _host_copy(self, name: str) -> object:

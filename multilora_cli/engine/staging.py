@@ -54,14 +54,14 @@ class DeviceStager:
         buf = self.buffers[i]
         if self.cuda:
             with torch.cuda.stream(self.stream):
-                buf[:flat.numel()].copy_(flat, non_blocking=True)  # pageable source: returns once copied
+                buf[: flat.numel()].copy_(flat, non_blocking=True)  # pageable source: returns once copied
                 done = torch.cuda.Event()
                 done.record(self.stream)
             block = getattr(packed, "block", None)
             if block is not None:  # page-locked source: the block stays taken until the DMA ran
                 block.record(self.stream)
         else:
-            buf[:flat.numel()].copy_(flat)
+            buf[: flat.numel()].copy_(flat)
             done = None
         with self._lock:
             self._state[i] = _STAGED

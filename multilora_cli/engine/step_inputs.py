@@ -37,7 +37,7 @@ def kv_slots(batch: ScheduledBatch) -> np.ndarray:
             parts.append(np.array([seq.block_table[s // bs] * bs + s % bs], dtype=np.int64))
             continue
         first, last = s // bs, (s + n - 1) // bs
-        table = np.asarray(seq.block_table[first:last + 1], dtype=np.int64)
+        table = np.asarray(seq.block_table[first : last + 1], dtype=np.int64)
         pos = np.arange(s, s + n, dtype=np.int64)
         parts.append(table[pos // bs - first] * bs + pos % bs)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -56,7 +56,7 @@ def padded_tables(batch: ScheduledBatch) -> np.ndarray:
     width = max((len(t) for t in tables), default=0) or 1
     out = np.zeros((len(tables), width), dtype=np.int64)
     for i, t in enumerate(tables):
-        out[i, :len(t)] = t
+        out[i, : len(t)] = t
     return out
 
 
@@ -70,25 +70,49 @@ def build_step_inputs(batch: ScheduledBatch, device: torch.device, lora: LoraMet
     prefix = decode or bool((k > q).any())
     tables = padded_tables(batch) if prefix else np.zeros((0, 1), dtype=np.int64)
     ids = np.asarray(batch.input_ids(), dtype=np.int64)
-    parts = [ids, positions_of(batch), kv_slots(batch), rows, cu_q, np.concatenate([[0], np.cumsum(k)]), k,
-             tables.ravel()]
+    parts = [
+        ids,
+        positions_of(batch),
+        kv_slots(batch),
+        rows,
+        cu_q,
+        np.concatenate([[0], np.cumsum(k)]),
+        k,
+        tables.ravel(),
+    ]
     flat = torch.from_numpy(np.concatenate(parts))
     if device.type == "cuda":
         flat = flat.pin_memory().to(device, non_blocking=True)
     views, off = [], 0
     for p in parts:
-        views.append(flat[off:off + p.shape[0]])
+        views.append(flat[off : off + p.shape[0]])
         off += p.shape[0]
     t_ids, t_pos, t_slots, t_rows, t_cuq, t_cuk, t_k, t_tab = views
     seqlens_q, seqlens_k = q.tolist(), k.tolist()
     block_tables = t_tab.view(tables.shape).to(torch.int32) if prefix else None
     if decode:
-        ctx = StepContext(is_prefill=False, slot_mapping=t_slots, seqlens_q=seqlens_q, seqlens_k=seqlens_k,
-                          max_seqlen_q=1, max_seqlen_k=int(k.max(initial=0)), context_lens=t_k.to(torch.int32),
-                          block_tables=block_tables, lora=lora)
+        ctx = StepContext(
+            is_prefill=False,
+            slot_mapping=t_slots,
+            seqlens_q=seqlens_q,
+            seqlens_k=seqlens_k,
+            max_seqlen_q=1,
+            max_seqlen_k=int(k.max(initial=0)),
+            context_lens=t_k.to(torch.int32),
+            block_tables=block_tables,
+            lora=lora,
+        )
     else:
-        ctx = StepContext(is_prefill=True, slot_mapping=t_slots, seqlens_q=seqlens_q, seqlens_k=seqlens_k,
-                          cu_seqlens_q=t_cuq.to(torch.int32), cu_seqlens_k=t_cuk.to(torch.int32),
-                          max_seqlen_q=int(q.max(initial=0)), max_seqlen_k=int(k.max(initial=0)),
-                          block_tables=block_tables, lora=lora)
+        ctx = StepContext(
+            is_prefill=True,
+            slot_mapping=t_slots,
+            seqlens_q=seqlens_q,
+            seqlens_k=seqlens_k,
+            cu_seqlens_q=t_cuq.to(torch.int32),
+            cu_seqlens_k=t_cuk.to(torch.int32),
+            max_seqlen_q=int(q.max(initial=0)),
+            max_seqlen_k=int(k.max(initial=0)),
+            block_tables=block_tables,
+            lora=lora,
+        )
     return StepInputs(input_ids=t_ids, positions=t_pos, logits_rows=t_rows, ctx=ctx, num_logits=int(rows.shape[0]))

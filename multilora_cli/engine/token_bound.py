@@ -63,8 +63,9 @@ class TokenBound:
         piece of it between added tokens (a substring of a normalized text is normalized). Python's Unicode
         tables are newer than those of tokenizers' normalizer, and a normalized text stays normalized under
         later versions (Unicode's stability policy), never the other way round."""
-        return self.max_token_bytes is not None and (self.nf_form is None
-                                                     or unicodedata.is_normalized(self.nf_form, text))
+        return self.max_token_bytes is not None and (
+            self.nf_form is None or unicodedata.is_normalized(self.nf_form, text)
+        )
 
     def min_tokens(self, text: str, max_model_len: int) -> tuple[int, int] | None:
         """(bytes, fewest tokens) of a text that provably has more than `max_model_len` tokens, else None.

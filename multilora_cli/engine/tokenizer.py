@@ -75,8 +75,7 @@ def compile_chat_template(source: str, where: str = "chat template"):
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[GenerationTag, loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -89,8 +88,16 @@ def compile_chat_template(source: str, where: str = "chat template"):
 class Tokenizer:
     """Text <-> token ids for one model, with its special tokens, eos ids and chat template."""
 
-    def __init__(self, backend, *, special_tokens: dict[str, str] | None = None, bos_token_id: int | None = None,
-                 eos_token_ids: list[int] | None = None, chat_template: str | None = None, name: str = "tokenizer"):
+    def __init__(
+        self,
+        backend,
+        *,
+        special_tokens: dict[str, str] | None = None,
+        bos_token_id: int | None = None,
+        eos_token_ids: list[int] | None = None,
+        chat_template: str | None = None,
+        name: str = "tokenizer",
+    ):
         self.backend = backend  # tokenizers.Tokenizer
         self.special_tokens = dict(special_tokens or {})
         self.bos_token_id = bos_token_id
@@ -101,15 +108,19 @@ class Tokenizer:
         self._bound: TokenBound | None = None  # analyzed on first use (token_bound)
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "Tokenizer":
+    def from_dir(cls, path: str | Path) -> Tokenizer:
         """Load from a HF model directory (tokenizer.json required)."""
-        from tokenizers import AddedToken, Tokenizer as Backend
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as Backend
 
         d = Path(path)
         tj = d / "tokenizer.json"
         if not tj.is_file():
-            raise ModelError(f"{d}: no tokenizer.json", hint="multilora needs a fast tokenizer; save one with "
-                             "transformers (AutoTokenizer.from_pretrained(...).save_pretrained(dir))")
+            raise ModelError(
+                f"{d}: no tokenizer.json",
+                hint="multilora needs a fast tokenizer; save one with "
+                "transformers (AutoTokenizer.from_pretrained(...).save_pretrained(dir))",
+            )
         try:
             backend = Backend.from_file(str(tj))
         except Exception as e:  # tokenizers raises a plain Exception on malformed files
@@ -121,7 +132,7 @@ class Tokenizer:
 
         # special tokens declared only in tokenizer_config.json's added_tokens_decoder
         extra = []
-        for idx, tok in (tc.get("added_tokens_decoder") or {}).items():
+        for tok in (tc.get("added_tokens_decoder") or {}).values():
             text = _token_text(tok)
             if text is not None and backend.token_to_id(text) is None:
                 extra.append(AddedToken(text, special=bool(tok.get("special", False)), normalized=False))
@@ -141,12 +152,14 @@ class Tokenizer:
         if (d / "chat_template.jinja").is_file():
             template = (d / "chat_template.jinja").read_text(encoding="utf-8")
         elif (d / "chat_template.json").is_file():
-            template = _pick_template(read_json(d / "chat_template.json").get("chat_template"),
-                                      str(d / "chat_template.json"))
+            template = _pick_template(
+                read_json(d / "chat_template.json").get("chat_template"), str(d / "chat_template.json")
+            )
         else:
             template = _pick_template(tc.get("chat_template"), str(d / "tokenizer_config.json"))
-        return cls(backend, special_tokens=special, bos_token_id=bos_id, eos_token_ids=eos,
-                   chat_template=template, name=str(d))
+        return cls(
+            backend, special_tokens=special, bos_token_id=bos_id, eos_token_ids=eos, chat_template=template, name=str(d)
+        )
 
     # --- text <-> ids --------------------------------------------------------------------------------------
     @property
@@ -173,7 +186,10 @@ class Tokenizer:
             raise RequestError(
                 f"request {request.id}: prompt is too long: its {nbytes:,} bytes are at least {tokens:,} tokens "
                 f"(no token covers more than {self.token_bound.max_token_bytes} bytes) but max_model_len is "
-                f"{max_model_len}", code="prompt_too_long", hint=PROMPT_TOO_LONG_HINT)
+                f"{max_model_len}",
+                code="prompt_too_long",
+                hint=PROMPT_TOO_LONG_HINT,
+            )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
@@ -191,15 +207,17 @@ class Tokenizer:
         import jinja2
 
         if self._template is None:
-            raise RequestError(f"messages given but {self.name} has no chat template",
-                               code="no_chat_template", hint="send a plain 'prompt', or use a model with a "
-                               "chat_template (tokenizer_config.json or chat_template.jinja)")
+            raise RequestError(
+                f"messages given but {self.name} has no chat template",
+                code="no_chat_template",
+                hint="send a plain 'prompt', or use a model with a "
+                "chat_template (tokenizer_config.json or chat_template.jinja)",
+            )
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise RequestError("messages must be a list of objects with a 'role' (and 'content')")
         variables = {**self.special_tokens, **kwargs}
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **variables)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
         except jinja2.exceptions.TemplateError as e:
             raise RequestError(f"the chat template rejected the messages: {e}", code="chat_template") from e
 

@@ -1,4 +1,4 @@
-"""Input line formats: what one JSONL line asks for (`LineSpec`) and which format a file uses.
+"""Input line formats: the `Format` protocol, which format a file uses, and parsing a raw line.
 
 Two formats, detected per file from its first JSON object line:
 - simple: `{"id", "prompt" | "messages", "adapter", max_tokens, temperature, top_p, top_k, seed, stop}`
@@ -11,41 +11,11 @@ so one bad line never costs another line its output.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from multilora_cli.errors import RequestError
-
-SIMPLE = "simple"
-OPENAI = "openai"
-
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-
-
-@dataclass(slots=True)
-class LineSpec:
-    """One non-blank input line, parsed. `key` orders the output; `id` is echoed in the record.
-
-    `id` keeps the JSON value the user gave (string or integer); it defaults to the 1-based line number.
-    `adapter` is the name as written (None = not given); the run maps it to an adapter or the base model.
-    """
-
-    key: int  # 0-based ordinal among non-blank lines = position of the record in the output
-    lineno: int  # 1-based physical line number (blank lines count)
-    id: Any
-    adapter: str | None = None
-    prompt: str | None = None
-    messages: list[dict] | None = None
-    prompt_token_ids: list[int] | None = None
-    sampling: dict = field(default_factory=dict)  # the line's own sampling fields, validated later
-    meta: dict = field(default_factory=dict)  # format specifics echoed in the record (OpenAI url, model)
-    error: RequestError | None = None
-
-    def fail(self, message: str, code: str = "invalid_request") -> "LineSpec":
-        """Mark this line failed (first failure wins) and return it."""
-        if self.error is None:
-            self.error = RequestError(f"line {self.lineno}: {message}", code=code)
-        return self
+from multilora_cli.io.line import OPENAI, SIMPLE, LineSpec, json_type
+from multilora_cli.io.openai_batch import OpenAIBatchFormat
+from multilora_cli.io.simple import SimpleFormat
 
 
 class Format(Protocol):
@@ -57,8 +27,9 @@ class Format(Protocol):
 
     def default_id(self, lineno: int) -> Any: ...
 
-    def ok_record(self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int,
-                  completion_tokens: int) -> dict: ...
+    def ok_record(
+        self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int, completion_tokens: int
+    ) -> dict: ...
 
     def error_record(self, spec: LineSpec, code: str, message: str) -> dict: ...
 
@@ -79,8 +50,7 @@ def decode_line(raw: bytes, key: int, lineno: int, fmt: Format) -> tuple[dict | 
         text = raw.decode("utf-8").rstrip()  # no trailing newline: error columns stay on this line
     except UnicodeDecodeError as e:
         spec = LineSpec(key, lineno, fmt.default_id(lineno))
-        return None, spec.fail(f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})",
-                               "invalid_utf8")
+        return None, spec.fail(f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})", "invalid_utf8")
     try:
         obj = json.loads(text, parse_constant=_reject_constant)
     except ValueError as e:
@@ -128,8 +98,10 @@ def check_text(spec: LineSpec) -> None:
     for name, text in fields:
         bad = _lone_surrogate(text) if isinstance(text, str) else None
         if bad is not None:
-            spec.fail(f"{name} holds a lone UTF-16 surrogate (\\u{ord(bad):04x}), which is not text; "
-                      "escape characters outside the BMP as a surrogate pair or write them as UTF-8")
+            spec.fail(
+                f"{name} holds a lone UTF-16 surrogate (\\u{ord(bad):04x}), which is not text; "
+                "escape characters outside the BMP as a surrogate pair or write them as UTF-8"
+            )
             return
 
 
@@ -142,70 +114,4 @@ def detect_format(obj: dict) -> str:
 
 
 def get_format(name: str) -> Format:
-    from multilora_cli.io.openai_batch import OpenAIBatchFormat
-    from multilora_cli.io.simple import SimpleFormat
-
     return OpenAIBatchFormat() if name == OPENAI else SimpleFormat()
-
-
-def json_type(v: Any) -> str:
-    """A JSON type name for messages: 'a string', 'an array', ..."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, (int, float)):
-        return "a number"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "an array"
-    return "an object"
-
-
-# Roles chat templates know. An unknown role is passed through (a model's template may define its own), unless
-# it looks like a misspelling of one of these, which a template would render as a stranger's turn.
-ROLES = ("system", "user", "assistant", "tool", "developer")
-
-
-def _role_near_miss(role: str) -> str | None:
-    import difflib
-
-    if role in ROLES:
-        return None
-    low = role.strip().lower()
-    if low in ROLES:
-        return low  # "User", " user": templates compare roles exactly
-    close = difflib.get_close_matches(low, ROLES, n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-def check_messages(spec: LineSpec, messages: Any) -> list[dict] | None:
-    """Validate chat messages: a non-empty list of {role: str, content: str | [text parts]}."""
-    if not isinstance(messages, list) or not messages:
-        got = "an empty array" if messages == [] else json_type(messages)
-        spec.fail(f"messages must be a non-empty array of {{role, content}} objects, got {got}")
-        return None
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"].strip():
-            spec.fail(f"messages[{i}] must be an object with a non-empty string 'role'")
-            return None
-        if (known := _role_near_miss(m["role"])) is not None:
-            spec.fail(f"messages[{i}].role {m['role']!r} is not a chat role: did you mean {known!r}? "
-                      f"(roles: {', '.join(ROLES)}; others go to the chat template as written)", "unknown_role")
-            return None
-        content = m.get("content")
-        if isinstance(content, list):  # OpenAI content parts: keep text parts only
-            texts = []
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    spec.fail(f"messages[{i}].content: only text parts are supported")
-                    return None
-                texts.append(part["text"])
-            content = "".join(texts)
-        if not isinstance(content, str):
-            spec.fail(f"messages[{i}].content must be a string, got {json_type(content)}")
-            return None
-        out.append({**m, "content": content})
-    return out

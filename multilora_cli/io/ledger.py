@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import OutputError
-from multilora_cli.io.formats import LineSpec
+from multilora_cli.io.line import LineSpec
+from multilora_cli.paths import expand_user
 
 HINT = "drop --resume to overwrite it, or choose another -o"
 LEDGER_SUFFIX = ".resume"
@@ -31,9 +31,16 @@ LEDGER_VERSION = 1
 WINDOW = 1 << 20  # bytes hashed at the head, middle and tail of a large weights file
 # What the engine reads from a model / adapter folder (engine/tokenizer.py, models/loader.py, adapters/):
 # other files there (README, training checkpoints) do not change outputs and may come and go.
-MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-               "model.safetensors.index.json")
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "model.safetensors.index.json",
+)
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
@@ -48,8 +55,9 @@ class Fingerprint:
     adapter_now: Callable[[str | None], str]
 
     def header(self) -> bytes:
-        return (json.dumps({"multilora_resume": LEDGER_VERSION, "settings": self.settings}, sort_keys=True)
-                + "\n").encode()
+        return (
+            json.dumps({"multilora_resume": LEDGER_VERSION, "settings": self.settings}, sort_keys=True) + "\n"
+        ).encode()
 
 
 def ledger_path(output: str | Path) -> Path:
@@ -136,31 +144,48 @@ class LedgerReader:
             head = json.loads(line) if line is not None else None
         except ValueError:
             head = None
-        if not isinstance(head, dict) or head.get("multilora_resume") != LEDGER_VERSION \
-                or not isinstance(head.get("settings"), dict):
-            raise OutputError(f"--resume: {self.path} is not a multilora resume ledger, so nothing shows what "
-                              f"{self.out} was written from", hint=HINT)
+        if (
+            not isinstance(head, dict)
+            or head.get("multilora_resume") != LEDGER_VERSION
+            or not isinstance(head.get("settings"), dict)
+        ):
+            raise OutputError(
+                f"--resume: {self.path} is not a multilora resume ledger, so nothing shows what "
+                f"{self.out} was written from",
+                hint=HINT,
+            )
         now = json.loads(json.dumps(self.fp.settings))  # as the ledger holds it (tuples are lists there)
         changed = _diff(head["settings"], now)
         if changed:
-            raise OutputError(f"--resume: {self.out} record 1 (input line {lineno}) was written under other "
-                              f"settings ({', '.join(changed)}), so its records do not answer this run",
-                              hint=HINT)
+            raise OutputError(
+                f"--resume: {self.out} record 1 (input line {lineno}) was written under other "
+                f"settings ({', '.join(changed)}), so its records do not answer this run",
+                hint=HINT,
+            )
 
     def check(self, n: int, spec: LineSpec) -> None:
         """Raise unless record `n` answers input line `spec` (same line bytes, same adapter files)."""
         line = self._line()
         got = line.decode("ascii", "replace").split() if line is not None else []
         if len(got) != 2:
-            raise OutputError(f"--resume: {self.path} ends before record {n} of {self.out} (or is damaged), so "
-                              "the two files do not belong together", hint=HINT)
+            raise OutputError(
+                f"--resume: {self.path} ends before record {n} of {self.out} (or is damaged), so "
+                "the two files do not belong together",
+                hint=HINT,
+            )
         want = self.fp.tag(spec).split()
         if got[0] != want[0]:
-            raise OutputError(f"--resume: {self.out} record {n} answers another request than input line "
-                              f"{spec.lineno} holds now (the request changed since it was written)", hint=HINT)
+            raise OutputError(
+                f"--resume: {self.out} record {n} answers another request than input line "
+                f"{spec.lineno} holds now (the request changed since it was written)",
+                hint=HINT,
+            )
         if got[1] != want[1]:
-            raise OutputError(f"--resume: {self.out} record {n} (input line {spec.lineno}) was written by "
-                              f"another adapter {spec.adapter!r}: {self.fp.adapter_now(spec.adapter)}", hint=HINT)
+            raise OutputError(
+                f"--resume: {self.out} record {n} (input line {spec.lineno}) was written by "
+                f"another adapter {spec.adapter!r}: {self.fp.adapter_now(spec.adapter)}",
+                hint=HINT,
+            )
 
     def close(self) -> None:
         if self.f is not None:
@@ -185,5 +210,7 @@ def open_ledger(plan, fingerprint: Fingerprint) -> BinaryIO | None:
         f.flush()
         return f
     except OSError as e:
-        raise OutputError(f"cannot write {path} (the --resume ledger of {plan.path}): {e.strerror or e}",
-                          hint="check the output's directory is writable") from e
+        raise OutputError(
+            f"cannot write {path} (the --resume ledger of {plan.path}): {e.strerror or e}",
+            hint="check the output's directory is writable",
+        ) from e

@@ -15,7 +15,7 @@ import hashlib
 import time
 from typing import Any
 
-from multilora_cli.io.formats import OPENAI, LineSpec, check_messages, json_type
+from multilora_cli.io.line import OPENAI, LineSpec, check_messages, json_type
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -47,8 +47,9 @@ class OpenAIBatchFormat:
             return spec.fail(f"body is {what}; it must be an object with 'model' and the request", "missing_body")
         model = body.get("model")
         if not isinstance(model, str) or not model:
-            return spec.fail("body.model is required: an adapter name, or 'base' / the base model's name",
-                             "missing_model")
+            return spec.fail(
+                "body.model is required: an adapter name, or 'base' / the base model's name", "missing_model"
+            )
         spec.adapter = model
         spec.meta["model"] = model
         if url == COMPLETIONS:
@@ -74,12 +75,14 @@ class OpenAIBatchFormat:
             spec.prompt = prompt[0]
         elif isinstance(prompt, str):
             spec.prompt = prompt
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                         for t in prompt):
+        elif (
+            isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
             spec.prompt_token_ids = prompt
         else:
-            spec.fail("body.prompt must be a string, a list of one string, or a list of token ids "
-                      "(one prompt per line)")
+            spec.fail(
+                "body.prompt must be a string, a list of one string, or a list of token ids (one prompt per line)"
+            )
 
     @staticmethod
     def _sampling(spec: LineSpec, body: dict) -> None:
@@ -91,8 +94,13 @@ class OpenAIBatchFormat:
         if mt is not None or mct is not None:
             s["max_tokens"] = mct if mct is not None else mt
         spec.sampling = s
-        for name, ok in (("n", lambda v: v == 1), ("best_of", lambda v: v == 1), ("stream", lambda v: v is False),
-                         ("echo", lambda v: v is False), ("logprobs", lambda v: v in (False, 0))):
+        for name, ok in (
+            ("n", lambda v: v == 1),
+            ("best_of", lambda v: v == 1),
+            ("stream", lambda v: v is False),
+            ("echo", lambda v: v is False),
+            ("logprobs", lambda v: v in (False, 0)),
+        ):
             if body.get(name) is not None and not ok(body[name]):
                 spec.fail(f"body.{name}={body[name]!r} is not supported by multilora", "unsupported")
                 return
@@ -102,8 +110,9 @@ class OpenAIBatchFormat:
     def _hash(spec: LineSpec) -> str:
         return hashlib.sha256(f"{spec.lineno}\n{spec.id}".encode("utf-8", "surrogatepass")).hexdigest()
 
-    def ok_record(self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int,
-                  completion_tokens: int) -> dict:
+    def ok_record(
+        self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int, completion_tokens: int
+    ) -> dict:
         h = self._hash(spec)
         choice: dict = {"index": 0}
         if spec.meta.get("url") == CHAT:
@@ -114,16 +123,32 @@ class OpenAIBatchFormat:
             choice["text"] = text
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
-        body = {"id": body_id, "object": obj, "created": int(time.time()), "model": spec.meta.get("model"),
-                "choices": [choice],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}}
-        return {"id": f"batch_req_{h[:32]}", "custom_id": spec.id,
-                "response": {"status_code": 200, "request_id": f"req_{h[32:56]}", "body": body}, "error": None}
+        body = {
+            "id": body_id,
+            "object": obj,
+            "created": int(time.time()),
+            "model": spec.meta.get("model"),
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+        return {
+            "id": f"batch_req_{h[:32]}",
+            "custom_id": spec.id,
+            "response": {"status_code": 200, "request_id": f"req_{h[32:56]}", "body": body},
+            "error": None,
+        }
 
     def error_record(self, spec: LineSpec, code: str, message: str) -> dict:
-        return {"id": f"batch_req_{self._hash(spec)[:32]}", "custom_id": spec.id, "response": None,
-                "error": {"code": code, "message": message}}
+        return {
+            "id": f"batch_req_{self._hash(spec)[:32]}",
+            "custom_id": spec.id,
+            "response": None,
+            "error": {"code": code, "message": message},
+        }
 
     def record_id(self, record: dict) -> Any:
         return record.get("custom_id")

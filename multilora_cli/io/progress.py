@@ -31,13 +31,23 @@ class Progress:
 
 class RichProgress(Progress):
     def __init__(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, SpinnerColumn, TextColumn
-        from rich.progress import TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RP
 
         self._t0 = time.perf_counter()
-        self._bar = RP(SpinnerColumn(), TextColumn("[bold]multilora run"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=stderr_console(),
-                       redirect_stdout=False, redirect_stderr=False, transient=False, refresh_per_second=4)
+        self._bar = RP(
+            SpinnerColumn(),
+            TextColumn("[bold]multilora run"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=stderr_console(),
+            redirect_stdout=False,
+            redirect_stderr=False,
+            transient=False,
+            refresh_per_second=4,
+        )
         self._task = None
 
     def start(self, total: int | None) -> None:
@@ -73,8 +83,12 @@ class PlainProgress(Progress):
             return
         self._last = now
         of = f"/{self._total}" if self._total is not None else ""
-        print(f"multilora: {done}{of} records, {errors} errors, {tokens / (now - self._t0):,.0f} tok/s, "
-              f"{slot_loads} adapter loads", file=self._stream, flush=True)
+        print(
+            f"multilora: {done}{of} records, {errors} errors, {tokens / (now - self._t0):,.0f} tok/s, "
+            f"{slot_loads} adapter loads",
+            file=self._stream,
+            flush=True,
+        )
 
 
 def make_progress(quiet: bool) -> Progress:
@@ -98,10 +112,15 @@ def print_summary(stats: dict, console=None) -> None:
         t.add_row("error codes", ", ".join(f"{k} x{v}" for k, v in stats["error_codes"].items()))
     t.add_row("tokens", f"{stats['prompt_tokens']:,} prompt + {stats['completion_tokens']:,} completion")
     t.add_row("time", f"{stats['wall_seconds']:.2f} s wall, {stats['generation_seconds']:.2f} s generating")
-    t.add_row("throughput", f"{stats['tokens_per_second']:,.1f} tok/s "
-                            f"({stats['completion_tokens_per_second']:,.1f} completion tok/s)")
-    t.add_row("adapter slots", f"{stats['slot_loads']} loads, {stats['slot_evictions']} evictions, "
-                               f"{stats['slot_hits']} hits (max_loras {stats['max_loras']})")
+    t.add_row(
+        "throughput",
+        f"{stats['tokens_per_second']:,.1f} tok/s ({stats['completion_tokens_per_second']:,.1f} completion tok/s)",
+    )
+    t.add_row(
+        "adapter slots",
+        f"{stats['slot_loads']} loads, {stats['slot_evictions']} evictions, "
+        f"{stats['slot_hits']} hits (max_loras {stats['max_loras']})",
+    )
     c = stats.get("cost")
     if c:
         per = f", ${c['usd_per_1m_tokens']:.4f} per 1M tokens" if c.get("usd_per_1m_tokens") is not None else ""
@@ -112,6 +131,12 @@ def print_summary(stats: dict, console=None) -> None:
         for col in ("adapter", "requests", "errors", "prompt tok", "completion tok", "slot loads"):
             a.add_column(col, justify="left" if col == "adapter" else "right")
         for name, v in stats["per_adapter"].items():
-            a.add_row(name, f"{v['requests']:,}", f"{v['errors']:,}", f"{v['prompt_tokens']:,}",
-                      f"{v['completion_tokens']:,}", str(v["slot_loads"]))
+            a.add_row(
+                name,
+                f"{v['requests']:,}",
+                f"{v['errors']:,}",
+                f"{v['prompt_tokens']:,}",
+                f"{v['completion_tokens']:,}",
+                str(v["slot_loads"]),
+            )
         console.print(a)

@@ -14,15 +14,15 @@ import sys
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import InputError
-from multilora_cli.io.formats import SIMPLE, Format, LineSpec, detect_format, get_format, parse_line
+from multilora_cli.io.formats import Format, detect_format, get_format, parse_line
+from multilora_cli.io.line import SIMPLE, LineSpec
+from multilora_cli.paths import expand_user
 
 LOOKAHEAD = 1000  # lines held while looking for the first JSON object (format detection)
 BOM = b"\xef\xbb\xbf"
 # Magic numbers of files people hand over instead of their decompressed JSONL.
-COMPRESSED = {b"\x1f\x8b": "gzip", b"(\xb5/\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz",
-              b"PK\x03\x04": "zip"}
+COMPRESSED = {b"\x1f\x8b": "gzip", b"(\xb5/\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
 
 
 def open_input(path: str) -> tuple[BinaryIO, str]:
@@ -60,7 +60,7 @@ def _content(raw: bytes) -> bytes:
     """The line without a UTF-8 BOM; empty when nothing but whitespace is left (a blank line). A BOM is dropped
     on every line, not only the first: `cat a.jsonl b.jsonl` puts b's BOM at the start of a middle line."""
     if raw.startswith(BOM):
-        raw = raw[len(BOM):]
+        raw = raw[len(BOM) :]
     return raw if raw.strip() else b""
 
 
@@ -104,17 +104,23 @@ class InputReader:
         """A compressed or binary INPUT is one fatal error, not a record per garbage "line"."""
         kind = next((k for magic, k in COMPRESSED.items() if first.startswith(magic)), None)
         if kind is not None:
-            raise InputError(f"input {self.name} is a {kind}-compressed file, not JSONL text",
-                             hint=f"decompress it first, e.g. {'zcat' if kind == 'gzip' else kind + ' -dc'} "
-                                  f"FILE | multilora run - ..." if kind != "zip" else "unzip it first")
+            raise InputError(
+                f"input {self.name} is a {kind}-compressed file, not JSONL text",
+                hint=f"decompress it first, e.g. {'zcat' if kind == 'gzip' else kind + ' -dc'} "
+                f"FILE | multilora run - ..."
+                if kind != "zip"
+                else "unzip it first",
+            )
         try:
             first.decode("utf-8")
             text = True
         except UnicodeDecodeError:  # a Latin-1 JSONL line still starts with "{": only those get per-line errors
             text = first.lstrip().startswith((b"{", b"["))
         if b"\x00" in first or not text:
-            raise InputError(f"input {self.name} is a binary file, not JSONL text (binary data on its first line)",
-                             hint="give a UTF-8 JSONL file, one JSON object per line")
+            raise InputError(
+                f"input {self.name} is a binary file, not JSONL text (binary data on its first line)",
+                hint="give a UTF-8 JSONL file, one JSON object per line",
+            )
 
     @property
     def empty(self) -> bool:

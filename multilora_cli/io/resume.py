@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import OutputError
-from multilora_cli.io.formats import Format, LineSpec
+from multilora_cli.io.formats import Format
 from multilora_cli.io.ledger import HINT, Fingerprint, LedgerReader
+from multilora_cli.io.line import LineSpec
+from multilora_cli.paths import expand_user
 
 CHUNK = 1 << 16
 
@@ -73,8 +74,13 @@ def _records(plan: ResumePlan) -> Iterator[tuple[int, bytes]]:
             yield n, line
 
 
-def verify_prefix(plan: ResumePlan, specs: Iterator[LineSpec], fmt: Format,
-                  errors_sink: BinaryIO | None = None, fingerprint: Fingerprint | None = None) -> ResumePlan:
+def verify_prefix(
+    plan: ResumePlan,
+    specs: Iterator[LineSpec],
+    fmt: Format,
+    errors_sink: BinaryIO | None = None,
+    fingerprint: Fingerprint | None = None,
+) -> ResumePlan:
     """Consume one input spec per kept record and check they match; copy kept error records to `errors_sink`.
 
     Without `fingerprint` only the ids are compared. With it (a run), the output's ledger must also match:
@@ -95,17 +101,26 @@ def verify_prefix(plan: ResumePlan, specs: Iterator[LineSpec], fmt: Format,
             except ValueError:
                 rec = None
             if not isinstance(rec, dict) or not fmt.looks_like_record(rec):
-                raise OutputError(f"--resume: {where} line {n} is not a multilora record of the {fmt.name} "
-                                  "format; it was not written by this run's input format", hint=HINT)
+                raise OutputError(
+                    f"--resume: {where} line {n} is not a multilora record of the {fmt.name} "
+                    "format; it was not written by this run's input format",
+                    hint=HINT,
+                )
             spec = next(specs, None)
             if spec is None:
-                raise OutputError(f"--resume: {where} has more records ({n}+) than the input has lines; "
-                                  "it was written from a different input", hint=HINT)
+                raise OutputError(
+                    f"--resume: {where} has more records ({n}+) than the input has lines; "
+                    "it was written from a different input",
+                    hint=HINT,
+                )
             got = fmt.record_id(rec)
             if got != spec.id or type(got) is not type(spec.id):
-                raise OutputError(f"--resume: {where} record {n} has id {json.dumps(got)} but input line "
-                                  f"{spec.lineno} has id {json.dumps(spec.id)}; the output was written from a "
-                                  "different input", hint=HINT)
+                raise OutputError(
+                    f"--resume: {where} record {n} has id {json.dumps(got)} but input line "
+                    f"{spec.lineno} has id {json.dumps(spec.id)}; the output was written from a "
+                    "different input",
+                    hint=HINT,
+                )
             if ledger is not None:
                 if ledger.f is not None:
                     if n == 1:
@@ -115,9 +130,12 @@ def verify_prefix(plan: ResumePlan, specs: Iterator[LineSpec], fmt: Format,
                     fingerprint.tag(spec)  # keep tag()'s once-per-line contract
                     default = fmt.default_id(spec.lineno)
                     if spec.id is None or (spec.id == default and type(spec.id) is type(default)):
-                        raise OutputError(f"--resume: {where} has no ledger {ledger.path} and its record {n} "
-                                          f"(input line {spec.lineno}) has no id of its own, so nothing shows "
-                                          "it answers this input", hint=HINT)
+                        raise OutputError(
+                            f"--resume: {where} has no ledger {ledger.path} and its record {n} "
+                            f"(input line {spec.lineno}) has no id of its own, so nothing shows "
+                            "it answers this input",
+                            hint=HINT,
+                        )
                     plan.unverified = True
             if fmt.is_error_record(rec):
                 plan.kept_errors += 1

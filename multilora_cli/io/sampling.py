@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from multilora_cli.config import SamplingParams
 from multilora_cli.errors import ConfigError, UsageError
-from multilora_cli.io.formats import LineSpec
+from multilora_cli.io.line import LineSpec
 
 FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 FALLBACK = {"max_tokens": 256, "temperature": 0.0}

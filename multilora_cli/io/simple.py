@@ -13,8 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from multilora_cli.io.formats import SAMPLING_FIELDS, SIMPLE, LineSpec, check_messages, json_type
-
+from multilora_cli.io.line import SAMPLING_FIELDS, SIMPLE, LineSpec, check_messages, json_type
 
 FIELDS = ("id", "prompt", "messages", "adapter", *SAMPLING_FIELDS)
 
@@ -47,18 +46,25 @@ class SimpleFormat:
         if adapter is not None and not adapter.strip():
             return spec.fail("adapter is an empty string: give an adapter name, or 'base' / null for the base model")
         if "custom_id" in obj and "body" in obj:
-            return spec.fail("this is an OpenAI batch line, but the file's first line made it a simple-format "
-                             "file; use one format per file", "wrong_format")
+            return spec.fail(
+                "this is an OpenAI batch line, but the file's first line made it a simple-format "
+                "file; use one format per file",
+                "wrong_format",
+            )
         for k in obj:
             if (known := near_miss(k)) is not None:
-                return spec.fail(f"unknown field {k!r}: did you mean {known!r}? (fix the key; fields that are not "
-                                 "near-misses of a known one are ignored)", "unknown_field")
+                return spec.fail(
+                    f"unknown field {k!r}: did you mean {known!r}? (fix the key; fields that are not "
+                    "near-misses of a known one are ignored)",
+                    "unknown_field",
+                )
         has_prompt, has_messages = obj.get("prompt") is not None, obj.get("messages") is not None
         if has_prompt and has_messages:
             return spec.fail("give either 'prompt' or 'messages', not both")
         if not has_prompt and not has_messages:
-            return spec.fail("missing 'prompt' (a string) or 'messages' (an array of {role, content})",
-                             "missing_prompt")
+            return spec.fail(
+                "missing 'prompt' (a string) or 'messages' (an array of {role, content})", "missing_prompt"
+            )
         if has_prompt:
             if not isinstance(obj["prompt"], str):
                 return spec.fail(f"prompt must be a string, got {json_type(obj['prompt'])}")
@@ -68,10 +74,16 @@ class SimpleFormat:
         spec.sampling = {k: obj[k] for k in SAMPLING_FIELDS if obj.get(k) is not None}
         return spec
 
-    def ok_record(self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int,
-                  completion_tokens: int) -> dict:
-        return {"id": spec.id, "adapter": self._adapter(spec), "text": text, "finish_reason": finish_reason,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}}
+    def ok_record(
+        self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int, completion_tokens: int
+    ) -> dict:
+        return {
+            "id": spec.id,
+            "adapter": self._adapter(spec),
+            "text": text,
+            "finish_reason": finish_reason,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        }
 
     def error_record(self, spec: LineSpec, code: str, message: str) -> dict:
         return {"id": spec.id, "adapter": self._adapter(spec), "error": {"code": code, "message": message}}

@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from multilora_cli.adapters.resolve import expand_user
+from multilora_cli.paths import expand_user
 
 NAMED_FDS = {"stdout": 1, "stderr": 2}
 
@@ -38,8 +38,9 @@ def names_a_descriptor(output: str | Path) -> bool:
     /dev/stdout > out.jsonl`), "beside it" is /dev or /proc, where the ledger would land for every such run, or
     fail to be created and stop the run."""
     parts = expand_user(output).absolute().parts
-    return parts[1:3] in (("dev", "stdout"), ("dev", "stderr"), ("dev", "fd")) or \
-        (parts[1:2] == ("proc",) and len(parts) > 4 and parts[3] == "fd")
+    return parts[1:3] in (("dev", "stdout"), ("dev", "stderr"), ("dev", "fd")) or (
+        parts[1:2] == ("proc",) and len(parts) > 4 and parts[3] == "fd"
+    )
 
 
 def in_place(path: str | Path) -> bool:

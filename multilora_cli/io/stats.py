@@ -78,8 +78,9 @@ class RunStats:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def to_dict(self, *, engine: dict | None = None, wall_seconds: float = 0.0, gpu_hour_usd: float | None = None,
-                **info) -> dict:
+    def to_dict(
+        self, *, engine: dict | None = None, wall_seconds: float = 0.0, gpu_hour_usd: float | None = None, **info
+    ) -> dict:
         """The stats JSON. `engine` is EngineStats.to_dict() (or None when no engine ran); `info` adds
         model/device/dtype/input/output/format."""
         engine = engine or {}
@@ -88,21 +89,31 @@ class RunStats:
         for name, a in (engine.get("per_adapter") or {}).items():
             per_adapter.setdefault(name, asdict(AdapterTally()))["slot_loads"] = int(a.get("slot_loads", 0))
         d = {
-            "model": engine.get("model", ""), "device": engine.get("device", ""), "dtype": engine.get("dtype", ""),
+            "model": engine.get("model", ""),
+            "device": engine.get("device", ""),
+            "dtype": engine.get("dtype", ""),
             **info,
-            "records": self.resumed + self.requests, "resumed": self.resumed, "kept_errors": self.kept_errors,
-            "requests": self.requests, "ok": self.ok, "errors": self.errors,
+            "records": self.resumed + self.requests,
+            "resumed": self.resumed,
+            "kept_errors": self.kept_errors,
+            "requests": self.requests,
+            "ok": self.ok,
+            "errors": self.errors,
             "error_codes": dict(sorted(self.error_codes.items())),
-            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
-            "wall_seconds": round(wall_seconds, 4), "generation_seconds": round(gen, 4),
+            "wall_seconds": round(wall_seconds, 4),
+            "generation_seconds": round(gen, 4),
             "tokens_per_second": self.total_tokens / gen if gen > 0 else 0.0,
             "completion_tokens_per_second": self.completion_tokens / gen if gen > 0 else 0.0,
             "requests_per_second": self.ok / gen if gen > 0 else 0.0,  # completed requests
             "per_adapter": per_adapter,
-            "slot_loads": int(engine.get("slot_loads", 0)), "slot_hits": int(engine.get("slot_hits", 0)),
+            "slot_loads": int(engine.get("slot_loads", 0)),
+            "slot_hits": int(engine.get("slot_hits", 0)),
             "slot_evictions": int(engine.get("slot_evictions", 0)),
-            "max_loras": int(engine.get("max_loras", 0)), "max_lora_rank": int(engine.get("max_lora_rank", 0)),
+            "max_loras": int(engine.get("max_loras", 0)),
+            "max_lora_rank": int(engine.get("max_lora_rank", 0)),
             "cost": cost(gpu_hour_usd, wall_seconds, self.total_tokens, self.completion_tokens),
             "engine": engine,
         }

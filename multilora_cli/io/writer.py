@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 from typing import BinaryIO
 
-from multilora_cli.adapters.resolve import expand_user
 from multilora_cli.errors import OutputError, UsageError
 from multilora_cli.io.sink import descriptor_of, in_place, open_in_place, real_file
+from multilora_cli.paths import expand_user
 
 
 def encode_record(record: dict) -> bytes:
@@ -45,8 +45,9 @@ def open_output(path: str | None, *, append: bool = False, what: str = "output")
             return open_in_place(p, "ab" if append else "wb"), str(p)
         return open(p, "ab" if append else "wb"), str(p)
     except OSError as e:
-        raise OutputError(f"cannot write {what} {path}: {e.strerror or e}",
-                          hint="check the directory exists and is writable") from e
+        raise OutputError(
+            f"cannot write {what} {path}: {e.strerror or e}", hint="check the directory exists and is writable"
+        ) from e
 
 
 def refuse_clobbering(source: BinaryIO, in_name: str, outputs: dict[str, str | None]) -> None:
@@ -72,10 +73,15 @@ def refuse_clobbering(source: BinaryIO, in_name: str, outputs: dict[str, str | N
         key = (st.st_dev, st.st_ino)
         if key in seen:
             other_flag, other = seen[key]
-            how, harm = (("a hard link, or stdin redirected from it", "destroy the input") if other_flag == "INPUT"
-                         else ("a hard link", f"overwrite {other_flag}"))
-            raise UsageError(f"{flag} {path} is the same file as {other_flag} {other} ({how}): writing it would "
-                             f"{harm}; give {flag} another path")
+            how, harm = (
+                ("a hard link, or stdin redirected from it", "destroy the input")
+                if other_flag == "INPUT"
+                else ("a hard link", f"overwrite {other_flag}")
+            )
+            raise UsageError(
+                f"{flag} {path} is the same file as {other_flag} {other} ({how}): writing it would "
+                f"{harm}; give {flag} another path"
+            )
         seen[key] = (flag, path)
 
 
@@ -87,8 +93,10 @@ def check_writable(path: str, what: str) -> None:
     if in_place(p):  # written where it is (io/sink.py): nothing is created beside it
         fd = descriptor_of(p)
         if not (_fd_writable(fd) if fd is not None else os.access(p, os.W_OK)):
-            raise OutputError(f"cannot write {what} {path}: "
-                              + (f"descriptor {fd} is not open for writing" if fd is not None else "permission denied"))
+            raise OutputError(
+                f"cannot write {what} {path}: "
+                + (f"descriptor {fd} is not open for writing" if fd is not None else "permission denied")
+            )
         return
     p = real_file(p)  # through a symlink: the probe (and the stats file's rename) go where the file is
     parent = p.parent if str(p.parent) else Path(".")
@@ -101,8 +109,10 @@ def check_writable(path: str, what: str) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".probe", dir=parent)
     except OSError as e:
-        raise OutputError(f"cannot write {what} {path}: cannot create a file in {parent}: {e.strerror or e}",
-                          hint="choose a writable directory") from e
+        raise OutputError(
+            f"cannot write {what} {path}: cannot create a file in {parent}: {e.strerror or e}",
+            hint="choose a writable directory",
+        ) from e
     os.close(fd)
     os.unlink(probe)
 
@@ -120,8 +130,16 @@ class OrderedWriter:
     """Write records in key order starting at `start_key`; error records are also copied to `errors`, their
     ledger lines (`put(tag=...)`) to `ledger`."""
 
-    def __init__(self, out: BinaryIO, errors: BinaryIO | None = None, *, start_key: int = 0,
-                 out_name: str = "<output>", ledger: BinaryIO | None = None, errors_name: str = "<errors>"):
+    def __init__(
+        self,
+        out: BinaryIO,
+        errors: BinaryIO | None = None,
+        *,
+        start_key: int = 0,
+        out_name: str = "<output>",
+        ledger: BinaryIO | None = None,
+        errors_name: str = "<errors>",
+    ):
         self._out = out
         self._errors = errors
         self._ledger = ledger

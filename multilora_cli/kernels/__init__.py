@@ -14,8 +14,15 @@ import torch
 from multilora_cli.kernels.meta import LoraMeta, LoraMetaBuffers, build_lora_meta
 from multilora_cli.kernels.weights import LoraWeights
 
-__all__ = ["LoraMeta", "LoraMetaBuffers", "LoraWeights", "add_lora", "add_lora_silu_mul", "build_lora_meta",
-           "use_triton"]
+__all__ = [
+    "LoraMeta",
+    "LoraMetaBuffers",
+    "LoraWeights",
+    "add_lora",
+    "add_lora_silu_mul",
+    "build_lora_meta",
+    "use_triton",
+]
 
 
 def use_triton(y: torch.Tensor) -> bool:

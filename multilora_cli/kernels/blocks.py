@@ -145,8 +145,7 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
         if out_features <= 8192:
             return ExpandBlocks(bm=bm, bn=256, nb=1, num_warps=4, num_stages=1)
         return ExpandBlocks(bm=bm, bn=128, nb=4, num_warps=4, num_stages=1)
-    return ExpandBlocks(bm=bm, bn=bn, nb=nb, num_warps=8 if bm * bn >= 64 * 128 else 4,
-                        num_stages=3 if nb >= 3 else 2)
+    return ExpandBlocks(bm=bm, bn=bn, nb=nb, num_warps=8 if bm * bn >= 64 * 128 else 4, num_stages=3 if nb >= 3 else 2)
 
 
 @lru_cache(maxsize=256)

@@ -53,8 +53,9 @@ def _check_weights(w: LoraWeights, device: torch.device) -> None:
     if w.rank.dtype != torch.int32 or tuple(w.rank.shape) != shape or not w.rank.is_contiguous():
         raise ValueError(f"LoraWeights.rank must be contiguous int32 {shape}, got {w.rank.dtype} {tuple(w.rank.shape)}")
     if w.scale.dtype != torch.float32 or tuple(w.scale.shape) != shape or not w.scale.is_contiguous():
-        raise ValueError(f"LoraWeights.scale must be contiguous fp32 {shape}, "
-                         f"got {w.scale.dtype} {tuple(w.scale.shape)}")
+        raise ValueError(
+            f"LoraWeights.scale must be contiguous fp32 {shape}, got {w.scale.dtype} {tuple(w.scale.shape)}"
+        )
     if w.rank.device != device or w.scale.device != device:
         raise ValueError(f"LoraWeights.rank/scale on {w.rank.device}, activations on {device}")
     if len(w.slice_offsets) != w.n_slices + 1 or w.slice_offsets[-1] != w.out_features:
@@ -90,8 +91,10 @@ def tile_grid(meta: LoraMeta, bm: int, t: int, max_loras: int) -> int:
     else:
         n = meta.tile_counts[tile_index(bm)]
     if n > MAX_GRID_TILES:
-        raise ValueError(f"{n} LoRA tiles exceed the grid's tile axis ({MAX_GRID_TILES}): split the batch "
-                         f"(fewer tokens per step, e.g. a smaller max_num_batched_tokens)")
+        raise ValueError(
+            f"{n} LoRA tiles exceed the grid's tile axis ({MAX_GRID_TILES}): split the batch "
+            f"(fewer tokens per step, e.g. a smaller max_num_batched_tokens)"
+        )
     return n
 
 

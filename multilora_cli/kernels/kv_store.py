@@ -14,8 +14,9 @@ from multilora_cli.kernels.launch import launch
 
 
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_k, stride_v,
-                     ROW: tl.constexpr, BLOCK: tl.constexpr):
+def _store_kv_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_k, stride_v, ROW: tl.constexpr, BLOCK: tl.constexpr
+):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -26,8 +27,9 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_k,
     tl.store(v_cache_ptr + slot * ROW + offs, v, mask=mask)
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """k, v: [T, kv_heads, head_dim] (row stride free, each row contiguous) -> cache rows slot_mapping[t]."""
     T, kvh, d = k.shape
     if T == 0:
@@ -37,5 +39,16 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k = k.contiguous()
     if v.stride(2) != 1 or v.stride(1) != d:
         v = v.contiguous()
-    launch(_store_kv_kernel, (T,), k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0),
-           ROW=row, BLOCK=triton.next_power_of_2(row))
+    launch(
+        _store_kv_kernel,
+        (T,),
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        v.stride(0),
+        ROW=row,
+        BLOCK=triton.next_power_of_2(row),
+    )

@@ -38,7 +38,7 @@ def stand_in(t: torch.Tensor) -> torch.Tensor:
     if s is None:
         size = t.element_size()
         buf = torch.empty(16 // size + 1, dtype=t.dtype, device=t.device)  # allocator blocks: 16-byte aligned
-        s = _stand_ins[key] = buf[rem // size: rem // size + 1]
+        s = _stand_ins[key] = buf[rem // size : rem // size + 1]
     return s
 
 

@@ -36,8 +36,9 @@ def _norm_store(x, w_ptr, out_ptrs, offs, mask, N, eps):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, R2, stride_x0, stride_x1, stride_o0, stride_o1, N, eps,
-                     BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr, w_ptr, out_ptr, R2, stride_x0, stride_x1, stride_o0, stride_o1, N, eps, BLOCK: tl.constexpr
+):
     r = tl.program_id(0)
     r0, r1 = r // R2, r % R2
     offs = tl.arange(0, BLOCK)
@@ -47,8 +48,9 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, R2, stride_x0, stride_x1, stride_o0,
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, stride_o, stride_s, N, eps,
-                         BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, stride_o, stride_s, N, eps, BLOCK: tl.constexpr
+):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -72,13 +74,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     o3 = out if out.dim() == 3 else out.view(-1, 1, n)
     r1, r2 = x3.shape[0], x3.shape[1]
     block = triton.next_power_of_2(n)
-    launch(_rms_norm_kernel, (r1 * r2,), x3, weight, o3, r2, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1),
-           n, float(eps), BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    launch(
+        _rms_norm_kernel,
+        (r1 * r2,),
+        x3,
+        weight,
+        o3,
+        r2,
+        x3.stride(0),
+        x3.stride(1),
+        o3.stride(0),
+        o3.stride(1),
+        n,
+        float(eps),
+        BLOCK=block,
+        num_warps=8 if block >= 2048 else 4,
+    )
     return out
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual) in one launch: the residual add of a decoder layer fused into the
     norm after it (one kernel and one [T, N] round trip fewer). x, residual: [T, N], unit last stride."""
     t, n = x.shape
@@ -89,14 +106,42 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     x = x if x.stride(-1) == 1 else x.contiguous()
     residual = residual if residual.stride(-1) == 1 else residual.contiguous()
     block = triton.next_power_of_2(n)
-    launch(_add_rms_norm_kernel, (t,), x, residual, weight, out, summed, x.stride(0), residual.stride(0),
-           out.stride(0), summed.stride(0), n, float(eps), BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    launch(
+        _add_rms_norm_kernel,
+        (t,),
+        x,
+        residual,
+        weight,
+        out,
+        summed,
+        x.stride(0),
+        residual.stride(0),
+        out.stride(0),
+        summed.stride(0),
+        n,
+        float(eps),
+        BLOCK=block,
+        num_warps=8 if block >= 2048 else 4,
+    )
     return out, summed
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xt, stride_xh, stride_c, stride_ot, stride_oh,
-                 HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rope_kernel(
+    x_ptr,
+    cos_ptr,
+    sin_ptr,
+    out_ptr,
+    H,
+    stride_xt,
+    stride_xh,
+    stride_c,
+    stride_ot,
+    stride_oh,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
@@ -127,9 +172,24 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
         x = x.contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
     half = D // 2
-    launch(_rope_kernel, (T,), x, cos, sin, out, H, x.stride(0), x.stride(1), cos.stride(0), out.stride(0),
-           out.stride(1), HALF=half, BLOCK_H=triton.next_power_of_2(H), BLOCK_D=triton.next_power_of_2(half),
-           num_warps=4)
+    launch(
+        _rope_kernel,
+        (T,),
+        x,
+        cos,
+        sin,
+        out,
+        H,
+        x.stride(0),
+        x.stride(1),
+        cos.stride(0),
+        out.stride(0),
+        out.stride(1),
+        HALF=half,
+        BLOCK_H=triton.next_power_of_2(H),
+        BLOCK_D=triton.next_power_of_2(half),
+        num_warps=4,
+    )
     return out
 
 
@@ -163,6 +223,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.stride(-1) != 1:
         gate_up = gate_up.contiguous()
     block = 1024
-    launch(_silu_mul_kernel, (T, triton.cdiv(i, block)), gate_up, out, i, gate_up.stride(0), out.stride(0),
-           BLOCK=block, num_warps=4)
+    launch(
+        _silu_mul_kernel,
+        (T, triton.cdiv(i, block)),
+        gate_up,
+        out,
+        i,
+        gate_up.stride(0),
+        out.stride(0),
+        BLOCK=block,
+        num_warps=4,
+    )
     return out

@@ -25,16 +25,39 @@ from multilora_cli.kernels.online_softmax import online_softmax_step
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, m_ptr, l_ptr,
-    scale_log2, part_size, window,
-    stride_qb, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    m_ptr,
+    l_ptr,
+    scale_log2,
+    part_size,
+    window,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
     stride_bt,
-    stride_ob, stride_oh, stride_os,
-    stride_mb, stride_mh,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_mb,
+    stride_mh,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -50,8 +73,11 @@ def _paged_decode_kernel(
     heads = kvh * GROUP + offs_g
     gmask = offs_g < GROUP
     dmask = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0)  # [G, D]
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=gmask[:, None] & dmask[None, :],
+        other=0.0,
+    )  # [G, D]
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -62,23 +88,33 @@ def _paged_decode_kernel(
         page = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
         within = offs_n % PAGE
         kv_mask = nmask[:, None] & dmask[None, :]
-        k = tl.load(k_cache_ptr + page[:, None] * stride_kb + within[:, None] * stride_ks + kvh * stride_kh
-                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        v = tl.load(v_cache_ptr + page[:, None] * stride_vb + within[:, None] * stride_vs + kvh * stride_vh
-                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        k = tl.load(
+            k_cache_ptr + page[:, None] * stride_kb + within[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )  # [N, D]
+        v = tl.load(
+            v_cache_ptr + page[:, None] * stride_vb + within[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )  # [N, D]
         m_i, l_i, acc = online_softmax_step(q, k, v, nmask[None, :], scale_log2, m_i, l_i, acc, IEEE)
 
     omask = gmask[:, None] & dmask[None, :]
     if SPLIT:
         # unnormalised partials; merged by _merge_splits
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :], acc,
-                 mask=omask)
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :], acc, mask=omask
+        )
         tl.store(m_ptr + b * stride_mb + heads * stride_mh + s, m_i, mask=gmask)
         tl.store(l_ptr + b * stride_mb + heads * stride_mh + s, l_i, mask=gmask)
     else:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=omask)
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=omask,
+        )
 
 
 def _merge_splits(acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor, out: torch.Tensor) -> None:
@@ -100,11 +136,22 @@ def default_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, d
     return max(1, min(math.ceil(2 * sms / programs), math.ceil(max_context_len / 256), 64))
 
 
-def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
-                           sliding_window: int | None = None, max_context_len: int = 0,
-                           num_splits: int | None = None, block_n: int | None = None,
-                           out: torch.Tensor | None = None, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    *,
+    sliding_window: int | None = None,
+    max_context_len: int = 0,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    out: torch.Tensor | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
     """Decode attention of one new token per sequence over its cached context.
 
     q: [B, H, D]; k_cache/v_cache: [num_blocks, block_size, KVH, D]; block_tables: [B, max_blocks] int32;
@@ -146,18 +193,43 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         dst, so = out, 0
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     launch(
-        _paged_decode_kernel, (B, kvh, num_splits),
-        q, k_cache, v_cache, block_tables, context_lens, dst, m, l,
-        scale * 1.4426950408889634, part, int(sliding_window or 0),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        _paged_decode_kernel,
+        (B, kvh, num_splits),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        dst,
+        m,
+        l,
+        scale * 1.4426950408889634,
+        part,
+        int(sliding_window or 0),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
         block_tables.stride(0),
-        dst.stride(0), dst.stride(1), so,
-        m.stride(0) if split else 0, m.stride(1) if split else 0,
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, BLOCK_D=block_d,
-        PAGE=page, BLOCK_N=block_n, SPLIT=split, IEEE=q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=num_stages,
+        dst.stride(0),
+        dst.stride(1),
+        so,
+        m.stride(0) if split else 0,
+        m.stride(1) if split else 0,
+        GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=D,
+        BLOCK_D=block_d,
+        PAGE=page,
+        BLOCK_N=block_n,
+        SPLIT=split,
+        IEEE=q.dtype == torch.float32,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if split:
         _merge_splits(acc, m, l, out)

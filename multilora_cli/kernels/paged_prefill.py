@@ -14,15 +14,35 @@ from multilora_cli.kernels.online_softmax import online_softmax_step
 
 @triton.jit(do_not_specialize=["stride_bt"])  # block-table width varies step to step: one compile
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, out_ptr,
-    scale_log2, window,
-    stride_qt, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    block_tables_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    out_ptr,
+    scale_log2,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
     stride_bt,
-    stride_ot, stride_oh,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, IEEE: tl.constexpr,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     mt = tl.program_id(0)
     b = tl.program_id(1)
@@ -44,8 +64,11 @@ def _prefill_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
     head = kvh * GROUP + g
-    q = tl.load(q_ptr + (q0 + tok)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=rmask[:, None] & dmask[None, :], other=0.0)  # [R, D]
+    q = tl.load(
+        q_ptr + (q0 + tok)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+        mask=rmask[:, None] & dmask[None, :],
+        other=0.0,
+    )  # [R, D]
 
     # keys this tile can see: up to its last query's position; from its first query's window start
     hi = tl.minimum(lk, prefix + m0 + BLOCK_M)
@@ -73,15 +96,29 @@ def _prefill_kernel(
         m_i, l_i, acc = online_softmax_step(q, k, v, visible, scale_log2, m_i, l_i, acc, IEEE)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + (q0 + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+    tl.store(
+        out_ptr + (q0 + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=rmask[:, None] & dmask[None, :],
+    )
 
 
-def paged_attention_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, scale: float, *,
-                            k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-                            block_tables: torch.Tensor | None = None, sliding_window: int | None = None,
-                            block_n: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    scale: float,
+    *,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    block_tables: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    block_n: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Causal varlen attention of B packed sequences in one launch.
 
     q: [T, H, D] new tokens (sequence b = rows cu_seqlens_q[b]:cu_seqlens_q[b+1]); new token i of b sits at
@@ -124,11 +161,33 @@ def paged_attention_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     B = cu_seqlens_q.shape[0] - 1
     grid = (triton.cdiv(max_seqlen_q, block_m), B, kvh)
     launch(
-        _prefill_kernel, grid,
-        q, src_k, src_v, block_tables, cu_seqlens_q, cu_seqlens_k, out,
-        scale * 1.4426950408889634, int(sliding_window or 0),
-        q.stride(0), q.stride(1), *sk, *sv, bt_stride, out.stride(0), out.stride(1),
-        GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, HEAD_DIM=D, BLOCK_D=block_d, PAGE=page, BLOCK_N=block_n,
-        PAGED=paged, IEEE=q.dtype == torch.float32, num_warps=4,
+        _prefill_kernel,
+        grid,
+        q,
+        src_k,
+        src_v,
+        block_tables,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        out,
+        scale * 1.4426950408889634,
+        int(sliding_window or 0),
+        q.stride(0),
+        q.stride(1),
+        *sk,
+        *sv,
+        bt_stride,
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        BLOCK_G=block_g,
+        BLOCK_M=block_m,
+        HEAD_DIM=D,
+        BLOCK_D=block_d,
+        PAGE=page,
+        BLOCK_N=block_n,
+        PAGED=paged,
+        IEEE=q.dtype == torch.float32,
+        num_warps=4,
     )
     return out

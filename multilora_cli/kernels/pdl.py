@@ -102,8 +102,9 @@ def prefetch_l2(base, offs, ok):
     """Hint the lines at base + offs (masked by ok) into L2: no registers held, no wait, no fault (masked
     addresses fall back to base, which the CTA reads anyway)."""
     ptrs = base + tl.where(ok, offs, 0)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit

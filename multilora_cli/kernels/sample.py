@@ -83,8 +83,9 @@ def _level0_total(part_ptr, C, i, CB: tl.constexpr):
 
 
 @triton.jit
-def _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, WITH_P: tl.constexpr, KEY_BITS: tl.constexpr,
-               CB: tl.constexpr):
+def _threshold(
+    part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, WITH_P: tl.constexpr, KEY_BITS: tl.constexpr, CB: tl.constexpr
+):
     """The smallest kept key: top-k's (0 when off), then top-p's above it (if WITH_P and on)."""
     tau = tl.zeros((), tl.int64)
     if top_k < V:
@@ -96,8 +97,9 @@ def _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, WITH_P: tl.cons
 
 
 @triton.jit
-def _histogram(row, lo, hi, floor, prefix, shift, inv_t, m, MASS: tl.constexpr, KEY_BITS: tl.constexpr,
-               BLOCK: tl.constexpr):
+def _histogram(
+    row, lo, hi, floor, prefix, shift, inv_t, m, MASS: tl.constexpr, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr
+):
     """[16]: per digit (key >> shift) & 15 of the keys >= floor under `prefix`, their count or weight."""
     bins = tl.arange(0, 16)
     floor = _as_key(floor, KEY_BITS)
@@ -167,9 +169,29 @@ def _pick(row, lo, hi, tau, inv_t, m, run, target, KEY_BITS: tl.constexpr, BLOCK
 
 
 @triton.jit(do_not_specialize=["LEVEL"])
-def _sample_pass(logits_ptr, rows_ptr, temp_ptr, top_k_ptr, top_p_ptr, u_ptr, out_ptr, pmax_ptr, psum_ptr,
-                 part_k_ptr, part_p_ptr, V, stride_row, S, C, LEVEL, MODE: tl.constexpr, KEY_BITS: tl.constexpr,
-                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, CB: tl.constexpr):
+def _sample_pass(
+    logits_ptr,
+    rows_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    u_ptr,
+    out_ptr,
+    pmax_ptr,
+    psum_ptr,
+    part_k_ptr,
+    part_p_ptr,
+    V,
+    stride_row,
+    S,
+    C,
+    LEVEL,
+    MODE: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CB: tl.constexpr,
+):
     """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
     (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight. 4: the draw, by the chunk holding it."""
     i = tl.program_id(0)
@@ -229,9 +251,19 @@ def _sample_pass(logits_ptr, rows_ptr, temp_ptr, top_k_ptr, top_p_ptr, u_ptr, ou
                 tl.store(out_ptr + r, tok.to(tl.int64))
 
 
-def sample_rows(logits: torch.Tensor, rows: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor,
-                top_p: torch.Tensor, u: torch.Tensor, out: torch.Tensor, *, any_top_k: bool | None = None,
-                any_top_p: bool | None = None, chunk: int | None = None) -> None:
+def sample_rows(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    temp: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    u: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    any_top_k: bool | None = None,
+    any_top_p: bool | None = None,
+    chunk: int | None = None,
+) -> None:
     """Draw one token for each row in `rows`; no sort, no host sync (given any_top_k / any_top_p).
 
     logits: [N, V]  fp32 | fp16 | bf16, unit column stride
@@ -268,17 +300,44 @@ def sample_rows(logits: torch.Tensor, rows: torch.Tensor, temp: torch.Tensor, to
     c = triton.cdiv(v, chunk)
     hist = s * c * 16 * (bits // 4)
     scratch = torch.empty(2 * s * c + hist * (any_top_k + any_top_p), dtype=torch.float32, device=logits.device)
-    pmax, psum = scratch[:s * c], scratch[s * c:2 * s * c]
-    part_k = scratch[2 * s * c:2 * s * c + hist] if any_top_k else scratch
-    part_p = scratch[2 * s * c + hist * any_top_k:] if any_top_p else scratch
-    passes = ([(0, 0)] + [(1, lvl) for lvl in range(bits // 4) if any_top_k]
-              + [(2, lvl) for lvl in range(bits // 4) if any_top_p] + [(3, 0), (4, 0)])
+    pmax, psum = scratch[: s * c], scratch[s * c : 2 * s * c]
+    part_k = scratch[2 * s * c : 2 * s * c + hist] if any_top_k else scratch
+    part_p = scratch[2 * s * c + hist * any_top_k :] if any_top_p else scratch
+    passes = (
+        [(0, 0)]
+        + [(1, lvl) for lvl in range(bits // 4) if any_top_k]
+        + [(2, lvl) for lvl in range(bits // 4) if any_top_p]
+        + [(3, 0), (4, 0)]
+    )
     for mode, lvl in passes:
-        launch(_sample_pass, (s, c), logits, rows, temp, top_k, top_p, u, out, pmax, psum, part_k, part_p, v,
-               logits.stride(0), s, c, lvl, MODE=mode, KEY_BITS=bits, CHUNK=chunk, BLOCK=block,
-               # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414;
-               # benchmarks/results/sampler-warps4-vs-base-h200.json): ALU-bound passes, more programs per SM
-               CB=triton.next_power_of_2(c), num_warps=4)
+        launch(
+            _sample_pass,
+            (s, c),
+            logits,
+            rows,
+            temp,
+            top_k,
+            top_p,
+            u,
+            out,
+            pmax,
+            psum,
+            part_k,
+            part_p,
+            v,
+            logits.stride(0),
+            s,
+            c,
+            lvl,
+            MODE=mode,
+            KEY_BITS=bits,
+            CHUNK=chunk,
+            BLOCK=block,
+            # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414;
+            # benchmarks/results/sampler-warps4-vs-base-h200.json): ALU-bound passes, more programs per SM
+            CB=triton.next_power_of_2(c),
+            num_warps=4,
+        )
 
 
 # --- the same semantics in torch: the CPU path and the tests' reference --------------------------------------
@@ -309,8 +368,9 @@ def kept_weights(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, 
     return torch.where(key >= tau_p, w, 0.0)
 
 
-def sample_rows_torch(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                      u: torch.Tensor) -> torch.Tensor:
+def sample_rows_torch(
+    logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
     """`sample_rows` for every row of `logits` (its rows argument = all rows), in torch ops: ids [R]."""
     w = kept_weights(logits, temp, top_k, top_p)
     cum = w.cumsum(dim=-1)

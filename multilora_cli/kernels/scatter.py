@@ -44,8 +44,9 @@ def _scatter_kernel(src_ptr, dst_ptr, plan_ptr, CHUNK: tl.constexpr):
     tl.store(dst_ptr + dst_off + (e // cols) * s_row + (e % cols) * s_col, v, mask=ok)
 
 
-def scatter_plan(dst: list[torch.Tensor], src: list[torch.Tensor], src_base: torch.Tensor,
-                 dst_base: torch.Tensor) -> torch.Tensor:
+def scatter_plan(
+    dst: list[torch.Tensor], src: list[torch.Tensor], src_base: torch.Tensor, dst_base: torch.Tensor
+) -> torch.Tensor:
     """The plan table (int64, on dst_base's device) for copying src[i] -> dst[i].
 
     src[i]: a contiguous view of the 1-D `src_base`; dst[i]: a view of the same shape (2-D, or 3-D whose leading
@@ -55,12 +56,22 @@ def scatter_plan(dst: list[torch.Tensor], src: list[torch.Tensor], src_base: tor
     isz = dst_base.element_size()
     for d, s in zip(dst, src):
         if d.shape != s.shape or not s.is_contiguous() or d.dtype != dst_base.dtype:
-            raise ValueError(f"scatter_plan: dst {tuple(d.shape)} {d.dtype} / src {tuple(s.shape)} contiguous="
-                             f"{s.is_contiguous()} do not pair")
-        for db, sb in ([(d, s)] if d.dim() == 2 else [(d[k], s[k]) for k in range(d.shape[0])]):
+            raise ValueError(
+                f"scatter_plan: dst {tuple(d.shape)} {d.dtype} / src {tuple(s.shape)} contiguous="
+                f"{s.is_contiguous()} do not pair"
+            )
+        for db, sb in [(d, s)] if d.dim() == 2 else [(d[k], s[k]) for k in range(d.shape[0])]:
             r, c = db.shape
-            blocks.append(((sb.data_ptr() - src_base.data_ptr()) // isz, r * c,
-                           (db.data_ptr() - dst_base.data_ptr()) // isz, c, db.stride(0), db.stride(1)))
+            blocks.append(
+                (
+                    (sb.data_ptr() - src_base.data_ptr()) // isz,
+                    r * c,
+                    (db.data_ptr() - dst_base.data_ptr()) // isz,
+                    c,
+                    db.stride(0),
+                    db.stride(1),
+                )
+            )
     if not blocks:
         return torch.zeros((0, _COLS), dtype=torch.int64, device=dst_base.device)
     # chunk rows in numpy: a Llama-3-8B rank-16 load is ~450 blocks / ~10k chunks (26 -> 3.5 ms on this CPU)
@@ -68,8 +79,18 @@ def scatter_plan(dst: list[torch.Tensor], src: list[torch.Tensor], src_base: tor
     per = -(-b[:, 1] // CHUNK)  # chunks per block
     which, k = expand_counts(per)  # block of each chunk, chunk index within its block
     first = k * CHUNK
-    plan = np.stack([b[which, 0] + first, first, np.minimum(CHUNK, b[which, 1] - first), b[which, 2],
-                     b[which, 3], b[which, 4], b[which, 5]], axis=1)
+    plan = np.stack(
+        [
+            b[which, 0] + first,
+            first,
+            np.minimum(CHUNK, b[which, 1] - first),
+            b[which, 2],
+            b[which, 3],
+            b[which, 4],
+            b[which, 5],
+        ],
+        axis=1,
+    )
     return torch.from_numpy(np.ascontiguousarray(plan)).to(dst_base.device)
 
 
@@ -84,8 +105,10 @@ def scatter_blocks(src_base: torch.Tensor, dst_base: torch.Tensor, plan: torch.T
             dst_base.flat[dst_off + (e // cols) * sr + (e % cols) * sc] = src_base[src_off + j]
     """
     if src_base.dtype != dst_base.dtype or src_base.device != dst_base.device or plan.device != dst_base.device:
-        raise ValueError(f"scatter_blocks: src {src_base.dtype} on {src_base.device}, dst {dst_base.dtype} on "
-                         f"{dst_base.device}, plan on {plan.device}")
+        raise ValueError(
+            f"scatter_blocks: src {src_base.dtype} on {src_base.device}, dst {dst_base.dtype} on "
+            f"{dst_base.device}, plan on {plan.device}"
+        )
     if plan.dtype != torch.int64 or plan.dim() != 2 or plan.shape[1] != _COLS:
         raise ValueError(f"scatter_blocks: plan must be int64 [P, {_COLS}], got {plan.dtype} {tuple(plan.shape)}")
     if plan.shape[0]:

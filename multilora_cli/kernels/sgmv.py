@@ -15,8 +15,14 @@ from multilora_cli.kernels.weights import LoraWeights
 __all__ = ["add_lora_silu_mul_triton", "add_lora_triton", "lora_expand", "lora_shrink"]
 
 
-def add_lora_triton(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: LoraMeta,
-                    shrink: ShrinkBlocks | None = None, expand: ExpandBlocks | None = None) -> None:
+def add_lora_triton(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    w: LoraWeights,
+    meta: LoraMeta,
+    shrink: ShrinkBlocks | None = None,
+    expand: ExpandBlocks | None = None,
+) -> None:
     """y[t, off_i:off_i+n_i] += scale * (x[t] @ a[slot, i, :r].T) @ b[slot, off_i:off_i+n_i, :r].T, in place.
 
     No host sync: block sizes depend on static shapes only, the grid on host-known tile counts (or on a
@@ -32,8 +38,14 @@ def add_lora_triton(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: Lora
     lora_expand(s, w, meta, y, eb, after_shrink=True)
 
 
-def add_lora_silu_mul_triton(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: LoraMeta,
-                             shrink: ShrinkBlocks | None = None, silu: SiluBlocks | None = None) -> torch.Tensor:
+def add_lora_silu_mul_triton(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    w: LoraWeights,
+    meta: LoraMeta,
+    shrink: ShrinkBlocks | None = None,
+    silu: SiluBlocks | None = None,
+) -> torch.Tensor:
     """silu(gate) * up of y = [gate | up] with each token's LoRA delta added first: [T, I], two launches (the
     shrink, then the expand fused with the activation: sgmv_silu.py). y is only read. `fusable(w)` must hold."""
     sb = shrink or default_shrink_blocks(x, w)

@@ -19,8 +19,15 @@ from multilora_cli.kernels.blocks import ExpandBlocks, expand_blocks, tile_index
 from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
-from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, PdlMode, launch_dependents, pdl_mode,
-                                       prefetch_l2, wait_predecessor)
+from multilora_cli.kernels.pdl import (
+    LINE_BYTES,
+    PREFETCH_LINES,
+    PdlMode,
+    launch_dependents,
+    pdl_mode,
+    prefetch_l2,
+    wait_predecessor,
+)
 from multilora_cli.kernels.weights import LoraWeights
 
 MAX_SLICES = 4
@@ -37,8 +44,18 @@ S_VECTOR_MIN_TOKENS = 1025
 
 
 @triton.jit
-def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr, RB: tl.constexpr,
-            SPLIT: tl.constexpr, VEC: tl.constexpr):
+def _load_s(
+    s_rows,
+    stride_s_split,
+    n_split,
+    jj,
+    row_ok,
+    j_ok,
+    BM: tl.constexpr,
+    RB: tl.constexpr,
+    SPLIT: tl.constexpr,
+    VEC: tl.constexpr,
+):
     """Sum of the shrink's K-split partials for rank columns jj: [BM, RB] fp32 (SPLIT = n_split rounded up to a
     power of two). Loaded as one [SPLIT, BM, RB] tensor: one L2 round trip instead of n_split dependent ones."""
     if VEC and SPLIT * BM * RB <= S_VECTOR_MAX:
@@ -49,8 +66,7 @@ def _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM: tl.constexpr,
     else:
         sv = tl.zeros((BM, RB), dtype=tl.float32)
         for p in range(n_split):
-            sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :],
-                          other=0.0)
+            sv += tl.load(s_rows + p * stride_s_split + jj[None, :], mask=row_ok[:, None] & j_ok[None, :], other=0.0)
     return sv
 
 
@@ -75,10 +91,29 @@ def _add_block(y_ptrs, yv, sv, bt, ok, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
-                    r, n0, col_hi, nb, PDL: tl.constexpr, DOT_PREC: tl.constexpr, BM: tl.constexpr,
-                    BN: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
-                    NB1: tl.constexpr, EARLY: tl.constexpr):
+def _stream_columns(
+    s_rows,
+    stride_s_split,
+    n_split,
+    b_slot,
+    stride_b_out,
+    stride_b_rank,
+    y_rows,
+    row_ok,
+    r,
+    n0,
+    col_hi,
+    nb,
+    PDL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    RB: tl.constexpr,
+    SPLIT: tl.constexpr,
+    VEC: tl.constexpr,
+    NB1: tl.constexpr,
+    EARLY: tl.constexpr,
+):
     """r <= RB: y[rows, cols] += s @ B[cols, :r]^T over nb column blocks, s loaded once; waits on the predecessor.
 
     One block (NB1: every decode size in the table) is straight-line code: no loop for the software pipeliner to
@@ -117,9 +152,26 @@ def _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, strid
 
 
 @triton.jit
-def _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
-                            r, n0, col_hi, nb, DOT_PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                            RB: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr):
+def _stream_columns_chunked(
+    s_rows,
+    stride_s_split,
+    n_split,
+    b_slot,
+    stride_b_out,
+    stride_b_rank,
+    y_rows,
+    row_ok,
+    r,
+    n0,
+    col_hi,
+    nb,
+    DOT_PREC: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    RB: tl.constexpr,
+    SPLIT: tl.constexpr,
+    VEC: tl.constexpr,
+):
     """r > RB: as `_stream_columns` after the wait, walking the rank in chunks of RB for every column block."""
     CD = y_rows.dtype.element_ty
     offs_r = tl.arange(0, RB)
@@ -134,8 +186,11 @@ def _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_ou
             jj = c + offs_r
             j_ok = jj < r
             sv = _load_s(s_rows, stride_s_split, n_split, jj, row_ok, j_ok, BM, RB, SPLIT, VEC).to(CD)
-            bt = tl.load(b_slot + jj[:, None] * stride_b_rank + cols[None, :] * stride_b_out,
-                         mask=j_ok[:, None] & col_ok[None, :], other=0.0)
+            bt = tl.load(
+                b_slot + jj[:, None] * stride_b_rank + cols[None, :] * stride_b_out,
+                mask=j_ok[:, None] & col_ok[None, :],
+                other=0.0,
+            )
             acc = tl.dot(sv, bt.to(CD), acc, input_precision=DOT_PREC)
         tl.store(y_ptrs, (yv.to(tl.float32) + acc).to(CD), mask=ok)
 
@@ -144,12 +199,40 @@ def _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_ou
 # variant per metadata size / token bucket mid-run (benchmarks/profile_jit.py)
 @triton.jit(do_not_specialize=["n_split", "tile_cap", "nb"])
 def _expand_kernel(
-    s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, y_ptr,
-    n_split, tile_cap, n_slices, nb, O1, O2, O3, O4,
-    stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt,
-    BM: tl.constexpr, BN: tl.constexpr, MAX_RB: tl.constexpr, DOT_PREC: tl.constexpr, SPLIT: tl.constexpr,
-    VEC: tl.constexpr, NB1: tl.constexpr, EARLY: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
+    s_ptr,
+    b_ptr,
+    rank_ptr,
+    idx_ptr,
+    tiles_ptr,
+    y_ptr,
+    n_split,
+    tile_cap,
+    n_slices,
+    nb,
+    O1,
+    O2,
+    O3,
+    O4,
+    stride_s_split,
+    stride_s_t,
+    stride_s_slice,
+    stride_b_slot,
+    stride_b_out,
+    stride_b_rank,
+    stride_yt,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MAX_RB: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    SPLIT: tl.constexpr,
+    VEC: tl.constexpr,
+    NB1: tl.constexpr,
+    EARLY: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PF_R: tl.constexpr,
+    PF_LINES: tl.constexpr,
+    LINE: tl.constexpr,
 ):
     pid_g = tl.program_id(0)  # tiles on the slow axis: padding tiles are dispatched last (as in the shrink)
     pid_tile = tl.program_id(1)
@@ -189,38 +272,126 @@ def _expand_kernel(
     if PREFETCH:  # B is static during the step: fetch this CTA's lines while the shrink finishes
         pj = tl.arange(0, PF_R)
         pc = n0 + tl.arange(0, PF_LINES) * LINE  # [PF_LINES] first column of each line
-        prefetch_l2(b_slot, pj[:, None] * stride_b_rank + pc[None, :] * stride_b_out,
-                    (pj < r)[:, None] & ((pc < col_hi) & (pc < n0 + gw))[None, :])
+        prefetch_l2(
+            b_slot,
+            pj[:, None] * stride_b_rank + pc[None, :] * stride_b_out,
+            (pj < r)[:, None] & ((pc < col_hi) & (pc < n0 + gw))[None, :],
+        )
     # smallest rank bucket that holds r; _stream_columns waits on the predecessor itself (after its B load)
     if r <= 16:
-        _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, row_ok,
-                        r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 16, SPLIT, VEC, NB1, EARLY)
+        _stream_columns(
+            s_rows,
+            stride_s_split,
+            n_split,
+            b_slot,
+            stride_b_out,
+            stride_b_rank,
+            y_rows,
+            row_ok,
+            r,
+            n0,
+            col_hi,
+            nb,
+            PDL,
+            DOT_PREC,
+            BM,
+            BN,
+            16,
+            SPLIT,
+            VEC,
+            NB1,
+            EARLY,
+        )
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if r <= 32:
-                _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
-                                row_ok, r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 32, SPLIT, VEC, NB1, EARLY)
+                _stream_columns(
+                    s_rows,
+                    stride_s_split,
+                    n_split,
+                    b_slot,
+                    stride_b_out,
+                    stride_b_rank,
+                    y_rows,
+                    row_ok,
+                    r,
+                    n0,
+                    col_hi,
+                    nb,
+                    PDL,
+                    DOT_PREC,
+                    BM,
+                    BN,
+                    32,
+                    SPLIT,
+                    VEC,
+                    NB1,
+                    EARLY,
+                )
             else:
                 if MAX_RB >= 64:
                     if r <= 64:
-                        _stream_columns(s_rows, stride_s_split, n_split, b_slot, stride_b_out, stride_b_rank,
-                                        y_rows, row_ok, r, n0, col_hi, nb, PDL, DOT_PREC, BM, BN, 64, SPLIT, VEC,
-                                        NB1, EARLY)
+                        _stream_columns(
+                            s_rows,
+                            stride_s_split,
+                            n_split,
+                            b_slot,
+                            stride_b_out,
+                            stride_b_rank,
+                            y_rows,
+                            row_ok,
+                            r,
+                            n0,
+                            col_hi,
+                            nb,
+                            PDL,
+                            DOT_PREC,
+                            BM,
+                            BN,
+                            64,
+                            SPLIT,
+                            VEC,
+                            NB1,
+                            EARLY,
+                        )
                     else:
                         if MAX_RB > 64:
                             wait_predecessor(PDL)
                             launch_dependents(PDL)
-                            _stream_columns_chunked(s_rows, stride_s_split, n_split, b_slot, stride_b_out,
-                                                    stride_b_rank, y_rows, row_ok, r, n0, col_hi, nb, DOT_PREC,
-                                                    BM, BN, 64, SPLIT, VEC)
+                            _stream_columns_chunked(
+                                s_rows,
+                                stride_s_split,
+                                n_split,
+                                b_slot,
+                                stride_b_out,
+                                stride_b_rank,
+                                y_rows,
+                                row_ok,
+                                r,
+                                n0,
+                                col_hi,
+                                nb,
+                                DOT_PREC,
+                                BM,
+                                BN,
+                                64,
+                                SPLIT,
+                                VEC,
+                            )
 
 
 def default_expand_blocks(y: torch.Tensor, w: LoraWeights) -> ExpandBlocks:
     return expand_blocks(y.shape[0], w.out_features, w.n_slices, w.max_rank, num_sms(y.device))
 
 
-def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor,
-                blocks: ExpandBlocks | None = None, after_shrink: bool = False) -> None:
+def lora_expand(
+    s: torch.Tensor,
+    w: LoraWeights,
+    meta: LoraMeta,
+    y: torch.Tensor,
+    blocks: ExpandBlocks | None = None,
+    after_shrink: bool = False,
+) -> None:
     """Add every adapted token's expanded delta into y, all slices in one launch, in place.
 
     s:    [split, T, n_slices, R] (or [T, n_slices, R])  fp32, partial sums from `lora_shrink`
@@ -241,10 +412,17 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     check_meta(meta, t, y.device)
     if s.dim() == 3:
         s = s.unsqueeze(0)
-    if (s.dtype != torch.float32 or s.dim() != 4 or tuple(s.shape[1:]) != (t, w.n_slices, w.max_rank)
-            or s.stride(3) != 1 or s.device != y.device):
-        raise ValueError(f"lora_expand: s must be fp32 [split, {t}, {w.n_slices}, {w.max_rank}] on {y.device} "
-                         f"with unit last stride, got {s.dtype} {tuple(s.shape)} on {s.device}")
+    if (
+        s.dtype != torch.float32
+        or s.dim() != 4
+        or tuple(s.shape[1:]) != (t, w.n_slices, w.max_rank)
+        or s.stride(3) != 1
+        or s.device != y.device
+    ):
+        raise ValueError(
+            f"lora_expand: s must be fp32 [split, {t}, {w.n_slices}, {w.max_rank}] on {y.device} "
+            f"with unit last stride, got {s.dtype} {tuple(s.shape)} on {s.device}"
+        )
     if w.n_slices > MAX_SLICES:
         raise ValueError(f"lora_expand supports up to {MAX_SLICES} packed slices, got {w.n_slices}")
     n_tiles = tile_grid(meta, b.bm, t, w.max_loras)
@@ -261,12 +439,39 @@ def lora_expand(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = triton.next_power_of_2(max(1, min(triton.cdiv(gw, line), PREFETCH_LINES // pf_r)))
     launch(
-        _expand_kernel, (groups, n_tiles),
-        s, w.b, w.rank, meta.sorted_idx, tiles, y,
-        s.shape[0], tiles.stride(0), w.n_slices, b.nb, *offs,
-        s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
-        BM=b.bm, BN=b.bn, MAX_RB=rank_bucket(w.max_rank), DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
-        **partial_sum_args(s, t), NB1=b.nb == 1, EARLY=after_shrink,
-        PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=pf_lines if pdl.prefetch else 1, LINE=line,
-        num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
+        _expand_kernel,
+        (groups, n_tiles),
+        s,
+        w.b,
+        w.rank,
+        meta.sorted_idx,
+        tiles,
+        y,
+        s.shape[0],
+        tiles.stride(0),
+        w.n_slices,
+        b.nb,
+        *offs,
+        s.stride(0),
+        s.stride(1),
+        s.stride(2),
+        w.b.stride(0),
+        w.b.stride(1),
+        w.b.stride(2),
+        y.stride(0),
+        BM=b.bm,
+        BN=b.bn,
+        MAX_RB=rank_bucket(w.max_rank),
+        DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
+        **partial_sum_args(s, t),
+        NB1=b.nb == 1,
+        EARLY=after_shrink,
+        PDL=pdl.launch,
+        PREFETCH=pdl.prefetch,
+        PF_R=pf_r,
+        PF_LINES=pf_lines if pdl.prefetch else 1,
+        LINE=line,
+        num_warps=b.num_warps,
+        num_stages=b.num_stages,
+        **pdl.kwargs(),
     )

@@ -17,16 +17,42 @@ from multilora_cli.kernels.blocks import ShrinkBlocks, shrink_blocks, tile_index
 from multilora_cli.kernels.checks import check_meta, check_weights, check_x, num_sms, rank_bucket, tile_grid
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
-from multilora_cli.kernels.pdl import (LINE_BYTES, PREFETCH_LINES, launch_dependents, pdl_mode, prefetch_l2,
-                                       wait_predecessor)
+from multilora_cli.kernels.pdl import (
+    LINE_BYTES,
+    PREFETCH_LINES,
+    launch_dependents,
+    pdl_mode,
+    prefetch_l2,
+    wait_predecessor,
+)
 from multilora_cli.kernels.weights import LoraWeights
 
 
 @triton.jit
-def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
-                   stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                   EVEN_K: tl.constexpr, NSP: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr,
-                   BK: tl.constexpr, DOT_PREC: tl.constexpr):
+def _shrink_bucket(
+    x_ptr,
+    a_slot,
+    rank_row,
+    scale_row,
+    s_out,
+    rows,
+    row_ok,
+    k_lo,
+    k_hi,
+    n_slices,
+    base,
+    stride_xt,
+    stride_a_slice,
+    stride_a_rank,
+    stride_s_t,
+    stride_s_slice,
+    EVEN_K: tl.constexpr,
+    NSP: tl.constexpr,
+    BM: tl.constexpr,
+    RB: tl.constexpr,
+    BK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """s_out[rows, i, base + j] = scale_i * x[rows, k_lo:k_hi] @ a[i, base + j, k_lo:k_hi]^T for j < RB."""
     n = tl.arange(0, NSP * RB)  # column n = (slice n // RB, rank row base + n % RB)
     sl = n // RB
@@ -55,14 +81,38 @@ def _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo
 
 @triton.jit(do_not_specialize=["tile_cap"])  # an offset that varies with the metadata: no variant per value
 def _shrink_kernel(
-    x_ptr, a_ptr, rank_ptr, scale_ptr, idx_ptr, tiles_ptr, s_ptr,
-    K, k_per_split, tile_cap, n_slices,
-    stride_xt, stride_a_slot, stride_a_slice, stride_a_rank,
-    stride_s_split, stride_s_t, stride_s_slice,
-    NSP: tl.constexpr, NSPM: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BK32: tl.constexpr,
-    BK64: tl.constexpr, MAX_RB: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_R: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
+    x_ptr,
+    a_ptr,
+    rank_ptr,
+    scale_ptr,
+    idx_ptr,
+    tiles_ptr,
+    s_ptr,
+    K,
+    k_per_split,
+    tile_cap,
+    n_slices,
+    stride_xt,
+    stride_a_slot,
+    stride_a_slice,
+    stride_a_rank,
+    stride_s_split,
+    stride_s_t,
+    stride_s_slice,
+    NSP: tl.constexpr,
+    NSPM: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+    BK32: tl.constexpr,
+    BK64: tl.constexpr,
+    MAX_RB: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PF_R: tl.constexpr,
+    PF_LINES: tl.constexpr,
+    LINE: tl.constexpr,
 ):
     # tiles on the slowest grid axis: a graph's padding tiles (static grid) are dispatched after all real work,
     # instead of interleaved with it (256 tokens / 16 adapters: 61.1 -> 53.0 us per layer on H200,
@@ -102,27 +152,93 @@ def _shrink_kernel(
         pj = base + pn % PF_R
         pok = (psl < n_slices) & (pj < tl.load(rank_row + psl, mask=psl < n_slices, other=0))  # [NSP*PF_R]
         pk = k_lo + tl.arange(0, PF_LINES) * LINE  # [PF_LINES]
-        prefetch_l2(a_slot, psl[:, None] * stride_a_slice + pj[:, None] * stride_a_rank + pk[None, :],
-                    pok[:, None] & (pk < k_hi)[None, :])
+        prefetch_l2(
+            a_slot,
+            psl[:, None] * stride_a_slice + pj[:, None] * stride_a_rank + pk[None, :],
+            pok[:, None] & (pk < k_hi)[None, :],
+        )
     wait_predecessor(PDL)  # x (and the s buffer's memory) belong to earlier kernels
     launch_dependents(PDL)  # only now: at most two grids of the chain hold SM slots at a time
     s_out = s_ptr + pid_k * stride_s_split
     # smallest rank bucket holding the rows left; K step shrinks as the bucket grows (same tile bytes)
     if left <= 16:
-        _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices, base,
-                       stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                       EVEN_K, NSP, BM, 16, BK, DOT_PREC)
+        _shrink_bucket(
+            x_ptr,
+            a_slot,
+            rank_row,
+            scale_row,
+            s_out,
+            rows,
+            row_ok,
+            k_lo,
+            k_hi,
+            n_slices,
+            base,
+            stride_xt,
+            stride_a_slice,
+            stride_a_rank,
+            stride_s_t,
+            stride_s_slice,
+            EVEN_K,
+            NSP,
+            BM,
+            16,
+            BK,
+            DOT_PREC,
+        )
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if left <= 32:
-                _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
-                               base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                               EVEN_K, NSP, BM, 32, BK32, DOT_PREC)
+                _shrink_bucket(
+                    x_ptr,
+                    a_slot,
+                    rank_row,
+                    scale_row,
+                    s_out,
+                    rows,
+                    row_ok,
+                    k_lo,
+                    k_hi,
+                    n_slices,
+                    base,
+                    stride_xt,
+                    stride_a_slice,
+                    stride_a_rank,
+                    stride_s_t,
+                    stride_s_slice,
+                    EVEN_K,
+                    NSP,
+                    BM,
+                    32,
+                    BK32,
+                    DOT_PREC,
+                )
             else:
                 if MAX_RB >= 64:
-                    _shrink_bucket(x_ptr, a_slot, rank_row, scale_row, s_out, rows, row_ok, k_lo, k_hi, n_slices,
-                                   base, stride_xt, stride_a_slice, stride_a_rank, stride_s_t, stride_s_slice,
-                                   EVEN_K, NSP, BM, 64, BK64, DOT_PREC)
+                    _shrink_bucket(
+                        x_ptr,
+                        a_slot,
+                        rank_row,
+                        scale_row,
+                        s_out,
+                        rows,
+                        row_ok,
+                        k_lo,
+                        k_hi,
+                        n_slices,
+                        base,
+                        stride_xt,
+                        stride_a_slice,
+                        stride_a_rank,
+                        stride_s_t,
+                        stride_s_slice,
+                        EVEN_K,
+                        NSP,
+                        BM,
+                        64,
+                        BK64,
+                        DOT_PREC,
+                    )
 
 
 def shrink_out_shape(x: torch.Tensor, w: LoraWeights, blocks: ShrinkBlocks | None = None) -> tuple[int, int, int, int]:
@@ -135,8 +251,9 @@ def default_shrink_blocks(x: torch.Tensor, w: LoraWeights) -> ShrinkBlocks:
     return shrink_blocks(x.shape[0], w.in_features, w.n_slices, w.max_rank, num_sms(x.device))
 
 
-def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tensor,
-                blocks: ShrinkBlocks | None = None) -> None:
+def lora_shrink(
+    x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tensor, blocks: ShrinkBlocks | None = None
+) -> None:
     """Shrink every adapted token onto its adapter's rank space, all slices in one launch.
 
     x:    [T, in]                         fp16 | bf16 | fp32, row stride free, unit column stride
@@ -154,8 +271,10 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
     check_weights(w, x.device)
     check_meta(meta, t, x.device)
     if out.dtype != torch.float32 or tuple(out.shape) != (b.split, t, w.n_slices, w.max_rank) or out.stride(3) != 1:
-        raise ValueError(f"lora_shrink: out must be fp32 {(b.split, t, w.n_slices, w.max_rank)} with unit last stride,"
-                         f" got {out.dtype} {tuple(out.shape)} strides {out.stride()}")
+        raise ValueError(
+            f"lora_shrink: out must be fp32 {(b.split, t, w.n_slices, w.max_rank)} with unit last stride,"
+            f" got {out.dtype} {tuple(out.shape)} strides {out.stride()}"
+        )
     if out.device != x.device:
         raise ValueError(f"lora_shrink: out on {out.device}, x on {x.device}")
     n_tiles = tile_grid(meta, b.bm, t, w.max_loras)
@@ -170,14 +289,41 @@ def lora_shrink(x: torch.Tensor, w: LoraWeights, meta: LoraMeta, out: torch.Tens
     pf_r = min(rank_bucket(w.max_rank), 64)
     pf_lines = max(1, min(triton.cdiv(k_per_split, line), PREFETCH_LINES // (nsp * pf_r)))
     launch(
-        _shrink_kernel, grid,
-        x, w.a, w.rank, w.scale, meta.sorted_idx, tiles, out,
-        w.in_features, k_per_split, tiles.stride(0), w.n_slices,
-        x.stride(0), w.a.stride(0), w.a.stride(1), w.a.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        NSP=nsp, NSPM=max(nsp, 16), BM=b.bm, BK=b.bk, BK32=max(b.bk // 2, 32), BK64=max(b.bk // 4, 32),
+        _shrink_kernel,
+        grid,
+        x,
+        w.a,
+        w.rank,
+        w.scale,
+        meta.sorted_idx,
+        tiles,
+        out,
+        w.in_features,
+        k_per_split,
+        tiles.stride(0),
+        w.n_slices,
+        x.stride(0),
+        w.a.stride(0),
+        w.a.stride(1),
+        w.a.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        NSP=nsp,
+        NSPM=max(nsp, 16),
+        BM=b.bm,
+        BK=b.bk,
+        BK32=max(b.bk // 2, 32),
+        BK64=max(b.bk // 4, 32),
         MAX_RB=min(rank_bucket(w.max_rank), 64),
-        EVEN_K=w.in_features % k_per_split == 0, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
-        PDL=pdl.launch, PREFETCH=pdl.prefetch, PF_R=pf_r, PF_LINES=triton.next_power_of_2(pf_lines) if pdl.prefetch
-        else 1, LINE=line, num_warps=b.num_warps, num_stages=b.num_stages, **pdl.kwargs(),
+        EVEN_K=w.in_features % k_per_split == 0,
+        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        PDL=pdl.launch,
+        PREFETCH=pdl.prefetch,
+        PF_R=pf_r,
+        PF_LINES=triton.next_power_of_2(pf_lines) if pdl.prefetch else 1,
+        LINE=line,
+        num_warps=b.num_warps,
+        num_stages=b.num_stages,
+        **pdl.kwargs(),
     )

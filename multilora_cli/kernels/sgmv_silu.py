@@ -26,8 +26,8 @@ from multilora_cli.kernels.blocks import SiluBlocks, silu_blocks, silu_bucket_co
 from multilora_cli.kernels.checks import capturing, check_meta, check_weights, check_x, rank_bucket, tile_grid
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import LoraMeta
-from multilora_cli.kernels.pdl import launch_dependents, pdl_mode, wait_predecessor
 from multilora_cli.kernels.norm_rope import silu_mul_store
+from multilora_cli.kernels.pdl import launch_dependents, pdl_mode, wait_predecessor
 from multilora_cli.kernels.sgmv_expand import _load_s, load_block, partial_sum_args
 from multilora_cli.kernels.weights import LoraWeights
 
@@ -42,10 +42,31 @@ def _add_and_store(h_ptrs, yg, yu, sg, su, bg, bu, ok, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, h_rows,
-          row_ok, c0, I, r_g, r_u, PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PREC: tl.constexpr,
-          BM: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr,
-          VEC: tl.constexpr):
+def _tile(
+    s_rows,
+    stride_s_split,
+    stride_s_slice,
+    n_split,
+    b_slot,
+    stride_b_out,
+    stride_b_rank,
+    y_rows,
+    h_rows,
+    row_ok,
+    c0,
+    I,
+    r_g,
+    r_u,
+    PDL: tl.constexpr,
+    EARLY: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    SUB: tl.constexpr,
+    RB: tl.constexpr,
+    SPLIT: tl.constexpr,
+    VEC: tl.constexpr,
+):
     """One tile over columns [c0, c0 + BN) of both slices, ranks r_g, r_u <= RB (0: that slice has no delta).
     SUB == BN (the rank-16 bucket): straight-line, B and y before the wait with EARLY. SUB < BN (larger buckets):
     s loaded once, then BN / SUB steps of [RB, SUB] B tiles, so no branch needs more registers or shared memory
@@ -88,11 +109,37 @@ def _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out,
 
 @triton.jit(do_not_specialize=["T", "n_split", "tile_cap", "n_tiles"])  # scalars: no compile per value class
 def _expand_silu_kernel(
-    s_ptr, b_ptr, rank_ptr, idx_ptr, tiles_ptr, nad_ptr, y_ptr, h_ptr,
-    T, I, n_split, tile_cap, n_tiles,
-    stride_s_split, stride_s_t, stride_s_slice, stride_b_slot, stride_b_out, stride_b_rank, stride_yt, stride_ht,
-    BM: tl.constexpr, BN: tl.constexpr, BN32: tl.constexpr, BN64: tl.constexpr, MAX_RB: tl.constexpr,
-    DOT_PREC: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr,
+    s_ptr,
+    b_ptr,
+    rank_ptr,
+    idx_ptr,
+    tiles_ptr,
+    nad_ptr,
+    y_ptr,
+    h_ptr,
+    T,
+    I,
+    n_split,
+    tile_cap,
+    n_tiles,
+    stride_s_split,
+    stride_s_t,
+    stride_s_slice,
+    stride_b_slot,
+    stride_b_out,
+    stride_b_rank,
+    stride_yt,
+    stride_ht,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BN32: tl.constexpr,
+    BN64: tl.constexpr,
+    MAX_RB: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    SPLIT: tl.constexpr,
+    VEC: tl.constexpr,
+    EARLY: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)  # tiles, then base tiles: on the slow axis, dispatched after the adapted rows
@@ -136,18 +183,86 @@ def _expand_silu_kernel(
     r = tl.maximum(r_g, r_u)  # smallest bucket holding both; a slot adapting neither still writes h
     c0 = pid_c * BN
     if r <= 16:
-        _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank, y_rows, h_rows,
-              row_ok, c0, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, BN, BN, 16, SPLIT, VEC)
+        _tile(
+            s_rows,
+            stride_s_split,
+            stride_s_slice,
+            n_split,
+            b_slot,
+            stride_b_out,
+            stride_b_rank,
+            y_rows,
+            h_rows,
+            row_ok,
+            c0,
+            I,
+            r_g,
+            r_u,
+            PDL,
+            EARLY,
+            DOT_PREC,
+            BM,
+            BN,
+            BN,
+            16,
+            SPLIT,
+            VEC,
+        )
     else:
         if MAX_RB >= 32:  # compile-time: buckets above the pool's max rank are not compiled
             if r <= 32:
-                _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank, y_rows,
-                      h_rows, row_ok, c0, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, BN, BN32, 32, SPLIT, VEC)
+                _tile(
+                    s_rows,
+                    stride_s_split,
+                    stride_s_slice,
+                    n_split,
+                    b_slot,
+                    stride_b_out,
+                    stride_b_rank,
+                    y_rows,
+                    h_rows,
+                    row_ok,
+                    c0,
+                    I,
+                    r_g,
+                    r_u,
+                    PDL,
+                    EARLY,
+                    DOT_PREC,
+                    BM,
+                    BN,
+                    BN32,
+                    32,
+                    SPLIT,
+                    VEC,
+                )
             else:
                 if MAX_RB >= 64:
-                    _tile(s_rows, stride_s_split, stride_s_slice, n_split, b_slot, stride_b_out, stride_b_rank,
-                          y_rows, h_rows, row_ok, c0, I, r_g, r_u, PDL, EARLY, DOT_PREC, BM, BN, BN64, 64, SPLIT,
-                          VEC)
+                    _tile(
+                        s_rows,
+                        stride_s_split,
+                        stride_s_slice,
+                        n_split,
+                        b_slot,
+                        stride_b_out,
+                        stride_b_rank,
+                        y_rows,
+                        h_rows,
+                        row_ok,
+                        c0,
+                        I,
+                        r_g,
+                        r_u,
+                        PDL,
+                        EARLY,
+                        DOT_PREC,
+                        BM,
+                        BN,
+                        BN64,
+                        64,
+                        SPLIT,
+                        VEC,
+                    )
 
 
 def fusable(w: LoraWeights) -> bool:
@@ -155,8 +270,15 @@ def fusable(w: LoraWeights) -> bool:
     return w.n_slices == 2 and w.slice_offsets[1] * 2 == w.out_features and w.max_rank <= 64
 
 
-def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: torch.Tensor, out: torch.Tensor,
-                         blocks: SiluBlocks | None = None, after_shrink: bool = False) -> None:
+def lora_expand_silu_mul(
+    s: torch.Tensor,
+    w: LoraWeights,
+    meta: LoraMeta,
+    y: torch.Tensor,
+    out: torch.Tensor,
+    blocks: SiluBlocks | None = None,
+    after_shrink: bool = False,
+) -> None:
     """out = silu(y_gate + delta_gate) * (y_up + delta_up), every row (base rows without delta); y is only read.
 
     s:    [split, T, 2, R]   fp32, partial sums from `lora_shrink` of the same step
@@ -175,15 +297,20 @@ def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: tor
     check_weights(w, y.device)
     check_meta(meta, t, y.device)
     if not fusable(w):
-        raise ValueError(f"lora_expand_silu_mul needs 2 equal slices and max_rank <= 64, got slices "
-                         f"{w.slice_offsets} max_rank {w.max_rank}")
+        raise ValueError(
+            f"lora_expand_silu_mul needs 2 equal slices and max_rank <= 64, got slices "
+            f"{w.slice_offsets} max_rank {w.max_rank}"
+        )
     i = w.out_features // 2
     if out.shape != (t, i) or out.dtype != y.dtype or (t and out.stride(1) != 1) or out.device != y.device:
-        raise ValueError(f"lora_expand_silu_mul: out must be {y.dtype} [{t}, {i}] with unit column stride on "
-                         f"{y.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+        raise ValueError(
+            f"lora_expand_silu_mul: out must be {y.dtype} [{t}, {i}] with unit column stride on "
+            f"{y.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
     if s.dim() != 4 or s.dtype != torch.float32 or tuple(s.shape[1:]) != (t, 2, w.max_rank) or s.stride(3) != 1:
-        raise ValueError(f"lora_expand_silu_mul: s must be fp32 [split, {t}, 2, {w.max_rank}], "
-                         f"got {s.dtype} {tuple(s.shape)}")
+        raise ValueError(
+            f"lora_expand_silu_mul: s must be fp32 [split, {t}, 2, {w.max_rank}], got {s.dtype} {tuple(s.shape)}"
+        )
     if meta.num_adapted is None:
         raise ValueError("LoraMeta has no num_adapted: build it with build_lora_meta or LoraMetaBuffers")
     if t == 0:
@@ -199,13 +326,39 @@ def lora_expand_silu_mul(s: torch.Tensor, w: LoraWeights, meta: LoraMeta, y: tor
     pdl = pdl_mode(y.device, t)
     bn32, bn64 = (silu_bucket_columns(b.bn, rb, t) for rb in (32, 64))
     launch(
-        _expand_silu_kernel, (triton.cdiv(i, b.bn), n_tiles + base_tiles),
-        s, w.b, w.rank, meta.sorted_idx, tiles, meta.num_adapted, y, out,
-        t, i, s.shape[0], tiles.stride(0), n_tiles,
-        s.stride(0), s.stride(1), s.stride(2), w.b.stride(0), w.b.stride(1), w.b.stride(2), y.stride(0),
+        _expand_silu_kernel,
+        (triton.cdiv(i, b.bn), n_tiles + base_tiles),
+        s,
+        w.b,
+        w.rank,
+        meta.sorted_idx,
+        tiles,
+        meta.num_adapted,
+        y,
+        out,
+        t,
+        i,
+        s.shape[0],
+        tiles.stride(0),
+        n_tiles,
+        s.stride(0),
+        s.stride(1),
+        s.stride(2),
+        w.b.stride(0),
+        w.b.stride(1),
+        w.b.stride(2),
+        y.stride(0),
         out.stride(0),
-        BM=b.bm, BN=b.bn, BN32=bn32, BN64=bn64, MAX_RB=rank_bucket(w.max_rank),
+        BM=b.bm,
+        BN=b.bn,
+        BN32=bn32,
+        BN64=bn64,
+        MAX_RB=rank_bucket(w.max_rank),
         DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
-        EARLY=after_shrink, PDL=pdl.launch, num_warps=b.num_warps, num_stages=1, **partial_sum_args(s, t),
+        EARLY=after_shrink,
+        PDL=pdl.launch,
+        num_warps=b.num_warps,
+        num_stages=1,
+        **partial_sum_args(s, t),
         **pdl.kwargs(),
     )

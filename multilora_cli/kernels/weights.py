@@ -29,8 +29,15 @@ class LoraWeights:
     slice_offsets: tuple[int, ...]
 
     @classmethod
-    def empty(cls, max_loras: int, max_rank: int, in_features: int, slice_sizes: list[int] | tuple[int, ...],
-              dtype: torch.dtype, device: torch.device | str) -> "LoraWeights":
+    def empty(
+        cls,
+        max_loras: int,
+        max_rank: int,
+        in_features: int,
+        slice_sizes: list[int] | tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> LoraWeights:
         offs = [0]
         for n in slice_sizes:
             offs.append(offs[-1] + n)

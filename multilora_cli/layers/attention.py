@@ -27,8 +27,9 @@ class Attention(nn.Module):
 
     use_triton: bool | None = None
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: int | None = None):
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int | None = None
+    ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
@@ -84,10 +85,18 @@ class Attention(nn.Module):
 
             paged = ctx.block_tables is not None and self.k_cache is not None
             return paged_attention_prefill(
-                q, k, v, ctx.cu_seqlens_q, ctx.cu_seqlens_k if paged else ctx.cu_seqlens_q,
-                ctx.max_seqlen_q or max(ctx.seqlens_q), self.scale,
-                k_cache=self.k_cache if paged else None, v_cache=self.v_cache if paged else None,
-                block_tables=ctx.block_tables if paged else None, sliding_window=self.sliding_window)
+                q,
+                k,
+                v,
+                ctx.cu_seqlens_q,
+                ctx.cu_seqlens_k if paged else ctx.cu_seqlens_q,
+                ctx.max_seqlen_q or max(ctx.seqlens_q),
+                self.scale,
+                k_cache=self.k_cache if paged else None,
+                v_cache=self.v_cache if paged else None,
+                block_tables=ctx.block_tables if paged else None,
+                sliding_window=self.sliding_window,
+            )
         lens_q = ctx.seqlens_q or ctx.cu_seqlens_q.diff().tolist()
         lens_k = ctx.seqlens_k or ctx.cu_seqlens_k.diff().tolist()
         out = torch.empty_like(q)
@@ -96,10 +105,10 @@ class Attention(nn.Module):
             if lq == 0:
                 continue
             if lk == lq:
-                kb, vb = k[start:start + lq], v[start:start + lq]
+                kb, vb = k[start : start + lq], v[start : start + lq]
             else:
                 kb, vb = self._gather(ctx.block_tables[b], lk)
-            out[start:start + lq] = self._sdpa_causal(q[start:start + lq], kb, vb)
+            out[start : start + lq] = self._sdpa_causal(q[start : start + lq], kb, vb)
             start += lq
         return out
 
@@ -126,9 +135,16 @@ class Attention(nn.Module):
         if self._triton(q):
             from multilora_cli.kernels.paged_attention import paged_attention_decode
 
-            return paged_attention_decode(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens,
-                                          self.scale, sliding_window=self.sliding_window,
-                                          max_context_len=ctx.max_seqlen_k)
+            return paged_attention_decode(
+                q,
+                self.k_cache,
+                self.v_cache,
+                ctx.block_tables,
+                ctx.context_lens,
+                self.scale,
+                sliding_window=self.sliding_window,
+                max_context_len=ctx.max_seqlen_k,
+            )
         return self._decode_torch(q, ctx)
 
     def _decode_torch(self, q: torch.Tensor, ctx: StepContext) -> torch.Tensor:
@@ -146,6 +162,5 @@ class Attention(nn.Module):
         if self.sliding_window is not None:
             mask &= pos >= n - self.sliding_window
         mask[:, 0] |= n[:, 0] == 0  # empty rows: keep softmax finite (output unused)
-        o = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
-                                           scale=self.scale)
+        o = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :], scale=self.scale)
         return o[:, :, 0, :]  # [B, H, D]

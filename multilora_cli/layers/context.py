@@ -113,14 +113,20 @@ def _cumsum(xs: list[int]) -> list[int]:
     return out
 
 
-def prefill_context(seqlens_q: list[int], seqlens_k: list[int], block_tables: list[list[int]], block_size: int,
-                    device: torch.device | str = "cpu", lora: LoraMeta | None = None) -> StepContext:
+def prefill_context(
+    seqlens_q: list[int],
+    seqlens_k: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+    lora: LoraMeta | None = None,
+) -> StepContext:
     """Build a prefill context from host data.
 
     Sequence b owns `block_tables[b]` (enough blocks for seqlens_k[b] tokens); its new tokens sit at
     positions seqlens_k[b] - seqlens_q[b] ... seqlens_k[b] - 1 and are written to those slots.
     """
-    for b, (q, k) in enumerate(zip(seqlens_q, seqlens_k)):
+    for b, k in enumerate(seqlens_k):
         if len(block_tables[b]) * block_size < k:
             raise ValueError(f"sequence {b}: {len(block_tables[b])} blocks cannot hold {k} tokens")
     slots: list[int] = []
@@ -142,8 +148,13 @@ def prefill_context(seqlens_q: list[int], seqlens_k: list[int], block_tables: li
     )
 
 
-def decode_context(context_lens: list[int], block_tables: list[list[int]], block_size: int,
-                   device: torch.device | str = "cpu", lora: LoraMeta | None = None) -> StepContext:
+def decode_context(
+    context_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+    lora: LoraMeta | None = None,
+) -> StepContext:
     """Build a decode context: one new token per sequence, at position context_lens[b] - 1."""
     slots = [_slots_for(blocks, n - 1, n, block_size)[0] for n, blocks in zip(context_lens, block_tables)]
     mk = lambda v, dt: torch.tensor(v, dtype=dt).to(device, non_blocking=True)  # noqa: E731

@@ -19,11 +19,19 @@ class LoRALinear(FusedLinear):
     The slot tensors live on the device the module was built on (build the model on its device).
     """
 
-    def __init__(self, in_features: int, slice_sizes: list[int] | tuple[int, ...], bias: bool = False, *,
-                 max_loras: int, max_rank: int):
+    def __init__(
+        self,
+        in_features: int,
+        slice_sizes: list[int] | tuple[int, ...],
+        bias: bool = False,
+        *,
+        max_loras: int,
+        max_rank: int,
+    ):
         super().__init__(in_features, slice_sizes, bias)
-        self.lora = kernels.LoraWeights.empty(max_loras, max_rank, in_features, list(self.slice_sizes),
-                                              dtype=self.weight.dtype, device=self.weight.device)
+        self.lora = kernels.LoraWeights.empty(
+            max_loras, max_rank, in_features, list(self.slice_sizes), dtype=self.weight.dtype, device=self.weight.device
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)  # [T, out]

@@ -30,8 +30,10 @@ FUSED = {  # peft name -> (our fused module, slice index)
 FUSED_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
-RUN_ADAPTER_HINT = ("pass it with --adapters, and the base model with --model (or leave --model out to use the "
-                    "adapter's base_model_name_or_path)")
+RUN_ADAPTER_HINT = (
+    "pass it with --adapters, and the base model with --model (or leave --model out to use the "
+    "adapter's base_model_name_or_path)"
+)
 
 
 @dataclass(slots=True)
@@ -68,8 +70,15 @@ class ModelConfig:
                 f"model type {self.model_type!r} is not supported",
                 hint=f"multilora serves {', '.join(SUPPORTED_MODEL_TYPES)}",
             )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+        ):
             if int(getattr(self, name)) <= 0:
                 raise ModelError(f"config.json: {name} must be positive, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -125,7 +134,7 @@ class ModelConfig:
 
     # Parsing ------------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, cfg: dict, name_or_path: str = "") -> "ModelConfig":
+    def from_dict(cls, cfg: dict, name_or_path: str = "") -> ModelConfig:
         """Parse a HF config dict (transformers v4 or v5 layout)."""
         if "text_config" in cfg and "hidden_size" not in cfg:
             cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
@@ -183,16 +192,18 @@ class ModelConfig:
             raise ModelError(f"{name_or_path or 'config.json'}: bad value in config.json: {e}") from None
 
     @classmethod
-    def from_dir(cls, path: str | Path, adapter_hint: str = RUN_ADAPTER_HINT) -> "ModelConfig":
+    def from_dir(cls, path: str | Path, adapter_hint: str = RUN_ADAPTER_HINT) -> ModelConfig:
         """Read `<path>/config.json`. adapter_hint: what to do when `path` is an adapter folder (the default names
         `run`'s flags; commands with other flags pass their own)."""
         p = Path(path) / "config.json"
         if not p.is_file():
             if (Path(path) / "adapter_config.json").is_file():
-                raise ModelError(f"{path}: this is a LoRA adapter folder (adapter_config.json), not a base model",
-                                 hint=adapter_hint)
-            raise ModelError(f"{path}: no config.json",
-                             hint="point --model at a Hugging Face model directory or Hub id")
+                raise ModelError(
+                    f"{path}: this is a LoRA adapter folder (adapter_config.json), not a base model", hint=adapter_hint
+                )
+            raise ModelError(
+                f"{path}: no config.json", hint="point --model at a Hugging Face model directory or Hub id"
+            )
         try:
             cfg = json.loads(p.read_text())
         except (OSError, ValueError) as e:

@@ -42,8 +42,9 @@ class LlamaAttention(nn.Module):
         self.o_proj = linear("o_proj", cfg.q_size, [cfg.hidden_size], cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, cfg.head_dim ** -0.5,
-                              cfg.layer_sliding_window(layer_idx))
+        self.attn = Attention(
+            self.num_heads, self.num_kv_heads, self.head_dim, cfg.head_dim**-0.5, cfg.layer_sliding_window(layer_idx)
+        )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [T, hidden]
@@ -90,8 +91,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg, linear)
 
-    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream is carried as (h, residual) with stream = residual + h (residual None: h alone), so
         each add is fused into the norm that follows it. Returns (mlp output, stream before it): [T, hidden]."""
         if residual is None:
@@ -105,8 +107,9 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, linear: _LinearFactory):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
-                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size), _freeze=True)
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size), _freeze=True
+        )
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, linear) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
@@ -127,8 +130,9 @@ class LlamaForCausalLM(nn.Module):
     Build it on its device (e.g. `with torch.device("cuda")`), since LoRA slot tensors are not moved by `.to`.
     """
 
-    def __init__(self, config: ModelConfig, *, max_loras: int = 0, max_lora_rank: int = 0,
-                 lora_targets: set[str] | None = None):
+    def __init__(
+        self, config: ModelConfig, *, max_loras: int = 0, max_lora_rank: int = 0, lora_targets: set[str] | None = None
+    ):
         super().__init__()
         targets = set(FUSED_MODULES if lora_targets is None else lora_targets)
         unknown = targets - set(FUSED_MODULES)
@@ -167,8 +171,12 @@ class LlamaForCausalLM(nn.Module):
         """{(layer index, fused module name): LoRALinear} for every LoRA-wrapped module."""
         found: dict[tuple[int, str], LoRALinear] = {}
         for i, layer in enumerate(self.model.layers):
-            for name, mod in (("qkv_proj", layer.self_attn.qkv_proj), ("o_proj", layer.self_attn.o_proj),
-                              ("gate_up_proj", layer.mlp.gate_up_proj), ("down_proj", layer.mlp.down_proj)):
+            for name, mod in (
+                ("qkv_proj", layer.self_attn.qkv_proj),
+                ("o_proj", layer.self_attn.o_proj),
+                ("gate_up_proj", layer.mlp.gate_up_proj),
+                ("down_proj", layer.mlp.down_proj),
+            ):
                 if isinstance(mod, LoRALinear):
                     found[(i, name)] = mod
         return found
@@ -181,8 +189,16 @@ class LlamaForCausalLM(nn.Module):
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
         """Give every layer zeroed K/V caches [num_blocks, block_size, num_kv_heads, head_dim] (one allocation)."""
         cfg = self.config
-        cache = torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads,
-                            cfg.head_dim, dtype=self.dtype, device=self.device)
+        cache = torch.zeros(
+            cfg.num_hidden_layers,
+            2,
+            num_blocks,
+            block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
         for i, layer in enumerate(self.model.layers):
             layer.self_attn.attn.set_cache(cache[i, 0], cache[i, 1])
         self.num_blocks, self.block_size = num_blocks, block_size

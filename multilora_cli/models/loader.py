@@ -20,9 +20,16 @@ from multilora_cli.layers.linear import FusedLinear
 from multilora_cli.models.config import FUSED, ModelConfig
 from multilora_cli.models.llama import LlamaForCausalLM
 
-_DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
-           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+}
 _FUSED_RE = re.compile(r"^(.*\.)(" + "|".join(FUSED) + r")\.(weight|bias)$")
 
 
@@ -78,16 +85,20 @@ def checkpoint_files(path: Path) -> dict[str, Path]:
         except Exception as e:  # noqa: BLE001 - SafetensorError (truncated, not safetensors), OSError
             raise _unreadable(single, e) from None
     if any(path.glob("*.bin")) or any(path.glob("*.pt")):
-        raise ModelError(f"{path}: only PyTorch .bin weights found",
-                         hint="multilora reads safetensors; re-save with transformers save_pretrained()")
+        raise ModelError(
+            f"{path}: only PyTorch .bin weights found",
+            hint="multilora reads safetensors; re-save with transformers save_pretrained()",
+        )
     raise ModelError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
 
 def _unreadable(file: Path, e: Exception, tensor: str | None = None) -> ModelError:
     what = f"tensor {tensor} of " if tensor else ""
     why = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return ModelError(f"{what}{file}: not a readable safetensors file ({why})",
-                      hint="the file is truncated or corrupt: download the model again")
+    return ModelError(
+        f"{what}{file}: not a readable safetensors file ({why})",
+        hint="the file is truncated or corrupt: download the model again",
+    )
 
 
 def _target(name: str) -> tuple[str, int | None]:
@@ -107,9 +118,18 @@ def _hf_name(param: str, idx: int) -> str:
     return param
 
 
-def load_model(path: Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device | str = "cpu",
-               max_loras: int = 0, max_lora_rank: int = 0, lora_targets: set[str] | None = None,
-               load_format: str = "auto", seed: int = 0) -> LlamaForCausalLM:
+def load_model(
+    path: Path,
+    config: ModelConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    max_loras: int = 0,
+    max_lora_rank: int = 0,
+    lora_targets: set[str] | None = None,
+    load_format: str = "auto",
+    seed: int = 0,
+) -> LlamaForCausalLM:
     """Build the model on `device` in `dtype` and load every weight; raises ModelError naming tensor and file.
 
     load_format "dummy" reads no checkpoint: weights are random (see `init_dummy_weights`, seeded by `seed`),
@@ -117,8 +137,9 @@ def load_model(path: Path, config: ModelConfig, *, dtype: torch.dtype, device: t
     """
     if load_format == "dummy":
         with torch.device(device), _default_dtype(dtype):
-            model = LlamaForCausalLM(config, max_loras=max_loras, max_lora_rank=max_lora_rank,
-                                     lora_targets=lora_targets)
+            model = LlamaForCausalLM(
+                config, max_loras=max_loras, max_lora_rank=max_lora_rank, lora_targets=lora_targets
+            )
         init_dummy_weights(model, seed)
         return model.eval()
     if load_format != "auto":
@@ -154,8 +175,10 @@ def load_model(path: Path, config: ModelConfig, *, dtype: torch.dtype, device: t
     if todo:
         missing = sorted(_hf_name(n, i) for n, i in todo)
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise ModelError(f"{path}: checkpoint lacks {', '.join(missing[:3])}{more}",
-                         hint="the checkpoint does not match its config.json")
+        raise ModelError(
+            f"{path}: checkpoint lacks {', '.join(missing[:3])}{more}",
+            hint="the checkpoint does not match its config.json",
+        )
     return model.eval()
 
 
@@ -168,8 +191,9 @@ def _num_slices(model: torch.nn.Module, pname: str) -> int:
     return len(mod.slice_sizes) if isinstance(mod, FusedLinear) else 1
 
 
-def _copy_into(model, param: torch.Tensor, pname: str, idx: int | None, tensor: torch.Tensor, name: str,
-               file: Path) -> None:
+def _copy_into(
+    model, param: torch.Tensor, pname: str, idx: int | None, tensor: torch.Tensor, name: str, file: Path
+) -> None:
     mod = _module_of(model, pname)
     dst = param.data
     if isinstance(mod, FusedLinear) and idx is not None:
@@ -177,8 +201,10 @@ def _copy_into(model, param: torch.Tensor, pname: str, idx: int | None, tensor: 
     elif isinstance(mod, FusedLinear) and len(mod.slice_sizes) > 1:
         raise ModelError(f"{file.name}: tensor {name} maps to fused {pname} without a slice")
     if tuple(tensor.shape) != tuple(dst.shape):
-        raise ModelError(f"{file}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}",
-                         hint="the checkpoint does not match its config.json")
+        raise ModelError(
+            f"{file}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}",
+            hint="the checkpoint does not match its config.json",
+        )
     dst.copy_(tensor)
 
 

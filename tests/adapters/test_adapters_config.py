@@ -13,10 +13,21 @@ from peft.utils.other import get_pattern_key
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.errors import AdapterError
 
-PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-          "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+PARENT = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
 NAMES = [f"model.layers.{i}.{p}.{m}" for i in range(12) for m, p in PARENT.items()] + [
-    "lm_head", "model.embed_tokens", "model.layers.3.mlp.experts.1.up_proj", "model.norm"]
+    "lm_head",
+    "model.embed_tokens",
+    "model.layers.3.mlp.experts.1.up_proj",
+    "model.norm",
+]
 
 PEFT_CONFIGS = [
     dict(target_modules=["q_proj", "v_proj"]),
@@ -42,8 +53,12 @@ def _ours(peft_cfg: LoraConfig) -> AdapterConfig:
 def test_target_matches_agrees_with_peft(kw):
     cfg = LoraConfig(**kw)
     ours = _ours(cfg)
-    expected = {n for n in NAMES if bool(check_target_module_exists(cfg, n)) and
-                type(check_target_module_exists(cfg, n)).__name__ != "_ExcludedModule"}
+    expected = {
+        n
+        for n in NAMES
+        if bool(check_target_module_exists(cfg, n))
+        and type(check_target_module_exists(cfg, n)).__name__ != "_ExcludedModule"
+    }
     got = {n for n in NAMES if ours.target_matches(n)}
     assert got == expected
     assert got  # every config selects something: the comparison is not vacuous
@@ -80,39 +95,45 @@ def test_rank_alpha_scaling_agree_with_peft_rules(rslora):
     assert seen_ranks == {2, 4, 8, 16} and seen_alphas == {3, 32, 64}
 
 
-@pytest.mark.parametrize("raw, message", [
-    ({"r": 0}, "r must be a positive integer"),
-    ({"r": -4}, "r must be a positive integer"),
-    ({"r": "8"}, "r must be a positive integer"),
-    ({"lora_alpha": "x"}, "lora_alpha must be a number"),
-    ({"target_modules": "(q_proj"}, "target_modules regex"),
-    ({"target_modules": 3}, "target_modules must be"),
-    ({"rank_pattern": {"q_proj": 0}}, "rank_pattern['q_proj'] must be a positive integer"),
-    ({"alpha_pattern": {"q_proj": "big"}}, "alpha_pattern['q_proj'] must be a positive number"),
-    ({"bias": "some"}, "bias must be one of"),
-    # each of these was an internal error (TypeError / re.error) when the modules were matched or the base read
-    ({"exclude_modules": 5}, "exclude_modules must be a list of names or a regex string"),
-    ({"exclude_modules": "("}, "exclude_modules regex '(' is invalid"),
-    ({"layers_to_transform": "0,1"}, "layers_to_transform must be an integer or a list of integers"),
-    ({"layers_to_transform": 2.5}, "layers_to_transform must be an integer or a list of integers"),
-    ({"modules_to_save": "lm_head"}, "modules_to_save must be a list of module names"),
-    ({"base_model_name_or_path": ["x"]}, "base_model_name_or_path must be a string"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"r": 0}, "r must be a positive integer"),
+        ({"r": -4}, "r must be a positive integer"),
+        ({"r": "8"}, "r must be a positive integer"),
+        ({"lora_alpha": "x"}, "lora_alpha must be a number"),
+        ({"target_modules": "(q_proj"}, "target_modules regex"),
+        ({"target_modules": 3}, "target_modules must be"),
+        ({"rank_pattern": {"q_proj": 0}}, "rank_pattern['q_proj'] must be a positive integer"),
+        ({"alpha_pattern": {"q_proj": "big"}}, "alpha_pattern['q_proj'] must be a positive number"),
+        ({"bias": "some"}, "bias must be one of"),
+        # each of these was an internal error (TypeError / re.error) when the modules were matched or the base read
+        ({"exclude_modules": 5}, "exclude_modules must be a list of names or a regex string"),
+        ({"exclude_modules": "("}, "exclude_modules regex '(' is invalid"),
+        ({"layers_to_transform": "0,1"}, "layers_to_transform must be an integer or a list of integers"),
+        ({"layers_to_transform": 2.5}, "layers_to_transform must be an integer or a list of integers"),
+        ({"modules_to_save": "lm_head"}, "modules_to_save must be a list of module names"),
+        ({"base_model_name_or_path": ["x"]}, "base_model_name_or_path must be a string"),
+    ],
+)
 def test_invalid_config_values_raise(raw, message):
     with pytest.raises(AdapterError) as e:
         AdapterConfig.from_dict(raw, source="x/adapter_config.json")
     assert message in e.value.message and "x/adapter_config.json" in e.value.message
 
 
-@pytest.mark.parametrize("raw, feature", [
-    ({"use_dora": True}, "DoRA"),
-    ({"lora_bias": True}, "lora_bias"),
-    ({"modules_to_save": ["lm_head"]}, "modules_to_save=['lm_head']"),
-    ({"peft_type": "IA3"}, "peft_type IA3"),
-    ({"target_modules": ["q_proj", "embed_tokens"]}, "LoRA on embed_tokens"),
-    ({"target_modules": ["lm_head"]}, "LoRA on lm_head"),
-    ({"trainable_token_indices": [1, 2]}, "trainable_token_indices"),
-])
+@pytest.mark.parametrize(
+    "raw, feature",
+    [
+        ({"use_dora": True}, "DoRA"),
+        ({"lora_bias": True}, "lora_bias"),
+        ({"modules_to_save": ["lm_head"]}, "modules_to_save=['lm_head']"),
+        ({"peft_type": "IA3"}, "peft_type IA3"),
+        ({"target_modules": ["q_proj", "embed_tokens"]}, "LoRA on embed_tokens"),
+        ({"target_modules": ["lm_head"]}, "LoRA on lm_head"),
+        ({"trainable_token_indices": [1, 2]}, "trainable_token_indices"),
+    ],
+)
 def test_unsupported_features_are_named(raw, feature):
     feats = AdapterConfig.from_dict({"target_modules": ["q_proj"], **raw}).unsupported()
     assert any(feature in f for f in feats), feats

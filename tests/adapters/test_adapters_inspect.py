@@ -7,11 +7,10 @@ import json
 import shutil
 from pathlib import Path
 
+import builders
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
-import builders
 
 
 def derive(src: Path, dst: Path, config=None, tensors=None) -> Path:
@@ -31,8 +30,15 @@ def derive(src: Path, dst: Path, config=None, tensors=None) -> Path:
 def test_good_adapter_report(cli, good_adapter, llama_base):
     rc, out, err = cli("inspect", good_adapter, "--model", llama_base)
     assert rc == 0 and err == ""
-    for text in ("rank             8", "alpha            16", "scaling          2 (alpha/r)", "q_proj, v_proj",
-                 "0-1 (2 of 2 layers)", "servable by multilora: yes", f"shapes checked against {llama_base}"):
+    for text in (
+        "rank             8",
+        "alpha            16",
+        "scaling          2 (alpha/r)",
+        "q_proj, v_proj",
+        "0-1 (2 of 2 layers)",
+        "servable by multilora: yes",
+        f"shapes checked against {llama_base}",
+    ):
         assert text in out, text
     rc, out, err = cli("inspect", good_adapter, "--json")
     assert rc == 0
@@ -45,7 +51,9 @@ def test_good_adapter_report(cli, good_adapter, llama_base):
     assert rep["rank"] == {"min": 8, "max": 8} and rep["scaling"] == {"min": 2.0, "max": 2.0}
     assert rep["dtype"] == "float32" and rep["layers"] == [0, 1]
     assert [(m["module"], m["layers"], m["in_features"], m["out_features"]) for m in rep["modules"]] == [
-        ("q_proj", [0, 1], 64, 64), ("v_proj", [0, 1], 64, 32)]
+        ("q_proj", [0, 1], 64, 64),
+        ("v_proj", [0, 1], 64, 32),
+    ]
     assert rep["base_model"] == str(llama_base)
 
 
@@ -62,8 +70,15 @@ def test_inspect_without_model_checks_only_a_local_base(cli, good_adapter, tmp_p
 
 
 def test_patterned_rslora_report(cli, zoo, llama_base, tmp_path):
-    path = zoo.adapter("inspect-patterned", llama_base, r=4, alpha=8, targets="all-linear", use_rslora=True,
-                       rank_pattern={"down_proj": 16})
+    path = zoo.adapter(
+        "inspect-patterned",
+        llama_base,
+        r=4,
+        alpha=8,
+        targets="all-linear",
+        use_rslora=True,
+        rank_pattern={"down_proj": 16},
+    )
     bf16 = derive(path, tmp_path / "bf16", tensors=lambda st: st.update({k: v.bfloat16() for k, v in st.items()}))
     rc, out, _ = cli("inspect", path, "--json")
     rep = json.loads(out)
@@ -91,7 +106,9 @@ def bad(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
     a["embedding"] = zoo.adapter("emb", llama_base, targets=["embed_tokens", "q_proj"])
     a["lm_head"] = zoo.adapter("head", llama_base, targets=["q_proj", "lm_head"])
     # The same, with the config edited so only the tensors give the feature away.
-    a["embedding_keys"] = derive(a["embedding"], root / "emb_keys", config=lambda c: c.update(target_modules=["q_proj"]))
+    a["embedding_keys"] = derive(
+        a["embedding"], root / "emb_keys", config=lambda c: c.update(target_modules=["q_proj"])
+    )
     a["dora_keys"] = derive(a["dora"], root / "dora_keys", config=lambda c: c.update(use_dora=False))
     a["ia3"] = derive(g, root / "ia3", config=lambda c: c.update(peft_type="IA3"))
     # Broken files.
@@ -121,8 +138,13 @@ def bad(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
     a["rank_mismatch"] = derive(g, root / "rank_mismatch", config=lambda c: c.update(r=16))
     a["untargeted"] = derive(g, root / "untargeted", config=lambda c: c.update(target_modules=["q_proj"]))
     a["pair_shapes"] = derive(g, root / "pair_shapes", tensors=lambda st: st.update({first_b: torch.zeros(64, 4)}))
-    a["odd_key"] = derive(g, root / "odd_key", tensors=lambda st: st.update(
-        {"base_model.model.model.layers.0.mlp.experts.0.gate_proj.lora_A.weight": torch.zeros(8, 64)}))
+    a["odd_key"] = derive(
+        g,
+        root / "odd_key",
+        tensors=lambda st: st.update(
+            {"base_model.model.model.layers.0.mlp.experts.0.gate_proj.lora_A.weight": torch.zeros(8, 64)}
+        ),
+    )
     out = {k: (v, []) for k, v in a.items()}
     # Good adapter, wrong base.
     wide = zoo.base("wide", "llama", hidden_size=128)
@@ -160,8 +182,10 @@ CASES = {
     "untargeted": (["v_proj has LoRA tensors but adapter_config.json target_modules does not select it"], True),
     "pair_shapes": (["lora_A (8, 64) and lora_B (64, 4) are not a [r, in] / [out, r] pair"], True),
     "odd_key": (["LoRA on a module multilora does not serve", "experts.0.gate_proj"], True),
-    "base_shape": (["does not fit base model", "(it was trained on", "maps 64 -> 64 features",
-                    "maps 128 -> 128"], True),
+    "base_shape": (
+        ["does not fit base model", "(it was trained on", "maps 64 -> 64 features", "maps 128 -> 128"],
+        True,
+    ),
     "base_layers": (["does not fit base model", "is layer 1 but the base has 1 layers"], True),
     "missing_path": (["adapter './no/such/adapter': path", "does not exist"], False),
     "missing_model": (["model './no/such/model': path", "does not exist"], False),
@@ -206,8 +230,13 @@ def test_inspect_piped_keeps_each_row_on_one_line(good_adapter):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    p = subprocess.run([sys.executable, "-m", "multilora_cli", "inspect", str(good_adapter)],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "multilora_cli", "inspect", str(good_adapter)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     size = next(line for line in p.stdout.splitlines() if line.startswith("size"))
     assert size.rstrip().endswith("in bf16"), p.stdout
@@ -220,8 +249,13 @@ def test_inspect_verdict_is_one_line_however_long(bad):
 
     path, extra = bad["base_shape"]
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    p = subprocess.run([sys.executable, "-m", "multilora_cli", "inspect", str(path), *map(str, extra)],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "multilora_cli", "inspect", str(path), *map(str, extra)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 1
     verdict = p.stdout.rstrip().splitlines()[-1]
     assert verdict.startswith("servable by multilora: no, because") and "maps 128 -> 128" in verdict, p.stdout

@@ -19,19 +19,46 @@ ALL = list(LINEAR_MODULES)
 # name -> (arch, build_adapter kwargs, check on the loaded adapter)
 VARIANTS = {
     "llama-rslora-all-linear": ("llama", dict(r=8, alpha=16, targets="all-linear", use_rslora=True), None),
-    "llama-rank-alpha-pattern": ("llama", dict(
-        r=4, alpha=8, targets=ALL,
-        rank_pattern={"q_proj": 8, "model.layers.1.mlp.down_proj": 2},
-        alpha_pattern={"v_proj": 32, "layers.0.self_attn.o_proj": 4}), "patterned"),
-    "llama-regex-bin": ("llama", dict(r=6, alpha=12, safetensors=False,
-                                      targets=r".*\.layers\.1\.(self_attn\.(q|k)_proj|mlp\.up_proj)"), "regex"),
-    "llama-layers-to-transform": ("llama", dict(r=4, alpha=4, targets=["q_proj", "gate_proj", "down_proj"],
-                                                layers_to_transform=[1], layers_pattern="layers"), "layer1"),
-    "qwen2-all-linear-patterns-rslora": ("qwen2", dict(
-        r=8, alpha=16, targets="all-linear", use_rslora=True,
-        rank_pattern={"k_proj": 2}, alpha_pattern={"gate_proj": 3}), "patterned"),
-    "qwen2-regex-bin": ("qwen2", dict(r=4, alpha=32, targets=r".*\.(q_proj|v_proj|down_proj)",
-                                      safetensors=False), None),
+    "llama-rank-alpha-pattern": (
+        "llama",
+        dict(
+            r=4,
+            alpha=8,
+            targets=ALL,
+            rank_pattern={"q_proj": 8, "model.layers.1.mlp.down_proj": 2},
+            alpha_pattern={"v_proj": 32, "layers.0.self_attn.o_proj": 4},
+        ),
+        "patterned",
+    ),
+    "llama-regex-bin": (
+        "llama",
+        dict(r=6, alpha=12, safetensors=False, targets=r".*\.layers\.1\.(self_attn\.(q|k)_proj|mlp\.up_proj)"),
+        "regex",
+    ),
+    "llama-layers-to-transform": (
+        "llama",
+        dict(
+            r=4, alpha=4, targets=["q_proj", "gate_proj", "down_proj"], layers_to_transform=[1], layers_pattern="layers"
+        ),
+        "layer1",
+    ),
+    "qwen2-all-linear-patterns-rslora": (
+        "qwen2",
+        dict(
+            r=8,
+            alpha=16,
+            targets="all-linear",
+            use_rslora=True,
+            rank_pattern={"k_proj": 2},
+            alpha_pattern={"gate_proj": 3},
+        ),
+        "patterned",
+    ),
+    "qwen2-regex-bin": (
+        "qwen2",
+        dict(r=4, alpha=32, targets=r".*\.(q_proj|v_proj|down_proj)", safetensors=False),
+        None,
+    ),
     "qwen2-layers-int": ("qwen2", dict(r=2, alpha=2, targets=["o_proj", "up_proj"], layers_to_transform=0), "layer0"),
 }
 
@@ -55,8 +82,11 @@ def _peft_delta_and_layers(base_path, adapter_path):
     model = tf.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     pm = PeftModel.from_pretrained(model, adapter_path)
-    peft_layers = {name.removeprefix("base_model.model."): (mod.r["default"], mod.scaling["default"])
-                   for name, mod in pm.named_modules() if isinstance(mod, LoraLayer)}
+    peft_layers = {
+        name.removeprefix("base_model.model."): (mod.r["default"], mod.scaling["default"])
+        for name, mod in pm.named_modules()
+        if isinstance(mod, LoraLayer)
+    }
     merged = pm.merge_and_unload().state_dict()
     return {k: merged[k] - before[k] for k in before}, peft_layers
 

@@ -17,14 +17,26 @@ from multilora_cli.models.config import ATTN_MODULES
 VARIANTS = {
     "plain": dict(r=8, alpha=16),
     "float-alpha": dict(r=8, alpha=7.5, targets=("q_proj", "k_proj", "o_proj")),
-    "patterns": dict(r=4, alpha=8, targets="all-linear", rank_pattern={"q_proj": 16, "model.layers.1.mlp.down_proj": 2},
-                     alpha_pattern={"v_proj": 3, r"layers\.0\.mlp\.up_proj": 12}),
-    "rslora-patterns": dict(r=16, alpha=8, targets="all-linear", use_rslora=True, rank_pattern={"k_proj": 4},
-                            alpha_pattern={"gate_proj": 32}),
+    "patterns": dict(
+        r=4,
+        alpha=8,
+        targets="all-linear",
+        rank_pattern={"q_proj": 16, "model.layers.1.mlp.down_proj": 2},
+        alpha_pattern={"v_proj": 3, r"layers\.0\.mlp\.up_proj": 12},
+    ),
+    "rslora-patterns": dict(
+        r=16,
+        alpha=8,
+        targets="all-linear",
+        use_rslora=True,
+        rank_pattern={"k_proj": 4},
+        alpha_pattern={"gate_proj": 32},
+    ),
     "regex": dict(r=6, alpha=12, targets=r".*\.layers\.1\.(self_attn\.(q|v)_proj|mlp\.down_proj)"),
     "bin": dict(r=4, alpha=4, targets=("q_proj", "up_proj"), safetensors=False),
-    "layers-to-transform": dict(r=8, alpha=8, targets=("v_proj", "gate_proj"), layers_to_transform=[1],
-                                layers_pattern="layers"),
+    "layers-to-transform": dict(
+        r=8, alpha=8, targets=("v_proj", "gate_proj"), layers_to_transform=[1], layers_pattern="layers"
+    ),
     "bias-all": dict(r=8, alpha=16, bias="all"),  # a Llama has no linear biases: nothing extra is saved
 }
 
@@ -38,8 +50,11 @@ def _peft(base, adapter):
     model = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     pm = PeftModel.from_pretrained(model, adapter, is_trainable=True)
-    layers = {name.removeprefix("base_model.model."): (m.r["default"], m.lora_alpha["default"], m.scaling["default"])
-              for name, m in pm.named_modules() if isinstance(m, LoraLayer)}
+    layers = {
+        name.removeprefix("base_model.model."): (m.r["default"], m.lora_alpha["default"], m.scaling["default"])
+        for name, m in pm.named_modules()
+        if isinstance(m, LoraLayer)
+    }
     trainable = pm.get_nb_trainable_parameters()[0]
     merged = pm.merge_and_unload().state_dict()
     return layers, trainable, {k: merged[k] - before[k] for k in before}
@@ -77,8 +92,9 @@ def test_inspect_figures_are_peft_figures(cli, zoo, llama_base, variant):
 
 
 @pytest.mark.parametrize("setting", ["fan_in_fan_out", "bias"])
-def test_settings_peft_makes_harmless_are_served_as_peft_applies_them(cli, zoo, llama_base, good_adapter, tmp_path,
-                                                                       setting):
+def test_settings_peft_makes_harmless_are_served_as_peft_applies_them(
+    cli, zoo, llama_base, good_adapter, tmp_path, setting
+):
     # fan_in_fan_out: PEFT resets it to False on nn.Linear; bias on a base without linear biases saves nothing
     path = tmp_path / setting
     shutil.copytree(good_adapter, path)
@@ -90,14 +106,22 @@ def test_settings_peft_makes_harmless_are_served_as_peft_applies_them(cli, zoo, 
     _, _, deltas = _peft(llama_base, path)
     ours = load_adapter(path, setting)
     for (layer, module), m in ours.modules.items():
-        torch.testing.assert_close(m.scaling * (m.b @ m.a), deltas[_full_name(layer, module) + ".weight"],
-                                   atol=2e-6, rtol=1e-4)
+        torch.testing.assert_close(
+            m.scaling * (m.b @ m.a), deltas[_full_name(layer, module) + ".weight"], atol=2e-6, rtol=1e-4
+        )
 
 
 def test_unservable_adapter_reports_the_ranks_peft_gives(cli, zoo, llama_base):
     # r=8 is used by no module here: the config alone would say "rank 2 - 8"
-    dora = zoo.adapter("figures-dora", llama_base, r=8, alpha=16, use_dora=True,
-                       rank_pattern={"q_proj": 4, "v_proj": 2}, alpha_pattern={"v_proj": 6})
+    dora = zoo.adapter(
+        "figures-dora",
+        llama_base,
+        r=8,
+        alpha=16,
+        use_dora=True,
+        rank_pattern={"q_proj": 4, "v_proj": 2},
+        alpha_pattern={"v_proj": 6},
+    )
     rc, out, err = cli("inspect", dora, "--json")
     rep = json.loads(out)
     assert rc == 1 and rep["servable"] is False and "DoRA" in err
@@ -129,9 +153,11 @@ def test_folder_without_config_says_what_it_holds(cli, good_adapter, llama_base,
     for name in ("legal", "medical"):
         shutil.copytree(good_adapter, fleet / name)
     (tmp_path / "empty").mkdir()
-    for folder, needle in ((fleet, f"adapters in subfolders (legal, medical): point at one, e.g. {fleet / 'legal'}"),
-                           (llama_base, "a base model folder (config.json), not an adapter: pass it with --model"),
-                           (tmp_path / "empty", "the folder is empty")):
+    for folder, needle in (
+        (fleet, f"adapters in subfolders (legal, medical): point at one, e.g. {fleet / 'legal'}"),
+        (llama_base, "a base model folder (config.json), not an adapter: pass it with --model"),
+        (tmp_path / "empty", "the folder is empty"),
+    ):
         for extra in ((), ("--json",)):
             rc, out, err = cli("inspect", folder, *extra)
             assert rc == 1 and out == "" and err.count("\n") == 1 and needle in err, err

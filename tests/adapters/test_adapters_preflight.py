@@ -16,8 +16,9 @@ from multilora_cli.errors import AdapterError, ResolveError, UnsupportedAdapterE
 def fleet(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
     """legal (r8), medical (r16, rank_pattern up to 32) on llama; chat on qwen2; an --adapter-dir of copies."""
     root = tmp_path_factory.mktemp("fleet")
-    medical = zoo.adapter("medical", llama_base, r=16, alpha=16, targets=["q_proj", "k_proj", "down_proj"],
-                          rank_pattern={"down_proj": 32})
+    medical = zoo.adapter(
+        "medical", llama_base, r=16, alpha=16, targets=["q_proj", "k_proj", "down_proj"], rank_pattern={"down_proj": 32}
+    )
     chat = zoo.adapter("chat", qwen2_base, r=4, alpha=8)
     dora = zoo.adapter("dora", llama_base, use_dora=True)
     lib = root / "lib"
@@ -32,22 +33,30 @@ def fleet(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
 def test_parse_specs_names(fleet, tmp_path, monkeypatch):
     monkeypatch.chdir(fleet["lib"])
     got = parse_adapter_specs(["legal,medical", "x=./legal", " org/chat-lora@v2 ", "org/other"], None)
-    assert got == {"legal": "legal", "medical": "medical", "x": "./legal", "org/chat-lora": "org/chat-lora@v2",
-                   "org/other": "org/other"}
+    assert got == {
+        "legal": "legal",
+        "medical": "medical",
+        "x": "./legal",
+        "org/chat-lora": "org/chat-lora@v2",
+        "org/other": "org/other",
+    }
     assert parse_adapter_specs(["legal", "./legal/"], None) == {"legal": "legal"}  # same folder twice: one entry
     assert list(parse_adapter_specs([], str(fleet["lib"]))) == ["legal", "medical"]
     both = parse_adapter_specs([f"law={fleet['legal']}"], str(fleet["lib"]))
     assert list(both) == ["law", "legal", "medical"] and both["law"] == str(fleet["legal"])
 
 
-@pytest.mark.parametrize("items, adapter_dir, message", [
-    (["base=./x"], None, "adapter name 'base' is reserved"),
-    (["./base"], None, "adapter name 'base' is reserved"),
-    (["a=./x", "a=./y"], None, "adapter name 'a' is given twice"),
-    (["=./x"], None, "expected NAME=PATH"),
-    (["a="], None, "expected NAME=PATH"),
-    ([], "/no/such/dir", "is not a directory"),
-])
+@pytest.mark.parametrize(
+    "items, adapter_dir, message",
+    [
+        (["base=./x"], None, "adapter name 'base' is reserved"),
+        (["./base"], None, "adapter name 'base' is reserved"),
+        (["a=./x", "a=./y"], None, "adapter name 'a' is given twice"),
+        (["=./x"], None, "expected NAME=PATH"),
+        (["a="], None, "expected NAME=PATH"),
+        ([], "/no/such/dir", "is not a directory"),
+    ],
+)
 def test_parse_specs_usage_errors(items, adapter_dir, message):
     with pytest.raises(UsageError) as e:
         parse_adapter_specs(items, adapter_dir)
@@ -94,8 +103,13 @@ def test_preflight_collects_every_error(fleet, llama_base, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(fleet["legal"], broken)
     (broken / "adapter_config.json").unlink()
-    specs = {"legal": str(fleet["legal"]), "gone": "./no/such/dir", "broken": str(broken),
-             "dora": str(fleet["dora"]), "medical": str(fleet["medical"])}
+    specs = {
+        "legal": str(fleet["legal"]),
+        "gone": "./no/such/dir",
+        "broken": str(broken),
+        "dora": str(fleet["dora"]),
+        "medical": str(fleet["medical"]),
+    }
     pf = preflight(specs, str(llama_base), max_lora_rank=16)
     assert set(pf.adapters) == {"legal"} and pf.ranks == {"legal": 8} and pf.max_lora_rank == 16
     assert set(pf.scans) == {"legal"}  # none for adapters that failed

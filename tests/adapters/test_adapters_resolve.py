@@ -58,8 +58,9 @@ def test_absolute_relative_and_home_paths(good_adapter, tmp_path, monkeypatch):
 
 
 # "~nosuchuser-ml/x": Path.expanduser raised RuntimeError for a user that does not exist (an internal error)
-@pytest.mark.parametrize("spec", ["./nope", "../nope", "/definitely/not/here", "~/nope", "a/b/c", "loras/nope",
-                                  "~nosuchuser-ml/x"])
+@pytest.mark.parametrize(
+    "spec", ["./nope", "../nope", "/definitely/not/here", "~/nope", "a/b/c", "loras/nope", "~nosuchuser-ml/x"]
+)
 def test_missing_local_paths(spec, tmp_path, monkeypatch, offline):
     (tmp_path / "loras").mkdir()
     monkeypatch.chdir(tmp_path)

@@ -37,8 +37,13 @@ def args(model: Path, *extra: str) -> list[str]:
 
 
 def sub(argv: list[str], env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "multilora_cli", *argv], capture_output=True,
-                          env={**subprocess_env(), **(env or {})}, timeout=300, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "multilora_cli", *argv],
+        capture_output=True,
+        env={**subprocess_env(), **(env or {})},
+        timeout=300,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +74,11 @@ def test_two_workers_write_what_one_worker_writes_and_merge_stats(case, tmp_path
     assert sum(x["slot_loads"] for x in w) == s["slot_loads"] == s["engine"]["slot_loads"]
     # affinity: 3 adapters over 2 workers, none split -> every adapter loaded on exactly one worker
     assert dp["adapters_split"] == 0 and sum(x["assigned_adapters"] for x in w) == 3
-    assert {n: a["slot_loads"] for n, a in s["per_adapter"].items() if n in ("legal", "medical", "code")} == \
-        {"legal": 1, "medical": 1, "code": 1}
+    assert {n: a["slot_loads"] for n, a in s["per_adapter"].items() if n in ("legal", "medical", "code")} == {
+        "legal": 1,
+        "medical": 1,
+        "code": 1,
+    }
     assert s["engine"]["device"] == "2 x cpu" and s["tokens_per_second"] > 0
     assert all(x["tokens_per_second"] > 0 for x in w)
     err = res.stderr.decode()
@@ -110,11 +118,26 @@ def test_torchrun_two_processes(case, tmp_path):
     model, inp, ref = case
     clean = write_jsonl(tmp_path / "clean.jsonl", rows()[:-1])
     out = tmp_path / "out.jsonl"
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "multilora_cli", "run", str(clean), *args(model, "-o", str(out), "-q")],
-                         capture_output=True, env=subprocess_env(), timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "multilora_cli",
+            "run",
+            str(clean),
+            *args(model, "-o", str(out), "-q"),
+        ],
+        capture_output=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr.decode()[-3000:]
-    assert out.read_bytes() == ref[:ref.rstrip(b"\n").rfind(b"\n") + 1]  # all but the bad line's record
+    assert out.read_bytes() == ref[: ref.rstrip(b"\n").rfind(b"\n") + 1]  # all but the bad line's record
 
 
 def test_flag_errors(case, monkeypatch):

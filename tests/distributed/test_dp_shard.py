@@ -87,8 +87,9 @@ def test_base_requests_fill_the_gaps():
     assert s.tokens == [400, 400] and s.spans == {0: 1, 1: 1}
 
 
-@pytest.mark.parametrize("ads, toks, world", [
-    ([], [], 4), ([0, 1], [5, 5], 1), ([0], [7], 8), ([BASE] * 5, [1, 2, 3, 4, 5], 2)])
+@pytest.mark.parametrize(
+    "ads, toks, world", [([], [], 4), ([0, 1], [5, 5], 1), ([0], [7], 8), ([BASE] * 5, [1, 2, 3, 4, 5], 2)]
+)
 def test_edges(ads, toks, world):
     assign = affinity_shard(ads, toks, world)
     assert len(assign) == len(ads) and all(0 <= w < world for w in assign)

@@ -34,6 +34,7 @@ def tiny(tmp_path_factory):
     return {
         "base": base,
         "qv": builders.build_adapter(base, root / "qv", r=8, targets=("q_proj", "v_proj")),
-        "pattern": builders.build_adapter(base, root / "pattern", r=8, targets="all-linear",
-                                          rank_pattern={"down_proj": 4}),
+        "pattern": builders.build_adapter(
+            base, root / "pattern", r=8, targets="all-linear", rank_pattern={"down_proj": 4}
+        ),
     }

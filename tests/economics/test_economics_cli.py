@@ -5,15 +5,33 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_economics_inputs import write_stats
 
 from multilora_cli.economics import Scenario, compute
-from test_economics_inputs import write_stats
 
 
 def test_json_has_every_assumption_and_figure(cli):
-    rc, out, err = cli("--tenants", 100, "--model", "llama-2-7b", "--rank", 16, "--targets", "q_proj,k_proj,v_proj,o_proj",
-                       "--gpu", "a100-80gb", "--gpu-hour-usd", 1.5, "--popularity", "zipf", "--zipf-s", 1.1,
-                       "--max-loras", 8, "--json")
+    rc, out, err = cli(
+        "--tenants",
+        100,
+        "--model",
+        "llama-2-7b",
+        "--rank",
+        16,
+        "--targets",
+        "q_proj,k_proj,v_proj,o_proj",
+        "--gpu",
+        "a100-80gb",
+        "--gpu-hour-usd",
+        1.5,
+        "--popularity",
+        "zipf",
+        "--zipf-s",
+        1.1,
+        "--max-loras",
+        8,
+        "--json",
+    )
     assert rc == 0 and err == ""
     data = json.loads(out)
     assert data["adapter"]["bytes"] == 33_554_432
@@ -21,8 +39,17 @@ def test_json_has_every_assumption_and_figure(cli):
     assert a["gpu_hour_usd"] == {"value": 1.5, "unit": "USD", "source": "flag", "note": a["gpu_hour_usd"]["note"]}
     assert a["gpu_memory_gb"]["source"] == "preset a100-80gb" and a["hours_per_month"]["value"] == 730
     assert a["pcie_gbs"]["value"] == 25.0 and "Gen4" in a["pcie_gbs"]["note"]
-    ref = compute(Scenario(tenants=100, model="llama-2-7b", gpu="a100-80gb", gpu_hour_usd=1.5, popularity="zipf",
-                           zipf_s=1.1, max_loras=8)).to_dict()
+    ref = compute(
+        Scenario(
+            tenants=100,
+            model="llama-2-7b",
+            gpu="a100-80gb",
+            gpu_hour_usd=1.5,
+            popularity="zipf",
+            zipf_s=1.1,
+            max_loras=8,
+        )
+    ).to_dict()
     for section in ("adapter", "full_copy", "memory", "throughput", "fleet", "slots"):
         assert data[section].keys() == ref[section].keys()
         for k, v in data[section].items():
@@ -35,27 +62,39 @@ def test_json_has_every_assumption_and_figure(cli):
 def test_tables_explain_the_figures(cli):
     rc, out, err = cli("--tenants", 100, "--max-loras", 8)
     assert rc == 0 and err == ""
-    for text in ("Assumptions", "32.0 MiB", "401.6×", "Slot thrash", "GPUs saved", "preset h100-sxm", "730 h",
-                 "exact for uniform", "100 tenants on llama-2-7b"):
+    for text in (
+        "Assumptions",
+        "32.0 MiB",
+        "401.6×",
+        "Slot thrash",
+        "GPUs saved",
+        "preset h100-sxm",
+        "730 h",
+        "exact for uniform",
+        "100 tenants on llama-2-7b",
+    ):
         assert text in out, text
 
 
-@pytest.mark.parametrize("args,code,needle", [
-    (["--tenants", 0], 2, "--tenants must be a positive integer, got 0"),
-    (["--tenants", -3], 2, "--tenants must be a positive integer"),
-    (["--tenants", 5, "--rank", 0], 2, "--rank must be a positive integer, got 0"),
-    (["--tenants", 5, "--rank", -1], 2, "--rank"),
-    (["--tenants", 5, "--model", "llama-9-9b"], 2, "unknown preset 'llama-9-9b'"),
-    (["--tenants", 5, "--gpu", "tpu-v5"], 2, "--gpu must be one of"),
-    (["--tenants", 5, "--targets", "q_proj,qkv"], 2, "unknown module 'qkv'"),
-    (["--tenants", 5, "--targets", ","], 2, "--targets is empty"),
-    (["--tenants", 5, "--dtype", "int8"], 2, "--dtype must be one of"),
-    (["--tenants", 5, "--popularity", "pareto"], 2, "--popularity must be one of"),
-    (["--tenants", 5, "--kv-reserve", 1.5], 2, "--kv-reserve must be in (0, 1)"),
-    (["--tenants", 5, "--tokens-per-tenant-per-s", 0], 2, "--tokens-per-tenant-per-s must be > 0"),
-    (["--tenants", 5, "--max-loras", 0], 2, "--max-loras must be a positive integer"),
-    (["--tenants", 5, "--context-len", 1_000_000], 2, "does not fit the KV reserve"),
-])
+@pytest.mark.parametrize(
+    "args,code,needle",
+    [
+        (["--tenants", 0], 2, "--tenants must be a positive integer, got 0"),
+        (["--tenants", -3], 2, "--tenants must be a positive integer"),
+        (["--tenants", 5, "--rank", 0], 2, "--rank must be a positive integer, got 0"),
+        (["--tenants", 5, "--rank", -1], 2, "--rank"),
+        (["--tenants", 5, "--model", "llama-9-9b"], 2, "unknown preset 'llama-9-9b'"),
+        (["--tenants", 5, "--gpu", "tpu-v5"], 2, "--gpu must be one of"),
+        (["--tenants", 5, "--targets", "q_proj,qkv"], 2, "unknown module 'qkv'"),
+        (["--tenants", 5, "--targets", ","], 2, "--targets is empty"),
+        (["--tenants", 5, "--dtype", "int8"], 2, "--dtype must be one of"),
+        (["--tenants", 5, "--popularity", "pareto"], 2, "--popularity must be one of"),
+        (["--tenants", 5, "--kv-reserve", 1.5], 2, "--kv-reserve must be in (0, 1)"),
+        (["--tenants", 5, "--tokens-per-tenant-per-s", 0], 2, "--tokens-per-tenant-per-s must be > 0"),
+        (["--tenants", 5, "--max-loras", 0], 2, "--max-loras must be a positive integer"),
+        (["--tenants", 5, "--context-len", 1_000_000], 2, "does not fit the KV reserve"),
+    ],
+)
 def test_bad_flag_values_are_usage_errors(cli, args, code, needle):
     rc, out, err = cli(*args)
     assert rc == code and out == ""
@@ -107,15 +146,25 @@ def test_tables_piped_to_a_file_are_not_folded_at_80_columns():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    p = subprocess.run([sys.executable, "-m", "multilora_cli", "economics", "--tenants", "100"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "multilora_cli", "economics", "--tenants", "100"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.rstrip().splitlines()
     assert lines[-1].startswith("100 tenants on llama-2-7b") and lines[-1].endswith("/month"), lines[-3:]
     formula = next(line for line in lines if "LoRA parameters" in line)
     assert "Σ layers×r×(in+out)" in formula  # the whole formula on its row
-    p = subprocess.run([sys.executable, "-m", "multilora_cli", "economics", "--tenants", "100000"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "multilora_cli", "economics", "--tenants", "100000"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     last = p.stdout.rstrip().splitlines()[-1]  # the verdict is one line even past the table width
     assert last.startswith("100,000 tenants on") and last.endswith("/month"), p.stdout[-400:]
 
@@ -140,8 +189,9 @@ def _stats_file(path, **kw):
 def test_cpu_stats_of_a_tiny_model_do_not_size_the_fleet(cli, tiny, tmp_path):
     # `cd demo && multilora economics --tenants 100 --stats stats.json`: a CPU run of a tiny model sized the
     # llama-2-7b fleet (2 -> 3 shared GPUs) with a "measured / roofline" ratio, and warned on stdout
-    stats = _stats_file(tmp_path / "stats.json", model=str(tiny["base"]), device="cpu", dtype="float32",
-                        wall_seconds=64.0)  # 102,400 tokens in 64 s: 1,600 tok/s
+    stats = _stats_file(
+        tmp_path / "stats.json", model=str(tiny["base"]), device="cpu", dtype="float32", wall_seconds=64.0
+    )  # 102,400 tokens in 64 s: 1,600 tok/s
     rc, plain, err = cli("--tenants", 100)
     assert rc == 0 and err == ""
     rc, out, err = cli("--tenants", 100, "--stats", stats)

@@ -38,7 +38,8 @@ def test_default_llama2_fleet_by_hand():
     assert fl["dedicated_copies_per_gpu_by_memory"] == copies == 4
     b4 = min(64, math.floor(80 * GB * 0.3 / copies / (1024 * kvpt)))
     assert th["dedicated_tokens_per_s_per_copy"] == pytest.approx(
-        b4 / (copies * (weights + b4 * 1024 * kvpt) / (3.35e12 * 0.8)))
+        b4 / (copies * (weights + b4 * 1024 * kvpt) / (3.35e12 * 0.8))
+    )
     dedicated = math.ceil(100 / copies)
     assert (fl["dedicated_gpus"], fl["shared_gpus"], fl["dedicated_gpus_unpacked"]) == (dedicated, shared, 100)
     assert fl["gpus_saved"] == dedicated - shared
@@ -69,7 +70,8 @@ def test_overrides_drive_the_numbers():
     assert cheap.section("fleet")["usd_per_month_saved"] == pytest.approx(base.section("fleet")["gpus_saved"] * 730)
     fast = compute(Scenario(tenants=40, model="llama-3-8b", gpu_bandwidth_tbs=3.35 * 2))
     assert fast.section("throughput")["tokens_per_s_roofline"] == pytest.approx(
-        2 * base.section("throughput")["tokens_per_s_roofline"])
+        2 * base.section("throughput")["tokens_per_s_roofline"]
+    )
     small = compute(Scenario(tenants=40, model="llama-3-8b", gpu="a10g"))
     # a 16.06 GB copy fits the 24 GB x 0.7 = 16.8 GB weight budget: one GPU, and room for few adapters
     assert small.section("memory")["gpus_per_replica"] == 1
@@ -108,8 +110,7 @@ def test_throughput_bound_unpacks_dedicated_copies_and_multiplies_shared():
 
 
 def test_memory_bound_when_adapters_outnumber_the_room():
-    rep = compute(Scenario(tenants=100_000, model="llama-2-7b", rank=64, targets="all",
-                           tokens_per_tenant_per_s=0.01))
+    rep = compute(Scenario(tenants=100_000, model="llama-2-7b", rank=64, targets="all", tokens_per_tenant_per_s=0.01))
     fit = rep.section("memory")["adapters_fit"]
     assert rep.section("fleet")["shared_bound"] == "memory"
     assert rep.section("fleet")["shared_gpus"] == math.ceil(100_000 / fit)
@@ -122,4 +123,5 @@ def test_more_distinct_adapters_per_step_cost_bandwidth():
     adapter = 32 * 16 * (2 * 8192 + 2 * 5120) * 2  # llama-3-8b rank 16 q,k,v,o in bf16: 27,262,976 B
     assert many["adapter_read_bytes"] == pytest.approx(many["adapters_per_step"] * adapter)
     assert many["step_seconds"] - one["step_seconds"] == pytest.approx(
-        (many["adapters_per_step"] - 1) * adapter / (3.35e12 * 0.8))
+        (many["adapters_per_step"] - 1) * adapter / (3.35e12 * 0.8)
+    )

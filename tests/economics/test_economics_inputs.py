@@ -17,9 +17,19 @@ from multilora_cli.io.stats import RunStats
 def write_stats(path, usd=2.99, **kw):
     """A stats file as `multilora run --stats` writes it (RunStats around the engine's EngineStats), llama-2-7b on
     an H100; `kw` overrides EngineStats fields. Also used by test_economics_cli.py."""
-    engine = EngineStats(model="meta-llama/Llama-2-7b-hf", device="cuda:0 NVIDIA H100 80GB HBM3", dtype="bfloat16",
-                         requests=400, completion_tokens=102_400, prompt_tokens=40_000, steps=2_000,
-                         wall_seconds=40.0, slot_loads=300, slot_hits=100, max_loras=8)
+    engine = EngineStats(
+        model="meta-llama/Llama-2-7b-hf",
+        device="cuda:0 NVIDIA H100 80GB HBM3",
+        dtype="bfloat16",
+        requests=400,
+        completion_tokens=102_400,
+        prompt_tokens=40_000,
+        steps=2_000,
+        wall_seconds=40.0,
+        slot_loads=300,
+        slot_hits=100,
+        max_loras=8,
+    )
     for k, v in kw.items():
         setattr(engine, k, v)
     run = RunStats()
@@ -64,30 +74,33 @@ def _sized_by(rep) -> tuple[float, float]:
     return th["tokens_per_s"], th["tokens_per_s_roofline"]
 
 
-@pytest.mark.parametrize("kw,gpu,used,needle", [
-    ({}, "h100-sxm", True, None),
-    ({"device": "cpu"}, "h100-sxm", False, "cpu is not a CUDA GPU"),
-    ({"device": "mps"}, "h100-sxm", False, "mps is not a CUDA GPU"),
-    ({"device": ""}, "h100-sxm", False, "the stats name no device"),
-    ({"device": "cuda:0 NVIDIA A100-SXM4-80GB"}, "h100-sxm", False, "is not a h100-sxm"),
-    ({"device": "cuda:0 NVIDIA A100-SXM4-80GB"}, "a100-80gb", True, None),
-    ({"device": "cuda:0 NVIDIA A100-SXM4-80GB"}, "a100-40gb", False, "a100 80gb, not a a100-40gb"),
-    ({"device": "cuda:0 NVIDIA H200"}, "h100-sxm", False, "is not a h100-sxm"),
-    ({"device": "cuda:0 NVIDIA H200"}, "h200", True, None),
-    ({"device": "cuda:0 NVIDIA H100 PCIe"}, "h100-sxm", False, "h100 PCIe, not a h100-sxm"),
-    ({"device": "NVIDIA L40S"}, "l40s", True, None),
-    ({"device": "cuda:0 NVIDIA GeForce RTX 4090"}, "h100-sxm", False, "is not a h100-sxm"),
-    ({"device": "cuda:0"}, "h100-sxm", True, "does not name its GPU"),  # stats of older versions
-    ({"device": "cuda:0 (NVIDIA H100 80GB HBM3)"}, "h100-sxm", True, None),  # engine.device_label's form
-    ({"device": "cuda:0 (NVIDIA H200)"}, "h100-sxm", False, "is not a h100-sxm"),
-    ({"dtype": "float32"}, "h100-sxm", False, "float32 weights, not bfloat16"),
-    ({"dtype": "float16"}, "h100-sxm", True, None),  # same bytes per parameter
-    ({"model": "meta-llama/Meta-Llama-3-8B"}, "h100-sxm", False, "another model shape"),
-    ({"model": "/models/llama-2-7b"}, "h100-sxm", True, None),  # a preset's folder name
-    ({"model": "/models/Llama-2-7b-hf"}, "h100-sxm", True, None),  # the preset's Hub name, elsewhere
-    ({"model": "/models/llama-2-70b"}, "h100-sxm", False, "'llama-2-70b' is another name"),
-    ({"model": ""}, "h100-sxm", False, "the stats name no model"),
-])
+@pytest.mark.parametrize(
+    "kw,gpu,used,needle",
+    [
+        ({}, "h100-sxm", True, None),
+        ({"device": "cpu"}, "h100-sxm", False, "cpu is not a CUDA GPU"),
+        ({"device": "mps"}, "h100-sxm", False, "mps is not a CUDA GPU"),
+        ({"device": ""}, "h100-sxm", False, "the stats name no device"),
+        ({"device": "cuda:0 NVIDIA A100-SXM4-80GB"}, "h100-sxm", False, "is not a h100-sxm"),
+        ({"device": "cuda:0 NVIDIA A100-SXM4-80GB"}, "a100-80gb", True, None),
+        ({"device": "cuda:0 NVIDIA A100-SXM4-80GB"}, "a100-40gb", False, "a100 80gb, not a a100-40gb"),
+        ({"device": "cuda:0 NVIDIA H200"}, "h100-sxm", False, "is not a h100-sxm"),
+        ({"device": "cuda:0 NVIDIA H200"}, "h200", True, None),
+        ({"device": "cuda:0 NVIDIA H100 PCIe"}, "h100-sxm", False, "h100 PCIe, not a h100-sxm"),
+        ({"device": "NVIDIA L40S"}, "l40s", True, None),
+        ({"device": "cuda:0 NVIDIA GeForce RTX 4090"}, "h100-sxm", False, "is not a h100-sxm"),
+        ({"device": "cuda:0"}, "h100-sxm", True, "does not name its GPU"),  # stats of older versions
+        ({"device": "cuda:0 (NVIDIA H100 80GB HBM3)"}, "h100-sxm", True, None),  # engine.device_label's form
+        ({"device": "cuda:0 (NVIDIA H200)"}, "h100-sxm", False, "is not a h100-sxm"),
+        ({"dtype": "float32"}, "h100-sxm", False, "float32 weights, not bfloat16"),
+        ({"dtype": "float16"}, "h100-sxm", True, None),  # same bytes per parameter
+        ({"model": "meta-llama/Meta-Llama-3-8B"}, "h100-sxm", False, "another model shape"),
+        ({"model": "/models/llama-2-7b"}, "h100-sxm", True, None),  # a preset's folder name
+        ({"model": "/models/Llama-2-7b-hf"}, "h100-sxm", True, None),  # the preset's Hub name, elsewhere
+        ({"model": "/models/llama-2-70b"}, "h100-sxm", False, "'llama-2-70b' is another name"),
+        ({"model": ""}, "h100-sxm", False, "the stats name no model"),
+    ],
+)
 def test_measured_throughput_sizes_only_a_comparable_run(tmp_path, kw, gpu, used, needle):
     stats = write_stats(tmp_path / "s.json", **kw)
     rep = compute(Scenario(tenants=100, model="llama-2-7b", gpu=gpu, stats=str(stats)))
@@ -165,8 +178,15 @@ def test_hub_id_of_a_preset_needs_no_download(monkeypatch):
 
 
 def test_bare_engine_stats_dict_is_accepted(tmp_path):
-    engine = EngineStats(model="llama-3-8b", device="cuda", completion_tokens=5_000, steps=500, wall_seconds=2.0,
-                         slot_loads=10, slot_hits=30)
+    engine = EngineStats(
+        model="llama-3-8b",
+        device="cuda",
+        completion_tokens=5_000,
+        steps=500,
+        wall_seconds=2.0,
+        slot_loads=10,
+        slot_hits=30,
+    )
     (tmp_path / "e.json").write_text(json.dumps(engine.to_dict()))
     sl = compute(Scenario(tenants=10, model="llama-3-8b", stats=str(tmp_path / "e.json"))).section("slots")
     assert sl["step_seconds"] == pytest.approx(2.0 / 500) and sl["measured_hit_rate"] == pytest.approx(0.75)
@@ -175,9 +195,16 @@ def test_bare_engine_stats_dict_is_accepted(tmp_path):
 def test_measured_tokens_per_request_leave_error_records_out(tmp_path):
     # 400 requests generated 256 tokens each; 400 more lines were error records (no tokens, never decoded).
     # The mean counted them: 128 tokens per request, doubling the new requests per step.
-    engine = EngineStats(model="meta-llama/Llama-2-7b-hf", device="cuda:0 (NVIDIA H100 80GB HBM3)",
-                         dtype="bfloat16", requests=800, errors=400, completion_tokens=102_400, steps=2_000,
-                         wall_seconds=40.0)
+    engine = EngineStats(
+        model="meta-llama/Llama-2-7b-hf",
+        device="cuda:0 (NVIDIA H100 80GB HBM3)",
+        dtype="bfloat16",
+        requests=800,
+        errors=400,
+        completion_tokens=102_400,
+        steps=2_000,
+        wall_seconds=40.0,
+    )
     run = RunStats()
     for _ in range(400):
         run.add_ok("a", 100, 256)

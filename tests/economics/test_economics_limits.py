@@ -13,35 +13,47 @@ from multilora_cli.economics import lru_hit_rate, popularity
 from multilora_cli.economics.units import usd
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--tenants", 1_000_000_000], "--tenants must be at most 10,000,000"),  # used to exhaust memory
-    (["--tenants", 5, "--gpu-memory-gb", "inf"], "--gpu-memory-gb must be a finite number, got inf"),
-    (["--tenants", 5, "--gpu-memory-gb", "1e300"], "--gpu-memory-gb must be at most 100000"),
-    (["--tenants", 5, "--gpu-bandwidth-tbs", "1e-300"], "--gpu-bandwidth-tbs must be >= 0.001"),
-    (["--tenants", 5, "--gpu-bandwidth-tbs", "nan"], "--gpu-bandwidth-tbs must be a finite number"),
-    (["--tenants", 5, "--gpu-hour-usd", "inf"], "--gpu-hour-usd must be a finite number"),
-    (["--tenants", 5, "--gpu-hour-usd", -1], "--gpu-hour-usd must be >= 0"),
-    (["--tenants", 5, "--pcie-gbs", 0], "--pcie-gbs must be >= 0.001"),
-    (["--tenants", 5, "--tokens-per-tenant-per-s", "inf"], "--tokens-per-tenant-per-s must be a finite number"),
-    (["--tenants", 5, "--tokens-per-tenant-per-s", "1e12"], "--tokens-per-tenant-per-s must be at most 1e+09"),
-    (["--tenants", 5, "--output-tokens", 0.5], "--output-tokens must be >= 1"),
-    (["--tenants", 5, "--requests-per-step", 0], "--requests-per-step must be > 0"),
-    (["--tenants", 5, "--zipf-s", "inf"], "--zipf-s must be a finite number"),
-    (["--tenants", 5, "--zipf-s", -1], "--zipf-s must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--tenants", 1_000_000_000], "--tenants must be at most 10,000,000"),  # used to exhaust memory
+        (["--tenants", 5, "--gpu-memory-gb", "inf"], "--gpu-memory-gb must be a finite number, got inf"),
+        (["--tenants", 5, "--gpu-memory-gb", "1e300"], "--gpu-memory-gb must be at most 100000"),
+        (["--tenants", 5, "--gpu-bandwidth-tbs", "1e-300"], "--gpu-bandwidth-tbs must be >= 0.001"),
+        (["--tenants", 5, "--gpu-bandwidth-tbs", "nan"], "--gpu-bandwidth-tbs must be a finite number"),
+        (["--tenants", 5, "--gpu-hour-usd", "inf"], "--gpu-hour-usd must be a finite number"),
+        (["--tenants", 5, "--gpu-hour-usd", -1], "--gpu-hour-usd must be >= 0"),
+        (["--tenants", 5, "--pcie-gbs", 0], "--pcie-gbs must be >= 0.001"),
+        (["--tenants", 5, "--tokens-per-tenant-per-s", "inf"], "--tokens-per-tenant-per-s must be a finite number"),
+        (["--tenants", 5, "--tokens-per-tenant-per-s", "1e12"], "--tokens-per-tenant-per-s must be at most 1e+09"),
+        (["--tenants", 5, "--output-tokens", 0.5], "--output-tokens must be >= 1"),
+        (["--tenants", 5, "--requests-per-step", 0], "--requests-per-step must be > 0"),
+        (["--tenants", 5, "--zipf-s", "inf"], "--zipf-s must be a finite number"),
+        (["--tenants", 5, "--zipf-s", -1], "--zipf-s must be >= 0"),
+    ],
+)
 def test_absurd_flags_are_usage_errors(cli, args, needle):
     rc, out, err = cli(*args)
     assert rc == 2 and out == ""
     assert err.startswith("error: ") and needle in err and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("body,needle", [
-    ('{"completion_tokens_per_second": NaN}', "completion_tokens_per_second must be a non-negative number, got nan"),
-    ('{"completion_tokens_per_second": Infinity}', "completion_tokens_per_second must be a non-negative number"),
-    ('{"completion_tokens_per_second": 100, "completion_tokens": 1e999}', "completion_tokens must be a non-negative"),
-    ('{"completion_tokens_per_second": 100, "requests": 2.5}', "requests must be a whole number, got 2.5"),
-    ('[' * 100_000 + ']' * 100_000, "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        (
+            '{"completion_tokens_per_second": NaN}',
+            "completion_tokens_per_second must be a non-negative number, got nan",
+        ),
+        ('{"completion_tokens_per_second": Infinity}', "completion_tokens_per_second must be a non-negative number"),
+        (
+            '{"completion_tokens_per_second": 100, "completion_tokens": 1e999}',
+            "completion_tokens must be a non-negative",
+        ),
+        ('{"completion_tokens_per_second": 100, "requests": 2.5}', "requests must be a whole number, got 2.5"),
+        ("[" * 100_000 + "]" * 100_000, "not valid JSON"),
+    ],
+)
 def test_stats_values_json_cannot_carry_are_refused(cli, tmp_path, body, needle):
     path = tmp_path / "run_stats.json"
     path.write_text(body)

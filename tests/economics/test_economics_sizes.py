@@ -29,11 +29,18 @@ def test_llama3_8b_rank16_all_projections_is_83_9_mb():
     assert "83.9 MB" in rep.section("adapter").figures[1].shown
 
 
-@pytest.mark.parametrize("name,published", [
-    ("llama-2-7b", 6_738_415_616), ("llama-3-8b", 8_030_261_248), ("llama-3.1-8b", 8_030_261_248),
-    ("llama-3.2-1b", 1_235_814_400), ("mistral-7b", 7_241_732_096), ("qwen2.5-7b", 7_615_616_512),
-    ("llama-3-70b", 70_553_706_496),
-])
+@pytest.mark.parametrize(
+    "name,published",
+    [
+        ("llama-2-7b", 6_738_415_616),
+        ("llama-3-8b", 8_030_261_248),
+        ("llama-3.1-8b", 8_030_261_248),
+        ("llama-3.2-1b", 1_235_814_400),
+        ("mistral-7b", 7_241_732_096),
+        ("qwen2.5-7b", 7_615_616_512),
+        ("llama-3-70b", 70_553_706_496),
+    ],
+)
 def test_preset_parameter_counts_match_published_checkpoints(name, published):
     assert model_preset(name).num_params() == published
 

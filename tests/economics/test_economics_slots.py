@@ -80,15 +80,19 @@ def test_default_requests_per_step_is_batch_over_output_tokens():
 
 def test_thrash_warning_when_loads_outrun_the_step():
     calm = compute(Scenario(tenants=1000, model="llama-3-8b", rank=64, targets="all", max_loras=8))
-    storm = compute(Scenario(tenants=1000, model="llama-3-8b", rank=64, targets="all", max_loras=8,
-                             requests_per_step=64, pcie_gbs=25))
+    storm = compute(
+        Scenario(
+            tenants=1000, model="llama-3-8b", rank=64, targets="all", max_loras=8, requests_per_step=64, pcie_gbs=25
+        )
+    )
     assert calm.section("slots")["load_share"] < 1 and not any("thrash" in w for w in calm.warnings)
     assert storm.section("slots")["load_share"] > 1 and any("thrash" in w for w in storm.warnings)
 
 
 def test_popular_tenants_hit_more_often():
     uni = compute(Scenario(tenants=200, model="llama-3-8b", requests_per_step=2)).section("slots")
-    zipf = compute(Scenario(tenants=200, model="llama-3-8b", requests_per_step=2, popularity="zipf",
-                            zipf_s=1.2)).section("slots")
+    zipf = compute(
+        Scenario(tenants=200, model="llama-3-8b", requests_per_step=2, popularity="zipf", zipf_s=1.2)
+    ).section("slots")
     assert zipf["hit_rate"] > uni["hit_rate"]
     assert zipf["loads_per_step"] < uni["loads_per_step"]

@@ -61,6 +61,7 @@ class Sim:
                 assert self.gates[name].wait(30), f"read of {name} never released"
             if name in self.fail_load:
                 from multilora_cli.errors import AdapterError
+
                 raise AdapterError(f"adapter {name!r}: cannot read weights")
             return {"name": name}
 
@@ -71,8 +72,14 @@ class Sim:
         def evict(slot, name):
             assert self.installed.pop(slot) == name
 
-        self.slots = SlotManager(self.config.max_loras, self.config.max_cpu_loras, load_cpu, install, evict,
-                                 prefetch_threads=self.prefetch_threads)
+        self.slots = SlotManager(
+            self.config.max_loras,
+            self.config.max_cpu_loras,
+            load_cpu,
+            install,
+            evict,
+            prefetch_threads=self.prefetch_threads,
+        )
         self.sched = Scheduler(self.config, self.bm, self.slots, **self.scheduler_kw)
         self.kv: dict[int, tuple[int, int, int]] = {}  # cache slot -> (seq_id, position, token)
         self.log: list[StepLog] = []
@@ -127,13 +134,16 @@ class Sim:
                 tok = seq.token_ids[p] if p < seq.num_tokens else fed[i]  # (ahead: the fed token is not appended)
                 assert self.kv.get(cs) == (seq.seq_id, p, tok), (seq, p)
         assert b.logits_indices() == [qs[i + 1] - 1 for i in range(b.num_seqs) if b.sample[i]]
-        assert all(n == 1 for n in b.num_new_tokens[:b.num_decodes])
-        assert all(n > 1 for n in b.num_new_tokens[b.num_decodes:])
+        assert all(n == 1 for n in b.num_new_tokens[: b.num_decodes])
+        assert all(n > 1 for n in b.num_new_tokens[b.num_decodes :])
         ahead = int(b.ahead)  # an ahead decode feeds the token sampled after the last one appended
-        decodes = [n == 1 and st + 1 == s.num_tokens + ahead and st >= s.num_prompt_tokens
-                   for s, st, n in zip(b.seqs, b.start, b.num_new_tokens)]
-        self.log.append(StepLog(b, {s.adapter for s in b.seqs}, self.sched.num_running,
-                                dict(self.slots.resident), decodes))
+        decodes = [
+            n == 1 and st + 1 == s.num_tokens + ahead and st >= s.num_prompt_tokens
+            for s, st, n in zip(b.seqs, b.start, b.num_new_tokens)
+        ]
+        self.log.append(
+            StepLog(b, {s.adapter for s in b.seqs}, self.sched.num_running, dict(self.slots.resident), decodes)
+        )
 
     def run(self, seqs=(), feed=None, max_steps: int = 100_000, stop=None) -> list[Sequence]:
         """Add `seqs` (or feed lazily from the iterator `feed` while the scheduler wants more) and step

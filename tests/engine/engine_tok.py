@@ -31,8 +31,14 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                  "<|eot_id|>", "<|eom_id|>"]
+LLAMA3_SPECIAL = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+]
 CHATML_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -48,8 +54,9 @@ def train(special: list[str], metaspace: bool = False, vocab_size: int = 400):
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tk.decoder = decoders.ByteLevel()
         alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, initial_alphabet=alphabet,
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, initial_alphabet=alphabet, show_progress=False
+    )
     tk.train_from_iterator(TEXT, trainer)
     return tk
 
@@ -61,17 +68,35 @@ def write_llama3_dir(d: Path, *, template_in_jinja: bool = False, add_bos_token=
     d.mkdir(parents=True, exist_ok=True)
     tk = train(LLAMA3_SPECIAL)
     bos = tk.token_to_id("<|begin_of_text|>")
-    tk.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
-                                      special_tokens=[("<|begin_of_text|>", bos)]),
-    ])
+    tk.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single="<|begin_of_text|> $A",
+                pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                special_tokens=[("<|begin_of_text|>", bos)],
+            ),
+        ]
+    )
     tk.save(str(d / "tokenizer.json"))
-    tc = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
-          "eos_token": "<|eot_id|>", "clean_up_tokenization_spaces": False, "model_max_length": 4096,
-          "added_tokens_decoder": {str(tk.token_to_id(t)): {"content": t, "special": True, "lstrip": False,
-                                                            "rstrip": False, "normalized": False,
-                                                            "single_word": False} for t in LLAMA3_SPECIAL}}
+    tc = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|eot_id|>",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 4096,
+        "added_tokens_decoder": {
+            str(tk.token_to_id(t)): {
+                "content": t,
+                "special": True,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "single_word": False,
+            }
+            for t in LLAMA3_SPECIAL
+        },
+    }
     if add_bos_token is not None:
         tc["add_bos_token"] = add_bos_token
     if template_in_jinja:
@@ -80,11 +105,12 @@ def write_llama3_dir(d: Path, *, template_in_jinja: bool = False, add_bos_token=
     else:
         tc["chat_template"] = LLAMA3_TEMPLATE
     (d / "tokenizer_config.json").write_text(json.dumps(tc))
-    (d / "config.json").write_text(json.dumps({"bos_token_id": bos,
-                                               "eos_token_id": tk.token_to_id("<|end_of_text|>")}))
-    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [tk.token_to_id("<|eom_id|>")],
-                                                          "do_sample": True, "temperature": 0.6,
-                                                          "top_p": 0.9}))
+    (d / "config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": tk.token_to_id("<|end_of_text|>")}))
+    (d / "generation_config.json").write_text(
+        json.dumps(
+            {"eos_token_id": [tk.token_to_id("<|eom_id|>")], "do_sample": True, "temperature": 0.6, "top_p": 0.9}
+        )
+    )
     return d
 
 
@@ -93,8 +119,13 @@ def write_chatml_dir(d: Path, *, with_template: bool = True, metaspace: bool = F
     d.mkdir(parents=True, exist_ok=True)
     tk = train(CHATML_SPECIAL, metaspace=metaspace)
     tk.save(str(d / "tokenizer.json"))
-    tc = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
-          "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": False}
+    tc = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "clean_up_tokenization_spaces": False,
+    }
     if with_template:
         tc["chat_template"] = CHATML_TEMPLATE
     (d / "tokenizer_config.json").write_text(json.dumps(tc))

@@ -28,12 +28,22 @@ ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("direct")
     base = build_base(root / "base")
-    out = {"all": build_adapter(base, root / "all", r=8, alpha=16, targets=ALL),
-           "qv": build_adapter(base, root / "qv", r=4, alpha=8, targets=("q_proj", "v_proj"), seed=2),
-           "pattern": build_adapter(base, root / "pattern", r=8, alpha=16, targets=ALL, seed=3,
-                                    rank_pattern={"k_proj": 4, "down_proj": 2}, alpha_pattern={"o_proj": 3},
-                                    use_rslora=True),
-           "bin": build_adapter(base, root / "bin", r=4, targets=("q_proj",), seed=4, safetensors=False)}
+    out = {
+        "all": build_adapter(base, root / "all", r=8, alpha=16, targets=ALL),
+        "qv": build_adapter(base, root / "qv", r=4, alpha=8, targets=("q_proj", "v_proj"), seed=2),
+        "pattern": build_adapter(
+            base,
+            root / "pattern",
+            r=8,
+            alpha=16,
+            targets=ALL,
+            seed=3,
+            rank_pattern={"k_proj": 4, "down_proj": 2},
+            alpha_pattern={"o_proj": 3},
+            use_rslora=True,
+        ),
+        "bin": build_adapter(base, root / "bin", r=4, targets=("q_proj",), seed=4, safetensors=False),
+    }
     for dt, tag in ((torch.bfloat16, "all_bf16"), (torch.float16, "all_fp16")):
         out[tag] = _recast(out["all"], root / tag, lambda k, t, dt=dt: t.to(dt))
     out["mixed"] = _recast(out["all"], root / "mixed", lambda k, t: t.half() if "lora_A" in k else t)
@@ -68,8 +78,11 @@ def test_bit_identical_to_load_then_pack(ckpts, tag, dtype):
     for key, m in ref.modules.items():  # lazily made views: the adapter as load_adapter gives it
         pm = got.modules[key]
         assert torch.equal(pm.a, m.a.to(dtype)) and torch.equal(pm.b, m.b.to(dtype)) and pm.scaling == m.scaling
-    assert (got.stored_dtype, got.stored_nbytes, got.module_names) == (ref.stored_dtype, ref.stored_nbytes,
-                                                                     ref.module_names)
+    assert (got.stored_dtype, got.stored_nbytes, got.module_names) == (
+        ref.stored_dtype,
+        ref.stored_nbytes,
+        ref.module_names,
+    )
 
 
 def test_falls_back_where_it_does_not_apply(ckpts):
@@ -101,7 +114,9 @@ def test_nan_named_like_load_adapter_and_block_returned(ckpts, tmp_path):
 
 def test_structural_errors_are_load_adapters(ckpts, tmp_path):
     cfg, paths = ckpts
-    other = ModelConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "hidden_size": cfg.hidden_size * 2})
+    other = ModelConfig(
+        **{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "hidden_size": cfg.hidden_size * 2}
+    )
     for path, model in ((paths["all"], other), (tmp_path / "missing", cfg)):
         with pytest.raises(AdapterError) as want:
             load_adapter(path, "x", model)
@@ -131,7 +146,7 @@ def test_read_spans_runs_gaps_and_short_files(tmp_path):
     scan = type("S", (), {"name": "blob"})()
     read_spans(f, memoryview(target), spans, scan)
     for i, (b, e) in enumerate(pieces):
-        assert target[dst[i]:dst[i] + e - b] == data[b:e]
+        assert target[dst[i] : dst[i] + e - b] == data[b:e]
     with pytest.raises(AdapterError, match="ended at byte"):
         read_spans(f, memoryview(bytearray(16)), [(len(data) - 8, len(data) + 8, 0)], scan)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from engine_sim import Sim, expected_output, make_seq
+
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.admission import LoadPicker
 
@@ -60,8 +60,7 @@ def test_rich_pool_targets_its_mean():
 
 
 def cfg(**kw) -> EngineConfig:
-    base = dict(model="m", max_loras=4, max_cpu_loras=32, max_num_seqs=16, max_num_batched_tokens=256,
-                block_size=4)
+    base = dict(model="m", max_loras=4, max_cpu_loras=32, max_num_seqs=16, max_num_batched_tokens=256, block_size=4)
     return EngineConfig(**{**base, **kw})
 
 

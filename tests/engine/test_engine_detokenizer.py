@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from engine_tok import TEXT, write_chatml_dir, write_llama3_dir
+
 from multilora_cli.config import SamplingParams
 from multilora_cli.engine.detokenizer import IncrementalDecoder, StopChecker, find_stop
 from multilora_cli.engine.request import Request
@@ -15,8 +15,10 @@ from multilora_cli.engine.tokenizer import Tokenizer
 @pytest.fixture(scope="module")
 def toks(tmp_path_factory):
     root = tmp_path_factory.mktemp("detok")
-    return {"bytelevel": Tokenizer.from_dir(write_llama3_dir(root / "l3")),
-            "metaspace": Tokenizer.from_dir(write_chatml_dir(root / "ms", metaspace=True))}
+    return {
+        "bytelevel": Tokenizer.from_dir(write_llama3_dir(root / "l3")),
+        "metaspace": Tokenizer.from_dir(write_chatml_dir(root / "ms", metaspace=True)),
+    }
 
 
 @pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
@@ -73,8 +75,9 @@ def test_eos_max_tokens_and_max_model_len(toks):
     ids = tok.encode("héllo wörld", add_special_tokens=False)
     seq, reason = run_tokens(tok, ids + [eot, 7], SamplingParams(max_tokens=100), eos=tok.eos_token_ids)
     assert reason == "stop" and seq.text == "héllo wörld" and seq.output_token_ids[-1] == eot
-    seq, reason = run_tokens(tok, ids + [eot, *ids], SamplingParams(max_tokens=len(ids) + 3, ignore_eos=True),
-                             eos=tok.eos_token_ids)
+    seq, reason = run_tokens(
+        tok, ids + [eot, *ids], SamplingParams(max_tokens=len(ids) + 3, ignore_eos=True), eos=tok.eos_token_ids
+    )
     assert reason == "length" and seq.num_completion_tokens == len(ids) + 3
     seq, reason = run_tokens(tok, ids, SamplingParams(max_tokens=100), max_model_len=5)
     assert reason == "length" and seq.num_tokens == 5 and seq.text == tok.decode(ids[:2])

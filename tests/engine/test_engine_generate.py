@@ -23,14 +23,17 @@ NEW = 6
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 256, (int(torch.randint(3, 19, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(3, 256, (int(torch.randint(3, 19, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
 def _requests(prompts, plan, **sampling) -> list[Request]:
     sp = dict(max_tokens=NEW, ignore_eos=True, **sampling)
-    return [Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=SamplingParams(**sp))
-            for i, (p, a) in enumerate(zip(prompts, plan))]
+    return [
+        Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=SamplingParams(**sp))
+        for i, (p, a) in enumerate(zip(prompts, plan))
+    ]
 
 
 def _hf_greedy(base: Path, adapters: dict[str, Path], prompts, plan) -> list[list[int]]:
@@ -47,7 +50,7 @@ def _hf_greedy(base: Path, adapters: dict[str, Path], prompts, plan) -> list[lis
                     pm.set_adapter(a)
                     logits = pm(input_ids=ids).logits
                 ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-            out.append(ids[0, len(p):].tolist())
+            out.append(ids[0, len(p) :].tolist())
     return out
 
 
@@ -110,8 +113,7 @@ def test_slot_pressure_and_preemption(llama, tmp_path):
     prompts = _prompts(len(plan), seed=9)
     roomy = Engine(EngineConfig(model=str(base), max_loras=10, max_lora_rank=8), many)
     want = roomy.generate_all(_requests(prompts, plan))
-    tight = Engine(EngineConfig(model=str(base), max_loras=2, max_lora_rank=8, block_size=4, num_kv_blocks=14),
-                   many)
+    tight = Engine(EngineConfig(model=str(base), max_loras=2, max_lora_rank=8, block_size=4, num_kv_blocks=14), many)
     got = tight.generate_all(_requests(prompts, plan))
     assert [r.error for r in got] == [None] * len(plan)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
@@ -143,14 +145,20 @@ def test_stop_strings_and_eos(llama):
     base, adapters = llama
     engine = Engine(EngineConfig(model=str(base), max_loras=2, max_lora_rank=16), adapters)
     p = _prompts(1, seed=4)[0]
-    free = engine.generate_all([Request(key=0, id="a", prompt_token_ids=p,
-                                        sampling=SamplingParams(max_tokens=8, ignore_eos=True))])[0]
+    free = engine.generate_all(
+        [Request(key=0, id="a", prompt_token_ids=p, sampling=SamplingParams(max_tokens=8, ignore_eos=True))]
+    )[0]
     words = free.text.split()
     assert len(words) == 8
     stop = words[3]
-    cut = engine.generate_all([Request(key=0, id="a", prompt_token_ids=p,
-                                       sampling=SamplingParams(max_tokens=8, stop=[stop], ignore_eos=True))])[0]
-    assert cut.finish_reason == "stop" and cut.text == free.text[:free.text.index(stop)]
+    cut = engine.generate_all(
+        [
+            Request(
+                key=0, id="a", prompt_token_ids=p, sampling=SamplingParams(max_tokens=8, stop=[stop], ignore_eos=True)
+            )
+        ]
+    )[0]
+    assert cut.finish_reason == "stop" and cut.text == free.text[: free.text.index(stop)]
 
 
 def test_run_ahead_changes_no_output(llama, monkeypatch):
@@ -166,10 +174,14 @@ def test_run_ahead_changes_no_output(llama, monkeypatch):
     plan = (PLAN + PLAN)[:12]
     cfg = EngineConfig(model=str(base), max_loras=4, max_lora_rank=16, max_num_seqs=6)
     monkeypatch.setattr(engine_mod, "RUN_AHEAD", False)
-    free = Engine(cfg, adapters).generate_all([  # each prompt's greedy text, to pick stop strings from
-        Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=SamplingParams(max_tokens=14,
-                                                                                        ignore_eos=True))
-        for i, (p, a) in enumerate(zip(prompts, plan))])
+    free = Engine(cfg, adapters).generate_all(
+        [  # each prompt's greedy text, to pick stop strings from
+            Request(
+                key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=SamplingParams(max_tokens=14, ignore_eos=True)
+            )
+            for i, (p, a) in enumerate(zip(prompts, plan))
+        ]
+    )
 
     def requests():
         out = []
@@ -195,7 +207,7 @@ def test_run_ahead_changes_no_output(llama, monkeypatch):
             assert engine.scheduler.num_ahead_steps > 0
     assert runs[True] == runs[False]
     sampled = [t for i, (t, *_rest) in enumerate(runs[True]) if i % 2]
-    assert sampled != [free[i].token_ids[:len(t)] for i, t in zip(range(1, 12, 2), sampled)]  # really sampled
+    assert sampled != [free[i].token_ids[: len(t)] for i, t in zip(range(1, 12, 2), sampled)]  # really sampled
     assert sum(r == "stop" and len(t) > 2 for t, _, r, _ in runs[True]) >= 3  # stops well into the decode
 
     engine = Engine(cfg, adapters)  # RUN_AHEAD on
@@ -207,8 +219,10 @@ def test_run_ahead_changes_no_output(llama, monkeypatch):
     assert engine.scheduler._pending, "no result was handed out while a step was in flight"
     gen.close()
     assert not engine.scheduler._pending
-    new = [Request(key=100 + i, id=f"new{i}", adapter=a, prompt_token_ids=p, sampling=SamplingParams(max_tokens=3))
-           for i, (p, a) in enumerate(zip(prompts[:2], plan[:2]))]
+    new = [
+        Request(key=100 + i, id=f"new{i}", adapter=a, prompt_token_ids=p, sampling=SamplingParams(max_tokens=3))
+        for i, (p, a) in enumerate(zip(prompts[:2], plan[:2]))
+    ]
     again = engine.generate_all(new)  # (the unread requests of the closed call finish here too, as before)
     assert all(r.error is None for r in again) and {"new0", "new1"} <= {r.id for r in again}
 
@@ -238,7 +252,10 @@ def test_max_model_len_above_the_trained_positions_is_refused(llama):
     base, adapters = llama
     limit = ModelConfig.from_dir(base).max_position_embeddings
     Engine(EngineConfig(model=str(base), max_model_len=limit), adapters).close()  # the limit itself is fine
-    with pytest.raises(ConfigError, match=rf"--max-model-len {limit + 1} is above the model's "
-                                          rf"max_position_embeddings \({limit}") as e:
+    with pytest.raises(
+        ConfigError,
+        match=rf"--max-model-len {limit + 1} is above the model's "
+        rf"max_position_embeddings \({limit}",
+    ) as e:
         Engine(EngineConfig(model=str(base), max_model_len=limit + 1), adapters)
     assert e.value.exit_code == 2

@@ -11,8 +11,15 @@ from multilora_cli.engine.slot_writer import SlotWriter
 from multilora_cli.layers.lora import LoRALinear
 
 H, I, Q, KV = 32, 48, 32, 16
-SHAPES = {"q_proj": (H, Q), "k_proj": (H, KV), "v_proj": (H, KV), "o_proj": (Q, H),
-          "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+SHAPES = {
+    "q_proj": (H, Q),
+    "k_proj": (H, KV),
+    "v_proj": (H, KV),
+    "o_proj": (Q, H),
+    "gate_proj": (H, I),
+    "up_proj": (H, I),
+    "down_proj": (I, H),
+}
 
 
 def _modules(layers=2, max_loras=3, max_rank=8):
@@ -33,15 +40,26 @@ def _adapter(name, ranks, layers=2, seed=1):
     for layer in range(layers):
         for mod, r in ranks.items():
             fin, fout = SHAPES[mod]
-            modules[(layer, mod)] = LoraModule(a=torch.randn(r, fin, generator=g), b=torch.randn(fout, r, generator=g),
-                                               scaling=2.0 + layer + r / 10)
-    return LoraAdapter(name=name, path=None, config=None, modules=modules, base_model=None, weights_path=None,
-                       stored_dtype=torch.float32, stored_nbytes=0)
+            modules[(layer, mod)] = LoraModule(
+                a=torch.randn(r, fin, generator=g), b=torch.randn(fout, r, generator=g), scaling=2.0 + layer + r / 10
+            )
+    return LoraAdapter(
+        name=name,
+        path=None,
+        config=None,
+        modules=modules,
+        base_model=None,
+        weights_path=None,
+        stored_dtype=torch.float32,
+        stored_nbytes=0,
+    )
 
 
 def _state(mods, slot):
-    return [(m.lora.a[slot].clone(), m.lora.b[slot].clone(), m.lora.rank[slot].clone(), m.lora.scale[slot].clone())
-            for m in mods.values()]
+    return [
+        (m.lora.a[slot].clone(), m.lora.b[slot].clone(), m.lora.rank[slot].clone(), m.lora.scale[slot].clone())
+        for m in mods.values()
+    ]
 
 
 def test_packed_install_matches_tensor_path():
@@ -54,8 +72,9 @@ def test_packed_install_matches_tensor_path():
         SlotWriter(packed, torch.device("cpu")).install(1, uniform)
         SlotWriter(plain, torch.device("cpu")).install(1, adapter)
         p = pack_adapter(adapter, pin=False)
-        assert isinstance(p, PackedAdapter) and p.flat.numel() == sum(m.a.numel() + m.b.numel()
-                                                                      for m in adapter.modules.values())
+        assert isinstance(p, PackedAdapter) and p.flat.numel() == sum(
+            m.a.numel() + m.b.numel() for m in adapter.modules.values()
+        )
         for key, m in adapter.modules.items():  # the packed adapter is still the same adapter
             assert torch.equal(p.modules[key].a, m.a) and torch.equal(p.modules[key].b, m.b)
         SlotWriter(packed, torch.device("cpu")).install(1, p)
@@ -101,12 +120,17 @@ def test_cached_views_serve_every_slot_and_buffer(monkeypatch, scatter):
     w = SlotWriter(cached, torch.device("cpu"))
     monkeypatch.setattr(w, "cuda", True)
     monkeypatch.setattr(w, "_host", lambda arr: torch.from_numpy(np.ascontiguousarray(arr)))
-    w.stager = DeviceStager(torch.device("cpu"), numel=packed[0].flat.numel(), dtype=packed[0].flat.dtype,
-                            n_buffers=2)
+    w.stager = DeviceStager(torch.device("cpu"), numel=packed[0].flat.numel(), dtype=packed[0].flat.dtype, n_buffers=2)
     ref = SlotWriter(plain, torch.device("cpu"))
     # groups of loads; the adapters of a group marked True are staged together first (two buffers in use)
-    plan = [([(0, 0)], False), ([(1, 1), (2, 2)], True), ([(0, 3)], True), ([(1, 0)], False),
-            ([(2, 1), (0, 2)], True), ([(1, 3)], False)]
+    plan = [
+        ([(0, 0)], False),
+        ([(1, 1), (2, 2)], True),
+        ([(0, 3)], True),
+        ([(1, 0)], False),
+        ([(2, 1), (0, 2)], True),
+        ([(1, 3)], False),
+    ]
     for step, (loads, stage) in enumerate(plan):
         if stage:
             assert all(w.stager.stage(packed[i]) for _, i in loads)

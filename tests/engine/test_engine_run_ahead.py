@@ -7,8 +7,8 @@ one-step-at-a-time loop, and without early stops the steps themselves must be th
 from __future__ import annotations
 
 import pytest
-
 from engine_sim import Sim, expected_output, make_seq
+
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.detokenizer import StopChecker
 
@@ -19,8 +19,9 @@ def cfg(**kw) -> EngineConfig:
 
 
 def _steps(sim: Sim) -> list[tuple]:
-    return [(tuple(s.seq_id for s in l.batch.seqs), tuple(l.batch.num_new_tokens), tuple(l.batch.start))
-            for l in sim.log]
+    return [
+        (tuple(s.seq_id for s in l.batch.seqs), tuple(l.batch.num_new_tokens), tuple(l.batch.start)) for l in sim.log
+    ]
 
 
 def _pair(config, num_blocks, make, stop=None, **kw):
@@ -52,6 +53,7 @@ def _stop_on(mod: int):
 
     def stop(seq):
         return "stop" if seq.token_ids[-1] % mod == 0 else base(seq)
+
     return stop
 
 
@@ -126,4 +128,3 @@ def test_no_ahead_step_while_requests_still_come_and_a_seat_is_free():
     assert b.is_decode_only and s.num_waiting == 0
     assert s.schedule_ahead(b, more_requests=True) is None  # the caller's next requests would take the seat
     assert s.schedule_ahead(b) is not None
-

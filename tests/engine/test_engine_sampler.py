@@ -11,7 +11,7 @@ import torch
 
 from multilora_cli.config import SamplingParams
 from multilora_cli.engine.request import Request
-from multilora_cli.engine.sampler import SamplingBatch, Sampler, uniform
+from multilora_cli.engine.sampler import Sampler, SamplingBatch, uniform
 from multilora_cli.engine.sequence import Sequence, derive_seed
 from multilora_cli.kernels.sample import kept_weights
 
@@ -19,8 +19,15 @@ V = 50
 TRITON_RUNS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.skipif(
-    not TRITON_RUNS, reason="the Triton path needs CUDA or TRITON_INTERPRET=1"))])
+@pytest.fixture(
+    params=[
+        "torch",
+        pytest.param(
+            "triton",
+            marks=pytest.mark.skipif(not TRITON_RUNS, reason="the Triton path needs CUDA or TRITON_INTERPRET=1"),
+        ),
+    ]
+)
 def path(request, monkeypatch):
     monkeypatch.setenv("MULTILORA_KERNELS", request.param)
     return request.param
@@ -38,8 +45,8 @@ def sample(logits, params, seeds, positions):
 
 def hf_probs(row, sp: SamplingParams):
     """transformers' sampling distribution: temperature, top-k, top-p warpers, then softmax."""
-    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
     x = row.unsqueeze(0).clone()
     x = TemperatureLogitsWarper(sp.temperature)(None, x)
     if sp.top_k:
@@ -50,8 +57,9 @@ def hf_probs(row, sp: SamplingParams):
 
 
 def our_probs(row, sp: SamplingParams):
-    w = kept_weights(row.unsqueeze(0), torch.tensor([sp.temperature]), torch.tensor([sp.top_k or V]),
-                     torch.tensor([sp.top_p]))[0]
+    w = kept_weights(
+        row.unsqueeze(0), torch.tensor([sp.temperature]), torch.tensor([sp.top_k or V]), torch.tensor([sp.top_p])
+    )[0]
     return w / w.sum()
 
 
@@ -64,10 +72,15 @@ def test_greedy_is_argmax_first_on_ties(path):
     assert sample(x, [SamplingParams(temperature=0.7, top_k=1)] * 4, [9] * 4, [0] * 4) == got
 
 
-@pytest.mark.parametrize("sp", [SamplingParams(temperature=0.8, top_k=5),
-                                SamplingParams(temperature=1.3, top_p=0.7),
-                                SamplingParams(temperature=0.5, top_k=12, top_p=0.9),
-                                SamplingParams(temperature=1.0, top_p=0.05)])
+@pytest.mark.parametrize(
+    "sp",
+    [
+        SamplingParams(temperature=0.8, top_k=5),
+        SamplingParams(temperature=1.3, top_p=0.7),
+        SamplingParams(temperature=0.5, top_k=12, top_p=0.9),
+        SamplingParams(temperature=1.0, top_p=0.05),
+    ],
+)
 def test_masks_match_transformers_warpers(sp):
     for i, row in enumerate(logits_rows(6, seed=1)):
         ref, ours = hf_probs(row, sp), our_probs(row, sp)
@@ -77,12 +90,18 @@ def test_masks_match_transformers_warpers(sp):
 
 def test_batch_invariance_any_composition_and_order(path):
     x = logits_rows(7, seed=2)
-    params = [SamplingParams(), SamplingParams(temperature=0.9), SamplingParams(temperature=0.6, top_k=8),
-              SamplingParams(temperature=1.2, top_p=0.8), SamplingParams(temperature=1.0),
-              SamplingParams(temperature=0.7, top_k=20, top_p=0.95), SamplingParams(temperature=2.0)]
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0.9),
+        SamplingParams(temperature=0.6, top_k=8),
+        SamplingParams(temperature=1.2, top_p=0.8),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.95),
+        SamplingParams(temperature=2.0),
+    ]
     seeds = [11, 22, 33, 44, 55, 66, 77]
     positions = [0, 3, 1, 4, 1, 5, 9]
-    alone = [sample(x[i:i + 1], [params[i]], [seeds[i]], [positions[i]])[0] for i in range(7)]
+    alone = [sample(x[i : i + 1], [params[i]], [seeds[i]], [positions[i]])[0] for i in range(7)]
     assert sample(x, params, seeds, positions) == alone
     perm = [5, 2, 6, 0, 3, 1, 4]
     got = sample(x[perm], [params[i] for i in perm], [seeds[i] for i in perm], [positions[i] for i in perm])
@@ -102,8 +121,14 @@ def test_draws_depend_on_seed_and_position_only(path):
     assert uniform(5, 3) == uniform(5, 3) and 0.0 <= uniform(5, 3) < 1.0
 
 
-@pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=6),
-                                SamplingParams(temperature=1.5, top_p=0.6)])
+@pytest.mark.parametrize(
+    "sp",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=6),
+        SamplingParams(temperature=1.5, top_p=0.6),
+    ],
+)
 def test_sampled_frequencies_match_the_distribution(sp, path):
     if path == "triton" and not torch.cuda.is_available():
         # 20000 interpreted programs take minutes; the interpreter checks kernel == definition row by row instead

@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from engine_sim import Sim, expected_output, make_seq
+
 from multilora_cli.config import EngineConfig
 from multilora_cli.errors import AdapterError, EngineError, RequestError
 
@@ -57,8 +57,9 @@ def test_ten_adapters_two_slots_never_more_than_max_loras():
 def test_defer_not_barrier():
     """With one slot pinned by a running adapter, a waiting request for another adapter waits while later
     requests for the pinned adapter go first."""
-    sim = Sim(cfg(max_loras=1, max_num_seqs=4, max_num_batched_tokens=32), num_blocks=100,
-              scheduler_kw=dict(policy="fifo"))
+    sim = Sim(
+        cfg(max_loras=1, max_num_seqs=4, max_num_batched_tokens=32), num_blocks=100, scheduler_kw=dict(policy="fifo")
+    )
     sim.sched.add(make_seq(0, "A", 4, max_tokens=12))
     sim.step()  # A runs and pins the only slot
     sim.sched.add(make_seq(1, "B", 4, max_tokens=3))
@@ -71,13 +72,18 @@ def test_defer_not_barrier():
 
 def mixed_workload(n_adapters: int, per_adapter: int, seed: int):
     rnd = random.Random(seed)
-    return [make_seq(i, f"a{rnd.randrange(n_adapters)}", 4 + rnd.randrange(12), max_tokens=2 + rnd.randrange(12))
-            for i in range(n_adapters * per_adapter)]
+    return [
+        make_seq(i, f"a{rnd.randrange(n_adapters)}", 4 + rnd.randrange(12), max_tokens=2 + rnd.randrange(12))
+        for i in range(n_adapters * per_adapter)
+    ]
 
 
 def run_policy(policy, seqs=(), feed=None, window=None):
-    sim = Sim(cfg(max_loras=8, max_num_seqs=16, max_cpu_loras=64), num_blocks=2000,
-              scheduler_kw=dict(policy=policy, waiting_window=window))
+    sim = Sim(
+        cfg(max_loras=8, max_num_seqs=16, max_cpu_loras=64),
+        num_blocks=2000,
+        scheduler_kw=dict(policy=policy, waiting_window=window),
+    )
     check_outputs(sim.run(seqs, feed=feed), 128)
     assert max(len(l.adapters - {None}) for l in sim.log) <= 8
     return sim.slots.loads
@@ -119,16 +125,21 @@ def test_token_budget_max_num_seqs_and_chunked_prefill():
     check_outputs(sim.run(seqs), 8)
     assert max(l.batch.num_tokens for l in sim.log) == 16
     assert max(l.batch.num_seqs for l in sim.log) <= 3
-    chunked = [l for l in sim.log for s, st, n, smp in zip(l.batch.seqs, l.batch.start, l.batch.num_new_tokens,
-                                                           l.batch.sample) if s.num_prompt_tokens == 40 and st > 0 and n > 1]
+    chunked = [
+        l
+        for l in sim.log
+        for s, st, n, smp in zip(l.batch.seqs, l.batch.start, l.batch.num_new_tokens, l.batch.sample)
+        if s.num_prompt_tokens == 40 and st > 0 and n > 1
+    ]
     assert chunked  # 40-token prompts were fed in several chunks
     mixed = [l for l in sim.log if any(l.decodes) and not all(l.decodes)]
     assert mixed  # decodes and prefill chunks shared steps
 
 
 def test_split_prefill_decode_steps():
-    sim = Sim(cfg(max_num_seqs=3, max_num_batched_tokens=16), num_blocks=200,
-              scheduler_kw=dict(mix_prefill_decode=False))
+    sim = Sim(
+        cfg(max_num_seqs=3, max_num_batched_tokens=16), num_blocks=200, scheduler_kw=dict(mix_prefill_decode=False)
+    )
     seqs = [make_seq(i, None, 30 if i % 2 else 6, max_tokens=5) for i in range(7)]
     check_outputs(sim.run(seqs), 7)
     assert any(all(l.decodes) for l in sim.log) and any(not any(l.decodes) for l in sim.log)
@@ -137,12 +148,11 @@ def test_split_prefill_decode_steps():
 
 
 def test_whole_prompts_when_chunking_off():
-    sim = Sim(cfg(max_num_seqs=3, max_num_batched_tokens=16), num_blocks=200,
-              scheduler_kw=dict(chunked_prefill=False))
+    sim = Sim(cfg(max_num_seqs=3, max_num_batched_tokens=16), num_blocks=200, scheduler_kw=dict(chunked_prefill=False))
     seqs = [make_seq(i, None, 30 if i == 1 else 6, max_tokens=5) for i in range(5)]
     check_outputs(sim.run(seqs), 5)
     for l in sim.log:
-        for s, st, n in zip(l.batch.seqs, l.batch.start, l.batch.num_new_tokens):
+        for st, n in zip(l.batch.start, l.batch.num_new_tokens):
             assert st == 0 or n == 1  # prompts go in whole
         over = l.batch.num_tokens > 16
         if over:  # only a lone prompt may exceed the budget
@@ -152,8 +162,7 @@ def test_whole_prompts_when_chunking_off():
 @pytest.mark.parametrize("mix", [True, False])
 def test_preemption_when_kv_runs_out_recomputes_exactly(mix):
     # 6 sequences of 8 + 14 tokens need 36 blocks of 4 at full length; the cache has 14
-    sim = Sim(cfg(max_num_seqs=6, max_num_batched_tokens=64), num_blocks=14,
-              scheduler_kw=dict(mix_prefill_decode=mix))
+    sim = Sim(cfg(max_num_seqs=6, max_num_batched_tokens=64), num_blocks=14, scheduler_kw=dict(mix_prefill_decode=mix))
     seqs = [make_seq(i, f"a{i % 2}", 8, max_tokens=14) for i in range(6)]
     check_outputs(sim.run(seqs), 6)
     assert sim.sched.num_preemptions > 0
@@ -194,6 +203,7 @@ def test_adapter_load_failure_fails_its_requests_only():
 def test_starving_adapter_gets_a_slot_within_defer_limit():
     """A stream of 'A' requests keeps the only slot busy; 'B' (queued early) must not wait for the stream
     to end: after defer_limit admissions the scheduler drains the slot for it."""
+
     def stream():
         yield make_seq(0, "A", 4, max_tokens=3)
         yield make_seq(1, "B", 4, max_tokens=3)
@@ -201,13 +211,13 @@ def test_starving_adapter_gets_a_slot_within_defer_limit():
             yield make_seq(i, "A", 4, max_tokens=3)
 
     limit = 10
-    sim = Sim(cfg(max_loras=1, max_num_seqs=4), num_blocks=100,
-              scheduler_kw=dict(waiting_window=8, defer_limit=limit))
+    sim = Sim(cfg(max_loras=1, max_num_seqs=4), num_blocks=100, scheduler_kw=dict(waiting_window=8, defer_limit=limit))
     check_outputs(sim.run(feed=stream()), 200)
     order = sorted(sim.admitted_step, key=lambda i: (sim.admitted_step[i], i))
     assert order.index(1) <= limit + 1 + 4  # deferred at most ~defer_limit admissions (+ the running ones)
-    no_drain = Sim(cfg(max_loras=1, max_num_seqs=4), num_blocks=100,
-                   scheduler_kw=dict(waiting_window=8, defer_limit=10_000))
+    no_drain = Sim(
+        cfg(max_loras=1, max_num_seqs=4), num_blocks=100, scheduler_kw=dict(waiting_window=8, defer_limit=10_000)
+    )
     no_drain.run(feed=stream())
     late = sorted(no_drain.admitted_step, key=lambda i: (no_drain.admitted_step[i], i)).index(1)
     assert late > order.index(1)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from engine_sim import make_seq
+
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.slots import SlotManager
 from multilora_cli.errors import AdapterError
@@ -168,10 +168,10 @@ def test_prefetch_reads_in_background_and_counts_once():
 
 def test_scheduler_prefetches_the_next_adapters():
     from engine_sim import Sim
+
     from multilora_cli.config import EngineConfig
 
-    sim = Sim(EngineConfig(model="m", max_loras=2, max_num_seqs=2, block_size=4), num_blocks=100,
-              prefetch_threads=1)
+    sim = Sim(EngineConfig(model="m", max_loras=2, max_num_seqs=2, block_size=4), num_blocks=100, prefetch_threads=1)
     try:
         seqs = [make_seq(i, f"a{i % 5}", 4, max_tokens=3) for i in range(20)]
         done = sim.run(seqs)
@@ -210,14 +210,22 @@ def test_scheduler_keeps_running_other_work_while_an_adapter_loads():
     import threading
 
     from engine_sim import Sim, expected_output
+
     from multilora_cli.config import EngineConfig
 
     gate = threading.Event()
-    sim = Sim(EngineConfig(model="m", max_loras=2, max_num_seqs=4, block_size=4), num_blocks=100,
-              prefetch_threads=1, gates={"slow": gate})
+    sim = Sim(
+        EngineConfig(model="m", max_loras=2, max_num_seqs=4, block_size=4),
+        num_blocks=100,
+        prefetch_threads=1,
+        gates={"slow": gate},
+    )
     try:
-        seqs = [make_seq(0, None, 4, max_tokens=6), make_seq(1, "slow", 4, max_tokens=3),
-                make_seq(2, "fast", 4, max_tokens=6)]
+        seqs = [
+            make_seq(0, None, 4, max_tokens=6),
+            make_seq(1, "slow", 4, max_tokens=3),
+            make_seq(2, "fast", 4, max_tokens=6),
+        ]
         for s in seqs:
             sim.sched.add(s)
         for _ in range(3):  # base + fast run; slow is deferred, not waited for

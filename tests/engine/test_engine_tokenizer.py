@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from engine_tok import TEXT, write_chatml_dir, write_llama3_dir
+
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.tokenizer import Tokenizer
@@ -16,8 +16,12 @@ from multilora_cli.errors import ModelError, RequestError
 SAMPLES = TEXT + ["  two leading spaces", "tab\tand\nnewline", "<|im_start|>literal<|eot_id|> specials", "x"]
 CHATS = [
     [{"role": "user", "content": "héllo wörld 🌍"}],
-    [{"role": "system", "content": "  Be brief.  "}, {"role": "user", "content": "What is LoRA?"},
-     {"role": "assistant", "content": "A low-rank adapter."}, {"role": "user", "content": "東京 and ### END"}],
+    [
+        {"role": "system", "content": "  Be brief.  "},
+        {"role": "user", "content": "What is LoRA?"},
+        {"role": "assistant", "content": "A low-rank adapter."},
+        {"role": "user", "content": "東京 and ### END"},
+    ],
 ]
 
 
@@ -37,6 +41,7 @@ def dirs(tmp_path_factory):
 
 def hf(path):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(path))
 
 
@@ -60,8 +65,9 @@ def test_encode_decode_match_transformers(dirs, name):
 def test_chat_template_matches_transformers(dirs, name):
     ours, ref = Tokenizer.from_dir(dirs[name]), hf(dirs[name])
     for messages in CHATS:
-        assert ours.render_chat(messages) == ref.apply_chat_template(messages, add_generation_prompt=True,
-                                                                      tokenize=False)
+        assert ours.render_chat(messages) == ref.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
         assert ours.apply_chat_template(messages) == hf_chat_ids(ref, messages)
 
 
@@ -80,11 +86,16 @@ def test_chat_template_file_wins_over_config(dirs):
 def test_eos_is_the_union_of_config_generation_config_and_tokenizer(dirs):
     tok = Tokenizer.from_dir(dirs["llama3"])
     b = tok.backend
-    assert set(tok.eos_token_ids) == {b.token_to_id("<|end_of_text|>"), b.token_to_id("<|eom_id|>"),
-                                      b.token_to_id("<|eot_id|>")}
+    assert set(tok.eos_token_ids) == {
+        b.token_to_id("<|end_of_text|>"),
+        b.token_to_id("<|eom_id|>"),
+        b.token_to_id("<|eot_id|>"),
+    }
     chatml = Tokenizer.from_dir(dirs["chatml"])
-    assert set(chatml.eos_token_ids) == {chatml.backend.token_to_id("<|endoftext|>"),
-                                         chatml.backend.token_to_id("<|im_end|>")}
+    assert set(chatml.eos_token_ids) == {
+        chatml.backend.token_to_id("<|endoftext|>"),
+        chatml.backend.token_to_id("<|im_end|>"),
+    }
     assert chatml.bos_token_id is None
 
 

@@ -61,11 +61,14 @@ def test_packed_adapter_lives_in_the_arena_and_gives_its_block_back():
     assert arena.free_bytes == free0  # owners gone: both blocks back, merged
 
 
-@pytest.mark.parametrize("sizes,cpu,slots,want", [
-    ([100, 5000, 3000], 64, 8, 4 * ALIGN),  # fewer adapters than cache: all of them, page-rounded
-    ([ALIGN] * 10, 2, 1, 3 * ALIGN),  # cache + reads in flight of the largest
-    ([], 4, 4, 0),
-])
+@pytest.mark.parametrize(
+    "sizes,cpu,slots,want",
+    [
+        ([100, 5000, 3000], 64, 8, 4 * ALIGN),  # fewer adapters than cache: all of them, page-rounded
+        ([ALIGN] * 10, 2, 1, 3 * ALIGN),  # cache + reads in flight of the largest
+        ([], 4, 4, 0),
+    ],
+)
 def test_arena_bytes(sizes, cpu, slots, want):
     assert arena_bytes(sizes, cpu, slots) == want
 
@@ -91,15 +94,18 @@ def test_host_buffer_is_zeroed_writable_memory_of_the_asked_size(prefault):
     assert arena.buf.numel() == n - n % ALIGN
 
 
-@pytest.mark.parametrize("blocks,cpu,slots,want", [
-    (16, 8, 8, 8),  # the arena holds cache + reads in flight: the cache as asked
-    (100, 8, 8, 8),
-    (12, 8, 8, 6),  # capped: half the blocks stay for the reads in flight
-    (12, 8, 2, 8),  # 12 - 2 >= 8
-    (12, 9, 2, 9),  # 12 - 2 = 10 >= 9
-    (402, 512, 256, 201),  # the H200 row of 256 adapters in 256 slots (33.8 GB arena, 84 MB adapters)
-    (1, 64, 64, 1),  # never below one
-])
+@pytest.mark.parametrize(
+    "blocks,cpu,slots,want",
+    [
+        (16, 8, 8, 8),  # the arena holds cache + reads in flight: the cache as asked
+        (100, 8, 8, 8),
+        (12, 8, 8, 6),  # capped: half the blocks stay for the reads in flight
+        (12, 8, 2, 8),  # 12 - 2 >= 8
+        (12, 9, 2, 9),  # 12 - 2 = 10 >= 9
+        (402, 512, 256, 201),  # the H200 row of 256 adapters in 256 slots (33.8 GB arena, 84 MB adapters)
+        (1, 64, 64, 1),  # never below one
+    ],
+)
 def test_host_cache_capacity(blocks, cpu, slots, want):
     size = 3 * ALIGN + 5  # page-rounded to 4 pages
     assert host_cache_capacity(blocks * 4 * ALIGN + ALIGN - 1, size, cpu, slots) == want
@@ -117,8 +123,12 @@ def test_a_host_cache_sized_to_the_arena_keeps_loads_in_the_arena(capped):
     cap = host_cache_capacity(arena.nbytes, nbytes, cpu, slots) if capped else cpu
     assert cap == (4 if capped else 8)
     installed = {}
-    mgr = SlotManager(slots, cap, load_cpu=lambda n: pack_adapter(adapters[n], pin=False, arena=arena),
-                      install=lambda slot, n, obj: installed.__setitem__(slot, (n, obj.flat.clone())))
+    mgr = SlotManager(
+        slots,
+        cap,
+        load_cpu=lambda n: pack_adapter(adapters[n], pin=False, arena=arena),
+        install=lambda slot, n, obj: installed.__setitem__(slot, (n, obj.flat.clone())),
+    )
     for i in range(12):
         name = f"a{i}"
         slot = mgr.acquire(name)

@@ -31,8 +31,9 @@ def test_prefill_inputs_are_a_consistent_context():
 
 
 def test_precompile_is_cuda_only():
-    assert precompile(None, None, None, max_num_batched_tokens=512, max_model_len=256, block_size=16,
-                      device=torch.device("cpu")) == (0, 0.0)
+    assert precompile(
+        None, None, None, max_num_batched_tokens=512, max_model_len=256, block_size=16, device=torch.device("cpu")
+    ) == (0, 0.0)
 
 
 def test_dry_sample_records_every_sampling_pass():

@@ -6,15 +6,29 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.builders import build_base
-from multilora_cli.engine.slot_budget import (CPU_MAX_LORAS, MAX_AUTO_LORAS, auto_max_loras, slot_bytes,
-                                              spare_gpu_bytes, weight_bytes)
+from multilora_cli.engine.slot_budget import (
+    CPU_MAX_LORAS,
+    MAX_AUTO_LORAS,
+    auto_max_loras,
+    slot_bytes,
+    spare_gpu_bytes,
+    weight_bytes,
+)
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model
+from tests.builders import build_base
 
 GB = 10**9
-LLAMA3_8B = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+LLAMA3_8B = ModelConfig(
+    model_type="llama",
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+)
 
 
 @pytest.mark.parametrize("arch, overrides", [("llama", {}), ("qwen3", {}), ("llama-tied", {"num_key_value_heads": 1})])
@@ -34,16 +48,19 @@ def test_llama3_8b_sizes():
     assert weight_bytes(LLAMA3_8B, 2) == pytest.approx(16.06 * GB, rel=1e-3)
 
 
-@pytest.mark.parametrize("n, gpu_gb, rank, want", [
-    (64, 141, 16, 64),  # H200: every adapter gets a slot
-    (64, 80, 16, 64),  # H100: (72 - 16 GB) x 10% = 5.6 GB = 66 slots of 84 MB
-    (300, 141, 16, MAX_AUTO_LORAS),  # capped
-    (64, 80, 64, 16),  # rank 64 slots are 336 MB
-    (64, 24, 16, 6),  # 24 GB card: 5.6 GB spare, 10% of it
-    (3, 80, 16, 3),  # never more than the adapters
-    (0, 80, 16, 1),
-    (64, 16, 16, 1),  # the weights alone overfill the GPU: still one slot (the engine then reports the KV error)
-])
+@pytest.mark.parametrize(
+    "n, gpu_gb, rank, want",
+    [
+        (64, 141, 16, 64),  # H200: every adapter gets a slot
+        (64, 80, 16, 64),  # H100: (72 - 16 GB) x 10% = 5.6 GB = 66 slots of 84 MB
+        (300, 141, 16, MAX_AUTO_LORAS),  # capped
+        (64, 80, 64, 16),  # rank 64 slots are 336 MB
+        (64, 24, 16, 6),  # 24 GB card: 5.6 GB spare, 10% of it
+        (3, 80, 16, 3),  # never more than the adapters
+        (0, 80, 16, 1),
+        (64, 16, 16, 1),  # the weights alone overfill the GPU: still one slot (the engine then reports the KV error)
+    ],
+)
 def test_gpu_rule(n, gpu_gb, rank, want):
     spare = int(gpu_gb * GB * 0.9) - weight_bytes(LLAMA3_8B, 2)
     assert auto_max_loras(n, slot_bytes(LLAMA3_8B, rank, 2), spare) == want

@@ -71,8 +71,9 @@ def test_slot_manager_restages_cached_adapters_ahead_of_their_load():
         if buf is not None:
             st.release(buf)
 
-    sm = SlotManager(1, 8, load_cpu=objs.__getitem__, install=install, prefetch_threads=1, stage=st.stage,
-                     stage_ahead=2)
+    sm = SlotManager(
+        1, 8, load_cpu=objs.__getitem__, install=install, prefetch_threads=1, stage=st.stage, stage_ahead=2
+    )
     try:
         for n in "abcd":
             sm.warm(n)  # all four read into the host cache, none staged
@@ -91,8 +92,9 @@ def test_slot_manager_restages_cached_adapters_ahead_of_their_load():
 def test_slot_manager_stages_the_next_loads_right_after_reading_them():
     st = DeviceStager(torch.device("cpu"), numel=4, dtype=torch.float32, n_buffers=2)
     objs = {n: _packed(4, i) for i, n in enumerate("abc")}
-    sm = SlotManager(4, 8, load_cpu=objs.__getitem__, install=lambda *a: None, prefetch_threads=1, stage=st.stage,
-                     stage_ahead=2)
+    sm = SlotManager(
+        4, 8, load_cpu=objs.__getitem__, install=lambda *a: None, prefetch_threads=1, stage=st.stage, stage_ahead=2
+    )
     try:
         sm.prefetch(["a", "b", "c"])  # none read yet: three reads, the first two chained to a device copy
         sm.prefetch(["a", "b", "c"])  # asked again next step: nothing submitted twice

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from tests.builders import build_tokenizer
 from engine_tok import TEXT, write_chatml_dir, write_llama3_dir
+
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.token_bound import analyze, byte_level_alphabet
 from multilora_cli.engine.tokenizer import Tokenizer
 from multilora_cli.errors import RequestError
+from tests.builders import build_tokenizer
 
 LIMIT = 512  # the demo's max_position_embeddings
 
@@ -90,15 +90,29 @@ def test_demo_bound_is_the_longest_token_and_holds_for_every_vocabulary_text(dem
     assert bound.max_token_bytes == len(longest.encode()) == len("<|start_header_id|>")
     # the bound is tight: a run of the longest token is exactly ceil(bytes / bound) tokens
     assert len(tok.encode(longest * 50, add_special_tokens=False)) == 50
-    model_longest = max((t for t in texts if t not in ("<|start_header_id|>", "<|end_header_id|>")),
-                        key=lambda t: len(t.encode()))
-    assert_bound_holds(tok, texts + ["".join(texts), " ".join(texts), model_longest * 200, " " * 5000,
-                                     "\n" * 3000, *TEXT, "".join(TEXT) * 20, "é東🌍" * 500])
+    model_longest = max(
+        (t for t in texts if t not in ("<|start_header_id|>", "<|end_header_id|>")), key=lambda t: len(t.encode())
+    )
+    assert_bound_holds(
+        tok,
+        texts
+        + [
+            "".join(texts),
+            " ".join(texts),
+            model_longest * 200,
+            " " * 5000,
+            "\n" * 3000,
+            *TEXT,
+            "".join(TEXT) * 20,
+            "é東🌍" * 500,
+        ],
+    )
 
 
 def test_byte_fallback_tokenizer_gets_a_bound_that_holds(tmp_path):
     """Llama-2 / Mistral-v0.1 style: "▁" for spaces by the normalizer, BPE with <0xNN> byte fallback, fuse_unk."""
-    from tokenizers import Tokenizer as Backend, models, normalizers
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, normalizers
 
     pieces = ["▁", *"abcdefghijklmnopqrstuvwxyz", "▁t", "he", "▁the", "▁▁", "▁▁▁▁", "▁▁▁▁▁▁▁▁"]
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
@@ -109,8 +123,9 @@ def test_byte_fallback_tokenizer_gets_a_bound_that_holds(tmp_path):
     tok = Tokenizer(backend)
     assert tok.token_bound.max_token_bytes == len("▁▁▁▁▁▁▁▁".encode()) == 24
     assert_bound_holds(tok, ["the theme", " " * 4000, "x" * 999, "東京 🌍 ça" * 300, "<0x41>" * 100, *TEXT])
-    backend.model = models.BPE({k: v for k, v in vocab.items() if k != "<0x7F>"}, merges, unk_token="<unk>",
-                               fuse_unk=True, byte_fallback=True)
+    backend.model = models.BPE(
+        {k: v for k, v in vocab.items() if k != "<0x7F>"}, merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True
+    )
     assert tok.token_bound.max_token_bytes == 24  # cached once per tokenizer
     assert Tokenizer(backend).token_bound.max_token_bytes is None  # one byte missing: unk runs may fuse
 
@@ -119,21 +134,35 @@ def _llama3_json(root) -> dict:
     return json.loads((write_llama3_dir(root / "l3") / "tokenizer.json").read_text())
 
 
-@pytest.mark.parametrize("patch, reason", [
-    (lambda d: d["added_tokens"][0].update(lstrip=True), "lstrip"),
-    (lambda d: d.update(pre_tokenizer={"type": "WhitespaceSplit"}), "drops"),
-    (lambda d: d.update(pre_tokenizer={"type": "Split", "pattern": {"String": "x"}, "behavior": "Removed",
-                                       "invert": False}), "drop"),
-    (lambda d: d.update(normalizer={"type": "Lowercase"}), "shrink"),
-    (lambda d: d.update(normalizer={"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}), "shrink"),
-    (lambda d: d.update(normalizer={"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
-                                                                        {"type": "NFKC"}]}), "shrink"),
-    (lambda d: d.update(truncation={"max_length": 8}), "truncation"),
-    (lambda d: d["model"].update(type="WordPiece"), "BPE"),
-    (lambda d: d["model"]["vocab"].pop("Ġ"), "dropped"),
-    (lambda d: d["model"].update(continuing_subword_prefix="##"), "dropped"),
-    (lambda d: (d["model"]["vocab"].pop("Ġ"), d["model"].update(unk_token="<|end_of_text|>", fuse_unk=True)), "fuse"),
-])
+@pytest.mark.parametrize(
+    "patch, reason",
+    [
+        (lambda d: d["added_tokens"][0].update(lstrip=True), "lstrip"),
+        (lambda d: d.update(pre_tokenizer={"type": "WhitespaceSplit"}), "drops"),
+        (
+            lambda d: d.update(
+                pre_tokenizer={"type": "Split", "pattern": {"String": "x"}, "behavior": "Removed", "invert": False}
+            ),
+            "drop",
+        ),
+        (lambda d: d.update(normalizer={"type": "Lowercase"}), "shrink"),
+        (lambda d: d.update(normalizer={"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}), "shrink"),
+        (
+            lambda d: d.update(
+                normalizer={"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"}, {"type": "NFKC"}]}
+            ),
+            "shrink",
+        ),
+        (lambda d: d.update(truncation={"max_length": 8}), "truncation"),
+        (lambda d: d["model"].update(type="WordPiece"), "BPE"),
+        (lambda d: d["model"]["vocab"].pop("Ġ"), "dropped"),
+        (lambda d: d["model"].update(continuing_subword_prefix="##"), "dropped"),
+        (
+            lambda d: (d["model"]["vocab"].pop("Ġ"), d["model"].update(unk_token="<|end_of_text|>", fuse_unk=True)),
+            "fuse",
+        ),
+    ],
+)
 def test_no_bound_where_one_token_may_cover_any_length(tmp_path, patch, reason):
     d = _llama3_json(tmp_path)
     assert analyze(d).max_token_bytes is not None
@@ -183,9 +212,11 @@ def test_nfc_normalizer_bounds_only_normalized_text(tmp_path):
 def test_prompt_over_the_bound_is_refused_without_encoding(demo_dir):
     tok, backend = counting(demo_dir)
     mtb = tok.token_bound.max_token_bytes
-    for req in (Request(key=0, id="big", prompt="a" * (LIMIT * mtb + 1)),
-                Request(key=1, id="big", prompt="the court held " * 400_000),  # 6 MB
-                Request(key=2, id="big", messages=[{"role": "user", "content": "é" * (LIMIT * mtb // 2)}])):
+    for req in (
+        Request(key=0, id="big", prompt="a" * (LIMIT * mtb + 1)),
+        Request(key=1, id="big", prompt="the court held " * 400_000),  # 6 MB
+        Request(key=2, id="big", messages=[{"role": "user", "content": "é" * (LIMIT * mtb // 2)}]),
+    ):
         with pytest.raises(RequestError) as e:
             tok.encode_request(req, LIMIT)
         assert e.value.code == "prompt_too_long"
@@ -194,7 +225,8 @@ def test_prompt_over_the_bound_is_refused_without_encoding(demo_dir):
         assert "shorten the prompt, or raise --max-model-len" in line
     assert backend.encoded == []
     assert "its 9,729 bytes are at least 513 tokens (no token covers more than 19 bytes)" in str(
-        pytest.raises(RequestError, tok.encode_request, Request(key=3, id="x", prompt="a" * 9729), LIMIT).value)
+        pytest.raises(RequestError, tok.encode_request, Request(key=3, id="x", prompt="a" * 9729), LIMIT).value
+    )
 
 
 def test_prompt_under_the_bound_is_encoded_as_before(demo_dir):

@@ -14,8 +14,16 @@ MAX_LORAS, MAX_RANK = 12, 64
 POPULARITY = ("distinct", "uniform", "zipf", "identical", "skewed", "all-base", "one-token")
 
 
-def make_pool(in_f: int, slices: list[int], dtype: torch.dtype, device="cpu", slot_ranks=None, seed: int = 0,
-              max_loras: int = MAX_LORAS, max_rank: int = MAX_RANK) -> LoraWeights:
+def make_pool(
+    in_f: int,
+    slices: list[int],
+    dtype: torch.dtype,
+    device="cpu",
+    slot_ranks=None,
+    seed: int = 0,
+    max_loras: int = MAX_LORAS,
+    max_rank: int = MAX_RANK,
+) -> LoraWeights:
     """A slot pool with NaN everywhere no real weight lives: past each rank, unused slots, unadapted slices.
 
     Slot 3 leaves its second slice unadapted and slot 9 uses a smaller rank on its last slice (per-slice ranks).
@@ -59,8 +67,9 @@ def token_slots(pattern: str, t: int, seed: int = 0, slots=None) -> list[int]:
     raise ValueError(pattern)
 
 
-def assert_matches(out: torch.Tensor, y0: torch.Tensor, ref: torch.Tensor, token_slot: list[int],
-                   w: LoraWeights, tol: float) -> None:
+def assert_matches(
+    out: torch.Tensor, y0: torch.Tensor, ref: torch.Tensor, token_slot: list[int], w: LoraWeights, tol: float
+) -> None:
     """out vs float64 ref: every adapted element within tol of the delta's scale; untouched elements
     (base rows, rank-0 slices) bit-identical to y0."""
     assert not torch.isnan(out).any(), "NaN leaked: a kernel read memory past a rank or an unused slot"

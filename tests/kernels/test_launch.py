@@ -82,7 +82,8 @@ def test_compile_all_compiles_each_variant_once():
     b = torch.zeros(64, dtype=torch.float16)  # same dtype and alignment: the same variant as a
     c = torch.zeros(64, dtype=torch.float32)
     calls = [
-        (k1, (a, 4096), {"BM": 16}), (k1, (b, 8192), {"BM": 16}),  # ints specialised alike (% 16): one variant
+        (k1, (a, 4096), {"BM": 16}),
+        (k1, (b, 8192), {"BM": 16}),  # ints specialised alike (% 16): one variant
         (k1, (c, 4096), {"BM": 16}),  # another dtype
         (k1, (a, 1), {"BM": 16}),  # an int equal to 1 specialises apart
         (k1, (a, 4096), {"BM": 32}),  # another constexpr
@@ -114,10 +115,12 @@ def test_variant_keys_follow_the_kernels_parameter_kinds():
     from types import SimpleNamespace as P
 
     kern = FakeKernel()
-    kern.params = [P(name="x_ptr", is_constexpr=False, do_not_specialize=False),
-                   P(name="n", is_constexpr=False, do_not_specialize=True),
-                   P(name="m", is_constexpr=False, do_not_specialize=False),
-                   P(name="B", is_constexpr=True, do_not_specialize=False)]
+    kern.params = [
+        P(name="x_ptr", is_constexpr=False, do_not_specialize=False),
+        P(name="n", is_constexpr=False, do_not_specialize=True),
+        P(name="m", is_constexpr=False, do_not_specialize=False),
+        P(name="B", is_constexpr=True, do_not_specialize=False),
+    ]
     x = torch.zeros(64)
 
     def key(*args, **kw):

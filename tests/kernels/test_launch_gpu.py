@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from lora_cases import make_pool, token_slots
+
 from multilora_cli.kernels import add_lora, build_lora_meta
 from multilora_cli.kernels.launch import _variant, collect, compile_all
 from multilora_cli.kernels.reference import add_lora_reference

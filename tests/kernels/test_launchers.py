@@ -6,8 +6,8 @@ import os
 
 import pytest
 import torch
-
 from lora_cases import make_pool, token_slots
+
 from multilora_cli.kernels import build_lora_meta
 from multilora_cli.kernels.blocks import ShrinkBlocks, expand_blocks, shrink_blocks
 from multilora_cli.kernels.meta import TILE_BLOCKS
@@ -89,8 +89,10 @@ def test_block_tables_key_on_power_of_two_buckets_above_256():
 
     assert [token_bucket(t) for t in (1, 255, 256, 257, 512, 513, 8192)] == [1, 255, 256, 512, 512, 1024, 8192]
     for in_f, n_slices, out in [(4096, 3, 6144), (14336, 1, 4096), (4096, 2, 28672)]:
-        sets = {(shrink_blocks(t, in_f, n_slices, 16, 132), expand_blocks(t, out, n_slices, 16, 132))
-                for t in range(257, 8193)}
+        sets = {
+            (shrink_blocks(t, in_f, n_slices, 16, 132), expand_blocks(t, out, n_slices, 16, 132))
+            for t in range(257, 8193)
+        }
         assert len(sets) == 5  # 512, 1024, 2048, 4096, 8192
         assert shrink_blocks(300, in_f, n_slices, 16, 132) == shrink_blocks(512, in_f, n_slices, 16, 132)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from lora_cases import POPULARITY, token_slots
+
 from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta
 from multilora_cli.kernels.meta import TILE_BLOCKS, tile_capacity
 
@@ -51,8 +51,7 @@ def test_buffers_reuse_fixed_addresses_and_match():
         _check(meta, ts)
         fresh = build_lora_meta(ts)
         assert meta.segments == fresh.segments and meta.tile_counts == fresh.tile_counts
-        p = (meta.token_slot.data_ptr(), meta.sorted_idx.data_ptr(), meta.tiles.data_ptr(),
-             meta.num_adapted.data_ptr())
+        p = (meta.token_slot.data_ptr(), meta.sorted_idx.data_ptr(), meta.tiles.data_ptr(), meta.num_adapted.data_ptr())
         assert ptrs in (None, p), "buffers must keep their addresses (CUDA graphs replay them)"
         ptrs = p
         assert meta.tiles.shape[2] == tile_capacity(150, 12)

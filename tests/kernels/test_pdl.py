@@ -43,16 +43,26 @@ def test_off_on_cpu_even_when_forced():
         pdl.force(None)
 
 
-@pytest.mark.parametrize("tokens,mode", [(1, pdl.PdlMode(True, True)), (64, pdl.PdlMode(True, True)),
-                                         (65, pdl.PdlMode(True)), (1024, pdl.PdlMode(True)), (1025, pdl.OFF),
-                                         (8192, pdl.OFF)])
+@pytest.mark.parametrize(
+    "tokens,mode",
+    [
+        (1, pdl.PdlMode(True, True)),
+        (64, pdl.PdlMode(True, True)),
+        (65, pdl.PdlMode(True)),
+        (1024, pdl.PdlMode(True)),
+        (1025, pdl.OFF),
+        (8192, pdl.OFF),
+    ],
+)
 def test_table_by_token_count(tokens, mode):
     assert pdl.table_mode(tokens) == mode
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("env,tokens,mode", [("0", 1, pdl.OFF), ("", 1, pdl.PdlMode(True, True)),
-                                             ("", 256, pdl.PdlMode(True)), ("", 4096, pdl.OFF)])
+@pytest.mark.parametrize(
+    "env,tokens,mode",
+    [("0", 1, pdl.OFF), ("", 1, pdl.PdlMode(True, True)), ("", 256, pdl.PdlMode(True)), ("", 4096, pdl.OFF)],
+)
 def test_env_and_table_on_hopper(monkeypatch, env, tokens, mode):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm_90+")

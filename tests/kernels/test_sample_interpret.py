@@ -16,15 +16,15 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 def _params(r: int, v: int, g: torch.Generator):
     temp = torch.rand(r, generator=g) * 1.5 + 0.3
     top_k = torch.where(torch.rand(r, generator=g) < 0.5, torch.randint(1, max(2, v // 4), (r,), generator=g), v)
-    top_p = torch.where(torch.rand(r, generator=g) < 0.6, torch.rand(r, generator=g) * 0.95 + 0.03,
-                        torch.ones(r))
+    top_p = torch.where(torch.rand(r, generator=g) < 0.6, torch.rand(r, generator=g) * 0.95 + 0.03, torch.ones(r))
     u = torch.rand(r, generator=g, dtype=torch.float64)
     return temp, top_k, top_p, u
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("v,chunk", [(1, None), (7, None), (50, None), (50, 16), (1000, None), (2053, None),
-                                     (700, 128)])
+@pytest.mark.parametrize(
+    "v,chunk", [(1, None), (7, None), (50, None), (50, 16), (1000, None), (2053, None), (700, 128)]
+)
 def test_kernel_equals_torch_definition(dtype, v, chunk):
     g = torch.Generator().manual_seed(v)
     n = 9
@@ -62,16 +62,23 @@ def test_ties_at_the_boundaries_are_kept():
     out = torch.full((1,), -1, dtype=torch.long, device=DEV)
     picks = set()
     for u in (0.0, 0.3, 0.6, 0.9, 0.999):
-        sample_rows(x.to(DEV), torch.zeros(1, dtype=torch.long, device=DEV), one.to(DEV), torch.tensor([7], device=DEV),
-                    torch.tensor([0.6], device=DEV), torch.tensor([u], dtype=torch.float64, device=DEV), out)
+        sample_rows(
+            x.to(DEV),
+            torch.zeros(1, dtype=torch.long, device=DEV),
+            one.to(DEV),
+            torch.tensor([7], device=DEV),
+            torch.tensor([0.6], device=DEV),
+            torch.tensor([u], dtype=torch.float64, device=DEV),
+            out,
+        )
         picks.add(out.item())
     assert picks <= {0, 2, 3, 4} and len(picks) > 1
 
 
 @pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (50, 0.7), (12, 0.9), (50, 0.05), (3, 0.5)])
 def test_definition_matches_transformers_warpers(top_k, top_p):
-    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
     g = torch.Generator().manual_seed(top_k)
     x = torch.randn(6, 50, generator=g) * 2
     ref = TemperatureLogitsWarper(0.8)(None, x.clone())

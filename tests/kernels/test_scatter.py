@@ -9,8 +9,10 @@ import torch
 
 from multilora_cli.kernels.scatter import CHUNK, scatter_blocks, scatter_plan, scatter_reference
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                                reason="Triton needs the interpreter or a GPU")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+    reason="Triton needs the interpreter or a GPU",
+)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -29,7 +31,7 @@ def _case(dtype):
     src, off = [], 5
     for sh in shapes:
         n = torch.Size(sh).numel()
-        src.append(src_base[off:off + n].view(sh))
+        src.append(src_base[off : off + n].view(sh))
         off += n
     return dst, src, src_base, (a, b_store, small)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from lora_cases import make_pool, token_slots
+
 from multilora_cli.kernels import LoraMetaBuffers, add_lora, build_lora_meta
 from multilora_cli.kernels.reference import add_lora_reference
 
@@ -35,7 +35,7 @@ def _check(out, y0, w, x, ts, tol):
     for t, s in enumerate(ts):
         for i in range(w.n_slices):
             if s >= 0 and ranks[s, i] > 0:
-                touched[t, w.slice_offsets[i]:w.slice_offsets[i + 1]] = True
+                touched[t, w.slice_offsets[i] : w.slice_offsets[i + 1]] = True
     touched = touched.cuda()
     assert torch.equal(out[~touched], y0[~touched]), "base rows / unadapted slices must be untouched bit-for-bit"
     if touched.any():
@@ -45,8 +45,9 @@ def _check(out, y0, w, x, ts, tol):
 
 
 @pytest.mark.parametrize("module", list(LLAMA3_8B))
-@pytest.mark.parametrize("pattern,t", [("one-token", 1), ("distinct", 7), ("zipf", 133), ("skewed", 300),
-                                       ("uniform", 2048)])
+@pytest.mark.parametrize(
+    "pattern,t", [("one-token", 1), ("distinct", 7), ("zipf", 133), ("skewed", 300), ("uniform", 2048)]
+)
 def test_bf16_llama3_8b_shapes(module, pattern, t):
     if t > 1024 and module != "qkv":
         pytest.skip("one prefill-sized case (qkv) keeps the run short")
@@ -180,8 +181,9 @@ def _unfused(y, x, w, meta):
     return norm_rope.silu_mul(y)
 
 
-@pytest.mark.parametrize("pattern,t", [("one-token", 1), ("uniform", 133), ("all-base", 64), ("skewed", 300),
-                                       ("zipf", 2048)])
+@pytest.mark.parametrize(
+    "pattern,t", [("one-token", 1), ("uniform", 133), ("all-base", 64), ("skewed", 300), ("zipf", 2048)]
+)
 def test_fused_silu_bf16_matches_reference_and_unfused_bits(pattern, t):
     """gate_up at Llama-3-8B shapes: within bf16 error of float64, and bit-identical to add_lora + silu_mul."""
     from multilora_cli.kernels import add_lora_silu_mul

@@ -6,8 +6,8 @@ import os
 
 import pytest
 import torch
-
 from lora_cases import POPULARITY, assert_matches, make_pool, token_slots
+
 from multilora_cli.kernels import LoraMetaBuffers, add_lora, build_lora_meta
 from multilora_cli.kernels.blocks import ExpandBlocks, ShrinkBlocks
 from multilora_cli.kernels.reference import add_lora_reference
@@ -47,12 +47,15 @@ def test_add_lora_fp16(pattern):
     _run(*QKV, torch.float16, token_slots(pattern, 133, seed=3))
 
 
-@pytest.mark.parametrize("shrink,expand", [
-    # split-K with several K steps per split (rank-64 slots: 64-bucket K step), several column steps per CTA
-    (ShrinkBlocks(bm=16, bk=64, split=3), ExpandBlocks(bm=32, bn=32, nb=3)),
-    # no split, bigger row tiles, one column step per CTA
-    (ShrinkBlocks(bm=32, bk=128, split=1), ExpandBlocks(bm=16, bn=64, nb=1)),
-])
+@pytest.mark.parametrize(
+    "shrink,expand",
+    [
+        # split-K with several K steps per split (rank-64 slots: 64-bucket K step), several column steps per CTA
+        (ShrinkBlocks(bm=16, bk=64, split=3), ExpandBlocks(bm=32, bn=32, nb=3)),
+        # no split, bigger row tiles, one column step per CTA
+        (ShrinkBlocks(bm=32, bk=128, split=1), ExpandBlocks(bm=16, bn=64, nb=1)),
+    ],
+)
 def test_block_variants(shrink, expand):
     ts = token_slots("zipf", 70, seed=5)
     _run(*QKV, torch.float32, ts, shrink=shrink, expand=expand)
@@ -60,11 +63,16 @@ def test_block_variants(shrink, expand):
 
 @pytest.mark.parametrize("vector_min_tokens", [0, 1 << 30])  # partials all loaded at once / summed one at a time
 @pytest.mark.parametrize("after_shrink", [False, True])  # B and y loaded before or after the (no-op) wait
-@pytest.mark.parametrize("shrink", [
-    ShrinkBlocks(bm=16, bk=32, split=8),  # rank-64 slots: [8, 16, 64] partials exceed S_VECTOR_MAX: summed in a loop
-    ShrinkBlocks(bm=16, bk=32, split=3),  # a split that is no power of two: the vector load masks partial 3
-    ShrinkBlocks(bm=16, bk=32, split=2),  # [2, 16, 64]: one vector load
-])
+@pytest.mark.parametrize(
+    "shrink",
+    [
+        ShrinkBlocks(
+            bm=16, bk=32, split=8
+        ),  # rank-64 slots: [8, 16, 64] partials exceed S_VECTOR_MAX: summed in a loop
+        ShrinkBlocks(bm=16, bk=32, split=3),  # a split that is no power of two: the vector load masks partial 3
+        ShrinkBlocks(bm=16, bk=32, split=2),  # [2, 16, 64]: one vector load
+    ],
+)
 def test_expand_partial_sums_and_early_loads(monkeypatch, shrink, after_shrink, vector_min_tokens):
     """Every way the expand sums the shrink's K-split partials, for one-column-block CTAs (straight-line code)
     and column loops: the same result."""
@@ -86,11 +94,14 @@ def test_expand_partial_sums_and_early_loads(monkeypatch, shrink, after_shrink, 
         assert_matches(y, y0, ref, ts, w, TOL[torch.float32])
 
 
-@pytest.mark.parametrize("max_rank,slot_ranks", [
-    (16, {0: 16, 2: 3, 5: 9}),  # only the 16 bucket is compiled
-    (32, {1: 32, 2: 17, 4: 5}),  # 16 and 32 buckets
-    (128, {1: 100, 3: 64, 6: 65, 7: 2}),  # ranks above 64: extra shrink chunks, chunked expand
-])
+@pytest.mark.parametrize(
+    "max_rank,slot_ranks",
+    [
+        (16, {0: 16, 2: 3, 5: 9}),  # only the 16 bucket is compiled
+        (32, {1: 32, 2: 17, 4: 5}),  # 16 and 32 buckets
+        (128, {1: 100, 3: 64, 6: 65, 7: 2}),  # ranks above 64: extra shrink chunks, chunked expand
+    ],
+)
 def test_pool_max_ranks(max_rank, slot_ranks):
     from multilora_cli.kernels.sgmv import add_lora_triton
 

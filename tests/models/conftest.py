@@ -16,8 +16,9 @@ ARCHS = ["llama", "llama-tied", "llama3", "mistral", "qwen2", "qwen3"]
 # Kernel tests run on CUDA tensors where a GPU exists, else on CPU tensors under the Triton interpreter.
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Tests that force Triton onto CPU tensors need the interpreter (on a GPU host test_model_gpu covers them).
-needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                       reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
+needs_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on CPU tensors needs TRITON_INTERPRET=1"
+)
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,7 @@ def hf_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     for _ in range(n):
         logits = hf(torch.tensor([seq])).logits[0]
         seq.append(int(logits[-1].argmax()))
-    return seq[len(prompt):], hf(torch.tensor([seq])).logits[0].float()
+    return seq[len(prompt) :], hf(torch.tensor([seq])).logits[0].float()
 
 
 def prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
@@ -65,8 +65,17 @@ def prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def check_generation(ours, hf, vocab: int, lengths: list[int], block_size: int, *, steps: int = 4,
-                     atol: float = 1e-4, check_argmax: bool = True) -> None:
+def check_generation(
+    ours,
+    hf,
+    vocab: int,
+    lengths: list[int],
+    block_size: int,
+    *,
+    steps: int = 4,
+    atol: float = 1e-4,
+    check_argmax: bool = True,
+) -> None:
     """Packed prefill of len(lengths) sequences, then `steps` batched decodes fed HF's greedy tokens;
     every logit row is compared with HF's full-sequence forward."""
     seqs = prompts(lengths, vocab)
@@ -77,7 +86,7 @@ def check_generation(ours, hf, vocab: int, lengths: list[int], block_size: int, 
     logits = run_prefill(ours, blocks, {i: (p, 0) for i, p in enumerate(seqs)})
     start = 0
     for p, (_, ref) in zip(seqs, refs):
-        torch.testing.assert_close(logits[start:start + len(p)], ref[:len(p)], atol=atol, rtol=0)
+        torch.testing.assert_close(logits[start : start + len(p)], ref[: len(p)], atol=atol, rtol=0)
         start += len(p)
 
     for step in range(steps):

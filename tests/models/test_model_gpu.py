@@ -10,12 +10,11 @@ import math
 
 import pytest
 import torch
+from models_helpers import Blocks, check_chunked_prefill, check_generation, prompts, run_prefill
 
 from multilora_cli.kernels.paged_attention import paged_attention_decode
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model
-
-from models_helpers import Blocks, check_chunked_prefill, check_generation, prompts, run_prefill
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -46,8 +45,9 @@ def test_bf16_on_cuda_within_hf_bf16_error(base_path, arch):
     ours.allocate_kv_cache(16, 16)
     got = run_prefill(ours, Blocks(16, 16), {0: (ids, 0)})
     assert (got - ref).abs().max().item() <= 4 * hf_err + 1e-3
-    check_generation(ours, _hf(path), cfg.vocab_size, [9, 30], block_size=16, atol=8 * hf_err + 1e-3,
-                     check_argmax=False)
+    check_generation(
+        ours, _hf(path), cfg.vocab_size, [9, 30], block_size=16, atol=8 * hf_err + 1e-3, check_argmax=False
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -59,18 +59,17 @@ def test_decode_kernel_llama3_8b_shapes(dtype):
     order = torch.randperm(sum(need) + 8).tolist()
     tables, i = [], 0
     for n in need:
-        tables.append(order[i:i + n])
+        tables.append(order[i : i + n])
         i += n
     kc = torch.randn(len(order), page, KVH, D, device="cuda", dtype=dtype)
     vc = torch.randn_like(kc)
     q = torch.randn(len(lens), H, D, device="cuda", dtype=dtype)
     bt = torch.zeros(len(lens), max(need), dtype=torch.int32, device="cuda")
     for b, t in enumerate(tables):
-        bt[b, :len(t)] = torch.tensor(t)
+        bt[b, : len(t)] = torch.tensor(t)
     ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
     for splits in (None, 1, 7):
-        out = paged_attention_decode(q, kc, vc, bt, ctx, 1 / math.sqrt(D), max_context_len=max(lens),
-                                     num_splits=splits)
+        out = paged_attention_decode(q, kc, vc, bt, ctx, 1 / math.sqrt(D), max_context_len=max(lens), num_splits=splits)
         for b, n in enumerate(lens):
             slots = torch.tensor([tables[b][p // page] * page + p % page for p in range(n)], device="cuda")
             k = kc.view(-1, KVH, D)[slots].float().repeat_interleave(H // KVH, 1)  # [n, H, D]

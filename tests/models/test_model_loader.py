@@ -6,13 +6,12 @@ import json
 
 import pytest
 import torch
+from conftest import ARCHS
 from safetensors.torch import load_file, save_file
 
 from multilora_cli.errors import ModelError
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model, resolve_dtype
-
-from conftest import ARCHS
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -30,8 +29,10 @@ def test_loads_every_arch_into_fused_params(base_path, arch):
     assert torch.equal(gate, hf["model.layers.1.mlp.gate_proj.weight"])
     assert torch.equal(up, hf["model.layers.1.mlp.up_proj.weight"])
     if cfg.attention_bias:
-        assert torch.equal(layer.self_attn.qkv_proj.bias[cfg.q_size:cfg.q_size + cfg.kv_size],
-                           hf["model.layers.1.self_attn.k_proj.bias"])
+        assert torch.equal(
+            layer.self_attn.qkv_proj.bias[cfg.q_size : cfg.q_size + cfg.kv_size],
+            hf["model.layers.1.self_attn.k_proj.bias"],
+        )
     if cfg.qk_norm:
         assert torch.equal(layer.self_attn.k_norm.weight, hf["model.layers.1.self_attn.k_norm.weight"])
     if cfg.tie_word_embeddings:
@@ -54,7 +55,7 @@ def test_sharded_checkpoint_and_dtype(base_path, tmp_path):
     assert model.dtype == torch.bfloat16
     assert all(m.lora.a.dtype == torch.bfloat16 for m in model.lora_modules().values())
     ref = hf.model.layers[0].self_attn.v_proj.bias.to(torch.bfloat16)
-    assert torch.equal(model.model.layers[0].self_attn.qkv_proj.bias[-cfg.kv_size:], ref)
+    assert torch.equal(model.model.layers[0].self_attn.qkv_proj.bias[-cfg.kv_size :], ref)
 
 
 def _rewrite(src, dst, edit) -> None:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from models_helpers import Blocks, prompts, run_decode, run_prefill
 
 from multilora_cli.adapters.peft import load_adapter
 from multilora_cli.kernels import build_lora_meta
 from multilora_cli.models.config import FUSED_MODULES, ModelConfig
 from multilora_cli.models.loader import load_model
-
-from models_helpers import Blocks, prompts, run_decode, run_prefill
 from tests.builders import build_adapter
 
 ATOL = 1e-4
@@ -18,8 +17,10 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 ADAPTERS = {  # name: (slot, build_adapter kwargs)
     "qv8": (2, dict(r=8, alpha=16, targets=["q_proj", "v_proj"], seed=11)),
     "all4rs": (0, dict(r=4, alpha=8, targets=ALL, use_rslora=True, seed=12)),
-    "mlp16": (3, dict(r=16, alpha=32, targets=["o_proj", "up_proj", "down_proj"], rank_pattern={"down_proj": 2},
-                      seed=13)),
+    "mlp16": (
+        3,
+        dict(r=16, alpha=32, targets=["o_proj", "up_proj", "down_proj"], rank_pattern={"down_proj": 2}, seed=13),
+    ),
 }
 # (adapter or None for base, prompt length): one packed batch, adapters interleaved with base rows
 BATCH = [("qv8", 6), (None, 9), ("all4rs", 5), ("mlp16", 11), ("qv8", 4), ("all4rs", 8), (None, 3)]
@@ -65,7 +66,7 @@ def _peft_reference(base: str, paths: dict) -> dict:
         seq = list(p)
         for _ in range(DECODE_STEPS):
             seq.append(int(forward(seq, name)[-1].argmax()))
-        refs.append((p, seq[len(p):], forward(seq, name)))
+        refs.append((p, seq[len(p) :], forward(seq, name)))
     return refs
 
 
@@ -87,12 +88,18 @@ def test_mixed_adapter_batch_matches_peft(base_path, adapters, arch):
     blocks = Blocks(64, 4)
     model.allocate_kv_cache(64, 4)
     token_slots = [slot_of(n) for (n, _), (p, _, _) in zip(BATCH, refs) for _ in p]
-    logits = run_prefill(model, blocks, {i: (p, 0) for i, (p, _, _) in enumerate(refs)},
-                         lora=build_lora_meta(token_slots))
+    logits = run_prefill(
+        model, blocks, {i: (p, 0) for i, (p, _, _) in enumerate(refs)}, lora=build_lora_meta(token_slots)
+    )
     start = 0
     for (name, _), (p, _, ref) in zip(BATCH, refs):
-        torch.testing.assert_close(logits[start:start + len(p)], ref[:len(p)], atol=ATOL, rtol=0,
-                                   msg=lambda m: f"prefill, adapter {name}: {m}")
+        torch.testing.assert_close(
+            logits[start : start + len(p)],
+            ref[: len(p)],
+            atol=ATOL,
+            rtol=0,
+            msg=lambda m: f"prefill, adapter {name}: {m}",
+        )
         start += len(p)
 
     meta = build_lora_meta([slot_of(n) for n, _ in BATCH])
@@ -100,8 +107,9 @@ def test_mixed_adapter_batch_matches_peft(base_path, adapters, arch):
         feed = {i: (gen[step], len(p) + step) for i, (p, gen, _) in enumerate(refs)}
         logits = run_decode(model, blocks, feed, lora=meta)
         for i, ((name, _), (p, _, ref)) in enumerate(zip(BATCH, refs)):
-            torch.testing.assert_close(logits[i], ref[len(p) + step], atol=ATOL, rtol=0,
-                                       msg=lambda m: f"decode {step}, adapter {name}: {m}")
+            torch.testing.assert_close(
+                logits[i], ref[len(p) + step], atol=ATOL, rtol=0, msg=lambda m: f"decode {step}, adapter {name}: {m}"
+            )
 
 
 def test_adapters_change_the_output(base_path, adapters):
@@ -125,8 +133,9 @@ def test_adapters_change_the_output(base_path, adapters):
 def test_lora_targets_and_sizes(base_path):
     base = base_path("qwen3")
     cfg = ModelConfig.from_dir(base)
-    model = load_model(base, cfg, dtype=torch.float32, max_loras=3, max_lora_rank=8,
-                       lora_targets={"qkv_proj", "down_proj"})
+    model = load_model(
+        base, cfg, dtype=torch.float32, max_loras=3, max_lora_rank=8, lora_targets={"qkv_proj", "down_proj"}
+    )
     mods = model.lora_modules()
     assert {f for _, f in mods} == {"qkv_proj", "down_proj"}
     qkv = mods[(0, "qkv_proj")].lora

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import ARCHS, needs_interpreter
+from models_helpers import check_chunked_prefill, check_generation
 
 from multilora_cli.layers.attention import Attention
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model
-
-from conftest import ARCHS, needs_interpreter
-from models_helpers import check_chunked_prefill, check_generation
 
 
 def _load(path):
@@ -28,8 +27,9 @@ def test_prefill_and_decode_match_hf(base_path, arch):
     check_generation(ours, hf, cfg.vocab_size, [7, 13, 3], block_size=4)
 
 
-@pytest.mark.parametrize("arch,triton", [("llama3", False), ("qwen3", False),
-                                         pytest.param("qwen3", True, marks=needs_interpreter)])
+@pytest.mark.parametrize(
+    "arch,triton", [("llama3", False), ("qwen3", False), pytest.param("qwen3", True, marks=needs_interpreter)]
+)
 def test_chunked_prefill_with_cached_prefix(base_path, monkeypatch, arch, triton):
     monkeypatch.setattr(Attention, "use_triton", triton)
     cfg, ours, hf = _load(base_path(arch))
@@ -58,6 +58,5 @@ def test_kv_cache_sizes(base_path):
     ours.allocate_kv_cache(10, 16)
     attn = ours.model.layers[0].self_attn.attn
     assert tuple(attn.k_cache.shape) == (10, 16, cfg.num_key_value_heads, cfg.head_dim)
-    per_block = sum(l.self_attn.attn.k_cache[0].nbytes + l.self_attn.attn.v_cache[0].nbytes
-                    for l in ours.model.layers)
+    per_block = sum(l.self_attn.attn.k_cache[0].nbytes + l.self_attn.attn.v_cache[0].nbytes for l in ours.model.layers)
     assert ours.kv_bytes_per_block(16) == per_block

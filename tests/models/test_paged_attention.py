@@ -7,14 +7,13 @@ import math
 
 import pytest
 import torch
+from conftest import KERNEL_DEVICE
 
 from multilora_cli.kernels.kv_store import store_kv
 from multilora_cli.kernels.paged_attention import paged_attention_decode
 from multilora_cli.kernels.paged_prefill import paged_attention_prefill
 from multilora_cli.layers.attention import Attention
 from multilora_cli.layers.context import decode_context, set_context
-
-from conftest import KERNEL_DEVICE
 
 DEV = KERNEL_DEVICE
 
@@ -30,7 +29,7 @@ def _case(B, H, KVH, D, page, lens, seed=0):
     order = torch.randperm(nblocks, generator=g).tolist()  # scattered blocks
     tables, i = [], 0
     for n in need:
-        tables.append(order[i:i + n])
+        tables.append(order[i : i + n])
         i += n
     kc = torch.randn(nblocks, page, KVH, D, generator=g)
     vc = torch.randn(nblocks, page, KVH, D, generator=g)
@@ -72,8 +71,18 @@ def test_decode_kernel_matches_reference(shape, splits, block_n, window):
     B, H, KVH, D, page, lens = shape
     q, kc, vc, tables, bt = _case(B, H, KVH, D, page, lens)
     dq, dkc, dvc, dbt, dlens = _on(q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))
-    out = paged_attention_decode(dq, dkc, dvc, dbt, dlens, 1 / math.sqrt(D), sliding_window=window,
-                                 max_context_len=max(lens), num_splits=splits, block_n=block_n).cpu()
+    out = paged_attention_decode(
+        dq,
+        dkc,
+        dvc,
+        dbt,
+        dlens,
+        1 / math.sqrt(D),
+        sliding_window=window,
+        max_context_len=max(lens),
+        num_splits=splits,
+        block_n=block_n,
+    ).cpu()
     torch.testing.assert_close(out.double(), _reference(q, kc, vc, tables, lens, window), atol=1e-5, rtol=0)
 
 
@@ -81,8 +90,9 @@ def test_decode_kernel_empty_sequence_gives_zeros():
     q, kc, vc, tables, bt = _case(2, 4, 2, 16, 4, [0, 6])
     dq, dkc, dvc, dbt, dlens = _on(q, kc, vc, bt, torch.tensor([0, 6], dtype=torch.int32))
     for splits in (1, 2):
-        out = paged_attention_decode(dq, dkc, dvc, dbt, dlens, 0.25, max_context_len=40, num_splits=splits,
-                                     block_n=16).cpu()
+        out = paged_attention_decode(
+            dq, dkc, dvc, dbt, dlens, 0.25, max_context_len=40, num_splits=splits, block_n=16
+        ).cpu()
         assert torch.equal(out[0], torch.zeros_like(out[0]))
         torch.testing.assert_close(out[1].double(), _reference(q, kc, vc, tables, [0, 6])[1], atol=1e-5, rtol=0)
 
@@ -112,8 +122,9 @@ def test_torch_decode_path_matches_reference(window):
     # the new token's k/v is written first; reference sees the cache after that write
     k_new, v_new = torch.randn(B, KVH, D), torch.randn(B, KVH, D)
     out = attn(q, k_new, v_new)
-    torch.testing.assert_close(out.double(), _reference(q, attn.k_cache, attn.v_cache, tables, lens, window),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        out.double(), _reference(q, attn.k_cache, attn.v_cache, tables, lens, window), atol=1e-5, rtol=0
+    )
     last = [tables[b][(n - 1) // page] * page + (n - 1) % page for b, n in enumerate(lens)]
     assert torch.equal(attn.k_cache.view(-1, KVH, D)[last], k_new)
 
@@ -140,14 +151,26 @@ def test_prefill_kernel_with_cached_prefix(H, KVH, D, page, window):
     cu_q = torch.tensor([0, 7, 8, 28], dtype=torch.int32)
     cu_k = torch.tensor([0, 7, 16, 49], dtype=torch.int32)
     dq, dkc, dvc, dbt, dcq, dck = _on(q, kc, vc, bt, cu_q, cu_k)
-    out = paged_attention_prefill(dq, None, None, dcq, dck, max(lq), 1 / math.sqrt(D), k_cache=dkc, v_cache=dvc,
-                                  block_tables=dbt, sliding_window=window, block_n=16).cpu()
+    out = paged_attention_prefill(
+        dq,
+        None,
+        None,
+        dcq,
+        dck,
+        max(lq),
+        1 / math.sqrt(D),
+        k_cache=dkc,
+        v_cache=dvc,
+        block_tables=dbt,
+        sliding_window=window,
+        block_n=16,
+    ).cpu()
     start = 0
     for b in range(3):
         slots = [tables[b][p // page] * page + p % page for p in range(lk[b])]
         k, v = kc.reshape(-1, KVH, D)[slots], vc.reshape(-1, KVH, D)[slots]
-        ref = _prefill_reference(q[start:start + lq[b]], k, v, lq[b], lk[b], window, H // KVH)
-        torch.testing.assert_close(out[start:start + lq[b]].double(), ref, atol=1e-5, rtol=0)
+        ref = _prefill_reference(q[start : start + lq[b]], k, v, lq[b], lk[b], window, H // KVH)
+        torch.testing.assert_close(out[start : start + lq[b]].double(), ref, atol=1e-5, rtol=0)
         start += lq[b]
 
 
@@ -157,9 +180,9 @@ def test_prefill_kernel_packed_kv(window):
     H, KVH, D, lens = 8, 2, 32, [5, 70, 1]
     T = sum(lens)
     qkv = torch.randn(T, (H + 2 * KVH) * D)
-    q = qkv[:, :H * D].view(T, H, D)
-    k = qkv[:, H * D:(H + KVH) * D].view(T, KVH, D)
-    v = qkv[:, (H + KVH) * D:].view(T, KVH, D)
+    q = qkv[:, : H * D].view(T, H, D)
+    k = qkv[:, H * D : (H + KVH) * D].view(T, KVH, D)
+    v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
     cu = torch.tensor([0, 5, 75, 76], dtype=torch.int32)
     dq, dk, dv, dcu = _on(q, k, v, cu)
     out = paged_attention_prefill(dq, dk, dv, dcu, dcu, max(lens), 1 / math.sqrt(D), sliding_window=window).cpu()

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multilora_cli.layers.context import (StepContext, decode_context, get_context, prefill_context, reset_context,
-                                          set_context)
+from multilora_cli.layers.context import (
+    StepContext,
+    decode_context,
+    get_context,
+    prefill_context,
+    reset_context,
+    set_context,
+)
 
 
 def test_prefill_context_with_and_without_prefix():

@@ -24,31 +24,34 @@ def bench(capsys):
     return run
 
 
-@pytest.mark.parametrize("args,needle", [
-    # 0 slots used to be read as "unset" and ran with 64
-    (["--max-loras", 0], "--max-loras must be >= 1"),
-    (["--max-loras", -2, "--device", "cpu", "--preset", "tiny"], "--max-loras must be >= 1"),
-    # an unknown preset used to get "no GPU here: a foo benchmark on CPU would take hours"
-    (["--preset", "foo", "--device", "cpu"], "--preset 'foo' is not a known model shape"),
-    (["--preset", "foo"], "--preset 'foo' is not a known model shape"),
-    # field names (num_requests, output_len, prompt_len) used to stand where the flags should
-    (["--requests", 0, "--device", "cpu", "--preset", "tiny"], "--requests must be >= 1, got 0"),
-    (["-n", -1], "--requests must be >= 1, got -1"),
-    (["--output-len", 0, "--device", "cpu", "--preset", "tiny"], "--output-len must be >= 1, got 0"),
-    (["--prompt-len", 0, "--device", "cpu", "--preset", "tiny"], "--prompt-len must be >= 1, got 0"),
-    (["--rank", 0], "--rank must be >= 1"),
-    (["--max-num-seqs", 0], "--max-num-seqs must be >= 1"),
-    (["--distribution", "pareto"], "--distribution must be one of uniform, zipf"),
-    (["--temperature", -1], "--temperature must be"),
-    (["--temperature", 0.5, "--top-p", 0], "--top-p must be"),
-    (["--device", "tpu"], "--device must be auto, cuda or cpu"),
-    (["--rows", "64/0", "--device", "cpu", "--preset", "tiny"], "bad benchmark row '64/0': 0 slots"),
-    # NaN and inf used to get through (NaN passes every comparison): a bench of NaN sampling, or Workload's words
-    (["--temperature", "nan"], "--temperature must be a finite number, got nan"),
-    (["--temperature", "inf"], "--temperature must be a finite number, got inf"),
-    (["--temperature", 0.5, "--top-p", "nan"], "--top-p must be a finite number, got nan"),
-    (["--top-p", "inf"], "--top-p must be a finite number, got inf"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        # 0 slots used to be read as "unset" and ran with 64
+        (["--max-loras", 0], "--max-loras must be >= 1"),
+        (["--max-loras", -2, "--device", "cpu", "--preset", "tiny"], "--max-loras must be >= 1"),
+        # an unknown preset used to get "no GPU here: a foo benchmark on CPU would take hours"
+        (["--preset", "foo", "--device", "cpu"], "--preset 'foo' is not a known model shape"),
+        (["--preset", "foo"], "--preset 'foo' is not a known model shape"),
+        # field names (num_requests, output_len, prompt_len) used to stand where the flags should
+        (["--requests", 0, "--device", "cpu", "--preset", "tiny"], "--requests must be >= 1, got 0"),
+        (["-n", -1], "--requests must be >= 1, got -1"),
+        (["--output-len", 0, "--device", "cpu", "--preset", "tiny"], "--output-len must be >= 1, got 0"),
+        (["--prompt-len", 0, "--device", "cpu", "--preset", "tiny"], "--prompt-len must be >= 1, got 0"),
+        (["--rank", 0], "--rank must be >= 1"),
+        (["--max-num-seqs", 0], "--max-num-seqs must be >= 1"),
+        (["--distribution", "pareto"], "--distribution must be one of uniform, zipf"),
+        (["--temperature", -1], "--temperature must be"),
+        (["--temperature", 0.5, "--top-p", 0], "--top-p must be"),
+        (["--device", "tpu"], "--device must be auto, cuda or cpu"),
+        (["--rows", "64/0", "--device", "cpu", "--preset", "tiny"], "bad benchmark row '64/0': 0 slots"),
+        # NaN and inf used to get through (NaN passes every comparison): a bench of NaN sampling, or Workload's words
+        (["--temperature", "nan"], "--temperature must be a finite number, got nan"),
+        (["--temperature", "inf"], "--temperature must be a finite number, got inf"),
+        (["--temperature", 0.5, "--top-p", "nan"], "--top-p must be a finite number, got nan"),
+        (["--top-p", "inf"], "--top-p must be a finite number, got inf"),
+    ],
+)
 def test_bad_flags_are_usage_errors_naming_the_flag(bench, args, needle):
     rc, out, err = bench(*args)
     assert rc == 2 and out == "", (rc, out, err)
@@ -79,20 +82,37 @@ def test_workload_maps_every_flagged_field():
 
 
 # small enough that, where a check is missing, the bench this would start instead is seconds on CPU
-SMALL = ["--device", "cpu", "--preset", "tiny", "-n", 2, "--prompt-len", 4, "--output-len", 2, "--max-num-seqs", 2,
-         "--adapters", 1]
+SMALL = [
+    "--device",
+    "cpu",
+    "--preset",
+    "tiny",
+    "-n",
+    2,
+    "--prompt-len",
+    4,
+    "--output-len",
+    2,
+    "--max-num-seqs",
+    2,
+    "--adapters",
+    1,
+]
 
 
-@pytest.mark.parametrize("flags,named", [
-    (["--adapters", 8], "--adapters"),
-    (["-a", "8,64"], "--adapters"),
-    (["--distribution", "zipf"], "--distribution"),
-    (["--max-loras", 4], "--max-loras"),
-    (["--base"], "--base/--no-base"),
-    (["--no-base"], "--base/--no-base"),
-    (["--hf"], "--hf/--no-hf"),
-    (["--no-hf"], "--hf/--no-hf"),
-])
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--adapters", 8], "--adapters"),
+        (["-a", "8,64"], "--adapters"),
+        (["--distribution", "zipf"], "--distribution"),
+        (["--max-loras", 4], "--max-loras"),
+        (["--base"], "--base/--no-base"),
+        (["--no-base"], "--base/--no-base"),
+        (["--hf"], "--hf/--no-hf"),
+        (["--no-hf"], "--hf/--no-hf"),
+    ],
+)
 def test_rows_beside_a_flag_it_overrides_is_a_usage_error(bench, flags, named):
     # these flags used to be dropped without a word: `--rows 64 --distribution zipf` ran a uniform row
     rc, out, err = bench("--rows", "64", *flags, "--device", "cpu")
@@ -102,12 +122,14 @@ def test_rows_beside_a_flag_it_overrides_is_a_usage_error(bench, flags, named):
 
 
 def test_rows_names_every_overridden_flag_and_leaves_the_others_alone(bench):
-    rc, _, err = bench("--rows", "64,base", "--max-loras", 8, "-a", 64, "--no-hf", "--distribution", "uniform",
-                       "--device", "cpu")
+    rc, _, err = bench(
+        "--rows", "64,base", "--max-loras", 8, "-a", 64, "--no-hf", "--distribution", "uniform", "--device", "cpu"
+    )
     assert rc == 2 and "drop --adapters, --distribution, --max-loras, --hf/--no-hf (" in err, err
     # flags every row shares still go with --rows: past the check, to the CPU refusal of an 8B shape
-    rc, _, err = bench("--rows", "64,base", "--rank", 8, "-n", 4, "--prompt-len", 8, "--temperature", 0.5,
-                       "--device", "cpu")
+    rc, _, err = bench(
+        "--rows", "64,base", "--rank", 8, "-n", 4, "--prompt-len", 8, "--temperature", 0.5, "--device", "cpu"
+    )
     assert rc == 2 and "no GPU here" in err and "--rows" not in err, err
 
 
@@ -116,8 +138,9 @@ def test_prompt_and_output_above_the_shapes_positions_is_a_usage_error(bench, pr
     # it used to start the bench and fail every row at engine start (max_model_len above max_position_embeddings)
     rc, out, err = bench(*SMALL, "--preset", preset, "--prompt-len", positions - 9, "--output-len", 10)
     assert rc == 2 and out == "", (rc, out, err)
-    assert err == (f"error: --prompt-len {positions - 9} + --output-len 10 exceed the {preset} shape's "
-                   f"{positions} positions\n"), err
+    assert err == (
+        f"error: --prompt-len {positions - 9} + --output-len 10 exceed the {preset} shape's {positions} positions\n"
+    ), err
     if preset != "tiny":  # exactly the shape's positions is fine: on to the CPU refusal of a full-size shape
         rc, _, err = bench(*SMALL, "--preset", preset, "--prompt-len", positions - 10, "--output-len", 10)
         assert rc == 2 and "no GPU here" in err, err
@@ -166,8 +189,9 @@ def test_failed_rows_exit_1_after_the_table_and_json(bench, tmp_path, monkeypatc
     rc, out, err = bench(*SMALL[:-2], "--rows", "1,hf1", "--json", path)  # all but --adapters
     assert rc == 1, (rc, out, err)
     assert "| multilora | tiny | 1 |" in out and "\nFAILED hf 1 adapters: ModuleNotFoundError" in out, out
-    assert err.splitlines()[-1].startswith("error: 1 of 2 benchmark rows failed (first: hf 1 adapters: "
-                                           "ModuleNotFoundError: import of peft halted"), err
+    assert err.splitlines()[-1].startswith(
+        "error: 1 of 2 benchmark rows failed (first: hf 1 adapters: ModuleNotFoundError: import of peft halted"
+    ), err
     report = json.loads(path.read_text())  # written before the exit: the measured row is not lost
     assert [r["system"] for r in report["rows"]] == ["multilora"]
     assert [(f["kind"], f["workload"]["num_adapters"]) for f in report["failed"]] == [("hf", 1)]

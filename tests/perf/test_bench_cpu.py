@@ -19,8 +19,7 @@ from multilora_cli.bench.workload import Workload
 from multilora_cli.errors import ConfigError, UsageError
 from multilora_cli.models.config import ModelConfig
 
-BASE = Workload(preset="tiny", num_requests=10, prompt_len=6, output_len=4, max_num_seqs=4,
-                max_num_batched_tokens=32)
+BASE = Workload(preset="tiny", num_requests=10, prompt_len=6, output_len=4, max_num_seqs=4, max_num_batched_tokens=32)
 
 
 def test_workload_requests_and_spread():
@@ -36,8 +35,9 @@ def test_workload_requests_and_spread():
     assert all(r.sampling.ignore_eos and r.sampling.max_tokens == 128 for r in reqs)
     assert all(r.sampling.greedy for r in reqs)
     hot = Workload(preset="tiny", num_adapters=2, num_requests=3, temperature=0.7, top_p=0.9, seed=5).requests(512)
-    assert [(r.sampling.temperature, r.sampling.top_p, r.sampling.seed) for r in hot] == [(0.7, 0.9, s)
-                                                                                          for s in (5, 6, 7)]
+    assert [(r.sampling.temperature, r.sampling.top_p, r.sampling.seed) for r in hot] == [
+        (0.7, 0.9, s) for s in (5, 6, 7)
+    ]
     assert Workload(num_adapters=256).max_loras == 64 and Workload(num_adapters=8).max_loras == 8
     with pytest.raises(ConfigError):
         Workload(distribution="pareto")
@@ -48,16 +48,30 @@ def test_workload_requests_and_spread():
 def test_row_specs():
     plan = parse_rows("64, base,hf64,256/64,8z,eager4", BASE)
     kinds = [(k, w.num_adapters, w.max_loras, w.distribution) for k, w in plan]
-    assert kinds == [("multilora", 64, 64, "uniform"), ("base", 0, 1, "uniform"), ("hf", 64, 64, "uniform"),
-                     ("multilora", 256, 64, "uniform"), ("multilora", 8, 8, "zipf"), ("eager", 4, 4, "uniform")]
+    assert kinds == [
+        ("multilora", 64, 64, "uniform"),
+        ("base", 0, 1, "uniform"),
+        ("hf", 64, 64, "uniform"),
+        ("multilora", 256, 64, "uniform"),
+        ("multilora", 8, 8, "zipf"),
+        ("eager", 4, 4, "uniform"),
+    ]
     with pytest.raises(UsageError, match="bad benchmark row"):
         parse_rows("64,lots", BASE)
 
 
 def test_roofline_bytes(tmp_path):
-    cfg = ModelConfig.from_dict({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-                                 "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                                 "vocab_size": 128256})
+    cfg = ModelConfig.from_dict(
+        {
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 128256,
+        }
+    )
     r = Roofline.for_model(cfg, 2, adapter_bytes=83_886_080, bandwidth=4e12, flops=8e14)
     assert 14.9e9 < r.weight_bytes < 15.1e9  # Llama-3-8B without the input embedding: ~15 GB in bf16
     assert r.kv_bytes_per_token == 131072
@@ -70,8 +84,15 @@ def test_suite_on_cpu(tmp_path):
     model_dir = write_model_dir("tiny", tmp_path / "tiny")
     plan = parse_rows("4,base,hf4,6/2", BASE)
     seen = []
-    report = run_suite(plan, model_dir, torch.device("cpu"), hf_batch_sizes=[4], hf_new_tokens=(2, 3),
-                       log=lambda m: None, on_row=lambda r: seen.append(len(r["rows"])))
+    report = run_suite(
+        plan,
+        model_dir,
+        torch.device("cpu"),
+        hf_batch_sizes=[4],
+        hf_new_tokens=(2, 3),
+        log=lambda m: None,
+        on_row=lambda r: seen.append(len(r["rows"])),
+    )
     assert seen == [1, 2, 3, 4] and report["failed"] == [] and report["not_run"] == []
     rows = {(r["system"], r["workload"]["num_adapters"]): r for r in report["rows"]}
     ours = rows[("multilora", 4)]
@@ -95,18 +116,34 @@ def test_suite_on_cpu(tmp_path):
 
 def test_target_ratios_and_verdicts():
     def row(system, n, tps, slots=None, dist="uniform", roof=None):
-        return {"system": system, "tokens_per_s": tps, "decode_vs_roofline": roof,
-                "workload": {"preset": "p", "num_adapters": n, "max_loras": slots or max(1, min(n, 64)),
-                             "distribution": dist}}
+        return {
+            "system": system,
+            "tokens_per_s": tps,
+            "decode_vs_roofline": roof,
+            "workload": {
+                "preset": "p",
+                "num_adapters": n,
+                "max_loras": slots or max(1, min(n, 64)),
+                "distribution": dist,
+            },
+        }
 
-    rows = [row("multilora", 64, 900.0, roof=1.2), row("multilora-base", 0, 1000.0), row("hf-peft", 64, 30.0),
-            row("multilora", 256, 600.0, slots=64)]
+    rows = [
+        row("multilora", 64, 900.0, roof=1.2),
+        row("multilora-base", 0, 1000.0),
+        row("hf-peft", 64, 30.0),
+        row("multilora", 256, 600.0, slots=64),
+    ]
     t = target_ratios(rows)
     assert t["speedup_vs_hf_peft"] == 30.0 and t["adapters_vs_base"] == 0.9
     assert t["decode_vs_roofline"] == 1.2 and t["256_adapters_64_slots_vs_64"] == 600 / 900
     v = verdicts(t)
-    assert v == {"speedup_vs_hf_peft": "met", "adapters_vs_base": "met", "decode_vs_roofline": "met",
-                 "256_adapters_64_slots_vs_64": "missed"}
+    assert v == {
+        "speedup_vs_hf_peft": "met",
+        "adapters_vs_base": "met",
+        "decode_vs_roofline": "met",
+        "256_adapters_64_slots_vs_64": "missed",
+    }
     assert set(verdicts(target_ratios(rows[1:])).values()) == {"not run"}
     # repeated rows: the latest of each kind is judged (the first rows of a process run slow)
     again = rows + [row("multilora-base", 0, 1200.0), row("multilora", 64, 1000.0, roof=1.25)]
@@ -120,17 +157,43 @@ def test_bench_command(tmp_path):
     import sys
 
     out = tmp_path / "b.json"
-    cmd = [sys.executable, "-m", "multilora_cli", "bench", "--device", "cpu", "--preset", "tiny", "--adapters", "3",
-           "--max-loras", "2", "--requests", "5", "--prompt-len", "4", "--output-len", "3", "--max-num-seqs", "4",
-           "--temperature", "0.8", "--top-p", "0.9", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "multilora_cli",
+        "bench",
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny",
+        "--adapters",
+        "3",
+        "--max-loras",
+        "2",
+        "--requests",
+        "5",
+        "--prompt-len",
+        "4",
+        "--output-len",
+        "3",
+        "--max-num-seqs",
+        "4",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--json",
+        str(out),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "| multilora | tiny | 3 | uniform | 2 | 5 |" in p.stdout and "| multilora-base | tiny | 0 |" in p.stdout
     report = json.loads(out.read_text())
     assert [r["system"] for r in report["rows"]] == ["multilora", "multilora-base"]
     assert {(r["workload"]["temperature"], r["workload"]["top_p"]) for r in report["rows"]} == {(0.8, 0.9)}
-    p = subprocess.run([sys.executable, "-m", "multilora_cli", "bench", "--device", "cpu"], capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "multilora_cli", "bench", "--device", "cpu"], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 2 and "--preset tiny" in p.stderr
 
 
@@ -158,4 +221,5 @@ def test_synthetic_adapters_are_real_peft_folders(tmp_path):
         assert torch.equal(direct.flat, pack_adapter(mem, pin=False).flat)
     assert load_adapter(src.paths["c"], "c", cfg).modules[(0, "q_proj")].scaling == pytest.approx(2.02)
     import peft  # the reference loader agrees on what the folder is
+
     assert peft.LoraConfig.from_pretrained(str(src.paths["b"])).r == 4

@@ -46,10 +46,12 @@ def test_load_format_validated():
 def test_engine_runs_dummy_model(tiny_dir):
     engine = Engine(EngineConfig(model=str(tiny_dir), load_format="dummy", num_kv_blocks=64))
     sp = SamplingParams(max_tokens=5, ignore_eos=True)
-    out = engine.generate_all([Request(key=i, id=str(i), prompt_token_ids=[5 + i, 9, 11], sampling=sp)
-                               for i in range(3)])
+    out = engine.generate_all(
+        [Request(key=i, id=str(i), prompt_token_ids=[5 + i, 9, 11], sampling=sp) for i in range(3)]
+    )
     assert [r.error for r in out] == [None] * 3
     assert all(len(r.token_ids) == 5 and all(0 <= t < 512 for t in r.token_ids) for r in out)
     again = Engine(EngineConfig(model=str(tiny_dir), load_format="dummy", num_kv_blocks=64)).generate_all(
-        [Request(key=0, id="0", prompt_token_ids=[5, 9, 11], sampling=sp)])
+        [Request(key=0, id="0", prompt_token_ids=[5, 9, 11], sampling=sp)]
+    )
     assert again[0].token_ids == out[0].token_ids  # same seed, same weights, same text

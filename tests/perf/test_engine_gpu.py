@@ -30,8 +30,9 @@ def setup(tmp_path_factory):
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 256, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(3, 256, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
 def _requests(prompts, plan, sampled: bool = False) -> list[Request]:
@@ -40,8 +41,11 @@ def _requests(prompts, plan, sampled: bool = False) -> list[Request]:
             return SamplingParams(max_tokens=NEW, ignore_eos=True)
         extra = dict(top_p=0.9, top_k=40) if i % 3 == 2 else {}
         return SamplingParams(max_tokens=NEW, ignore_eos=True, temperature=1.0, seed=i, **extra)
-    return [Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp(i))
-            for i, (p, a) in enumerate(zip(prompts, plan))]
+
+    return [
+        Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp(i))
+        for i, (p, a) in enumerate(zip(prompts, plan))
+    ]
 
 
 def _hf_reference(base: Path, adapters: dict[str, Path], prompts, plan):
@@ -62,7 +66,7 @@ def _hf_reference(base: Path, adapters: dict[str, Path], prompts, plan):
                 top = logits.topk(2).values
                 marg.append(float(top[0] - top[1]))
                 ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
-            tokens.append(ids[0, len(p):].tolist())
+            tokens.append(ids[0, len(p) :].tolist())
             margins.append(marg)
     return tokens, margins
 
@@ -78,8 +82,19 @@ def reference(setup):
 def test_fp32_cuda_tokens_equal_hf_peft(setup, reference, eager):
     base, adapters = setup
     prompts, (want, _) = reference
-    engine = Engine(EngineConfig(model=str(base), device="cuda", dtype="float32", max_loras=3, max_lora_rank=16,
-                                 max_num_seqs=16, enforce_eager=eager, num_kv_blocks=256), adapters)
+    engine = Engine(
+        EngineConfig(
+            model=str(base),
+            device="cuda",
+            dtype="float32",
+            max_loras=3,
+            max_lora_rank=16,
+            max_num_seqs=16,
+            enforce_eager=eager,
+            num_kv_blocks=256,
+        ),
+        adapters,
+    )
     assert (engine.runner.graphs is None) == eager
     assert engine.arena is not None and engine.arena.registered  # packed adapters in page-locked memory
     assert engine.runner.precompiled > 0  # the Triton kernels were compiled (or loaded) before the first step
@@ -108,9 +123,19 @@ def test_run_ahead_gives_the_same_tokens(setup, reference, monkeypatch, eager):
     for dtype in ("bfloat16", "float32", "sampled"):
         for ahead in (False, True):
             monkeypatch.setattr(engine_mod, "RUN_AHEAD", ahead)
-            engine = Engine(EngineConfig(model=str(base), device="cuda", max_loras=3, max_lora_rank=16,
-                                         dtype="bfloat16" if dtype == "sampled" else dtype,
-                                         max_num_seqs=16, enforce_eager=eager, num_kv_blocks=256), adapters)
+            engine = Engine(
+                EngineConfig(
+                    model=str(base),
+                    device="cuda",
+                    max_loras=3,
+                    max_lora_rank=16,
+                    dtype="bfloat16" if dtype == "sampled" else dtype,
+                    max_num_seqs=16,
+                    enforce_eager=eager,
+                    num_kv_blocks=256,
+                ),
+                adapters,
+            )
             res = engine.generate_all(_requests(prompts, PLAN, sampled=dtype == "sampled"))
             assert [r.error for r in res] == [None] * len(PLAN)
             got[dtype, ahead] = [r.token_ids for r in res]
@@ -124,8 +149,18 @@ def test_run_ahead_gives_the_same_tokens(setup, reference, monkeypatch, eager):
 def test_bf16_cuda_close_to_hf_fp32(setup, reference):
     base, adapters = setup
     prompts, (want, margins) = reference
-    engine = Engine(EngineConfig(model=str(base), device="cuda", dtype="bfloat16", max_loras=3, max_lora_rank=16,
-                                 max_num_seqs=16, num_kv_blocks=256), adapters)
+    engine = Engine(
+        EngineConfig(
+            model=str(base),
+            device="cuda",
+            dtype="bfloat16",
+            max_loras=3,
+            max_lora_rank=16,
+            max_num_seqs=16,
+            num_kv_blocks=256,
+        ),
+        adapters,
+    )
     got = engine.generate_all(_requests(prompts, PLAN))
     assert [r.error for r in got] == [None] * len(PLAN)
     clear = [i for i, m in enumerate(margins) if m[0] > 0.05]
@@ -140,8 +175,18 @@ def test_slot_pressure_with_graphs(setup, reference):
     """3 adapters through 1 slot on CUDA (loads between graph replays): same tokens as the roomy run."""
     base, adapters = setup
     prompts, (want, _) = reference
-    engine = Engine(EngineConfig(model=str(base), device="cuda", dtype="float32", max_loras=1, max_lora_rank=16,
-                                 max_num_seqs=4, num_kv_blocks=256), adapters)
+    engine = Engine(
+        EngineConfig(
+            model=str(base),
+            device="cuda",
+            dtype="float32",
+            max_loras=1,
+            max_lora_rank=16,
+            max_num_seqs=4,
+            num_kv_blocks=256,
+        ),
+        adapters,
+    )
     got = engine.generate_all(_requests(prompts, PLAN))
     assert [r.token_ids for r in got] == want
     assert engine.stats.slot_evictions >= 2
@@ -155,12 +200,24 @@ def test_reloads_through_a_small_host_cache(setup, reference, pinned):
     be in flight; pageable packing (no arena) gives the same tokens."""
     base, adapters = setup
     prompts, (want, _) = reference
-    engine = Engine(EngineConfig(model=str(base), device="cuda", dtype="float32", max_loras=1, max_cpu_loras=1,
-                                 max_lora_rank=16, max_num_seqs=4, num_kv_blocks=256, pinned_arena=pinned), adapters)
+    engine = Engine(
+        EngineConfig(
+            model=str(base),
+            device="cuda",
+            dtype="float32",
+            max_loras=1,
+            max_cpu_loras=1,
+            max_lora_rank=16,
+            max_num_seqs=4,
+            num_kv_blocks=256,
+            pinned_arena=pinned,
+        ),
+        adapters,
+    )
     reqs = _requests(prompts, PLAN)
     got = []
     for i in range(0, len(reqs), 2):  # qv8, then all4rs + mlp16, then qv8 again (evicted from host by then) ...
-        got += engine.generate_all(reqs[i:i + 2])
+        got += engine.generate_all(reqs[i : i + 2])
     assert [r.token_ids for r in got] == want
     assert engine.slots.cpu_loads > len(adapters)  # adapters were re-read and re-packed
     assert (engine.arena is not None) == pinned
@@ -193,8 +250,19 @@ def test_direct_file_reads_serve_the_adapters(setup, reference, monkeypatch, dty
     runs = {}
     for direct in (True, False):
         monkeypatch.setattr(engine_mod, "DIRECT_READ", direct)
-        engine = Engine(EngineConfig(model=str(base), device="cuda", dtype=dtype, max_loras=3, max_lora_rank=16,
-                                     max_num_seqs=16, num_kv_blocks=256), adapters, scans=scans)
+        engine = Engine(
+            EngineConfig(
+                model=str(base),
+                device="cuda",
+                dtype=dtype,
+                max_loras=3,
+                max_lora_rank=16,
+                max_num_seqs=16,
+                num_kv_blocks=256,
+            ),
+            adapters,
+            scans=scans,
+        )
         if direct:  # planned from the given scans: no adapter scanned a second time
             assert set(engine._read_plans) == set(scans)
             assert all(rp.scan is scans[n] for n, rp in engine._read_plans.items())

@@ -29,8 +29,9 @@ def test_default_kv_sizing_leaves_room_for_the_precompile(tmp_path):
         free, total = torch.cuda.mem_get_info()
         assert free > 0.02 * total, "the KV sizing must leave the step's headroom free after the precompile"
         sp = SamplingParams(max_tokens=4, ignore_eos=True)
-        out = engine.generate_all([Request(key=i, id=str(i), prompt_token_ids=[5 + i, 9, 11], sampling=sp)
-                                   for i in range(3)])
+        out = engine.generate_all(
+            [Request(key=i, id=str(i), prompt_token_ids=[5 + i, 9, 11], sampling=sp) for i in range(3)]
+        )
         assert [r.error for r in out] == [None] * 3 and all(len(r.token_ids) == 4 for r in out)
     finally:
         del engine

@@ -81,8 +81,7 @@ def test_rotary_matches_torch(dtype):
     _same_up_to_an_ulp(got, want, x.abs().amax(-1, keepdim=True).to(dtype).expand_as(want))
 
 
-def _same_up_to_an_ulp(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor,
-                       exact_on_cpu: bool = True) -> None:
+def _same_up_to_an_ulp(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor, exact_on_cpu: bool = True) -> None:
     """Exact under the interpreter; on a GPU within 2 ulp of `scale` (the magnitude of the products summed, since
     a fused multiply-add skips one rounding: seen on an H200 for rotary) and mostly identical."""
     if DEV == "cpu" and exact_on_cpu:

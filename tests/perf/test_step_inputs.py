@@ -28,8 +28,7 @@ def _batch(rng: random.Random, n: int, decode: bool) -> ScheduledBatch:
     rng.shuffle(free)
     for i in range(n):
         prompt = [rng.randrange(3, 100) for _ in range(rng.randrange(1, 40))]
-        seq = Sequence(seq_id=i, request=Request(key=i, id=str(i), sampling=SamplingParams()),
-                       prompt_token_ids=prompt)
+        seq = Sequence(seq_id=i, request=Request(key=i, id=str(i), sampling=SamplingParams()), prompt_token_ids=prompt)
         done = len(prompt) - 1 if decode else rng.randrange(0, len(prompt))  # cached prefix (chunked prefill)
         todo = 1 if decode else rng.randrange(1, len(prompt) - done + 1)
         seq.num_computed_tokens = done
@@ -37,9 +36,15 @@ def _batch(rng: random.Random, n: int, decode: bool) -> ScheduledBatch:
         seqs.append(seq)
         new.append(todo)
         start.append(done)
-    return ScheduledBatch(seqs=seqs, num_new_tokens=new, start=start, slots=[-1] * n,
-                          sample=[st + k == s.num_tokens for s, st, k in zip(seqs, start, new)],
-                          num_decodes=n if decode else 0, block_size=BS)
+    return ScheduledBatch(
+        seqs=seqs,
+        num_new_tokens=new,
+        start=start,
+        slots=[-1] * n,
+        sample=[st + k == s.num_tokens for s, st, k in zip(seqs, start, new)],
+        num_decodes=n if decode else 0,
+        block_size=BS,
+    )
 
 
 @pytest.mark.parametrize("decode", [False, True])

@@ -29,11 +29,12 @@ def build_model_dir(out: Path, seed: int = 0) -> Path:
     lines = [s for d in corpus.DOMAINS for s in corpus.plain_lines(d, 40, seed)]
     tok = tokenizer.train_tokenizer(lines, 400)
     bos, eos, eot = (tok.token_to_id(s) for s in (tokenizer.BOS, tokenizer.EOS, tokenizer.EOT))
-    cfg = layout.llama_config(tok.get_vocab_size(), bos, [eos, eot], hidden=64, intermediate=128, layers=2,
-                              heads=4, kv_heads=2, max_len=256)
+    cfg = layout.llama_config(
+        tok.get_vocab_size(), bos, [eos, eot], hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, max_len=256
+    )
     g = torch.Generator().manual_seed(seed)
     w = tinyllama.init_weights(cfg, g)
-    for k, v in w.items():  # wider than the init so logits are peaked: greedy argmax is never a near-tie
+    for v in w.values():  # wider than the init so logits are peaked: greedy argmax is never a near-tie
         if v.dim() == 2:
             v.mul_(8.0)
     base = out / "base"
@@ -45,8 +46,11 @@ def build_model_dir(out: Path, seed: int = 0) -> Path:
             for m in targets:
                 key = f"model.layers.{layer}.{'mlp' if m.endswith(('gate_proj', 'up_proj', 'down_proj')) else 'self_attn'}.{m}"
                 wt = w[key + ".weight"]
-                lora[key] = (torch.randn(r, wt.shape[1], generator=g) * 0.3,
-                             torch.randn(wt.shape[0], r, generator=g) * 0.3, alpha / r)
+                lora[key] = (
+                    torch.randn(r, wt.shape[1], generator=g) * 0.3,
+                    torch.randn(wt.shape[0], r, generator=g) * 0.3,
+                    alpha / r,
+                )
         layout.write_adapter(out / name, base, lora, r=r, alpha=alpha, targets=targets, use_rslora=False)
     return out
 

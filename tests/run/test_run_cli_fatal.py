@@ -78,6 +78,7 @@ def test_a_run_that_cannot_start_leaves_the_last_runs_output_as_it_was(model_dir
     assert rc == 2 and "max_position_embeddings" in stderr, stderr
     assert (out.read_bytes(), ledger.read_bytes()) == before
 
+
 def test_an_adapter_folder_given_as_the_model_says_so(model_dir, inp):
     rc, stdout, stderr = run_cli(["run", str(inp), "-m", str(model_dir / "legal"), "--device", "cpu", "-q"])
     assert rc == 1 and stdout == b"", stderr
@@ -89,8 +90,9 @@ def test_an_adapter_folder_given_as_the_model_says_so(model_dir, inp):
 def test_unknown_user_home_is_a_missing_path_not_an_internal_error(model_dir, inp, flag):
     # Path("~nosuchuser/x").expanduser() raises RuntimeError: every path flag was an internal error (exit 1)
     path = "~nosuchuser-ml/x.jsonl"
-    argv = ["run", path if flag == "INPUT" else str(inp), *base_args(model_dir)] + ([] if flag == "INPUT" else
-                                                                                 [flag, path])
+    argv = ["run", path if flag == "INPUT" else str(inp), *base_args(model_dir)] + (
+        [] if flag == "INPUT" else [flag, path]
+    )
     rc, stdout, stderr = run_cli(argv)
     assert rc != 0 and "internal error" not in stderr and "does not exist" in stderr, stderr
     assert path in stderr and stderr.count("\n") == 1
@@ -101,22 +103,25 @@ def test_missing_input(model_dir, tmp_path):
     assert rc == 1 and "does not exist" in stderr
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["--top-p", "2"], "--top-p must be a number in (0, 1], got 2.0"),
-    (["--temperature", "-1"], "--temperature must be"),
-    (["--max-tokens", "0"], "--max-tokens must be"),
-    (["--max-loras", "0"], "--max-loras"),
-    (["--dtype", "float8"], "--dtype"),
-    (["--device", "tpu"], "--device"),
-    (["--gpu-hour-usd", "-1"], "--gpu-hour-usd"),
-    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in [0.05, 0.99], got 1.5"),
-    (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization must be in"),
-    (["--temperature", "inf"], "--temperature must be a finite number"),
-    (["--resume"], "--resume needs -o"),
-    (["--max-tokens", "ten"], "--max-tokens"),
-    (["--errors", "-"], "--errors - would mix into the results on stdout"),  # used to duplicate error records
-    (["--stats", "-"], "--stats - would mix"),  # used to write a file named "-"
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--top-p", "2"], "--top-p must be a number in (0, 1], got 2.0"),
+        (["--temperature", "-1"], "--temperature must be"),
+        (["--max-tokens", "0"], "--max-tokens must be"),
+        (["--max-loras", "0"], "--max-loras"),
+        (["--dtype", "float8"], "--dtype"),
+        (["--device", "tpu"], "--device"),
+        (["--gpu-hour-usd", "-1"], "--gpu-hour-usd"),
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in [0.05, 0.99], got 1.5"),
+        (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization must be in"),
+        (["--temperature", "inf"], "--temperature must be a finite number"),
+        (["--resume"], "--resume needs -o"),
+        (["--max-tokens", "ten"], "--max-tokens"),
+        (["--errors", "-"], "--errors - would mix into the results on stdout"),  # used to duplicate error records
+        (["--stats", "-"], "--stats - would mix"),  # used to write a file named "-"
+    ],
+)
 def test_bad_flags_exit_2(model_dir, inp, extra, words):
     rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), *extra])
     assert rc == 2 and stdout == b"" and words in stderr, stderr
@@ -136,17 +141,21 @@ def test_output_same_as_input(model_dir, inp):
 @pytest.mark.parametrize("flag", ["--errors", "--stats"])
 def test_errors_or_stats_same_as_output(model_dir, inp, tmp_path, flag):
     out = tmp_path / "out.jsonl"
-    rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-o", str(out),
-                                  flag, f"{tmp_path}/./out.jsonl"])
+    rc, stdout, stderr = run_cli(
+        ["run", str(inp), *base_args(model_dir), "-o", str(out), flag, f"{tmp_path}/./out.jsonl"]
+    )
     assert rc == 2 and stdout == b"" and stderr.count("\n") == 1, stderr
     assert f"--output and {flag} are the same file" in stderr and not out.exists()
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("legal=", "--adapters 'legal=': expected NAME=PATH"),
-    ("=", "--adapters '=': expected NAME=PATH"),
-    ("legal=/elsewhere", "adapter name 'legal' is given twice"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("legal=", "--adapters 'legal=': expected NAME=PATH"),
+        ("=", "--adapters '=': expected NAME=PATH"),
+        ("legal=/elsewhere", "adapter name 'legal' is given twice"),
+    ],
+)
 def test_bad_adapter_items_are_usage_errors(model_dir, inp, spec, words):
     rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-a", spec])
     assert rc == 2 and stdout == b"" and stderr.count("\n") == 1 and words in stderr, stderr
@@ -157,8 +166,23 @@ def test_one_adapter_named_twice_and_a_home_relative_path(model_dir, inp, tmp_pa
     home = tmp_path / "home"
     shutil.copytree(model_dir / "legal", home / "loras" / "legal")
     monkeypatch.setenv("HOME", str(home))
-    rc, stdout, stderr = run_cli(["run", str(inp), "-m", str(model_dir / "base"), "--device", "cpu", "-q",
-                                  "-a", "~/loras/legal", "-a", "legal=~/loras/legal/", "-o", "~/out.jsonl"])
+    rc, stdout, stderr = run_cli(
+        [
+            "run",
+            str(inp),
+            "-m",
+            str(model_dir / "base"),
+            "--device",
+            "cpu",
+            "-q",
+            "-a",
+            "~/loras/legal",
+            "-a",
+            "legal=~/loras/legal/",
+            "-o",
+            "~/out.jsonl",
+        ]
+    )
     assert rc == 0 and stdout == b"", stderr
     assert [r["id"] for r in read_jsonl(home / "out.jsonl")] == ["a", "b"]
 
@@ -176,16 +200,27 @@ def test_adapters_disagreeing_on_base_without_model(model_dir, inp, tmp_path):
     cfg = json.loads((stray / "adapter_config.json").read_text())
     cfg["base_model_name_or_path"] = str(other)
     (stray / "adapter_config.json").write_text(json.dumps(cfg))
-    rc, stdout, stderr = run_cli(["run", str(inp), "-a", f"legal={model_dir / 'legal'}", "-a", f"stray={stray}",
-                                  "--device", "cpu", "-q"])
+    rc, stdout, stderr = run_cli(
+        ["run", str(inp), "-a", f"legal={model_dir / 'legal'}", "-a", f"stray={stray}", "--device", "cpu", "-q"]
+    )
     assert rc == 2 and stdout == b""
     assert "different base models" in stderr and "--model" in stderr
 
 
 def test_resume_against_another_inputs_output_is_refused(model_dir, inp, tmp_path):
     out = tmp_path / "out.jsonl"
-    foreign = json.dumps({"id": "zzz", "adapter": None, "text": "t", "finish_reason": "stop",
-                          "usage": {"prompt_tokens": 1, "completion_tokens": 1}}) + "\n"
+    foreign = (
+        json.dumps(
+            {
+                "id": "zzz",
+                "adapter": None,
+                "text": "t",
+                "finish_reason": "stop",
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+            }
+        )
+        + "\n"
+    )
     out.write_text(foreign + '{"id": "torn')
     rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-o", str(out), "--resume"])
     assert rc == 1 and stdout == b""
@@ -195,11 +230,19 @@ def test_resume_against_another_inputs_output_is_refused(model_dir, inp, tmp_pat
 
 def test_resume_with_everything_done_keeps_the_output(model_dir, inp, tmp_path):
     out, errors = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
-    done = [{"id": "a", "adapter": None, "text": "t", "finish_reason": "stop",
-             "usage": {"prompt_tokens": 1, "completion_tokens": 1}},
-            {"id": "b", "adapter": "legal", "error": {"code": "x", "message": "m"}}]
+    done = [
+        {
+            "id": "a",
+            "adapter": None,
+            "text": "t",
+            "finish_reason": "stop",
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+        },
+        {"id": "b", "adapter": "legal", "error": {"code": "x", "message": "m"}},
+    ]
     write_jsonl(out, done)
-    rc, stdout, stderr = run_cli(["run", str(inp), *base_args(model_dir), "-o", str(out), "--resume",
-                                  "--errors", str(errors)])
+    rc, stdout, stderr = run_cli(
+        ["run", str(inp), *base_args(model_dir), "-o", str(out), "--resume", "--errors", str(errors)]
+    )
     assert rc == 3, stderr  # the kept output holds an error record
     assert read_jsonl(out) == done and read_jsonl(errors) == [done[1]]

@@ -27,8 +27,17 @@ def broken_adapter(model_dir, tmp_path_factory):
 
 
 def adapters_args(model_dir, *extra):
-    return ["-m", str(model_dir / "base"), "--adapter-dir", str(model_dir), "--device", "cpu",
-            "--max-model-len", "96", *extra]
+    return [
+        "-m",
+        str(model_dir / "base"),
+        "--adapter-dir",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "96",
+        *extra,
+    ]
 
 
 GOOD = [
@@ -45,7 +54,7 @@ def bad_lines():
     """(raw line, expected error code) for every kind of bad line of the contract."""
     return [
         (b'{"id": "m1", "prompt": "x"', "invalid_json"),
-        (b'[1, 2, 3]', "invalid_json"),
+        (b"[1, 2, 3]", "invalid_json"),
         (b'{"id": "np"}', "missing_prompt"),
         (b'{"id": "both", "prompt": "a", "messages": [{"role": "user", "content": "b"}]}', "invalid_request"),
         (b'{"id": "mt", "prompt": "a", "max_tokens": "ten"}', "invalid_sampling"),
@@ -65,7 +74,7 @@ def mixed_input(path):
     for i, good in enumerate(GOOD):
         raw.append(json.dumps(good).encode())
         codes.append("ok")
-        for line, code in bad[2 * i:2 * i + 2]:
+        for line, code in bad[2 * i : 2 * i + 2]:
             raw.append(line)
             codes.append(code or "engine")
         raw.append(b"   ")  # blank lines get no record
@@ -76,9 +85,23 @@ def mixed_input(path):
 def test_every_bad_line_gets_one_error_record_and_no_good_line_is_lost(model_dir, broken_adapter, tmp_path):
     inp, out, errors, stats = (tmp_path / n for n in ("in.jsonl", "out.jsonl", "err.jsonl", "stats.json"))
     codes = mixed_input(inp)
-    rc, stdout, stderr = run_cli(["run", str(inp), *adapters_args(model_dir), "-a", f"dora={broken_adapter}",
-                                  "-o", str(out), "--errors", str(errors), "--stats", str(stats),
-                                  "--gpu-hour-usd", "2.5"])
+    rc, stdout, stderr = run_cli(
+        [
+            "run",
+            str(inp),
+            *adapters_args(model_dir),
+            "-a",
+            f"dora={broken_adapter}",
+            "-o",
+            str(out),
+            "--errors",
+            str(errors),
+            "--stats",
+            str(stats),
+            "--gpu-hour-usd",
+            "2.5",
+        ]
+    )
     assert rc == 3, stderr
     assert stdout == b""  # -o given: nothing on stdout
     assert "dora" in stderr and "DoRA" in stderr  # the pre-flight warning names the adapter and the feature
@@ -112,11 +135,17 @@ def test_every_bad_line_gets_one_error_record_and_no_good_line_is_lost(model_dir
     assert s["ok"] == len(GOOD)
     assert s["completion_tokens"] == sum(r["usage"]["completion_tokens"] for r in ok.values())
     assert s["per_adapter"]["legal"]["completion_tokens"] == sum(
-        r["usage"]["completion_tokens"] for r in ok.values() if r["adapter"] == "legal")
+        r["usage"]["completion_tokens"] for r in ok.values() if r["adapter"] == "legal"
+    )
     assert s["per_adapter"]["legal"]["slot_loads"] >= 1 and s["slot_loads"] >= 3
     # lines unreadable before naming an adapter are not base requests
-    assert s["per_adapter"]["(unread)"] == {"requests": 3, "errors": 3, "prompt_tokens": 0, "completion_tokens": 0,
-                                            "slot_loads": 0}
+    assert s["per_adapter"]["(unread)"] == {
+        "requests": 3,
+        "errors": 3,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "slot_loads": 0,
+    }
     assert s["per_adapter"]["base"]["requests"] == sum(1 for r in recs if r.get("adapter") in (None, "base")) - 3
     assert s["cost"]["usd_total"] == pytest.approx(2.5 * s["wall_seconds"] / 3600, rel=1e-3)
     assert s["engine"]["model"] and s["device"] == "cpu"
@@ -124,8 +153,15 @@ def test_every_bad_line_gets_one_error_record_and_no_good_line_is_lost(model_dir
 
 def test_output_is_in_input_order_whatever_the_engine_order(model_dir, tmp_path):
     """Same requests, reversed file: every id keeps its text (the reorder buffer maps results to lines)."""
-    rows = [{"id": f"r{i}", "prompt": f"The court held that {i}", "adapter": ["legal", "medical", None, "code"][i % 4],
-             "max_tokens": 3 + i % 5} for i in range(24)]
+    rows = [
+        {
+            "id": f"r{i}",
+            "prompt": f"The court held that {i}",
+            "adapter": ["legal", "medical", None, "code"][i % 4],
+            "max_tokens": 3 + i % 5,
+        }
+        for i in range(24)
+    ]
     a = write_jsonl(tmp_path / "a.jsonl", rows)
     b = write_jsonl(tmp_path / "b.jsonl", rows[::-1])
     rc1, out1, err1 = run_cli(["run", str(a), *adapters_args(model_dir, "--max-loras", "2", "-q")])
@@ -144,8 +180,13 @@ def test_openai_batch_file(model_dir, tmp_path):
 
     rows = [
         line("c1", model="legal", prompt="The court held that", max_tokens=5),
-        line("c2", url="/v1/chat/completions", model="medical",
-             messages=[{"role": "user", "content": "What is the treatment for asthma?"}], max_completion_tokens=6),
+        line(
+            "c2",
+            url="/v1/chat/completions",
+            model="medical",
+            messages=[{"role": "user", "content": "What is the treatment for asthma?"}],
+            max_completion_tokens=6,
+        ),
         line("c3", model=str(model_dir / "base"), prompt="The court held that", max_tokens=5),
         line("c4", url="/v1/embeddings", model="legal", input="x"),
         {"custom_id": "c5", "method": "POST", "url": "/v1/completions"},
@@ -181,10 +222,12 @@ def test_openai_batch_file(model_dir, tmp_path):
 
 
 def test_sampling_precedence_and_seeds(model_dir, tmp_path):
-    rows = [{"id": "gen", "prompt": "The court held that"},  # generation_config.json: max_new_tokens 16
-            {"id": "line", "prompt": "The court held that", "max_tokens": 2},
-            {"id": "s1", "prompt": "The court held that", "temperature": 1.0, "max_tokens": 12},
-            {"id": "s2", "prompt": "The court held that", "temperature": 1.0, "max_tokens": 12, "seed": 7}]
+    rows = [
+        {"id": "gen", "prompt": "The court held that"},  # generation_config.json: max_new_tokens 16
+        {"id": "line", "prompt": "The court held that", "max_tokens": 2},
+        {"id": "s1", "prompt": "The court held that", "temperature": 1.0, "max_tokens": 12},
+        {"id": "s2", "prompt": "The court held that", "temperature": 1.0, "max_tokens": 12, "seed": 7},
+    ]
     inp = write_jsonl(tmp_path / "in.jsonl", rows)
 
     def run(*flags):
@@ -207,9 +250,15 @@ def test_sampling_precedence_and_seeds(model_dir, tmp_path):
 
 
 def test_resume_from_stdin_in_the_openai_format(model_dir, tmp_path):
-    rows = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
-             "body": {"model": ["legal", "base", "code"][i % 3], "prompt": f"The court held that {i}",
-                      "max_tokens": 4}} for i in range(9)]
+    rows = [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": ["legal", "base", "code"][i % 3], "prompt": f"The court held that {i}", "max_tokens": 4},
+        }
+        for i in range(9)
+    ]
     data = b"".join(json.dumps(r).encode() + b"\n" for r in rows)
     full_out, out = tmp_path / "full.jsonl", tmp_path / "out.jsonl"
     args = ["run", "-", *adapters_args(model_dir, "-q")]
@@ -227,9 +276,11 @@ def test_resume_from_stdin_in_the_openai_format(model_dir, tmp_path):
 
 def test_a_lone_surrogate_prompt_is_one_error_record_not_a_crash(model_dir, tmp_path):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    inp.write_bytes(b'{"id": "a", "prompt": "The court held that", "max_tokens": 3}\n'
-                    b'{"id": "bad", "prompt": "x \\ud800", "max_tokens": 3}\n'
-                    b'{"id": "c", "prompt": "The court held that", "max_tokens": 3, "adapter": "legal"}\n')
+    inp.write_bytes(
+        b'{"id": "a", "prompt": "The court held that", "max_tokens": 3}\n'
+        b'{"id": "bad", "prompt": "x \\ud800", "max_tokens": 3}\n'
+        b'{"id": "c", "prompt": "The court held that", "max_tokens": 3, "adapter": "legal"}\n'
+    )
     rc, stdout, stderr = run_cli(["run", str(inp), *adapters_args(model_dir), "-o", str(out), "-q"])
     assert rc == 3, stderr
     recs = read_jsonl(out)
@@ -240,15 +291,30 @@ def test_a_lone_surrogate_prompt_is_one_error_record_not_a_crash(model_dir, tmp_
 
 def test_preflight_failures_name_the_adapter_once(model_dir, broken_adapter, tmp_path):
     # Records used to read "adapter 'dora' failed pre-flight: adapter 'dora' (/x/adapter_config.json) uses DoRA".
-    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": "d", "prompt": "x", "adapter": "dora"},
-                                              {"id": "m", "prompt": "x", "adapter": "medical"}])
-    rc, stdout, stderr = run_cli(["run", str(inp), "-m", str(model_dir / "base"), "--device", "cpu", "-q",
-                                  "-a", f"dora={broken_adapter},medical={model_dir / 'medical'}",
-                                  "--max-lora-rank", "1"])
+    inp = write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"id": "d", "prompt": "x", "adapter": "dora"}, {"id": "m", "prompt": "x", "adapter": "medical"}],
+    )
+    rc, stdout, stderr = run_cli(
+        [
+            "run",
+            str(inp),
+            "-m",
+            str(model_dir / "base"),
+            "--device",
+            "cpu",
+            "-q",
+            "-a",
+            f"dora={broken_adapter},medical={model_dir / 'medical'}",
+            "--max-lora-rank",
+            "1",
+        ]
+    )
     assert rc == 3, stderr
     d, m = read_jsonl(stdout)
     assert d["error"]["message"].startswith(
-        f"line 1: adapter 'dora' failed pre-flight: {broken_adapter / 'adapter_config.json'}: uses DoRA"), d
+        f"line 1: adapter 'dora' failed pre-flight: {broken_adapter / 'adapter_config.json'}: uses DoRA"
+    ), d
     assert m["error"]["message"].startswith("line 2: adapter 'medical' failed pre-flight: has rank "), m
     for line in stderr.splitlines():
         assert line.count("adapter '") == 1, line  # the warnings too
@@ -267,11 +333,29 @@ def test_an_adapter_with_nan_fails_its_own_lines_when_read(model_dir, tmp_path):
     key = sorted(k for k in sd if "lora_B" in k)[0]
     sd[key][0, 0] = float("nan")
     save_file(sd, f)
-    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": "n1", "prompt": "x", "adapter": "nanad"},
-                                              {"id": "g", "prompt": "The court held that", "adapter": "medical"},
-                                              {"id": "n2", "prompt": "y", "adapter": "nanad"}])
-    rc, stdout, stderr = run_cli(["run", str(inp), "-m", str(model_dir / "base"), "--device", "cpu", "-q",
-                                  "--max-model-len", "96", "-a", f"nanad={bad},medical={model_dir / 'medical'}"])
+    inp = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            {"id": "n1", "prompt": "x", "adapter": "nanad"},
+            {"id": "g", "prompt": "The court held that", "adapter": "medical"},
+            {"id": "n2", "prompt": "y", "adapter": "nanad"},
+        ],
+    )
+    rc, stdout, stderr = run_cli(
+        [
+            "run",
+            str(inp),
+            "-m",
+            str(model_dir / "base"),
+            "--device",
+            "cpu",
+            "-q",
+            "--max-model-len",
+            "96",
+            "-a",
+            f"nanad={bad},medical={model_dir / 'medical'}",
+        ]
+    )
     assert rc == 3, stderr
     n1, g, n2 = read_jsonl(stdout)
     assert "error" not in g and g["text"]

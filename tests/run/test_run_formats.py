@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from multilora_cli.io.formats import OPENAI, SIMPLE, get_format, parse_line
+from multilora_cli.io.formats import get_format, parse_line
+from multilora_cli.io.line import OPENAI, SIMPLE
 
 S = get_format(SIMPLE)
 O = get_format(OPENAI)
@@ -18,8 +19,9 @@ def parse(obj_or_raw, fmt=S, key=0, lineno=1):
 
 
 def test_simple_line_fields_and_default_id():
-    s = parse({"prompt": "hi", "adapter": "legal", "max_tokens": 5, "temperature": 0.5, "stop": ["\n"],
-               "extra": 1}, lineno=7)
+    s = parse(
+        {"prompt": "hi", "adapter": "legal", "max_tokens": 5, "temperature": 0.5, "stop": ["\n"], "extra": 1}, lineno=7
+    )
     assert s.error is None and s.id == 7 and s.adapter == "legal" and s.prompt == "hi"
     assert s.sampling == {"max_tokens": 5, "temperature": 0.5, "stop": ["\n"]}
     assert parse({"id": "a1", "prompt": "x"}).id == "a1"
@@ -38,46 +40,60 @@ def test_roles_a_template_may_define_pass_through():
 
 
 def test_simple_messages_with_text_parts():
-    s = parse({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                         {"type": "text", "text": "b"}]}]})
+    s = parse(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    )
     assert s.error is None and s.messages == [{"role": "user", "content": "ab"}]
 
 
-@pytest.mark.parametrize("obj, code, words", [
-    ({"id": 1}, "missing_prompt", "missing 'prompt'"),
-    ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "invalid_request", "not both"),
-    ({"prompt": 5}, "invalid_request", "prompt must be a string"),
-    ({"messages": []}, "invalid_request", "non-empty array of {role, content} objects, got an empty array"),
-    ({"messages": [{"content": "x"}]}, "invalid_request", "messages[0]"),
-    ({"messages": [{"role": " ", "content": "x"}]}, "invalid_request", "non-empty string 'role'"),
-    ({"messages": [{"role": "system", "content": "s"}, {"role": "usr", "content": "x"}]}, "unknown_role",
-     "messages[1].role 'usr' is not a chat role: did you mean 'user'?"),
-    ({"messages": [{"role": "Assistant", "content": "x"}]}, "unknown_role", "did you mean 'assistant'?"),
-    ({"messages": [{"role": "sytem", "content": "x"}]}, "unknown_role", "did you mean 'system'?"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "invalid_request", "text parts"),
-    ({"id": [1], "prompt": "x"}, "invalid_request", "id must be a string or an integer"),
-    ({"prompt": "x", "adapter": 3}, "invalid_request", "adapter must be a string"),
-    ({"custom_id": "c", "body": {}}, "wrong_format", "OpenAI batch line"),
-    ({"prompt": "x", "temprature": 0.5}, "unknown_field", "unknown field 'temprature': did you mean 'temperature'?"),
-    ({"prompt": "x", "top-p": 0.5}, "unknown_field", "did you mean 'top_p'?"),
-    ({"prompt": "x", "max_token": 5}, "unknown_field", "did you mean 'max_tokens'?"),
-    ({"promt": "x"}, "unknown_field", "did you mean 'prompt'?"),
-    ({"prompt": "x", "adapters": "legal"}, "unknown_field", "did you mean 'adapter'?"),
-])
+@pytest.mark.parametrize(
+    "obj, code, words",
+    [
+        ({"id": 1}, "missing_prompt", "missing 'prompt'"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "invalid_request", "not both"),
+        ({"prompt": 5}, "invalid_request", "prompt must be a string"),
+        ({"messages": []}, "invalid_request", "non-empty array of {role, content} objects, got an empty array"),
+        ({"messages": [{"content": "x"}]}, "invalid_request", "messages[0]"),
+        ({"messages": [{"role": " ", "content": "x"}]}, "invalid_request", "non-empty string 'role'"),
+        (
+            {"messages": [{"role": "system", "content": "s"}, {"role": "usr", "content": "x"}]},
+            "unknown_role",
+            "messages[1].role 'usr' is not a chat role: did you mean 'user'?",
+        ),
+        ({"messages": [{"role": "Assistant", "content": "x"}]}, "unknown_role", "did you mean 'assistant'?"),
+        ({"messages": [{"role": "sytem", "content": "x"}]}, "unknown_role", "did you mean 'system'?"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "invalid_request", "text parts"),
+        ({"id": [1], "prompt": "x"}, "invalid_request", "id must be a string or an integer"),
+        ({"prompt": "x", "adapter": 3}, "invalid_request", "adapter must be a string"),
+        ({"custom_id": "c", "body": {}}, "wrong_format", "OpenAI batch line"),
+        (
+            {"prompt": "x", "temprature": 0.5},
+            "unknown_field",
+            "unknown field 'temprature': did you mean 'temperature'?",
+        ),
+        ({"prompt": "x", "top-p": 0.5}, "unknown_field", "did you mean 'top_p'?"),
+        ({"prompt": "x", "max_token": 5}, "unknown_field", "did you mean 'max_tokens'?"),
+        ({"promt": "x"}, "unknown_field", "did you mean 'prompt'?"),
+        ({"prompt": "x", "adapters": "legal"}, "unknown_field", "did you mean 'adapter'?"),
+    ],
+)
 def test_simple_bad_lines(obj, code, words):
     s = parse(obj, lineno=4)
     assert s.error is not None and s.error.code == code
     assert words in s.error.message and s.error.message.startswith("line 4: ")
 
 
-@pytest.mark.parametrize("raw, code, words", [
-    (b'{"prompt": "x",}\n', "invalid_json", "malformed JSON"),
-    (b'{"prompt": "abc\n', "invalid_json", "Unterminated string starting at column 12"),  # not "at at"
-    (b'[1, 2]\n', "invalid_json", "expected a JSON object, got an array"),
-    (b'"just a string"\n', "invalid_json", "got a string"),
-    (b'{"prompt": "caf\xff"}\n', "invalid_utf8", "not valid UTF-8"),
-    (b'{"prompt": "x", "temperature": NaN}\n', "invalid_json", "NaN"),
-])
+@pytest.mark.parametrize(
+    "raw, code, words",
+    [
+        (b'{"prompt": "x",}\n', "invalid_json", "malformed JSON"),
+        (b'{"prompt": "abc\n', "invalid_json", "Unterminated string starting at column 12"),  # not "at at"
+        (b"[1, 2]\n", "invalid_json", "expected a JSON object, got an array"),
+        (b'"just a string"\n', "invalid_json", "got a string"),
+        (b'{"prompt": "caf\xff"}\n', "invalid_utf8", "not valid UTF-8"),
+        (b'{"prompt": "x", "temperature": NaN}\n', "invalid_json", "NaN"),
+    ],
+)
 def test_undecodable_lines_get_the_line_number_as_id(raw, code, words):
     s = parse(raw, lineno=9)
     assert s.error.code == code and words in s.error.message and s.id == 9
@@ -88,8 +104,13 @@ def test_undecodable_lines_get_the_line_number_as_id(raw, code, words):
 def test_simple_records():
     s = parse({"id": "a", "prompt": "x", "adapter": "base"})
     ok = S.ok_record(s, "out", "stop", 3, 2)
-    assert ok == {"id": "a", "adapter": "base", "text": "out", "finish_reason": "stop",
-                  "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    assert ok == {
+        "id": "a",
+        "adapter": "base",
+        "text": "out",
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
     assert S.record_id(ok) == "a" and not S.is_error_record(ok) and S.looks_like_record(ok)
 
 
@@ -110,22 +131,31 @@ def test_openai_completion_and_chat_lines():
     assert t.prompt_token_ids == [1, 2, 3]
 
 
-@pytest.mark.parametrize("line, code, words", [
-    (oai({"model": "m", "prompt": "x"}, url="/v1/embeddings"), "invalid_url", "/v1/embeddings"),
-    (oai(None), "missing_body", "body is missing"),
-    (oai([1]), "missing_body", "not an object"),
-    (oai({"prompt": "x"}), "missing_model", "body.model is required"),
-    (oai({"model": "m"}), "missing_prompt", "body.prompt is required"),
-    (oai({"model": "m", "messages": [{"role": "user", "content": "q"}]}), "invalid_request", "takes 'prompt'"),
-    (oai({"model": "m", "prompt": "x"}, url="/v1/chat/completions"), "invalid_request", "takes 'messages'"),
-    (oai({"model": "m", "prompt": ["a", "b"]}), "invalid_request", "one prompt per line"),
-    (oai({"model": "m", "prompt": "x", "n": 2}), "unsupported", "body.n=2"),
-    (oai({"model": "m", "prompt": "x", "max_tokens": 3, "max_completion_tokens": 4}), "invalid_request",
-     "not both"),
-    (oai({"model": "m", "prompt": "x"}, method="GET"), "invalid_method", "POST"),
-    ({"custom_id": "", "url": "/v1/completions", "body": {"model": "m", "prompt": "x"}}, "missing_custom_id",
-     "custom_id"),
-])
+@pytest.mark.parametrize(
+    "line, code, words",
+    [
+        (oai({"model": "m", "prompt": "x"}, url="/v1/embeddings"), "invalid_url", "/v1/embeddings"),
+        (oai(None), "missing_body", "body is missing"),
+        (oai([1]), "missing_body", "not an object"),
+        (oai({"prompt": "x"}), "missing_model", "body.model is required"),
+        (oai({"model": "m"}), "missing_prompt", "body.prompt is required"),
+        (oai({"model": "m", "messages": [{"role": "user", "content": "q"}]}), "invalid_request", "takes 'prompt'"),
+        (oai({"model": "m", "prompt": "x"}, url="/v1/chat/completions"), "invalid_request", "takes 'messages'"),
+        (oai({"model": "m", "prompt": ["a", "b"]}), "invalid_request", "one prompt per line"),
+        (oai({"model": "m", "prompt": "x", "n": 2}), "unsupported", "body.n=2"),
+        (
+            oai({"model": "m", "prompt": "x", "max_tokens": 3, "max_completion_tokens": 4}),
+            "invalid_request",
+            "not both",
+        ),
+        (oai({"model": "m", "prompt": "x"}, method="GET"), "invalid_method", "POST"),
+        (
+            {"custom_id": "", "url": "/v1/completions", "body": {"model": "m", "prompt": "x"}},
+            "missing_custom_id",
+            "custom_id",
+        ),
+    ],
+)
 def test_openai_bad_lines(line, code, words):
     s = parse(line, O, lineno=3)
     assert s.error is not None and s.error.code == code, s.error
@@ -156,19 +186,25 @@ def test_openai_records_are_deterministic_and_shaped_like_the_batch_api():
     assert e["id"] == a["id"] and O.is_error_record(e) and O.looks_like_record(e)
 
 
-@pytest.mark.parametrize("raw, field", [
-    (rb'{"prompt": "a \ud800 b"}', "prompt"),
-    (rb'{"messages": [{"role": "user", "content": "\udfff"}]}', "messages[0].content"),
-    (rb'{"messages": [{"role": "\ud800", "content": "x"}]}', "messages[0].role"),
-    (rb'{"prompt": "x", "stop": ["\ud801"]}', "stop"),
-])
+@pytest.mark.parametrize(
+    "raw, field",
+    [
+        (rb'{"prompt": "a \ud800 b"}', "prompt"),
+        (rb'{"messages": [{"role": "user", "content": "\udfff"}]}', "messages[0].content"),
+        (rb'{"messages": [{"role": "\ud800", "content": "x"}]}', "messages[0].role"),
+        (rb'{"prompt": "x", "stop": ["\ud801"]}', "stop"),
+    ],
+)
 def test_lone_surrogate_escapes_fail_the_line(raw, field):
     # JSON accepts "\ud800" but it is not text: the tokenizer raised TypeError and the whole run died.
     s = parse(raw)
     assert s.error is not None and s.error.code == "invalid_request", s
     assert s.error.message.startswith(f"line 1: {field} holds a lone UTF-16 surrogate"), s.error.message
-    o = parse(b'{"custom_id": "c", "method": "POST", "url": "/v1/completions", '
-              b'"body": {"model": "base", "prompt": "\\ud800"}}', O)
+    o = parse(
+        b'{"custom_id": "c", "method": "POST", "url": "/v1/completions", '
+        b'"body": {"model": "base", "prompt": "\\ud800"}}',
+        O,
+    )
     assert o.error is not None and "lone UTF-16 surrogate" in o.error.message
 
 

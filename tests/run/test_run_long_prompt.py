@@ -31,8 +31,20 @@ def encoded(monkeypatch) -> list[int]:
 
 
 def args(model_dir, *extra):
-    return ["-m", str(model_dir / "base"), "--adapter-dir", str(model_dir), "--device", "cpu",
-            "--max-model-len", "96", "-q", "--max-tokens", "4", *extra]
+    return [
+        "-m",
+        str(model_dir / "base"),
+        "--adapter-dir",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "96",
+        "-q",
+        "--max-tokens",
+        "4",
+        *extra,
+    ]
 
 
 def test_huge_prompts_get_their_error_record_without_being_encoded(model_dir, tmp_path, encoded):
@@ -61,10 +73,20 @@ def test_huge_prompts_get_their_error_record_without_being_encoded(model_dir, tm
 
 
 def test_openai_batch_lines_too(model_dir, tmp_path, encoded):
-    rows = [{"custom_id": "big", "method": "POST", "url": "/v1/completions",
-             "body": {"model": "legal", "prompt": HUGE, "max_tokens": 4}},
-            {"custom_id": "small", "method": "POST", "url": "/v1/completions",
-             "body": {"model": "legal", "prompt": "The court held that", "max_tokens": 4}}]
+    rows = [
+        {
+            "custom_id": "big",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "legal", "prompt": HUGE, "max_tokens": 4},
+        },
+        {
+            "custom_id": "small",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "legal", "prompt": "The court held that", "max_tokens": 4},
+        },
+    ]
     rc, stdout, stderr = run_cli(["run", str(write_jsonl(tmp_path / "b.jsonl", rows)), *args(model_dir)])
     assert rc == 3, stderr
     big, small = read_jsonl(stdout)

@@ -19,9 +19,16 @@ ADAPTER_CYCLE = ["legal", "medical", None, "code"]
 
 def rows(n: int, max_tokens: int = 8, sample_every: int = 0) -> list[dict]:
     """n requests cycling over the adapters and the base; every `sample_every`-th samples (no seed of its own)."""
-    return [{"id": f"r{i}", "prompt": f"The court held that the {i} tenants", "max_tokens": max_tokens,
-             **({"adapter": ADAPTER_CYCLE[i % 4]} if ADAPTER_CYCLE[i % 4] else {}),
-             **({"temperature": 1.5} if sample_every and i % sample_every == 0 else {})} for i in range(n)]
+    return [
+        {
+            "id": f"r{i}",
+            "prompt": f"The court held that the {i} tenants",
+            "max_tokens": max_tokens,
+            **({"adapter": ADAPTER_CYCLE[i % 4]} if ADAPTER_CYCLE[i % 4] else {}),
+            **({"temperature": 1.5} if sample_every and i % sample_every == 0 else {}),
+        }
+        for i in range(n)
+    ]
 
 
 def model_args(model_dir) -> list[str]:
@@ -30,11 +37,14 @@ def model_args(model_dir) -> list[str]:
 
 def test_stdin_to_stdout_shell_pipeline(model_dir, tmp_path):
     inp = write_jsonl(tmp_path / "in.jsonl", rows(12, 4) + ["", '{"id": "bad", "adapter": "nobody", "prompt": "x"}'])
-    consumer = ("import sys, json; rs = [json.loads(l) for l in sys.stdin]; "
-                "print(len(rs), ','.join(str(r['id']) for r in rs), sum('error' in r for r in rs))")
+    consumer = (
+        "import sys, json; rs = [json.loads(l) for l in sys.stdin]; "
+        "print(len(rs), ','.join(str(r['id']) for r in rs), sum('error' in r for r in rs))"
+    )
     mult = " ".join(multilora_cmd() + ["run", "-"] + model_args(model_dir))
-    script = f"cat {inp} | {mult} 2>{tmp_path / 'err.txt'} | {sys.executable} -c \"{consumer}\"; " \
-             "echo rc=${PIPESTATUS[1]}"
+    script = (
+        f'cat {inp} | {mult} 2>{tmp_path / "err.txt"} | {sys.executable} -c "{consumer}"; echo rc=${{PIPESTATUS[1]}}'
+    )
     res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=subprocess_env(), timeout=300)
     count, ids, errors, rc = res.stdout.split()
     assert (count, errors, rc) == ("13", "1", "rc=3"), res.stdout + (tmp_path / "err.txt").read_text()
@@ -45,8 +55,12 @@ def test_stdin_to_stdout_shell_pipeline(model_dir, tmp_path):
 def test_progress_on_a_terminal_never_touches_stdout(model_dir, tmp_path):
     inp = write_jsonl(tmp_path / "in.jsonl", rows(16, 6))
     master, slave = pty.openpty()
-    proc = subprocess.Popen(multilora_cmd() + ["run", str(inp), *model_args(model_dir)], stdout=subprocess.PIPE,
-                            stderr=slave, env=subprocess_env())
+    proc = subprocess.Popen(
+        multilora_cmd() + ["run", str(inp), *model_args(model_dir)],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env=subprocess_env(),
+    )
     os.close(slave)
     chunks: list[bytes] = []
 
@@ -85,22 +99,26 @@ def test_kill_9_midway_then_resume_gives_every_id_once_with_the_same_text(model_
     ref = read_jsonl(ref_out)
 
     out = tmp_path / "out.jsonl"
-    proc = _start_until_records(["run", str(inp), *model_args(model_dir), *flags, "-o", str(out)], out, 5,
-                                stdout=subprocess.DEVNULL)
+    proc = _start_until_records(
+        ["run", str(inp), *model_args(model_dir), *flags, "-o", str(out)], out, 5, stdout=subprocess.DEVNULL
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
     prefix = out.read_bytes()
     done = prefix.count(b"\n")
     assert 5 <= done < n, f"killed after {done} of {n} records: make the workload slower"
-    kept = read_jsonl(prefix[:prefix.rfind(b"\n") + 1])
+    kept = read_jsonl(prefix[: prefix.rfind(b"\n") + 1])
     assert [r["id"] for r in kept] == [f"r{i}" for i in range(len(kept))]  # a valid, in-order prefix
     with open(out, "ab") as f:  # and a torn last line, as a kill during a write would leave
         f.write(b'{"id": "r' + str(done).encode() + b'", "adap')
 
-    res = subprocess.run(multilora_cmd() + ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "2",
-                                            "-o", str(out), "--resume"],
-                         capture_output=True, env=subprocess_env(), timeout=300)
+    res = subprocess.run(
+        multilora_cmd() + ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "2", "-o", str(out), "--resume"],
+        capture_output=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr.decode()
     assert f"{done} records kept" in res.stderr.decode() and "torn" in res.stderr.decode()
     final = read_jsonl(out)
@@ -123,8 +141,12 @@ def test_sigterm_midway_stops_with_143_a_valid_prefix_and_the_resume_hint(model_
     # `kill PID` (and Slurm / Kubernetes cancelling a job) used to end the run without a word.
     inp = write_jsonl(tmp_path / "in.jsonl", rows(48, 6))
     out = tmp_path / "out.jsonl"
-    proc = _start_until_records(["run", str(inp), *model_args(model_dir), "--max-num-seqs", "2", "-q",
-                                 "-o", str(out)], out, 3, stdout=subprocess.PIPE)
+    proc = _start_until_records(
+        ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "2", "-q", "-o", str(out)],
+        out,
+        3,
+        stdout=subprocess.PIPE,
+    )
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     err = stderr.decode()

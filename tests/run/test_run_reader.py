@@ -9,7 +9,7 @@ import json
 import pytest
 
 from multilora_cli.errors import InputError
-from multilora_cli.io.formats import OPENAI, SIMPLE
+from multilora_cli.io.line import OPENAI, SIMPLE
 from multilora_cli.io.reader import InputReader, count_records, open_input
 
 
@@ -68,7 +68,6 @@ def test_openai_detected_even_after_a_malformed_first_line():
     assert specs[1].error is None and specs[1].id == "c1"
 
 
-
 def test_a_simple_line_keeping_custom_id_as_metadata_stays_simple():
     # README: other fields are metadata. A custom_id beside a prompt (no body) made the whole file OpenAI batch
     # and every line failed with "url None is not supported".
@@ -76,6 +75,7 @@ def test_a_simple_line_keeping_custom_id_as_metadata_stays_simple():
     assert r.format.name == SIMPLE
     assert [(s.id, s.prompt, s.error) for s in r] == [("a", "x", None), ("b", "y", None)]
     assert reader(b'{"custom_id": "c1", "url": "/v1/completions"}\n').format.name == OPENAI  # no body: its error
+
 
 def test_streaming_reads_only_what_is_consumed():
     stream = CountingStream(1_000_000)
@@ -100,12 +100,15 @@ def test_count_records(tmp_path):
     assert count_records("-") is None
 
 
-@pytest.mark.parametrize("data, words", [
-    (gzip.compress(b'{"id": "a", "prompt": "x"}\n'), "gzip-compressed"),
-    (b"(\xb5/\xfd\x00\x00garbage", "zstd-compressed"),
-    (b"\x00\x00\x00\x00\n{}\n", "binary file"),
-    (bytes(range(128, 256)) + b"\n" + b'{"prompt": "x"}\n', "binary file"),
-])
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (gzip.compress(b'{"id": "a", "prompt": "x"}\n'), "gzip-compressed"),
+        (b"(\xb5/\xfd\x00\x00garbage", "zstd-compressed"),
+        (b"\x00\x00\x00\x00\n{}\n", "binary file"),
+        (bytes(range(128, 256)) + b"\n" + b'{"prompt": "x"}\n', "binary file"),
+    ],
+)
 def test_compressed_or_binary_input_is_one_fatal_error(data, words):
     # These used to become one invalid_utf8 record per garbage "line" (exit 3); a .jsonl.gz is a common slip.
     with pytest.raises(InputError, match=words) as e:

@@ -12,8 +12,8 @@ import pytest
 from conftest import read_jsonl, run_cli, write_jsonl
 
 from multilora_cli.errors import OutputError
-from multilora_cli.io.reader import InputReader
 from multilora_cli.io.ledger import ledger_path
+from multilora_cli.io.reader import InputReader
 from multilora_cli.io.resume import scan_output, truncate_torn, verify_prefix
 from multilora_cli.io.writer import OrderedWriter, open_output
 
@@ -65,14 +65,17 @@ def test_big_output_scanned_backwards(tmp_path):
     assert verify_prefix(plan, iter(r), r.format).kept == 3000
 
 
-@pytest.mark.parametrize("content, ids, words", [
-    (rec("r0") + rec("zz"), None, 'record 2 has id "zz" but input line 2 has id "r1"'),
-    (rec("r0") + rec("r1") + rec("r2"), ["r0", "r1"], "more records"),
-    (rec(1), [1], None),  # ok: same integer id
-    (rec("1"), [1], "record 1 has id"),  # "1" is not 1: a different input
-    ('{"custom_id": "r0", "response": null, "error": null}\n', None, "not a multilora record of the simple format"),
-    ("not json\n", None, "not a multilora record of the simple format"),
-])
+@pytest.mark.parametrize(
+    "content, ids, words",
+    [
+        (rec("r0") + rec("zz"), None, 'record 2 has id "zz" but input line 2 has id "r1"'),
+        (rec("r0") + rec("r1") + rec("r2"), ["r0", "r1"], "more records"),
+        (rec(1), [1], None),  # ok: same integer id
+        (rec("1"), [1], "record 1 has id"),  # "1" is not 1: a different input
+        ('{"custom_id": "r0", "response": null, "error": null}\n', None, "not a multilora record of the simple format"),
+        ("not json\n", None, "not a multilora record of the simple format"),
+    ],
+)
 def test_mismatches_refuse_with_a_clear_message(tmp_path, content, ids, words):
     out = tmp_path / "o.jsonl"
     out.write_text(content)
@@ -88,15 +91,26 @@ def test_mismatches_refuse_with_a_clear_message(tmp_path, content, ids, words):
 
 
 # -- the ledger, through real runs of the tiny model ------------------------------------------------------------
-NO_IDS = [{"prompt": "The court held that"}, {"prompt": "The weather today is", "adapter": "legal"},
-          {"prompt": "On Sunday"}]
+NO_IDS = [
+    {"prompt": "The court held that"},
+    {"prompt": "The weather today is", "adapter": "legal"},
+    {"prompt": "On Sunday"},
+]
 OTHER = [{"prompt": "Totally"}, {"prompt": "different", "adapter": "legal"}, {"prompt": "file"}]
 HINT = "drop --resume to overwrite it, or choose another -o"
 
 
 def args(model_dir, *extra, legal=None):
-    return ["-m", str(model_dir / "base"), "-a", f"legal={legal or model_dir / 'legal'}", "--device", "cpu", "-q",
-            *extra]
+    return [
+        "-m",
+        str(model_dir / "base"),
+        "-a",
+        f"legal={legal or model_dir / 'legal'}",
+        "--device",
+        "cpu",
+        "-q",
+        *extra,
+    ]
 
 
 def run_to(model_dir, inp, out, *extra, legal=None):
@@ -113,8 +127,9 @@ def interrupt(out, keep: int, ledger: str = "ahead") -> bytes:
     led = ledger_path(out)
     if led.exists():
         tags = led.read_bytes().splitlines(keepends=True)
-        led.write_bytes(b"".join(tags[:1 + keep + (ledger == "ahead")]) + (tags[1 + keep][:5] if ledger == "torn"
-                                                                           else b""))
+        led.write_bytes(
+            b"".join(tags[: 1 + keep + (ledger == "ahead")]) + (tags[1 + keep][:5] if ledger == "torn" else b"")
+        )
     return out.read_bytes()
 
 
@@ -166,11 +181,14 @@ def test_an_edited_prompt_under_the_same_id_is_refused(model_dir, tmp_path):
     refused(resume(model_dir, inp, out), out, before, "record 2 answers another request than input line 2")
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["--max-tokens", "3"], "other settings (max_tokens 16 -> 3)"),
-    (["--seed", "5"], "other settings (seed 0 -> 5)"),
-    (["--temperature", "0.7"], "temperature 0.0 -> 0.7"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--max-tokens", "3"], "other settings (max_tokens 16 -> 3)"),
+        (["--seed", "5"], "other settings (seed 0 -> 5)"),
+        (["--temperature", "0.7"], "temperature 0.0 -> 0.7"),
+    ],
+)
 def test_changed_flags_are_refused(model_dir, tmp_path, extra, words):
     inp, out = write_jsonl(tmp_path / "in.jsonl", NO_IDS), tmp_path / "out.jsonl"
     run_to(model_dir, inp, out)
@@ -193,14 +211,24 @@ def test_a_changed_adapter_is_refused(model_dir, tmp_path):
     cfg = json.loads((legal / "adapter_config.json").read_text())
     cfg["lora_alpha"] *= 2  # retrained / re-scaled under the same name and path
     (legal / "adapter_config.json").write_text(json.dumps(cfg))
-    refused(resume(model_dir, inp, out, legal=legal), out, before,
-            "record 2 (input line 2) was written by another adapter 'legal'")
+    refused(
+        resume(model_dir, inp, out, legal=legal),
+        out,
+        before,
+        "record 2 (input line 2) was written by another adapter 'legal'",
+    )
 
 
 @pytest.mark.parametrize("ledger", ["ahead", "even", "torn"])
 def test_a_killed_run_resumes_to_the_uninterrupted_output(model_dir, tmp_path, ledger):
-    rows = NO_IDS + [{"prompt": f"The court held that the {i} tenants", "adapter": "legal" if i % 2 else None,
-                      **({"temperature": 1.5} if i % 3 == 0 else {})} for i in range(5)]
+    rows = NO_IDS + [
+        {
+            "prompt": f"The court held that the {i} tenants",
+            "adapter": "legal" if i % 2 else None,
+            **({"temperature": 1.5} if i % 3 == 0 else {}),
+        }
+        for i in range(5)
+    ]
     inp, out = write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
     full = run_to(model_dir, inp, out)
     full_ledger = ledger_path(out).read_bytes()
@@ -229,8 +257,12 @@ def test_without_a_ledger_records_numbered_by_line_are_refused(model_dir, tmp_pa
     run_to(model_dir, a, out)
     before = interrupt(out, 2)
     ledger_path(out).unlink()  # an older multilora's output, or `head -2 out > other`
-    refused(resume(model_dir, b, out), out, before,
-            f"{out} has no ledger {ledger_path(out)} and its record 1 (input line 1) has no id of its own")
+    refused(
+        resume(model_dir, b, out),
+        out,
+        before,
+        f"{out} has no ledger {ledger_path(out)} and its record 1 (input line 1) has no id of its own",
+    )
 
 
 def test_without_a_ledger_records_with_ids_are_kept_with_a_warning(model_dir, tmp_path):

@@ -23,8 +23,12 @@ def test_output_to_a_descriptor_runs_without_a_ledger(model_dir, tmp_path):
     for dev in ("/dev/fd/1", "/dev/stdout"):
         dest = tmp_path / "captured.jsonl"
         with open(dest, "wb") as f:
-            res = subprocess.run([*multilora_cmd(), "run", str(inp), *args(model_dir), "-o", dev], stdout=f,
-                                 stderr=subprocess.PIPE, env=subprocess_env())
+            res = subprocess.run(
+                [*multilora_cmd(), "run", str(inp), *args(model_dir), "-o", dev],
+                stdout=f,
+                stderr=subprocess.PIPE,
+                env=subprocess_env(),
+            )
         assert res.returncode == 0, res.stderr.decode()
         assert len(read_jsonl(dest)) == 3
     assert had_stray or not stray.exists()
@@ -55,8 +59,13 @@ def test_a_kept_record_of_a_dropped_adapter_says_so(model_dir, tmp_path):
     before = interrupt(out, 2)
     no_legal = ["-m", str(model_dir / "base"), "-a", f"code={model_dir / 'code'}", "--device", "cpu", "-q"]
     res = run_cli(["run", str(inp), *no_legal, "-o", str(out), "--resume"])
-    refused(res, out, before, "record 2 (input line 2) was written by another adapter 'legal': this run has no "
-                              "adapter of that name (was it dropped from --adapters / --adapter-dir?)")
+    refused(
+        res,
+        out,
+        before,
+        "record 2 (input line 2) was written by another adapter 'legal': this run has no "
+        "adapter of that name (was it dropped from --adapters / --adapter-dir?)",
+    )
 
 
 def test_a_kept_record_of_an_adapter_that_now_fails_pre_flight_says_so(model_dir, tmp_path):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from multilora_cli.errors import UsageError
-from multilora_cli.io.formats import LineSpec
+from multilora_cli.io.line import LineSpec
 from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.io.stats import RunStats, cost, write_stats
 
@@ -25,13 +25,16 @@ def test_precedence_line_over_flags_over_model_over_fallback():
     assert r.resolve(spec(seed=3, temperature=1)).seed == 3
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("max_tokens", "ten", "max_tokens must be an integer"),
-    ("temperature", -1, "temperature must be a finite number >= 0"),
-    ("temperature", float("inf"), "temperature must be a finite number >= 0"),  # JSON 1e999 parses to inf
-    ("top_p", 2, "top_p must be a number in (0, 1]"),
-    ("stop", 5, "stop must be"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("max_tokens", "ten", "max_tokens must be an integer"),
+        ("temperature", -1, "temperature must be a finite number >= 0"),
+        ("temperature", float("inf"), "temperature must be a finite number >= 0"),  # JSON 1e999 parses to inf
+        ("top_p", 2, "top_p must be a number in (0, 1]"),
+        ("stop", 5, "stop must be"),
+    ],
+)
 def test_bad_line_fields_become_line_errors(field, value, words):
     s = spec(**{field: value})
     assert SamplingResolver().resolve(s) is None
@@ -56,14 +59,27 @@ def test_stats_dict_per_adapter_and_cost(tmp_path):
     s.add_ok("legal", 10, 20)
     s.add_ok(None, 5, 5)
     s.add_error("nope", "unknown_adapter")
-    engine = {"model": "m", "device": "cpu", "dtype": "float32", "wall_seconds": 2.0, "slot_loads": 3,
-              "slot_evictions": 1, "slot_hits": 4, "per_adapter": {"legal": {"slot_loads": 3}}}
+    engine = {
+        "model": "m",
+        "device": "cpu",
+        "dtype": "float32",
+        "wall_seconds": 2.0,
+        "slot_loads": 3,
+        "slot_evictions": 1,
+        "slot_hits": 4,
+        "per_adapter": {"legal": {"slot_loads": 3}},
+    }
     d = s.to_dict(engine=engine, wall_seconds=4.0, gpu_hour_usd=3.6, input="in", output="out", format="simple")
     assert (d["records"], d["requests"], d["ok"], d["errors"]) == (5, 3, 2, 1)
     assert d["error_codes"] == {"unknown_adapter": 1}
     assert d["total_tokens"] == 40 and d["tokens_per_second"] == 20.0 and d["completion_tokens_per_second"] == 12.5
-    assert d["per_adapter"]["legal"] == {"requests": 1, "errors": 0, "prompt_tokens": 10, "completion_tokens": 20,
-                                         "slot_loads": 3}
+    assert d["per_adapter"]["legal"] == {
+        "requests": 1,
+        "errors": 0,
+        "prompt_tokens": 10,
+        "completion_tokens": 20,
+        "slot_loads": 3,
+    }
     assert d["per_adapter"]["base"]["requests"] == 1 and d["per_adapter"]["nope"]["errors"] == 1
     assert d["cost"]["usd_total"] == pytest.approx(3.6 * 4 / 3600)
     assert d["cost"]["usd_per_1m_tokens"] == pytest.approx(3.6 * 4 / 3600 / 40 * 1e6)

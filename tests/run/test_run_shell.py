@@ -13,8 +13,15 @@ import time
 
 from conftest import multilora_cmd, read_jsonl, run_cli, run_sub, subprocess_env, write_jsonl
 
-ROWS = [{"id": f"r{i}", "prompt": f"The court held that the {i} tenants", "max_tokens": 6,
-         **({"adapter": "legal"} if i % 2 else {})} for i in range(12)]
+ROWS = [
+    {
+        "id": f"r{i}",
+        "prompt": f"The court held that the {i} tenants",
+        "max_tokens": 6,
+        **({"adapter": "legal"} if i % 2 else {}),
+    }
+    for i in range(12)
+]
 
 
 def model_args(model_dir) -> list[str]:
@@ -29,8 +36,9 @@ def test_head_closing_stdout_stops_the_run_with_one_line_and_no_traceback(model_
     # ~300 KB of records: more than a pipe buffer holds, so the run cannot finish its writes before head exits
     # (12 short records all fit in the buffer, and the run then exited 0 whenever it beat head to it)
     pad = "x" * 1500
-    inp = write_jsonl(tmp_path / "in.jsonl", [{**r, "id": f"r{i}-{pad}", "max_tokens": 2}
-                                              for i, r in enumerate(ROWS * 16)])
+    inp = write_jsonl(
+        tmp_path / "in.jsonl", [{**r, "id": f"r{i}-{pad}", "max_tokens": 2} for i, r in enumerate(ROWS * 16)]
+    )
     mult = " ".join(multilora_cmd() + ["run", str(inp), *model_args(model_dir)])
     res = shell(f"{mult} 2>{tmp_path / 'err'} | head -n 2; echo rc=${{PIPESTATUS[0]}}")
     *records, rc = res.stdout.splitlines()
@@ -46,8 +54,10 @@ def test_a_vanished_or_closed_stderr_does_not_stop_a_run_to_a_file(model_dir, tm
     # its work (or before any, at the first warning), and with `2>&-` notes were printed among the records.
     inp = write_jsonl(tmp_path / "in.jsonl", ROWS)
     mult = " ".join(multilora_cmd() + ["run", str(inp), *model_args(model_dir), "-a", "gone=/nonexistent"])
-    res = shell(f"{mult} -o {tmp_path / 'a.jsonl'} 2>&1 | head -c 1 >/dev/null; echo rc=${{PIPESTATUS[0]}}; "
-                f"{mult} 2>&- >{tmp_path / 'b.jsonl'}; echo rc=$?")
+    res = shell(
+        f"{mult} -o {tmp_path / 'a.jsonl'} 2>&1 | head -c 1 >/dev/null; echo rc=${{PIPESTATUS[0]}}; "
+        f"{mult} 2>&- >{tmp_path / 'b.jsonl'}; echo rc=$?"
+    )
     assert res.stdout.split() == ["rc=0", "rc=0"], res.stderr
     for name in ("a.jsonl", "b.jsonl"):  # every line of stdout / -o is a record, all of them are there
         assert [r["id"] for r in read_jsonl(tmp_path / name)] == [r["id"] for r in ROWS]
@@ -60,8 +70,10 @@ def test_closed_stdin_or_stdout_is_one_clear_fatal_error(model_dir, tmp_path):
     res = shell(f"{mult} - {args} <&-; echo rc=$?; {mult} {inp} {args} >&-; echo rc=$?")
     lines = res.stderr.strip().splitlines()
     assert res.stdout.split() == ["rc=1", "rc=1"], res.stderr
-    assert lines == ["error: INPUT is - but stdin is closed (pipe the JSONL in, or give a file path)",
-                     "error: stdout is closed, so the output records have nowhere to go (give -o PATH)"]
+    assert lines == [
+        "error: INPUT is - but stdin is closed (pipe the JSONL in, or give a file path)",
+        "error: stdout is closed, so the output records have nowhere to go (give -o PATH)",
+    ]
 
 
 def test_an_output_that_is_the_input_under_another_name_is_refused_before_clobbering(model_dir, tmp_path):
@@ -69,9 +81,11 @@ def test_an_output_that_is_the_input_under_another_name_is_refused_before_clobbe
     inp = write_jsonl(tmp_path / "in.jsonl", ROWS)
     before = inp.read_bytes()
     os.link(inp, tmp_path / "link.jsonl")
-    for args, stdin in ((["run", str(inp), "-o", str(tmp_path / "link.jsonl")], None),
-                        (["run", str(inp), "--errors", str(tmp_path / "link.jsonl")], None),
-                        (["run", "-", "-o", str(inp), "--resume"], inp)):
+    for args, stdin in (
+        (["run", str(inp), "-o", str(tmp_path / "link.jsonl")], None),
+        (["run", str(inp), "--errors", str(tmp_path / "link.jsonl")], None),
+        (["run", "-", "-o", str(inp), "--resume"], inp),
+    ):
         with open(stdin or os.devnull, "rb") as f:
             res = run_sub([*args, *model_args(model_dir), "-q"], stdin=f, timeout=120)
         err = res.stderr.decode()
@@ -84,8 +98,18 @@ def test_two_outputs_hard_linked_to_one_file_are_refused(model_dir, tmp_path):
     inp = write_jsonl(tmp_path / "in.jsonl", ROWS)
     (tmp_path / "out.jsonl").write_bytes(b"")
     os.link(tmp_path / "out.jsonl", tmp_path / "err.jsonl")
-    res = run_sub(["run", str(inp), *model_args(model_dir), "-o", str(tmp_path / "out.jsonl"),
-                   "--errors", str(tmp_path / "err.jsonl")], timeout=120)
+    res = run_sub(
+        [
+            "run",
+            str(inp),
+            *model_args(model_dir),
+            "-o",
+            str(tmp_path / "out.jsonl"),
+            "--errors",
+            str(tmp_path / "err.jsonl"),
+        ],
+        timeout=120,
+    )
     assert res.returncode == 2, res.stderr.decode()
     assert "--errors" in res.stderr.decode() and "same file as -o" in res.stderr.decode()
 
@@ -115,8 +139,13 @@ def test_stdin_from_a_terminal_says_how_to_end_it(model_dir, tmp_path):
     import pty
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen(multilora_cmd() + ["run", "-", *model_args(model_dir)], stdin=slave,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
+    proc = subprocess.Popen(
+        multilora_cmd() + ["run", "-", *model_args(model_dir)],
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=subprocess_env(),
+    )
     os.close(slave)
     os.write(master, json.dumps(ROWS[0]).encode() + b"\n\x04")  # one request, then Ctrl-D
     stdout, stderr = proc.communicate(timeout=120)
@@ -128,10 +157,13 @@ def test_stdin_from_a_terminal_says_how_to_end_it(model_dir, tmp_path):
 
 def test_bom_crlf_no_final_newline_and_5_mb_lines_get_one_short_record_each(model_dir, tmp_path):
     big = "the court held that " * 250_000  # 5 MB on one line
-    lines = [b'\xef\xbb\xbf{"id": "a", "prompt": "The court", "max_tokens": 3}',
-             json.dumps({"id": "big", "prompt": big, "adapter": "nobody"}).encode(),
-             b'{"id": "torn", "prompt": "' + big.encode(),
-             b"", b'{"id": "z", "prompt": "The court", "max_tokens": 3, "adapter": "legal"}']
+    lines = [
+        b'\xef\xbb\xbf{"id": "a", "prompt": "The court", "max_tokens": 3}',
+        json.dumps({"id": "big", "prompt": big, "adapter": "nobody"}).encode(),
+        b'{"id": "torn", "prompt": "' + big.encode(),
+        b"",
+        b'{"id": "z", "prompt": "The court", "max_tokens": 3, "adapter": "legal"}',
+    ]
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_bytes(b"\r\n".join(lines))
     rc, _, err = run_cli(["run", str(inp), *model_args(model_dir), "-q", "-o", str(out)])
@@ -140,7 +172,11 @@ def test_bom_crlf_no_final_newline_and_5_mb_lines_get_one_short_record_each(mode
     assert max(len(x) for x in data.splitlines()) < 1000  # an error record never echoes the 5 MB
     recs = read_jsonl(data)
     assert [(r["id"], r.get("error", {}).get("code")) for r in recs] == [
-        ("a", None), ("big", "unknown_adapter"), (3, "invalid_json"), ("z", None)]
+        ("a", None),
+        ("big", "unknown_adapter"),
+        (3, "invalid_json"),
+        ("z", None),
+    ]
     assert recs[2]["error"]["message"].startswith("line 3: malformed JSON")
     rc, _, err = run_cli(["run", str(inp), *model_args(model_dir), "-q", "-o", str(out), "--resume"])
     assert rc == 3 and out.read_bytes() == data, err  # the ledger matches CRLF lines and the BOM'd first line

@@ -29,7 +29,7 @@ def test_errors_and_stats_to_dev_fd_2_land_on_stderr(model_dir, tmp_path):
     res = run_sub(["run", str(inp), *model_args(model_dir), "--stats", "/dev/fd/2"], timeout=120)
     err = res.stderr.decode()
     assert res.returncode == 3, err
-    assert json.loads(err[err.index("{"):])["records"] == 2
+    assert json.loads(err[err.index("{") :])["records"] == 2
 
 
 def test_stats_through_a_symlink_writes_its_target_and_keeps_the_link(model_dir, tmp_path):
