@@ -76,6 +76,14 @@ class EngineConfig:
     seed: int = 0  # default seed for sampled requests without their own
     load_format: str = "auto"  # "dummy": random weights from config.json alone (benchmarks, sizing)
     pinned_arena: bool = True  # CUDA: packed adapters in page-locked host memory registered once (async loads)
+    # background threads reading adapters into host memory ahead of their slot loads (engine/slots.py); 0 = read
+    # on the step loop's thread. Reads contend for the host's copy bandwidth (a Llama-3-8B adapter packed in ~11 ms
+    # alone, 27-34 / 55-63 / 145-149 ms with 1 / 3 / 6 threads beside the step loop), so more threads can read
+    # slower in total: 2 was fastest on an H200 host (256 adapters in 64 slots; 3 and 4 threads were slower)
+    prefetch_threads: int = 2
+    # launch the next decode step before reading this one's ids back (Scheduler.schedule_ahead), so the host's
+    # bookkeeping between steps overlaps the device's work; False = one step at a time (same tokens, slower)
+    run_ahead: bool = True
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -105,3 +113,8 @@ class EngineConfig:
             raise ConfigError(f"gpu_memory_utilization must be in [{lo}, {hi}], got {self.gpu_memory_utilization}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        pt = self.prefetch_threads
+        if isinstance(pt, bool) or not isinstance(pt, int) or pt < 0:
+            raise ConfigError(f"prefetch_threads must be an integer >= 0, got {pt!r}")
+        if not isinstance(self.run_ahead, bool):
+            raise ConfigError(f"run_ahead must be true or false, got {self.run_ahead!r}")

@@ -3,7 +3,7 @@
 Why: adapters are read on prefetch threads beside the step loop. `load_adapter` + `pack_adapter` make ~2,700 torch
 calls per Llama-3-8B adapter (get, isfinite, all, to, reshape per tensor). Each call lets go of the GIL and
 must win it back from the step loop's thread, which holds it between its own torch calls: a pack that takes
-~9 ms alone took 80 ms median inside a bench run (benchmarks/RESULTS.md, session 9). Here the header gives each
+~9 ms alone took 80 ms median inside a bench run. Here the header gives each
 tensor's byte span (adapters/scan.py has validated everything but the values), `plan_pack` gives its place,
 and one `os.preadv` per contiguous run of the file puts every tensor in its place, the GIL released once.
 All of that but the bytes is a `ReadPlan`, which the engine makes for every adapter at start (`plan_read`, on

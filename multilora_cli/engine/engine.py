@@ -26,18 +26,6 @@ from multilora_cli.engine.tokenizer import Tokenizer
 from multilora_cli.errors import ConfigError, EngineError, MultiloraError, RequestError
 from multilora_cli.models.config import ModelConfig
 
-# background adapter reads + packs (SlotManager). Packs contend for the host's copy bandwidth: a Llama-3-8B
-# adapter packs in ~11 ms alone but 27-34 / 55-63 / 145-149 ms with 1 / 3 / 6 threads beside the step loop, so 2
-# threads read fastest in total (256 adapters / 64 slots: 10.5-10.8k tok/s with 3, 10.8-11.6k with 2; 64 adapters
-# 13.5-13.7k with 3, 13.7-13.8k with 2; RESULTS.md "Session 8", benchmarks/profile_reads.py)
-PREFETCH_THREADS = 2
-# read adapters from their files straight into the arena (engine/direct_read.py); False: load_adapter, then pack
-# (kept for the A/B in benchmarks/profile_reads.py)
-DIRECT_READ = True
-# launch the next decode step before reading this one's ids back (Scheduler.schedule_ahead), so the host's
-# bookkeeping between steps overlaps the device's work instead of leaving it idle; False: one step at a time
-RUN_AHEAD = True
-
 
 def device_label(device: torch.device) -> str:
     """'cpu', or 'cuda:0 (NVIDIA H200)': the GPU's name, so run stats say what they measured on (economics)."""
@@ -91,7 +79,7 @@ class Engine:
             load_cpu=self._load_cpu,
             install=self.runner.install_adapter,
             evict=self.runner.evict_adapter,
-            prefetch_threads=PREFETCH_THREADS if self.adapters else 0,
+            prefetch_threads=config.prefetch_threads if self.adapters else 0,
             stage=self.runner.stage_adapter,
             stage_ahead=self.runner.staging_buffers,
         )
@@ -114,7 +102,9 @@ class Engine:
         from multilora_cli.adapters.peft import load_adapter
         from multilora_cli.engine.direct_read import read_packed
 
-        if self.arena is not None and DIRECT_READ:  # file -> arena block in a few calls (engine/direct_read.py)
+        # file -> arena block in a few calls (engine/direct_read.py); .bin files, mixed dtypes and a full arena
+        # (read_packed gives None) go through load_adapter + pack, as do adapters on CPU (no arena)
+        if self.arena is not None:
             packed = read_packed(
                 self.adapters[name],
                 name,
@@ -140,8 +130,8 @@ class Engine:
         """On CUDA: ONE host buffer laid out like the slots (engine/packed.py), so a slot load is one copy plus
         one scatter. The buffer is a block of the page-locked arena registered at start (engine/pinned.py), so
         that copy is an async DMA; a fresh pinned buffer per adapter stalled the running steps (7,951 vs 10,068
-        tok/s pageable, benchmarks/RESULTS.md run 7). When the arena is full: pageable memory, whose ~13 ms
-        synchronous copy the prefetch thread makes ahead for the next loads (engine/staging.py)."""
+        tok/s pageable). When the arena is full: pageable memory, whose ~13 ms synchronous copy the prefetch
+        thread makes ahead for the next loads (engine/staging.py)."""
         if self.runner.device.type != "cuda":
             return adapter
         from multilora_cli.engine.packed import pack_adapter
@@ -154,7 +144,7 @@ class Engine:
         from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
         from multilora_cli.engine.direct_read import plan_read
 
-        if DIRECT_READ and self.runner.device.type == "cuda":
+        if self.runner.device.type == "cuda":
             try:
                 rp = plan_read(
                     self.adapters[name], name, self.model_config, self.runner.dtype, scan=self._scans.pop(name, None)
@@ -239,10 +229,7 @@ class Engine:
                 error=seq.error,
                 prompt_tokens=seq.num_prompt_tokens,
             )
-        a = st.adapter(seq.adapter)
-        a.requests += 1
-        a.prompt_tokens += seq.num_prompt_tokens
-        a.completion_tokens += seq.num_completion_tokens
+        st.adapter(seq.adapter).add_ok(seq.num_prompt_tokens, seq.num_completion_tokens)
         st.prompt_tokens += seq.num_prompt_tokens
         st.completion_tokens += seq.num_completion_tokens
         ids = seq.output_token_ids
@@ -300,7 +287,7 @@ class Engine:
                     launched = runner.launch(batch)
                 t1 = time.perf_counter()
                 batch = launched.batch
-                nxt = sched.schedule_ahead(batch, more_requests=not exhausted) if RUN_AHEAD else None
+                nxt = sched.schedule_ahead(batch, more_requests=not exhausted) if self.config.run_ahead else None
                 self.schedule_seconds += time.perf_counter() - t1
                 if nxt is not None:
                     ahead = runner.launch(nxt, prev=launched)

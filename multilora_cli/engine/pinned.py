@@ -3,13 +3,13 @@
 Why: a host->device copy from pageable memory blocks the calling thread for its whole length (~13 ms per
 84 MB rank-16 Llama-3-8B adapter on an H200 host) and cannot overlap anything; from page-locked memory it is
 an asynchronous DMA (~1.6 ms, the thread returns at once). But pinning a fresh buffer per adapter
-(cudaHostAlloc through PyTorch's pinned allocator) stalled the running steps (benchmarks/RESULTS.md run 7).
+(cudaHostAlloc through PyTorch's pinned allocator) stalled the running steps (7,951 vs 10,068 tok/s pageable).
 So the engine registers one arena before the first step and packs adapters straight into blocks of it.
 
 Registration is page-locking, and its cost is the pages: cudaHostRegister faults in and pins a fresh buffer 4 KiB
 at a time (0.30-0.47 s per GiB on the H200 host, holding a driver lock that stalls every other thread's CUDA
 calls meanwhile). So the arena is an anonymous mapping advised for transparent huge pages and pre-faulted by
-writing it from all cores first: ~0.05 s per GiB in all (`benchmarks/probe_pinning.py`, RESULTS.md "Session 8").
+writing it from all cores first: ~0.05 s per GiB in all.
 Where huge pages are unavailable the pre-fault still runs in parallel (~0.1-0.19 s per GiB).
 
 Blocks are first-fit ranges, aligned to 4 KiB. A block goes back when its owner dies (`weakref.finalize`
@@ -207,7 +207,7 @@ def host_cache_capacity(arena_nbytes: int, adapter_bytes: int, max_cpu_loras: in
     Why: an adapter that finds the arena full is packed into pageable memory instead, and those loads are slow
     (a synchronous copy, the pack on the caller's thread). A run with many slots filled the arena with adapters
     nobody would use again and loaded the rest that way: 256 adapters in 256 slots on an H200 host ran at
-    5,401 tok/s against 12,000 in 64 slots (benchmarks/RESULTS.md, End to end, session 13)."""
+    5,401 tok/s against 12,000 in 64 slots."""
     size = -(-max(adapter_bytes, 1) // ALIGN) * ALIGN
     blocks = arena_nbytes // size
     if blocks >= max_cpu_loras + max_loras:

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from multilora_cli.config import SamplingParams
 from multilora_cli.errors import MultiloraError
+from multilora_cli.tally import AdapterTally, tally_of
 
 
 @dataclass(slots=True)
@@ -40,14 +41,6 @@ class Result:
 
 
 @dataclass(slots=True)
-class AdapterStats:
-    requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    slot_loads: int = 0
-
-
-@dataclass(slots=True)
 class EngineStats:
     """Counters the engine keeps while generating; `to_dict` feeds the run's stats JSON."""
 
@@ -61,7 +54,7 @@ class EngineStats:
     steps: int = 0
     prefill_steps: int = 0
     decode_steps: int = 0
-    ahead_steps: int = 0  # decode steps launched before the previous step's ids were read (engine.RUN_AHEAD)
+    ahead_steps: int = 0  # decode steps launched before the previous step's ids were read (EngineConfig.run_ahead)
     preemptions: int = 0
     slot_loads: int = 0
     slot_hits: int = 0
@@ -69,16 +62,14 @@ class EngineStats:
     max_loras: int = 0
     max_lora_rank: int = 0
     wall_seconds: float = 0.0
-    per_adapter: dict[str, AdapterStats] = field(default_factory=dict)
+    per_adapter: dict[str, AdapterTally] = field(default_factory=dict)  # generated results (errors not kept)
 
-    def adapter(self, name: str | None) -> AdapterStats:
-        key = name or "base"
-        if key not in self.per_adapter:
-            self.per_adapter[key] = AdapterStats()
-        return self.per_adapter[key]
+    def adapter(self, name: str | None) -> AdapterTally:
+        return tally_of(self.per_adapter, name)
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["per_adapter"] = {k: v.to_dict(errors=False) for k, v in self.per_adapter.items()}
         total = self.prompt_tokens + self.completion_tokens
         d["tokens_per_second"] = total / self.wall_seconds if self.wall_seconds > 0 else 0.0
         d["completion_tokens_per_second"] = self.completion_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0

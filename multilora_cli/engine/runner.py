@@ -28,8 +28,11 @@ from multilora_cli.layers.context import reset_context, set_context
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model, resolve_dtype
 
-STAGING_BUFFERS = 8  # device copies of packed adapters made ahead of their slot loads (engine/staging.py) ...
-STAGING_BYTES = 1 << 30  # ... within this much GPU memory, and at least 2
+# device copies of packed adapters made ahead of their slot loads (engine/staging.py): at most 8, within 1 GiB of
+# GPU memory, at least 2. 8 buffers let more loads find their copy made (H200, Llama-3-8B rank 16: 11,440 vs
+# 11,101 tok/s with 2, 64 adapters cold; 7,751 vs 7,399 with 256 adapters in 64 slots)
+STAGING_BUFFERS = 8
+STAGING_BYTES = 1 << 30
 
 
 def staging_buffers(slot_bytes: int) -> int:

@@ -1,7 +1,7 @@
 """How many GPU adapter slots a run gets when `--max-loras` is not given.
 
 More slots than the run has adapters buy nothing; fewer make adapters queue for slots and reload. On an H200,
-Llama-3-8B shapes, 64 rank-16 adapters, 1024 requests (benchmarks/results/e2e-h200-run48-slots.json):
+Llama-3-8B shapes, 64 rank-16 adapters, 1024 requests:
 64 slots 14,074 tok/s, 16 slots 12,528 (0.89x), 8 slots 11,001 (0.78x); and 8 adapters ran as fast in 64 slots
 as in 8 (14,633 vs 14,073 tok/s). So on a GPU the default is one slot per adapter, as long as the slots take at
 most SLOT_SHARE of the memory the KV cache could otherwise use (what is left beside the base weights). On CPU

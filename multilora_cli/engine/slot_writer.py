@@ -10,8 +10,9 @@ A `PackedAdapter` (engine/packed.py: what `Engine._load_cpu` returns on CUDA) go
 buffer reaches the device either ahead of time (a prefetch thread's device copy, engine/staging.py) or here, in
 one copy (async from the page-locked arena, engine/pinned.py; ~13 ms and synchronous from pageable memory);
 then its ~256 A/B blocks go into the slots in ONE Triton scatter launch (kernels/scatter.py; B blocks transpose
-into the rank-major slots on the way) from a plan cached per (slot, adapter layout). Without CUDA (or with
-SCATTER_KERNEL off): one foreach copy of cached views, which PyTorch runs as one copy kernel per block.
+into the rank-major slots on the way) from a plan cached per (slot, adapter layout). A foreach copy of the same
+blocks runs one copy kernel per block and took 2.4-3.2x the scatter's host time per load (H200), so CUDA always
+scatters; on CPU the packed blocks go over in one foreach copy of their views.
 The slot tensors are addressed through `LoraWeights`' logical views (a[slot, i, :r], b[slot, lo:hi, :r]), so any
 storage layout of `LoraWeights` works. Everything stays on the current stream: a step after the install sees it.
 """
@@ -25,8 +26,6 @@ from multilora_cli.engine.packed import PackedAdapter
 from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.kernels.scatter import scatter_blocks, scatter_plan
 from multilora_cli.layers.lora import LoRALinear
-
-SCATTER_KERNEL = True  # packed loads on CUDA: one Triton scatter instead of ~256 foreach copies (A/B knob)
 
 
 class SlotWriter:
@@ -50,14 +49,10 @@ class SlotWriter:
         self._staging: torch.Tensor | None = None
         self._dst: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]] = {}
         self._src: dict[tuple, list[torch.Tensor]] = {}
-        # packed loads: slot views per (slot, layout), source views per (layout, buffer address); both lists
-        # follow module order, so any cached pair lines up (64 slots x ~10 buffers stay ~74 entries, not 640)
-        self._packed_dst: dict[tuple, list[torch.Tensor]] = {}
-        self._packed_src: dict[tuple, list[torch.Tensor]] = {}
         self.stager: DeviceStager | None = None  # set by the runner on CUDA: device copies made ahead of loads
         # CUDA: one scatter launch per load (kernels/scatter.py), its plan cached per (slot, layout); offsets are
         # taken from the first module's A tensor
-        self._plans: dict[tuple, torch.Tensor | None] = {}
+        self._plans: dict[tuple, torch.Tensor] = {}
         self._dst_base = self.modules[0][1].lora.a if self.modules else None
 
     def install(self, slot: int, adapter) -> None:
@@ -101,7 +96,8 @@ class SlotWriter:
         torch._foreach_copy_(scale_dst, self._scale_src)
 
     def _install_packed(self, slot: int, p: PackedAdapter) -> None:
-        """One H2D copy of `p.flat` into the staging buffer, one foreach scatter of its blocks into `slot`."""
+        """One H2D copy of `p.flat` into the staging buffer (unless staged ahead), one scatter launch of its blocks
+        into `slot` (CPU: one foreach copy)."""
         n = len(self.modules)
         ranks = np.zeros((n, self.width), dtype=np.int32)
         scales = np.zeros((n, self.width), dtype=np.float32)
@@ -125,18 +121,18 @@ class SlotWriter:
             if self._staging is None or self._staging.numel() < flat.numel() or self._staging.dtype != flat.dtype:
                 self._staging = torch.empty(flat.numel(), dtype=flat.dtype, device=self.device)
                 self._src.clear()
-                self._packed_src.clear()
             self._staging[: flat.numel()].copy_(flat, non_blocking=True)  # async from an arena block
             if p.block is not None:
                 p.block.record()
             base = self._staging
         else:
             base = flat
-        plan = self._plan((slot, p.layout), slot, groups, base) if self.cuda and SCATTER_KERNEL else None
-        if plan is not None:  # one launch for every A/B block of the adapter
-            scatter_blocks(base, self._dst_base, plan)
+        if self.cuda and self.modules:  # one launch for every A/B block of the adapter
+            scatter_blocks(base, self._dst_base, self._plan((slot, p.layout), slot, groups, base))
         else:
-            self._copy_views(slot, p.layout, groups, base)
+            dst, src = self._packed_views(slot, groups, base)
+            if dst:
+                torch._foreach_copy_(dst, src, non_blocking=True)
         if staged is not None:
             self.stager.release(staged)
         _, rank_dst, scale_dst = self._destinations(slot, None)
@@ -145,24 +141,13 @@ class SlotWriter:
         torch._foreach_copy_(rank_dst, self._rank_src)
         torch._foreach_copy_(scale_dst, self._scale_src)
 
-    def _copy_views(self, slot: int, layout: tuple, groups, base: torch.Tensor) -> None:
-        """The foreach path: slot views cached per (slot, layout), source views per (layout, buffer) on CUDA."""
-        dkey, skey = (slot, layout), (layout, base.data_ptr())
-        dst, src = self._packed_dst.get(dkey), self._packed_src.get(skey)
-        if dst is None or src is None or not self.cuda:
-            dst, src = self._packed_views(slot, groups, base)
-            if self.cuda:
-                self._packed_dst[dkey], self._packed_src[skey] = dst, src
-        if dst:
-            torch._foreach_copy_(dst, src, non_blocking=True)
-
-    def _plan(self, key: tuple, slot: int, groups, base: torch.Tensor) -> torch.Tensor | None:
-        """The scatter plan of (slot, layout), cached; None when a slot tensor's dtype is not the adapter's.
-        Offsets are relative to `base`, so one plan serves every staging buffer."""
+    def _plan(self, key: tuple, slot: int, groups, base: torch.Tensor) -> torch.Tensor:
+        """The scatter plan of (slot, layout), cached. Offsets are relative to `base`, so one plan serves every
+        staging buffer. Packed adapters come in the slots' dtype (Engine._pack, direct_read); another dtype is a
+        ValueError (scatter_plan)."""
         if key not in self._plans:
             dst, src = self._packed_views(slot, groups, base)
-            ok = bool(dst) and all(d.dtype == base.dtype == self._dst_base.dtype for d in dst)
-            self._plans[key] = scatter_plan(dst, src, base, self._dst_base) if ok else None
+            self._plans[key] = scatter_plan(dst, src, base, self._dst_base)
         return self._plans[key]
 
     def _packed_views(self, slot: int, groups, base: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -157,7 +157,7 @@ class SlotManager:
                 self.prefetch([name])
                 fut = self._inflight.get(name)
             # not started (max_loras reads already in flight): read it now, on the caller's thread. Deferring it
-            # as well was measured worse (runs 19-20: admissions spread over more eager mixed steps)
+            # as well was measured worse (admissions spread over more eager mixed steps)
             if fut is not None and not fut.done():
                 return False
         staging = self._staging.get(name)  # the device copy chained after the read

@@ -19,19 +19,11 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from multilora_cli.errors import OutputError
 from multilora_cli.io.sink import in_place, open_in_place, real_file
-
-
-@dataclass(slots=True)
-class AdapterTally:
-    requests: int = 0
-    errors: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    slot_loads: int = 0
+from multilora_cli.tally import AdapterTally, tally_of
 
 
 @dataclass(slots=True)
@@ -47,26 +39,15 @@ class RunStats:
     error_codes: Counter = field(default_factory=Counter)
     per_adapter: dict[str, AdapterTally] = field(default_factory=dict)
 
-    def _tally(self, adapter: str | None) -> AdapterTally:
-        key = adapter or "base"
-        if key not in self.per_adapter:
-            self.per_adapter[key] = AdapterTally()
-        return self.per_adapter[key]
-
     def add_ok(self, adapter: str | None, prompt_tokens: int, completion_tokens: int) -> None:
-        t = self._tally(adapter)
-        t.requests += 1
-        t.prompt_tokens += prompt_tokens
-        t.completion_tokens += completion_tokens
+        tally_of(self.per_adapter, adapter).add_ok(prompt_tokens, completion_tokens)
         self.ok += 1
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
 
     def add_error(self, adapter: str | None, code: str) -> None:
         """An error record; `adapter` is the name the line asked for (None = base)."""
-        t = self._tally(adapter)
-        t.requests += 1
-        t.errors += 1
+        tally_of(self.per_adapter, adapter).add_error()
         self.errors += 1
         self.error_codes[code] += 1
 
@@ -85,9 +66,9 @@ class RunStats:
         model/device/dtype/input/output/format."""
         engine = engine or {}
         gen = float(engine.get("wall_seconds") or 0.0) or wall_seconds
-        per_adapter = {k: asdict(v) for k, v in sorted(self.per_adapter.items())}
+        per_adapter = {k: v.to_dict() for k, v in sorted(self.per_adapter.items())}
         for name, a in (engine.get("per_adapter") or {}).items():
-            per_adapter.setdefault(name, asdict(AdapterTally()))["slot_loads"] = int(a.get("slot_loads", 0))
+            per_adapter.setdefault(name, AdapterTally().to_dict())["slot_loads"] = int(a.get("slot_loads", 0))
         d = {
             "model": engine.get("model", ""),
             "device": engine.get("device", ""),

@@ -93,17 +93,16 @@ def shrink_blocks(t: int, in_features: int, n_slices: int, max_rank: int, num_sm
         split *= 2
     del max_rank  # the rank bucket is picked per slot inside the kernel
     warps, stages = (8 if bm >= 64 else 4), (3 if bk >= 128 else 4)
-    # H200 sweep at 256 tokens x 16 / 64 adapters (results/kernels-h200-sweep2.json): one- and two-slice
-    # shrinks (o, down, gate_up) are latency-bound; 2 warps with a 5-deep pipeline: down 11.4 -> 9.7 us at
-    # 16 adapters, 17.1 -> 16.0 at 64. qkv (4 x 16 rank columns per tile) is slower with 2 warps.
+    # H200, 256 tokens x 16 / 64 adapters: one- and two-slice shrinks (o, down, gate_up) are latency-bound;
+    # 2 warps with a 5-deep pipeline: down 11.4 -> 9.7 us at 16 adapters, 17.1 -> 16.0 at 64. qkv (4 x 16 rank
+    # columns per tile) is slower with 2 warps.
     if 128 < t <= 256 and n_slices <= 2 and bk == 128:
         warps, stages = 2, 5
     # Two slices ([gate | up]) at 16-128 tokens: at most 8 splits. Its expand is the widest (2 x 14,336 columns:
     # 224 CTAs per tile, each summing every partial), so halving the partials pays there for any adapter count
-    # (H200, results/ab-small-blocks-h200-run{2,3}.json, the engine's shrink + fused SiLU expand, us: 16 tokens /
-    # 16 adapters 16.7 -> 14.5, 64 / 1 9.1 -> 8.5, 64 / 64 49.8 -> 41.8, 128 / 1 13.3 -> 11.8, 128 / 64 53.0 ->
-    # 42.7). One- and three-slice modules lose with it at 1-16 adapters (down 9.3 -> 13.5 at 16 / 16): their
-    # expands are 4-6x narrower.
+    # (H200, the engine's shrink + fused SiLU expand, us: 16 tokens / 16 adapters 16.7 -> 14.5, 64 / 1 9.1 ->
+    # 8.5, 64 / 64 49.8 -> 41.8, 128 / 1 13.3 -> 11.8, 128 / 64 53.0 -> 42.7). One- and three-slice modules lose
+    # with it at 1-16 adapters (down 9.3 -> 13.5 at 16 / 16): their expands are 4-6x narrower.
     if 16 <= t <= 128 and n_slices == 2:
         split = min(split, 8)
     return ShrinkBlocks(bm=bm, bk=bk, split=split, num_warps=warps, num_stages=stages)
@@ -120,23 +119,21 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
     blocks = -(-out_features // bn) + n_slices
     groups_per_tile = max(1, (4 * num_sms) // tiles)
     nb = max(1, min(32, blocks // groups_per_tile))
-    # The sweep's 4096-token winners (kernels-h200-session1.json: nb=1, shrink split 4/16) were tried in e2e run 6
-    # and prefill steps (8k tokens) got slower: not applied.
-    # 129-256 tokens (decode at large batch): sweep 2 (kernels-h200-sweep2.json) moved narrow outputs to one
-    # column block per CTA (the expand stalls on shared-memory barriers as much as on memory). Sweep 3
-    # (kernels-h200-sweep3.json, after PDL and tiles-last grids; 16 / 64 adapters, us): 4 warps without a
-    # cp.async pipeline now win; narrow outputs take one 256-column block (qkv 6.05 -> 5.47 / 10.34 -> 10.03,
-    # o and down -0.2 us at 16 adapters, equal at 64), gate_up four 128-column blocks (15.64 -> 14.00 / 32.21 ->
-    # 30.14, vs nb=6 with a 3-stage pipeline).
-    # Sweep 4 (kernels-h200-sweep4.json) re-timed every expand with the shrink's real 8 random partials (sweeps
-    # 1-3 fed one partial of zeros) and the straight-line one-block code: the table stays best or within 0.1 us
-    # at 16 adapters; qkv with 2 x 256 columns on 2 warps wins at 64 adapters (10.7 vs 12.9 us) but loses at 16
+    # The kernel sweep's 4096-token winners (nb=1, shrink split 4/16) made prefill steps (8k tokens) slower end to
+    # end: not applied.
+    # 129-256 tokens (decode at large batch), H200 sweeps at 16 / 64 adapters: narrow outputs take one column
+    # block per CTA (the expand stalls on shared-memory barriers as much as on memory); with PDL and tiles-last
+    # grids, 4 warps without a cp.async pipeline win: narrow outputs one 256-column block (qkv 6.05 -> 5.47 /
+    # 10.34 -> 10.03 us, o and down -0.2 us at 16 adapters, equal at 64), gate_up four 128-column blocks
+    # (15.64 -> 14.00 / 32.21 -> 30.14, vs nb=6 with a 3-stage pipeline). Re-timed with the shrink's real 8
+    # random partials and the straight-line one-block code, the table stays best or within 0.1 us at 16
+    # adapters; qkv with 2 x 256 columns on 2 warps wins at 64 adapters (10.7 vs 12.9 us) but loses at 16
     # (8.0 vs 6.0), and a graph's blocks cannot depend on the adapter mix, so e2e decode's ~16 decides.
     del max_rank  # the rank bucket is picked per slot inside the kernel
     # 17-64 tokens, wide outputs (> 8192: gate_up when its expand is not fused with SiLU): four 128-column
-    # blocks per CTA instead of one (H200, results/ab-small-blocks-h200-run2.json, gate_up us: 32 tokens / 8
-    # adapters 14.1 -> 10.2, 64 / 1 14.9 -> 10.2, 64 / 64 51.4 -> 41.1; at 16 tokens / 1 adapter it loses, 6.1 ->
-    # 8.3, and at 96-128 tokens / 16 adapters the layer by 2.5%: run 3, so not there). The formula below plans
+    # blocks per CTA instead of one (H200, gate_up us: 32 tokens / 8 adapters 14.1 -> 10.2, 64 / 1 14.9 -> 10.2,
+    # 64 / 64 51.4 -> 41.1; at 16 tokens / 1 adapter it loses, 6.1 -> 8.3, and at 96-128 tokens / 16 adapters
+    # the layer by 2.5%, so not there). The formula below plans
     # ~4 CTAs per SM from T / 16 tiles; a 28,672-column expand with one block per CTA is 224 short CTAs per
     # tile, each paying the tile lookups and the partial sums.
     if 16 < t <= 64 and out_features > 8192:
@@ -152,7 +149,7 @@ def expand_blocks(t: int, out_features: int, n_slices: int, max_rank: int, num_s
 def silu_blocks(t: int) -> SiluBlocks:
     """Blocks for the fused expand + SiLU-and-mul over T tokens (two [BM, BN] y tiles and B blocks per CTA).
 
-    H200, Llama-3-8B gate_up, rank 16 (benchmarks/results/kernels-ab-silu-h200-run1.json, us): 1 token 64 columns
+    H200, Llama-3-8B gate_up, rank 16 (us): 1 token 64 columns
     (5.7 vs 6.6 for 128); 16 tokens 128 (10.3 vs 10.8 for 256); 64-256 tokens 256 (256/16: 23.0 vs 25.5 for
     128); above, 32-row tiles of 128 columns beat 64-row ones (4096 tokens 164 vs 180-203, 8192: 283 vs 291+).
     """
@@ -167,10 +164,10 @@ def silu_bucket_columns(bn: int, rb: int, t: int) -> int:
     rank-16 bucket's elements. Registers and shared memory are allocated for a kernel's largest branch: in a
     rank-64 slot pool the rank-64 branch's 2 x [64, 256] tiles (116 registers, 72 KiB shared) set every CTA's
     occupancy, rank-16 ones included (rank-16 bucket alone: 80, 21 KiB). H200, 256 tokens / 64 adapters, pool
-    max_rank 64 (results/ab-bucket-columns-h200-run2.json, us): rank-16 adapters 61.3 -> 53.7, rank-64 136.2 ->
-    114.2, ranks 16 / 64 alternating 95.3 -> 82.5; 64 tokens -15 to -16%. Outside 64-256 tokens it lost where it
-    mattered (run 1: 1 token, rank 64: 10.0 -> 11.0; 16 tokens, mixed: 21.6 -> 23.7; 1,024 tokens, rank 64: 186 ->
-    200). The plain expand keeps bn: its sub-stepped arms were slower with rank-64 and mixed adapters (same runs)."""
+    max_rank 64 (us): rank-16 adapters 61.3 -> 53.7, rank-64 136.2 -> 114.2, ranks 16 / 64 alternating 95.3 ->
+    82.5; 64 tokens -15 to -16%. Outside 64-256 tokens it lost where it mattered (1 token, rank 64: 10.0 -> 11.0;
+    16 tokens, mixed: 21.6 -> 23.7; 1,024 tokens, rank 64: 186 -> 200). The plain expand keeps bn: its
+    sub-stepped arms were slower with rank-64 and mixed adapters (same measurements)."""
     if 64 <= t <= 256:
         return max(16, min(bn, bn * 32 // rb))
     return bn

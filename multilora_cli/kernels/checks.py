@@ -81,18 +81,19 @@ def capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def tile_grid(meta: LoraMeta, bm: int, t: int, max_loras: int) -> int:
+def tile_grid(meta: LoraMeta, bm: int, t: int, max_loras: int, max_tiles: int = MAX_GRID_TILES) -> int:
     """Number of tile CTAs to launch. Eager: the real count (host-known). Under CUDA-graph capture: the static
-    bound cdiv(T, bm) + min(max_loras, T), so any later adapter mix fits; padding tiles exit at once."""
+    bound cdiv(T, bm) + min(max_loras, T), so any later adapter mix fits; padding tiles exit at once. More than
+    `max_tiles` (the grid axis' limit) is a ValueError that says how to split the batch."""
     if capturing(meta.tiles.device):
         if not meta.static:
             raise ValueError("capturing a CUDA graph needs LoraMeta from LoraMetaBuffers (persistent buffers)")
         n = min(meta.tiles.shape[2], -(-t // bm) + min(max_loras, t))
     else:
         n = meta.tile_counts[tile_index(bm)]
-    if n > MAX_GRID_TILES:
+    if n > max_tiles:
         raise ValueError(
-            f"{n} LoRA tiles exceed the grid's tile axis ({MAX_GRID_TILES}): split the batch "
+            f"{n} LoRA tiles exceed the grid's tile axis ({max_tiles}): split the batch "
             f"(fewer tokens per step, e.g. a smaller max_num_batched_tokens)"
         )
     return n

@@ -4,7 +4,7 @@ variants it needs, and those variants compiled in parallel before anything runs.
 Why: a cold process (empty TRITON_CACHE_DIR, e.g. a fresh container) compiled ~44 kernel variants one after
 another inside the decode-graph warm-ups and the first prefill steps, ~15 s of a 35 s one-shot Llama-3-8B run on
 an H200 host (benchmarks/RESULTS.md, cold start). Compiles from threads mostly overlap: 8 variants took 1.83 s
-one by one and 0.49 s from 8 threads on that host (benchmarks/probe_parallel_compile.py).
+one by one and 0.49 s from 8 threads on that host.
 
     with collect() as calls:      # Triton launches inside are recorded, not run (torch ops still run)
         model(ids, positions)

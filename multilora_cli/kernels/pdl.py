@@ -13,7 +13,7 @@ CTAs with no work (padding tiles of a graph's static grid, rank-0 slices) exit a
 first CTA, which always passes `gdc_wait()`: a grid then never completes before its predecessor, so ordering
 stays transitive along the chain, while idle CTAs do not sit on SM slots waiting.
 
-When (H200, benchmarks/results/kernels-pdl-h200-run2.json, one Llama-3-8B layer, rank 16): PDL with the L2
+When (H200, one Llama-3-8B layer, rank 16): PDL with the L2
 prefetch at <= 64 tokens (1 token 36.0 -> 22.7 us, 16 tokens / 8 adapters 47.5 -> 39.4), PDL alone up to 1024
 tokens (256 tokens / 64 adapters 101.7 -> 95.3 us, 256 / 16 adapters 66.5 -> 61.5; the prefetch costs more
 than it hides there), off above (4096 tokens: 386 -> 410 us with PDL). MULTILORA_PDL=0 turns it off.
@@ -62,7 +62,7 @@ _FORCED: PdlMode | None = None
 
 
 def force(mode: PdlMode | None) -> None:
-    """Override the table for every launch on a PDL-capable device (benchmark A/Bs); None restores it."""
+    """Override the table for every launch on a PDL-capable device (tests and benchmarks compare modes); None restores it."""
     global _FORCED
     _FORCED = mode
 

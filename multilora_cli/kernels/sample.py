@@ -121,7 +121,7 @@ def _histogram(
             acc += tl.where(bins[:, None] == digit[None, :], w[None, :], 0.0)
         else:
             # counts: Triton's warp-vote histogram, ~2x faster than the compare per bin (H200, 256 x 128k:
-            # 64-80 vs 150-155 us a pass, benchmarks/probe_histogram.py); integers, so exact
+            # 64-80 vs 150-155 us a pass); integers, so exact
             counts += tl.histogram(digit, 16, mask=ok)
     if MASS:
         return tl.sum(acc, axis=1)
@@ -333,8 +333,8 @@ def sample_rows(
             KEY_BITS=bits,
             CHUNK=chunk,
             BLOCK=block,
-            # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414;
-            # benchmarks/results/sampler-warps4-vs-base-h200.json): ALU-bound passes, more programs per SM
+            # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414): ALU-bound
+            # passes, more programs per SM
             CB=triton.next_power_of_2(c),
             num_warps=4,
         )

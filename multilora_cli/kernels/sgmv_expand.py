@@ -38,8 +38,8 @@ MAX_SLICES = 4
 S_VECTOR_MAX = tl.constexpr(4096)
 # From this many tokens on, K-split partials are loaded at once (split 1 always is: a plain load). Below, the
 # partials are summed one at a time: with many CTAs resident the one-shot load's registers and reduction cost
-# more than the L2 round trips it saves (H200, benchmarks/results/kernels-ab-expand-h200-run2.json: 256 tokens /
-# 64 adapters 89.7 us looped vs 95.4 at once, 64 / 64 110.4 vs 171.9; 4096 tokens 380.4 vs 368.7).
+# more than the L2 round trips it saves (H200, a Llama-3-8B layer, rank 16: 256 tokens / 64 adapters 89.7 us
+# looped vs 95.4 at once, 64 / 64 110.4 vs 171.9; 4096 tokens 380.4 vs 368.7).
 S_VECTOR_MIN_TOKENS = 1025
 
 
@@ -70,9 +70,10 @@ def _load_s(
     return sv
 
 
-def partial_sum_args(s: torch.Tensor, t: int) -> dict:
-    """Launch constants for `_load_s` from s [split, T, ...]: SPLIT (power of two) and the vector-load choice."""
-    return dict(SPLIT=triton.next_power_of_2(s.shape[0]), VEC=s.shape[0] == 1 or t >= S_VECTOR_MIN_TOKENS)
+def partial_sum_args(s: torch.Tensor, t: int, vector_min_tokens: int = S_VECTOR_MIN_TOKENS) -> dict:
+    """Launch constants for `_load_s` from s [split, T, ...]: SPLIT (power of two) and the vector-load choice
+    (all partials at once from `vector_min_tokens` tokens on)."""
+    return dict(SPLIT=triton.next_power_of_2(s.shape[0]), VEC=s.shape[0] == 1 or t >= vector_min_tokens)
 
 
 @triton.jit
@@ -391,6 +392,7 @@ def lora_expand(
     y: torch.Tensor,
     blocks: ExpandBlocks | None = None,
     after_shrink: bool = False,
+    vector_min_tokens: int = S_VECTOR_MIN_TOKENS,
 ) -> None:
     """Add every adapted token's expanded delta into y, all slices in one launch, in place.
 
@@ -405,6 +407,8 @@ def lora_expand(
     Rows of base tokens and columns of rank-0 slices are not written.
     after_shrink: this launch directly follows the `lora_shrink` that wrote s (as in `add_lora_triton`), so with
     PDL the CTAs may load B and y before waiting on it (see `_stream_columns`). Leave False otherwise.
+    vector_min_tokens: from this many tokens on, a CTA loads all K-split partials of s at once; below, it sums
+    them one at a time (same result; see S_VECTOR_MIN_TOKENS).
     """
     b = blocks or default_expand_blocks(y, w)
     t = check_x(y, w.out_features, "y")
@@ -463,7 +467,7 @@ def lora_expand(
         BN=b.bn,
         MAX_RB=rank_bucket(w.max_rank),
         DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
-        **partial_sum_args(s, t),
+        **partial_sum_args(s, t, vector_min_tokens),
         NB1=b.nb == 1,
         EARLY=after_shrink,
         PDL=pdl.launch,

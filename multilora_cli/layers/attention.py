@@ -21,16 +21,21 @@ from multilora_cli.layers.context import StepContext, get_context
 class Attention(nn.Module):
     """forward(q [T, H, D], k [T, KVH, D], v [T, KVH, D]) -> [T, H, D]; cache set by `set_cache`.
 
-    `Attention.use_triton`: None = Triton kernels on CUDA tensors only; True forces them (tests run them on
-    CPU tensors under TRITON_INTERPRET=1); False forces the torch path.
+    `use_triton` (per module): None = Triton kernels on CUDA tensors only, the torch path elsewhere; True forces
+    the kernels (tests run them on CPU tensors under TRITON_INTERPRET=1); False forces the torch path.
     """
 
-    use_triton: bool | None = None
-
     def __init__(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int | None = None
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+        use_triton: bool | None = None,
     ):
         super().__init__()
+        self.use_triton = use_triton
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.scale = scale

@@ -7,6 +7,7 @@ disabled for base rows), so eos handling cannot hide a difference; our requests 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,19 @@ def test_slot_pressure_and_preemption(llama, tmp_path):
     assert st.preemptions > 0
     assert roomy.stats.slot_evictions == 0 and roomy.stats.preemptions == 0
     assert sum(a.slot_loads for a in st.per_adapter.values()) == st.slot_loads
+    inline = Engine(replace(tight.config, prefetch_threads=0), many)  # adapters read on the step loop's thread
+    assert tight.slots.prefetching and not inline.slots.prefetching
+    assert [r.token_ids for r in inline.generate_all(_requests(prompts, plan))] == [r.token_ids for r in want]
+
+
+@pytest.mark.parametrize(
+    "field,value", [("prefetch_threads", -1), ("prefetch_threads", True), ("prefetch_threads", 1.5), ("run_ahead", 1)]
+)
+def test_engine_knobs_are_validated(field, value):
+    from multilora_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        EngineConfig(model="m", **{field: value})
 
 
 def test_errors_are_per_request(llama):
@@ -162,19 +176,16 @@ def test_stop_strings_and_eos(llama):
 
 
 def test_run_ahead_changes_no_output(llama, monkeypatch):
-    """The engine launching each next decode step before reading this one's ids (engine.RUN_AHEAD; on CPU the
+    """The engine launching each next decode step before reading this one's ids (EngineConfig.run_ahead; on CPU the
     same control flow, run synchronously): the same results as one step at a time, with sequences stopping
     mid-decode on stop strings (their extra fed token dropped) and by length in one run, greedy and seeded
     sampled requests mixed (an ahead step samples at the position after the one still in flight); a caller that
     stops reading while a step is in flight leaves the engine usable."""
-    from multilora_cli.engine import engine as engine_mod
-
     base, adapters = llama
     prompts = _prompts(12, seed=6)
     plan = (PLAN + PLAN)[:12]
     cfg = EngineConfig(model=str(base), max_loras=4, max_lora_rank=16, max_num_seqs=6)
-    monkeypatch.setattr(engine_mod, "RUN_AHEAD", False)
-    free = Engine(cfg, adapters).generate_all(
+    free = Engine(replace(cfg, run_ahead=False), adapters).generate_all(
         [  # each prompt's greedy text, to pick stop strings from
             Request(
                 key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=SamplingParams(max_tokens=14, ignore_eos=True)
@@ -199,18 +210,16 @@ def test_run_ahead_changes_no_output(llama, monkeypatch):
 
     runs = {}
     for ahead in (False, True):
-        monkeypatch.setattr(engine_mod, "RUN_AHEAD", ahead)
-        engine = Engine(cfg, adapters)
+        engine = Engine(replace(cfg, run_ahead=ahead), adapters)
         got = engine.generate_all(requests())
         runs[ahead] = [(r.token_ids, r.text, r.finish_reason, r.error) for r in got]
-        if ahead:
-            assert engine.scheduler.num_ahead_steps > 0
+        assert (engine.scheduler.num_ahead_steps > 0) == ahead
     assert runs[True] == runs[False]
     sampled = [t for i, (t, *_rest) in enumerate(runs[True]) if i % 2]
     assert sampled != [free[i].token_ids[: len(t)] for i, t in zip(range(1, 12, 2), sampled)]  # really sampled
     assert sum(r == "stop" and len(t) > 2 for t, _, r, _ in runs[True]) >= 3  # stops well into the decode
 
-    engine = Engine(cfg, adapters)  # RUN_AHEAD on
+    engine = Engine(cfg, adapters)  # run_ahead on (the default)
     gen = engine.generate(requests())
     for res in gen:  # read until a result arrives while the next step is in flight (one that stopped early)
         assert res.error is None

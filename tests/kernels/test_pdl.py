@@ -24,15 +24,14 @@ def test_off_under_the_interpreter(monkeypatch, value):
     assert pdl._interpreting()
 
 
-def test_tile_axis_bound_is_a_clear_error(monkeypatch):
+def test_tile_axis_bound_is_a_clear_error():
     from multilora_cli.kernels import checks
     from multilora_cli.kernels.meta import build_lora_meta
 
     meta = build_lora_meta([0] * 40 + [1] * 40, "cpu")  # 3 + 3 tiles of 16 rows
-    assert checks.tile_grid(meta, 16, 80, 4) == 6
-    monkeypatch.setattr(checks, "MAX_GRID_TILES", 5)
-    with pytest.raises(ValueError, match="exceed the grid's tile axis"):
-        checks.tile_grid(meta, 16, 80, 4)
+    assert checks.tile_grid(meta, 16, 80, 4) == 6 == checks.tile_grid(meta, 16, 80, 4, max_tiles=6)
+    with pytest.raises(ValueError, match=r"exceed the grid's tile axis \(5\)"):
+        checks.tile_grid(meta, 16, 80, 4, max_tiles=5)
 
 
 def test_off_on_cpu_even_when_forced():

@@ -73,13 +73,12 @@ def test_block_variants(shrink, expand):
         ShrinkBlocks(bm=16, bk=32, split=2),  # [2, 16, 64]: one vector load
     ],
 )
-def test_expand_partial_sums_and_early_loads(monkeypatch, shrink, after_shrink, vector_min_tokens):
+def test_expand_partial_sums_and_early_loads(shrink, after_shrink, vector_min_tokens):
     """Every way the expand sums the shrink's K-split partials, for one-column-block CTAs (straight-line code)
     and column loops: the same result."""
     import multilora_cli.kernels.sgmv_expand as sgmv_expand
     from multilora_cli.kernels.sgmv_shrink import lora_shrink
 
-    monkeypatch.setattr(sgmv_expand, "S_VECTOR_MIN_TOKENS", vector_min_tokens)
     ts = token_slots("zipf", 45, seed=11)
     w = make_pool(*QKV, torch.float32, seed=2)
     g = torch.Generator().manual_seed(3)
@@ -90,7 +89,7 @@ def test_expand_partial_sums_and_early_loads(monkeypatch, shrink, after_shrink, 
     ref = add_lora_reference(y0, x, w, torch.tensor(ts))
     for expand in (ExpandBlocks(bm=16, bn=64, nb=1), ExpandBlocks(bm=16, bn=32, nb=3)):
         y = y0.clone()
-        sgmv_expand.lora_expand(s, w, meta, y, expand, after_shrink=after_shrink)
+        sgmv_expand.lora_expand(s, w, meta, y, expand, after_shrink=after_shrink, vector_min_tokens=vector_min_tokens)
         assert_matches(y, y0, ref, ts, w, TOL[torch.float32])
 
 

@@ -12,11 +12,15 @@ from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model
 
 
-def _load(path):
+def _load(path, triton: bool | None = None):
+    """(config, our model, HF's); `triton` set on every Attention module (None: Triton on CUDA tensors only)."""
     import transformers as tf
 
     cfg = ModelConfig.from_dir(path)
     ours = load_model(path, cfg, dtype=torch.float32, device="cpu")
+    for m in ours.modules():
+        if isinstance(m, Attention):
+            m.use_triton = triton
     hf = tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return cfg, ours, hf
 
@@ -30,26 +34,23 @@ def test_prefill_and_decode_match_hf(base_path, arch):
 @pytest.mark.parametrize(
     "arch,triton", [("llama3", False), ("qwen3", False), pytest.param("qwen3", True, marks=needs_interpreter)]
 )
-def test_chunked_prefill_with_cached_prefix(base_path, monkeypatch, arch, triton):
-    monkeypatch.setattr(Attention, "use_triton", triton)
-    cfg, ours, hf = _load(base_path(arch))
+def test_chunked_prefill_with_cached_prefix(base_path, arch, triton):
+    cfg, ours, hf = _load(base_path(arch), triton)
     check_chunked_prefill(ours, hf, cfg.vocab_size)
 
 
 @pytest.mark.parametrize("triton", [False, pytest.param(True, marks=needs_interpreter)])
-def test_sliding_window_matches_hf(base_path, monkeypatch, triton):
+def test_sliding_window_matches_hf(base_path, triton):
     """Mistral with a 5-token window: prompts longer than the window, decode past it."""
-    monkeypatch.setattr(Attention, "use_triton", triton)
-    cfg, ours, hf = _load(base_path("mistral", sliding_window=5))
+    cfg, ours, hf = _load(base_path("mistral", sliding_window=5), triton)
     assert cfg.sliding_window == 5
     check_generation(ours, hf, cfg.vocab_size, [9, 4, 12], block_size=4)
 
 
 @needs_interpreter
-def test_triton_path_on_cpu_matches_hf(base_path, monkeypatch):
+def test_triton_path_on_cpu_matches_hf(base_path):
     """The GPU code path (Triton k/v store, varlen prefill, paged decode) under TRITON_INTERPRET, end to end."""
-    monkeypatch.setattr(Attention, "use_triton", True)
-    cfg, ours, hf = _load(base_path("qwen3"))
+    cfg, ours, hf = _load(base_path("qwen3"), triton=True)
     check_generation(ours, hf, cfg.vocab_size, [6, 11], block_size=8)
 
 

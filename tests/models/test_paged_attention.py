@@ -115,8 +115,7 @@ def test_store_kv_writes_rows_and_skips_minus_one():
 def test_torch_decode_path_matches_reference(window):
     B, H, KVH, D, page, lens = SHAPES[0]
     q, kc, vc, tables, _ = _case(B, H, KVH, D, page, lens, seed=2)
-    attn = Attention(H, KVH, D, 1 / math.sqrt(D), sliding_window=window)
-    attn.use_triton = False
+    attn = Attention(H, KVH, D, 1 / math.sqrt(D), sliding_window=window, use_triton=False)
     attn.set_cache(kc.clone(), vc.clone())
     set_context(decode_context(lens, tables, page))
     # the new token's k/v is written first; reference sees the cache after that write

@@ -111,18 +111,15 @@ def test_fp32_cuda_tokens_equal_hf_peft(setup, reference, eager):
 
 
 @pytest.mark.parametrize("eager", [False, True])
-def test_run_ahead_gives_the_same_tokens(setup, reference, monkeypatch, eager):
-    """Decode steps launched before the previous step's ids are read back (engine.RUN_AHEAD: ids fed on the
+def test_run_ahead_gives_the_same_tokens(setup, reference, eager):
+    """Decode steps launched before the previous step's ids are read back (EngineConfig.run_ahead: ids fed on the
     device, into the graph's buffers or the eager inputs) give the same bf16 tokens as one step at a time, and
     the fp32 tokens equal HF + PEFT's; with seeded sampling mixed in ("sampled"), the same bf16 tokens too."""
-    from multilora_cli.engine import engine as engine_mod
-
     base, adapters = setup
     prompts, (want, _) = reference
     got = {}
     for dtype in ("bfloat16", "float32", "sampled"):
         for ahead in (False, True):
-            monkeypatch.setattr(engine_mod, "RUN_AHEAD", ahead)
             engine = Engine(
                 EngineConfig(
                     model=str(base),
@@ -133,6 +130,7 @@ def test_run_ahead_gives_the_same_tokens(setup, reference, monkeypatch, eager):
                     max_num_seqs=16,
                     enforce_eager=eager,
                     num_kv_blocks=256,
+                    run_ahead=ahead,
                 ),
                 adapters,
             )
@@ -230,9 +228,9 @@ def test_reloads_through_a_small_host_cache(setup, reference, pinned):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_direct_file_reads_serve_the_adapters(setup, reference, monkeypatch, dtype):
     """On CUDA adapters go file -> arena block (engine/direct_read.py; fp32 files: as stored, bf16: converted);
-    the tokens equal those of the load_adapter + pack_adapter path in the same dtype, and HF's in fp32."""
+    the tokens equal those of the load_adapter + pack_adapter path in the same dtype (the path taken without the
+    page-locked arena, pinned_arena=False), and HF's in fp32."""
     from multilora_cli.engine import direct_read
-    from multilora_cli.engine import engine as engine_mod
 
     base, adapters = setup
     prompts, (want, _) = reference
@@ -249,7 +247,6 @@ def test_direct_file_reads_serve_the_adapters(setup, reference, monkeypatch, dty
     scans = {n: scan_adapter(p, n) for n, p in adapters.items()}  # as pre-flight hands them over (runjob)
     runs = {}
     for direct in (True, False):
-        monkeypatch.setattr(engine_mod, "DIRECT_READ", direct)
         engine = Engine(
             EngineConfig(
                 model=str(base),
@@ -259,10 +256,12 @@ def test_direct_file_reads_serve_the_adapters(setup, reference, monkeypatch, dty
                 max_lora_rank=16,
                 max_num_seqs=16,
                 num_kv_blocks=256,
+                pinned_arena=direct,
             ),
             adapters,
             scans=scans,
         )
+        assert (engine.arena is not None) == direct
         if direct:  # planned from the given scans: no adapter scanned a second time
             assert set(engine._read_plans) == set(scans)
             assert all(rp.scan is scans[n] for n, rp in engine._read_plans.items())
