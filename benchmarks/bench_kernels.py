@@ -1,7 +1,8 @@
 """Benchmark the SGMV kernels on one Llama-3-8B layer (qkv, o, gate_up, down) against a torch per-adapter
 loop and the HBM floor.
 
-    PYTHONPATH=. python3 benchmarks/bench_kernels.py --out benchmarks/results/kernels-<device>.json
+    python -m benchmarks.bench_kernels --out benchmarks/results/kernels-<device>.json
+    python -m benchmarks.bench_kernels --render benchmarks/results/kernels-h200.json    # the RESULTS.md table
 
 Every timing is the median of CUDA-graph replays (triton.testing.do_bench, which also clears L2 between
 replays); each graph runs K rotations of the layer over different weight-pool copies, slots, x and y, so
@@ -21,11 +22,18 @@ import time
 
 import torch
 import triton
-from triton.testing import do_bench
 
+from benchmarks.timing import (
+    command_line,
+    copy_bandwidth,
+    eager_time_us,
+    graph_time_us,
+    ints,
+    parser,
+    save_report,
+)
 from multilora_cli.kernels import LoraMetaBuffers, LoraWeights, add_lora
 from multilora_cli.kernels.blocks import ExpandBlocks, ShrinkBlocks, expand_blocks, shrink_blocks
-from multilora_cli.kernels.sgmv import add_lora_triton
 from multilora_cli.kernels.sgmv_expand import lora_expand
 from multilora_cli.kernels.sgmv_shrink import lora_shrink
 
@@ -37,19 +45,6 @@ MODULES = {  # Llama-3-8B: name -> (in_features, packed output slices)
 }
 DT = torch.bfloat16
 DEVICE = "cuda"
-
-
-def ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v]
-
-
-def bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    n = 1 << 30
-    src, dst = torch.empty(n, dtype=torch.uint8, device=DEVICE), torch.empty(n, dtype=torch.uint8, device=DEVICE)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    del src, dst
-    return 2 * n / (ms * 1e-3)
 
 
 class Pools:
@@ -100,14 +95,10 @@ class Case:
             idx = {s: torch.tensor([i for i in range(t) if ts[i] == s], device=DEVICE) for s in slots}
             self.rot.append(dict(copy=k % copies, bufs=bufs, meta=meta, x=xs, y=ys, idx=idx))
 
-    def ours(self, k: int, modules=MODULES, shrink=None, expand=None) -> None:
+    def ours(self, k: int, modules=MODULES) -> None:
         r = self.rot[k]
         for n in modules:
-            w = self.pools.w[n][r["copy"]]
-            if shrink is None and expand is None:
-                add_lora(r["y"][n], r["x"][n], w, r["meta"])
-            else:
-                add_lora_triton(r["y"][n], r["x"][n], w, r["meta"], shrink=shrink, expand=expand)
+            add_lora(r["y"][n], r["x"][n], self.pools.w[n][r["copy"]], r["meta"])
 
     def torch_loop(self, k: int) -> None:
         """The obvious per-adapter loop: gather rows, shrink and expand per slice, scatter-add."""
@@ -125,69 +116,8 @@ class Case:
                 y.index_add_(0, idx, torch.cat(parts, 1) if len(parts) > 1 else parts[0])
 
 
-def graph_time_us(fn, rotations: int, rep_ms: int = 60) -> float:
-    """Median time of one rotation, from CUDA-graph replays of `rotations` rotations."""
-    for k in range(rotations):  # warm-up: compile, allocate
-        fn(k)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for k in range(rotations):
-            fn(k)
-    ms = do_bench(g.replay, warmup=10, rep=rep_ms, return_mode="median")
-    del g
-    return ms * 1e3 / rotations
-
-
-def eager_time_us(fn, rotations: int) -> float:
-    ms = do_bench(lambda: [fn(k) for k in range(rotations)], warmup=5, rep=40, return_mode="median")
-    return ms * 1e3 / rotations
-
-
 def rotations_for(nbytes: int, l2: int) -> int:
     return max(2, min(32, math.ceil(3 * l2 / max(nbytes, 1))))
-
-
-def device_report(**extra) -> tuple[int, float, dict]:
-    """(L2 bytes, copy bandwidth measured now, report header) for the A/B scripts."""
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
-    bw = bandwidth()
-    return (
-        l2,
-        bw,
-        dict(
-            device=props.name,
-            torch=torch.__version__,
-            triton=triton.__version__,
-            copy_bandwidth_Bps=round(bw),
-            command=" ".join(["python3"] + sys.argv),
-            **extra,
-        ),
-    )
-
-
-def save_report(report: dict, path: str, start: float) -> None:
-    """Stamp the elapsed seconds and write the report json (the A/B and profiling scripts' last step)."""
-    report["elapsed_s"] = round(time.time() - start, 1)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-
-
-def module_times(pools: Pools, t: int, adapters: int, rank: int, l2: int, arms: dict) -> list[dict]:
-    """Per module, the layer's time under each arm (name -> callable that installs it): where the time goes."""
-    rows = []
-    mk = rotations_for(floor_bytes(t, min(t, adapters), rank) // 4, l2)
-    for n in MODULES:
-        case = Case(pools, t, adapters, rank, mk)
-        row = dict(module=n)
-        for name, install in arms.items():
-            install()
-            row[f"{name}_us"] = round(graph_time_us(lambda i, c=case: c.ours(i, modules=[n]), mk), 2)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        del case
-    return rows
 
 
 def run_grid(args, pools: Pools, bw: float, l2: int, results: list, deadline: float) -> None:
@@ -238,7 +168,7 @@ def run_modules(pools: Pools, bw: float, l2: int, t: int, adapters: int, rank: i
     for n in MODULES:
         k = rotations_for(floor_bytes(t, distinct, rank) // 4, l2)
         case = Case(pools, t, adapters, rank, k)
-        us = graph_time_us(lambda i: case.ours(i, modules=[n]), k)
+        us = graph_time_us(lambda i, case=case, n=n: case.ours(i, modules=[n]), k)
         in_f, slices = MODULES[n]
         fb = distinct * rank * (len(slices) * in_f + sum(slices)) * 2 + t * in_f * 2 + t * sum(slices) * 4
         out[n] = dict(
@@ -298,7 +228,13 @@ def sweep(
                     if kind == "shrink" and (in_f // c.bk) % c.split:
                         continue
 
-                    def fn(i, c=c, kind=kind):
+                    # the partials the table's shrink writes at this shape (an expand sums all of them), random:
+                    # a single zero partial hides the partial-sum cost and can run faster than real data
+                    case_s = [
+                        torch.randn((base_s.split, t, len(slices), pools.pool_rank), device=DEVICE) for _ in range(k)
+                    ]
+
+                    def fn(i, c=c, kind=kind, case=case, case_s=case_s, n=n, t=t):
                         r = case.rot[i]
                         w = pools.w[n][r["copy"]]
                         if kind == "shrink":
@@ -307,14 +243,9 @@ def sweep(
                         else:
                             lora_expand(case_s[i], w, r["meta"], r["y"][n], c)
 
-                    # the partials the table's shrink writes at this shape (an expand sums all of them), random:
-                    # a 1-partial zero s (sweeps 1-3) hid the partial-sum cost and could run faster than real data
-                    case_s = [
-                        torch.randn((base_s.split, t, len(slices), pools.pool_rank), device=DEVICE) for _ in range(k)
-                    ]
                     try:
                         us = graph_time_us(fn, k, rep_ms=30)
-                    except Exception as e:  # a candidate that does not fit (shared memory) is skipped
+                    except Exception as e:  # noqa: BLE001 - a candidate that does not compile (shared memory) is skipped
                         print(f"sweep {kind} {c}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                         continue
                     row = dict(
@@ -358,7 +289,7 @@ def main() -> int:
         with open(sys.argv[2]) as f:
             print(render_markdown(json.load(f)))
         return 0
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--tokens", default="1,16,64,256,1024,4096")
     p.add_argument("--adapters", default="1,8,64")
     p.add_argument("--ranks", default="8,16,64")
@@ -378,7 +309,7 @@ def main() -> int:
     deadline = start + args.budget_s
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
-    bw = bandwidth()
+    bw = copy_bandwidth()
     print(
         f"{props.name}: {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB, copy bandwidth {bw / 1e12:.2f} TB/s",
         flush=True,
@@ -391,7 +322,7 @@ def main() -> int:
         torch=torch.__version__,
         triton=triton.__version__,
         python=platform.python_version(),
-        command=" ".join(["python3"] + sys.argv),
+        command=command_line("benchmarks.bench_kernels"),
         dtype="bfloat16",
         shapes={n: dict(in_features=i, slices=s) for n, (i, s) in MODULES.items()},
         max_loras=args.max_loras,
@@ -406,9 +337,7 @@ def main() -> int:
     )
 
     def save():
-        report["elapsed_s"] = round(time.time() - start, 1)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        save_report(report, args.out, start)
 
     pools = Pools(args.copies, args.max_loras, args.pool_rank)
     t, a, r = ints(args.target)
@@ -439,4 +368,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
