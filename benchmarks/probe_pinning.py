@@ -137,7 +137,7 @@ def main() -> int:
     for kind in ("malloc", "thp"):
         t, m = backing(kind, n)
         box = {}
-        th = threading.Thread(target=lambda t=t: box.setdefault("s", register(t)))
+        th = threading.Thread(target=lambda t=t, box=box: box.setdefault("s", register(t)))
         th.start()
         beside = matmul_batches(0, a, b, until=th)
         th.join()
