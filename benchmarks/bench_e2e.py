@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.timing import command_line, ints, parser
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def device_slug(name: str) -> str:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
     )
     plan = parse_rows(args.rows, base)
     slug = device_slug(device_info(device)["name"])
-    out = args.out or RESULTS / f"e2e-{slug}.json"
+    out = args.out or RESULTS_DIR / f"e2e-{slug}.json"
     command = command_line("benchmarks.bench_e2e", argv)
 
     def on_row(report: dict) -> None:
