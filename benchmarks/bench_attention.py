@@ -1,6 +1,6 @@
 """Paged decode attention alone (kernels/paged_attention.py) against its bytes floor, over launch settings.
 
-    PYTHONPATH=. python3 benchmarks/bench_attention.py --out $OUT/attention-h200.json
+    python -m benchmarks.bench_attention --out $OUT/attention-h200.json
 
 Llama-3-8B attention (32 query heads, 8 kv heads, head dim 128), bf16, 16-token pages scattered at random over
 the cache (as a long-running engine leaves them). Cases: the e2e decode step (256 or 64 sequences, context
@@ -13,15 +13,13 @@ arm's output is checked against the table's.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import sys
 import time
 
 import torch
 
-from bench_kernels import bandwidth, graph_time_us, save_report
+from benchmarks.timing import copy_bandwidth, device_header, graph_time_us, ints, parser, save_report
 from multilora_cli.kernels.paged_attention import paged_attention_decode
 
 H, KVH, D, PAGE = 32, 8, 128, 16
@@ -61,7 +59,7 @@ class Case:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--cases", default="256,129,256;64,129,256;16,4000,4096")
     p.add_argument("--block-n", default="16,32,64,128")
     p.add_argument("--warps", default="2,4,8")
@@ -71,25 +69,19 @@ def main() -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     start = time.time()
-    props = torch.cuda.get_device_properties(0)
-    bw = bandwidth()
+    bw = copy_bandwidth()
     report = dict(
-        device=props.name,
-        torch=torch.__version__,
-        copy_bandwidth_Bps=round(bw),
-        command=" ".join(["python3"] + sys.argv),
+        **device_header("benchmarks.bench_attention", bw),
         layout="head-major" if args.head_major else "page-major",
         shapes=dict(heads=H, kv_heads=KVH, head_dim=D, page=PAGE),
         rows=[],
     )
     arms = [
         dict(block_n=n, num_warps=w, num_stages=s)
-        for n, w, s in itertools.product(
-            *[[int(v) for v in a.split(",")] for a in (args.block_n, args.warps, args.stages)]
-        )
+        for n, w, s in itertools.product(ints(args.block_n), ints(args.warps), ints(args.stages))
     ]
     for ci, spec in enumerate(args.cases.split(";")):
-        b, lo, hi = (int(v) for v in spec.split(","))
+        b, lo, hi = ints(spec)
         case = Case(b, lo, hi, seed=ci, head_major=args.head_major)
         ref = case.run(0).float().clone()
         times, ok = {}, {}
@@ -99,9 +91,9 @@ def main() -> int:
                 try:
                     if key not in ok:
                         ok[key] = torch.allclose(case.run(0, **arm).float(), ref, atol=2e-2, rtol=2e-2)
-                    fn = lambda i, arm=arm: case.run(i, **arm)  # noqa: E731
+                    fn = lambda i, arm=arm, case=case: case.run(i, **arm)  # noqa: E731
                     times.setdefault(key, []).append(graph_time_us(fn, COPIES, 40))
-                except Exception as e:  # an arm that does not compile (shared memory) is skipped
+                except Exception as e:  # noqa: BLE001 - an arm that does not compile (shared memory) is skipped
                     print(f"{key}: {type(e).__name__}: {str(e)[:100]}", flush=True)
                     ok[key] = False
         table = graph_time_us(case.run, COPIES, 40)
@@ -129,4 +121,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

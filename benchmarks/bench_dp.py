@@ -1,9 +1,9 @@
 """Data-parallel benchmark: one `multilora run` over 2 GPUs vs 1, and per-GPU adapter loads with vs without
 adapter affinity (round-robin sharding as the baseline).
 
-    PYTHONPATH=. python3 benchmarks/bench_dp.py --out $OUT/dp-h200x2.json            # 2-GPU machine
-    PYTHONPATH=. python3 benchmarks/bench_dp.py --device cpu --preset tiny --requests 96 --prompt-len 16 \
-        --output-len 8 --rank 8 --out /tmp/dp-cpu.json                                # CPU smoke run
+    python -m benchmarks.bench_dp --out $OUT/dp-h200x2.json            # 2-GPU machine
+    python -m benchmarks.bench_dp --device cpu --preset tiny --requests 96 --prompt-len 16 \
+        --output-len 8 --rank 8 --out /tmp/dp-cpu.json                  # CPU smoke run
 
 Workload: a Llama-3.2-1B-shaped model with random weights (EngineConfig.load_format="dummy": config.json and
 a tokenizer only), 64 rank-16 PEFT adapters on q,k,v,o written to disk, requests of --prompt-len words and
@@ -25,8 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.timing import command_line, parser, save_report
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository root: the row processes run `-m` from there
 
 
 def build_workload(work: Path, a) -> tuple[Path, Path, list[str]]:
@@ -176,7 +177,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--out", help="JSON results path (required)")
     ap.add_argument("--preset", default="llama-3.2-1b")
     ap.add_argument("--adapters", type=int, default=64)
@@ -243,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                 **({"input": str(warm)} if name == "warmup" else {}),
             }
             t1 = time.perf_counter()
-            res = subprocess.run([sys.executable, __file__, "--row", json.dumps(spec)], timeout=540)
+            res = subprocess.run(
+                [sys.executable, "-m", "benchmarks.bench_dp", "--row", json.dumps(spec)], cwd=ROOT, timeout=540
+            )
             secs = time.perf_counter() - t1
             if res.returncode != 0:
                 print(f"bench_dp: row {name} failed (exit {res.returncode})", file=sys.stderr, flush=True)
@@ -267,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     one, aff, rr = (results.get(k, {}) for k in ("dp1", "dp2-affinity", "dp2-round-robin"))
     report = {
         "device": device_name,
+        "command": command_line("benchmarks.bench_dp"),
         "gpus": a.gpus,
         "torch": torch.__version__,
         "setup_seconds": round(setup, 1),
@@ -305,12 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         "identical_records_fraction": same,
         "failed_rows": [k for k, v in results.items() if "failed" in v],
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+    save_report(report, a.out)
     print(table(rows))
     print(f"speedup (generation tok/s, dp2 affinity / dp1): {report['speedup_dp2_vs_dp1']}")
     return 1 if report["failed_rows"] else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,8 +1,8 @@
 """End-to-end benchmark: multilora (adapters / base only) vs HF transformers + PEFT vs the decode roofline.
 
-    python benchmarks/bench_e2e.py                          # Llama-3-8B shapes, default rows
-    python benchmarks/bench_e2e.py --preset llama-3.2-1b --rows 64,base --requests 256
-    python benchmarks/bench_e2e.py --rows 64,base,hf64,256/64 --budget-s 420
+    python -m benchmarks.bench_e2e                          # Llama-3-8B shapes, default rows
+    python -m benchmarks.bench_e2e --preset llama-3.2-1b --rows 64,base --requests 256
+    python -m benchmarks.bench_e2e --rows 64,base,hf64,256/64 --budget-s 420
 
 Rows run in the order given (see multilora_cli/bench/plan.py); with --budget-s, rows that would start after
 the budget is spent are recorded as not run. Writes benchmarks/results/e2e-<device>.json (after every row)
@@ -11,14 +11,15 @@ and prints a markdown table. Needs no CLI libraries (typer/rich), only torch, tr
 
 from __future__ import annotations
 
-import argparse
+import json
 import re
-import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.timing import command_line, ints, parser
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def device_slug(name: str) -> str:
@@ -29,7 +30,8 @@ def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", low).strip("-") or "device"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None) -> int:
+    """Run the rows of `argv` (default: the command line); `log` gets every progress line (default: stdout)."""
     import torch
 
     from multilora_cli.bench.model_dir import write_model_dir
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from multilora_cli.bench.suite import device_info, run_suite
     from multilora_cli.bench.workload import Workload
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--preset", default="llama-3-8b")
     ap.add_argument("--rows", default=DEFAULT_ROWS)
     ap.add_argument("--requests", type=int, default=1024)
@@ -84,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     plan = parse_rows(args.rows, base)
     slug = device_slug(device_info(device)["name"])
-    out = args.out or ROOT / "benchmarks" / "results" / f"e2e-{slug}.json"
-    command = "python benchmarks/bench_e2e.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = args.out or RESULTS_DIR / f"e2e-{slug}.json"
+    command = command_line("benchmarks.bench_e2e", argv)
 
     def on_row(report: dict) -> None:
         report["command"] = command.strip()
@@ -109,16 +111,14 @@ def main(argv: list[str] | None = None) -> int:
             plan,
             model_dir,
             device,
-            hf_batch_sizes=[int(x) for x in args.hf_batch_sizes.split(",")],
-            hf_new_tokens=tuple(int(x) for x in args.hf_new_tokens.split(",")),
+            hf_batch_sizes=ints(args.hf_batch_sizes),
+            hf_new_tokens=tuple(ints(args.hf_new_tokens)),
             budget_s=args.budget_s,
-            log=lambda m: print(m, flush=True),
+            log=log or (lambda m: print(m, flush=True)),
             on_row=on_row,
             host_warm=args.host_warm,
         )
     if args.hf_from is not None:
-        import json
-
         from multilora_cli.bench.report import target_ratios
 
         old = json.loads(args.hf_from.read_text())

@@ -1,7 +1,7 @@
 """The base model's decode matmuls alone: how far from the compute and bytes floors is cuBLAS at decode batch
 sizes, and does the weight layout change that?
 
-    python3 benchmarks/bench_gemm.py --out $OUT/gemm-h200.json
+    python -m benchmarks.bench_gemm --out $OUT/gemm-h200.json
 
 Llama-3-8B projections (qkv, o, gate_up, down, LM head), bf16, M = decode tokens. Arms, interleaved and repeated
 (min of medians): "linear" = F.linear(x, W) with W [out, in] (what `PackedLinear` runs); "xwt" = x @ Wt with
@@ -13,16 +13,22 @@ bandwidth, both measured in this run; per decode step = 32 layers + the LM head.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from bench_kernels import bandwidth, graph_time_us, save_report
-from triton.testing import do_bench
+from benchmarks.timing import (
+    copy_bandwidth,
+    device_header,
+    graph_time_us,
+    interleaved_min,
+    ints,
+    matmul_rate,
+    parser,
+    save_report,
+)
 
 SHAPES = {
     "qkv": (4096, 6144),
@@ -35,43 +41,25 @@ LAYERS = 32
 COPIES = 3
 
 
-def matmul_rate() -> float:
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = do_bench(lambda: a @ b, warmup=10, rep=100, return_mode="median")
-    return 2 * 8192**3 / (ms * 1e-3)
-
-
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--tokens", default="64,128,256,512")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", required=True)
     args = p.parse_args()
     start = time.time()
-    props = torch.cuda.get_device_properties(0)
-    bw, flops = bandwidth(), matmul_rate()
-    report = dict(
-        device=props.name,
-        torch=torch.__version__,
-        copy_bandwidth_Bps=round(bw),
-        matmul_flops=round(flops),
-        command=" ".join(["python3"] + sys.argv),
-        rows=[],
-        steps=[],
-    )
-    print(f"{props.name}: copy {bw / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
+    bw, flops = copy_bandwidth(), matmul_rate()
+    report = dict(**device_header("benchmarks.bench_gemm", bw), matmul_flops=round(flops), rows=[], steps=[])
+    print(f"{report['device']}: copy {bw / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
     for name, (k, n) in SHAPES.items():
         w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(COPIES)]
         wt = [x.t().contiguous() for x in w]
-        for m in (int(v) for v in args.tokens.split(",")):
+        for m in ints(args.tokens):
             x = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
-            arms = {"linear": lambda i: F.linear(x[i], w[i]), "xwt": lambda i: x[i] @ wt[i]}
+            arms = {"linear": lambda i, x=x, w=w: F.linear(x[i], w[i]), "xwt": lambda i, x=x, wt=wt: x[i] @ wt[i]}
             same = torch.allclose(arms["linear"](0).float(), arms["xwt"](0).float(), rtol=2e-2, atol=2e-2)
-            times = {a: [] for a in arms}
-            for _ in range(args.repeats):
-                for a, fn in arms.items():
-                    times[a].append(graph_time_us(fn, COPIES, 60))
+            timers = {a: lambda fn=fn: graph_time_us(fn, COPIES, 60) for a, fn in arms.items()}
+            best = interleaved_min(timers, args.repeats)
             fl, by = 2 * m * k * n, (k * n + m * k + m * n) * 2
             row = dict(
                 module=name,
@@ -79,13 +67,13 @@ def main() -> int:
                 close=same,
                 compute_floor_us=round(fl / flops * 1e6, 2),
                 bytes_floor_us=round(by / bw * 1e6, 2),
-                **{f"{a}_us": round(min(v), 2) for a, v in times.items()},
+                **{f"{a}_us": round(v, 2) for a, v in best.items()},
             )
             row["linear_tflops"] = round(fl / row["linear_us"] / 1e6, 1)
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
         del w, wt
-    for m in (int(v) for v in args.tokens.split(",")):
+    for m in ints(args.tokens):
         rows = {r["module"]: r for r in report["rows"] if r["tokens"] == m}
         step = {}
         for key in ("linear_us", "xwt_us", "compute_floor_us", "bytes_floor_us"):
@@ -106,4 +94,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

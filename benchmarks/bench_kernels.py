@@ -1,7 +1,8 @@
 """Benchmark the SGMV kernels on one Llama-3-8B layer (qkv, o, gate_up, down) against a torch per-adapter
 loop and the HBM floor.
 
-    PYTHONPATH=. python3 benchmarks/bench_kernels.py --out benchmarks/results/kernels-<device>.json
+    python -m benchmarks.bench_kernels --out benchmarks/results/kernels-<device>.json
+    python -m benchmarks.bench_kernels --render benchmarks/results/kernels-h200.json    # the grid as markdown
 
 Every timing is the median of CUDA-graph replays (triton.testing.do_bench, which also clears L2 between
 replays); each graph runs K rotations of the layer over different weight-pool copies, slots, x and y, so
@@ -14,180 +15,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
 
 import torch
 import triton
-from triton.testing import do_bench
 
-from multilora_cli.kernels import LoraMetaBuffers, LoraWeights, add_lora
+from benchmarks.sgmv_cases import DEVICE, MODULES, Case, Pools, floor_bytes, rotations_for
+from benchmarks.timing import (
+    command_line,
+    copy_bandwidth,
+    eager_time_us,
+    graph_time_us,
+    ints,
+    parser,
+    save_report,
+)
 from multilora_cli.kernels.blocks import ExpandBlocks, ShrinkBlocks, expand_blocks, shrink_blocks
-from multilora_cli.kernels.sgmv import add_lora_triton
 from multilora_cli.kernels.sgmv_expand import lora_expand
 from multilora_cli.kernels.sgmv_shrink import lora_shrink
-
-MODULES = {  # Llama-3-8B: name -> (in_features, packed output slices)
-    "qkv": (4096, [4096, 1024, 1024]),
-    "o": (4096, [4096]),
-    "gate_up": (4096, [14336, 14336]),
-    "down": (14336, [4096]),
-}
-DT = torch.bfloat16
-DEVICE = "cuda"
-
-
-def ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v]
-
-
-def bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    n = 1 << 30
-    src, dst = torch.empty(n, dtype=torch.uint8, device=DEVICE), torch.empty(n, dtype=torch.uint8, device=DEVICE)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    del src, dst
-    return 2 * n / (ms * 1e-3)
-
-
-class Pools:
-    """n_copies of each module's slot pool (max_loras x pool_rank), random bf16 weights."""
-
-    def __init__(self, copies: int, max_loras: int, pool_rank: int):
-        self.max_loras, self.pool_rank = max_loras, pool_rank
-        self.w = {name: [] for name in MODULES}
-        for name, (in_f, slices) in MODULES.items():
-            for _ in range(copies):
-                w = LoraWeights.empty(max_loras, pool_rank, in_f, slices, DT, DEVICE)
-                w.a.normal_(0, in_f**-0.5)
-                w.b.normal_(0, 0.1)
-                self.w[name].append(w)
-
-    def set_rank(self, rank: int) -> None:
-        for ws in self.w.values():
-            for w in ws:
-                w.rank.fill_(rank)
-                w.scale.fill_(2.0)
-
-
-def floor_bytes(t: int, distinct: int, rank: int) -> int:
-    total = 0
-    for in_f, slices in MODULES.values():
-        out = sum(slices)
-        total += distinct * rank * (len(slices) * in_f + out) * 2  # A and B of each distinct adapter, once
-        total += t * in_f * 2 + t * out * 2 * 2  # x read, y read + written
-    return total
-
-
-class Case:
-    """K rotations of one (tokens, adapters, rank) point: metadata buffers, slots, x and y per rotation."""
-
-    def __init__(self, pools: Pools, t: int, adapters: int, rank: int, rotations: int):
-        self.pools, self.t, self.rank = pools, t, rank
-        self.distinct = min(t, adapters)
-        copies = len(pools.w["qkv"])
-        self.rot = []
-        for k in range(rotations):
-            base = (k // copies) * self.distinct
-            slots = [(base + j) % pools.max_loras for j in range(self.distinct)]
-            ts = [slots[i % self.distinct] for i in range(t)]  # interleaved: the kernels must gather
-            bufs = LoraMetaBuffers(t, pools.max_loras, DEVICE)
-            meta = bufs.build(ts)
-            xs = {n: torch.randn(t, in_f, device=DEVICE, dtype=DT) for n, (in_f, _) in MODULES.items()}
-            ys = {n: torch.randn(t, sum(sl), device=DEVICE, dtype=DT) for n, (_, sl) in MODULES.items()}
-            idx = {s: torch.tensor([i for i in range(t) if ts[i] == s], device=DEVICE) for s in slots}
-            self.rot.append(dict(copy=k % copies, bufs=bufs, meta=meta, x=xs, y=ys, idx=idx))
-
-    def ours(self, k: int, modules=MODULES, shrink=None, expand=None) -> None:
-        r = self.rot[k]
-        for n in modules:
-            w = self.pools.w[n][r["copy"]]
-            if shrink is None and expand is None:
-                add_lora(r["y"][n], r["x"][n], w, r["meta"])
-            else:
-                add_lora_triton(r["y"][n], r["x"][n], w, r["meta"], shrink=shrink, expand=expand)
-
-    def torch_loop(self, k: int) -> None:
-        """The obvious per-adapter loop: gather rows, shrink and expand per slice, scatter-add."""
-        r = self.rot[k]
-        for n, (_, slices) in MODULES.items():
-            w = self.pools.w[n][r["copy"]]
-            x, y = r["x"][n], r["y"][n]
-            for slot, idx in r["idx"].items():
-                xs = x.index_select(0, idx)
-                parts = []
-                for i in range(len(slices)):
-                    lo, hi = w.slice_offsets[i], w.slice_offsets[i + 1]
-                    s = (xs @ w.a[slot, i, : self.rank].T) * 2.0
-                    parts.append(s @ w.b[slot, lo:hi, : self.rank].T)
-                y.index_add_(0, idx, torch.cat(parts, 1) if len(parts) > 1 else parts[0])
-
-
-def graph_time_us(fn, rotations: int, rep_ms: int = 60) -> float:
-    """Median time of one rotation, from CUDA-graph replays of `rotations` rotations."""
-    for k in range(rotations):  # warm-up: compile, allocate
-        fn(k)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for k in range(rotations):
-            fn(k)
-    ms = do_bench(g.replay, warmup=10, rep=rep_ms, return_mode="median")
-    del g
-    return ms * 1e3 / rotations
-
-
-def eager_time_us(fn, rotations: int) -> float:
-    ms = do_bench(lambda: [fn(k) for k in range(rotations)], warmup=5, rep=40, return_mode="median")
-    return ms * 1e3 / rotations
-
-
-def rotations_for(nbytes: int, l2: int) -> int:
-    return max(2, min(32, math.ceil(3 * l2 / max(nbytes, 1))))
-
-
-def device_report(**extra) -> tuple[int, float, dict]:
-    """(L2 bytes, copy bandwidth measured now, report header) for the A/B scripts."""
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
-    bw = bandwidth()
-    return (
-        l2,
-        bw,
-        dict(
-            device=props.name,
-            torch=torch.__version__,
-            triton=triton.__version__,
-            copy_bandwidth_Bps=round(bw),
-            command=" ".join(["python3"] + sys.argv),
-            **extra,
-        ),
-    )
-
-
-def save_report(report: dict, path: str, start: float) -> None:
-    """Stamp the elapsed seconds and write the report json (the A/B and profiling scripts' last step)."""
-    report["elapsed_s"] = round(time.time() - start, 1)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-
-
-def module_times(pools: Pools, t: int, adapters: int, rank: int, l2: int, arms: dict) -> list[dict]:
-    """Per module, the layer's time under each arm (name -> callable that installs it): where the time goes."""
-    rows = []
-    mk = rotations_for(floor_bytes(t, min(t, adapters), rank) // 4, l2)
-    for n in MODULES:
-        case = Case(pools, t, adapters, rank, mk)
-        row = dict(module=n)
-        for name, install in arms.items():
-            install()
-            row[f"{name}_us"] = round(graph_time_us(lambda i, c=case: c.ours(i, modules=[n]), mk), 2)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        del case
-    return rows
 
 
 def run_grid(args, pools: Pools, bw: float, l2: int, results: list, deadline: float) -> None:
@@ -238,7 +85,7 @@ def run_modules(pools: Pools, bw: float, l2: int, t: int, adapters: int, rank: i
     for n in MODULES:
         k = rotations_for(floor_bytes(t, distinct, rank) // 4, l2)
         case = Case(pools, t, adapters, rank, k)
-        us = graph_time_us(lambda i: case.ours(i, modules=[n]), k)
+        us = graph_time_us(lambda i, case=case, n=n: case.ours(i, modules=[n]), k)
         in_f, slices = MODULES[n]
         fb = distinct * rank * (len(slices) * in_f + sum(slices)) * 2 + t * in_f * 2 + t * sum(slices) * 4
         out[n] = dict(
@@ -298,7 +145,13 @@ def sweep(
                     if kind == "shrink" and (in_f // c.bk) % c.split:
                         continue
 
-                    def fn(i, c=c, kind=kind):
+                    # the partials the table's shrink writes at this shape (an expand sums all of them), random:
+                    # a single zero partial hides the partial-sum cost and can run faster than real data
+                    case_s = [
+                        torch.randn((base_s.split, t, len(slices), pools.pool_rank), device=DEVICE) for _ in range(k)
+                    ]
+
+                    def fn(i, c=c, kind=kind, case=case, case_s=case_s, n=n, t=t):
                         r = case.rot[i]
                         w = pools.w[n][r["copy"]]
                         if kind == "shrink":
@@ -307,14 +160,9 @@ def sweep(
                         else:
                             lora_expand(case_s[i], w, r["meta"], r["y"][n], c)
 
-                    # the partials the table's shrink writes at this shape (an expand sums all of them), random:
-                    # a 1-partial zero s (sweeps 1-3) hid the partial-sum cost and could run faster than real data
-                    case_s = [
-                        torch.randn((base_s.split, t, len(slices), pools.pool_rank), device=DEVICE) for _ in range(k)
-                    ]
                     try:
                         us = graph_time_us(fn, k, rep_ms=30)
-                    except Exception as e:  # a candidate that does not fit (shared memory) is skipped
+                    except Exception as e:  # noqa: BLE001 - a candidate that does not compile (shared memory) is skipped
                         print(f"sweep {kind} {c}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                         continue
                     row = dict(
@@ -334,7 +182,7 @@ def sweep(
 
 
 def render_markdown(report: dict) -> str:
-    """The table for benchmarks/RESULTS.md from a results json (no figure typed by hand)."""
+    """The grid of a results json as a markdown table (no figure typed by hand)."""
     lines = [
         f"Device: {report['device']} ({report['sms']} SMs, L2 {report['l2_bytes'] >> 20} MiB), measured copy "
         f"bandwidth {report['copy_bandwidth_Bps'] / 1e12:.2f} TB/s; torch {report['torch']}, triton "
@@ -358,7 +206,7 @@ def main() -> int:
         with open(sys.argv[2]) as f:
             print(render_markdown(json.load(f)))
         return 0
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--tokens", default="1,16,64,256,1024,4096")
     p.add_argument("--adapters", default="1,8,64")
     p.add_argument("--ranks", default="8,16,64")
@@ -378,7 +226,7 @@ def main() -> int:
     deadline = start + args.budget_s
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
-    bw = bandwidth()
+    bw = copy_bandwidth()
     print(
         f"{props.name}: {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB, copy bandwidth {bw / 1e12:.2f} TB/s",
         flush=True,
@@ -391,7 +239,7 @@ def main() -> int:
         torch=torch.__version__,
         triton=triton.__version__,
         python=platform.python_version(),
-        command=" ".join(["python3"] + sys.argv),
+        command=command_line("benchmarks.bench_kernels"),
         dtype="bfloat16",
         shapes={n: dict(in_features=i, slices=s) for n, (i, s) in MODULES.items()},
         max_loras=args.max_loras,
@@ -406,9 +254,7 @@ def main() -> int:
     )
 
     def save():
-        report["elapsed_s"] = round(time.time() - start, 1)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        save_report(report, args.out, start)
 
     pools = Pools(args.copies, args.max_loras, args.pool_rank)
     t, a, r = ints(args.target)
@@ -439,4 +285,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,11 +1,12 @@
 """The decode step's sampling cost (engine/sampler.py) per sampling kind, against greedy argmax.
 
-    PYTHONPATH=. python3 benchmarks/bench_sampler.py --out $OUT/sampler-h200.json
+    python -m benchmarks.bench_sampler --out $OUT/sampler-h200.json
+    python -m benchmarks.bench_sampler --baseline .ab/base --logits flat,peaked --out ...   # vs an earlier kernel
 
 Logits [B, V] in the model dtype (bf16), V = Llama-3's 128256, B = decode batch sizes. Per kind, the device time
 of everything after the LM head as the runner launches it (eager: the sampler is not in the decode graph):
-greedy = argmax over the bf16 logits; the others = `Sampler` on the bf16 logits (plain: temperature only;
-top-p, top-k, both), side by side on its two paths: `triton` (kernels/sample.py, radix search, no sort) and
+greedy = argmax over the bf16 logits; the others = what `Sampler` runs on the bf16 logits (plain: temperature
+only; top-p, top-k, both), side by side on its two paths: `triton` (kernels/sample.py, radix search, no sort) and
 `torch` (the same definition as torch ops, with a [B, V] sort: the baseline). Medians of triton do_bench (eager
 launches included, as in the engine), interleaved and repeated, min taken; plus the host time of
 `SamplingBatch.build` (which run-ahead overlaps with the device). The bytes floor is one read of the logits.
@@ -18,21 +19,19 @@ to a trained model's than the default N(0, 3), whose top-p nucleus is most of th
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import json
 import os
-import sys
 import time
-
-import importlib.util
+from collections.abc import Callable
 
 import torch
 from triton.testing import do_bench
 
-from multilora_cli.bench.roofline import measure_bandwidth
+from benchmarks.timing import command_line, copy_bandwidth, ints, parser, save_report
 from multilora_cli.config import SamplingParams
-from multilora_cli.engine import sampler as sampler_mod
-from multilora_cli.engine.sampler import Sampler, SamplingBatch
+from multilora_cli.engine.sampler import SamplingBatch
+from multilora_cli.kernels.sample import sample_rows, sample_rows_torch
 
 V = 128256
 KINDS = {
@@ -44,15 +43,40 @@ KINDS = {
 }
 
 
-CURRENT = sampler_mod.sample_rows
-ARMS: dict = {}  # impl -> sample_rows of a baseline copy
-
-
-def load_baseline(folder: str):
+def load_baseline(folder: str) -> Callable:
+    """`sample_rows` of FOLDER/sample.py (an earlier copy of kernels/sample.py), loaded beside the current one."""
     spec = importlib.util.spec_from_file_location("sample_base", os.path.join(folder, "sample.py"))
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     return m.sample_rows
+
+
+def kernel_path(rows_fn: Callable) -> Callable[[torch.Tensor, SamplingBatch], torch.Tensor]:
+    """What `Sampler` launches on the GPU (no greedy rows in these batches), with `rows_fn` as the kernel."""
+
+    def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+        rows_fn(
+            logits,
+            batch.rows,
+            batch.temp,
+            batch.top_k,
+            batch.top_p,
+            batch.u,
+            out,
+            any_top_k=batch.any_top_k,
+            any_top_p=batch.any_top_p,
+        )
+        return out
+
+    return sample
+
+
+def torch_path(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """What `Sampler` runs on the CPU (the same definition as torch ops, with a [B, V] sort), here on the GPU."""
+    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    out[batch.rows] = sample_rows_torch(logits[batch.rows], batch.temp, batch.top_k, batch.top_p, batch.u)
+    return out
 
 
 def make_logits(b: int, kind: str, dev, g) -> torch.Tensor:
@@ -65,49 +89,45 @@ def make_logits(b: int, kind: str, dev, g) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
-def run_kind(logits: torch.Tensor, kind: str, sampler: Sampler, impl: str) -> tuple:
+def run_kind(logits: torch.Tensor, kind: str, paths: dict[str, Callable], impl: str) -> tuple:
     """(device callable, host seconds of the batch build) for one kind over all rows on path `impl`."""
     if KINDS[kind] is None:
         return (lambda: logits.argmax(dim=-1)), 0.0
-
-    def fn():
-        os.environ["MULTILORA_KERNELS"] = "torch" if impl == "torch" else "triton"  # read by use_triton per call
-        sampler_mod.sample_rows = ARMS[impl] if impl in ARMS else CURRENT
-        return sampler(logits, batch)
-
     b = logits.shape[0]
     params = [SamplingParams(max_tokens=8, seed=i, **KINDS[kind]) for i in range(b)]
     t0 = time.perf_counter()
     for _ in range(20):
         batch = SamplingBatch.build(params, list(range(b)), [5] * b, V, logits.device)
     host = (time.perf_counter() - t0) / 20
-    return fn, host
+    fn = paths[impl]
+    return (lambda: fn(logits, batch)), host
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--batches", default="64,256")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--baseline", default=None, help="folder with an earlier copy of kernels/sample.py")
     ap.add_argument("--logits", default="flat", help="flat | peaked | flat,peaked")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    impls = ("triton", "torch") + (("base",) if args.baseline else ())
+    # Sampler's two paths (the kernel on CUDA logits, torch ops on the CPU's), and the baseline kernel's
+    paths = {"triton": kernel_path(sample_rows), "torch": torch_path}
     if args.baseline:
-        ARMS["base"] = load_baseline(args.baseline)
+        paths["base"] = kernel_path(load_baseline(args.baseline))
+    impls = tuple(paths)
     start = time.time()
     dev = torch.device("cuda")
-    bw = measure_bandwidth(dev)
-    sampler = Sampler()
+    bw = copy_bandwidth()
     report = {
         "device": torch.cuda.get_device_name(),
         "bandwidth_tbs": bw / 1e12,
-        "command": " ".join(sys.argv),
+        "command": command_line("benchmarks.bench_sampler"),
         "vocab": V,
         "rows": [],
     }
     g = torch.Generator(device=dev).manual_seed(0)
-    for lk, b in ((lk, int(x)) for lk in args.logits.split(",") for x in args.batches.split(",")):
+    for lk, b in ((lk, x) for lk in args.logits.split(",") for x in ints(args.batches)):
         logits = make_logits(b, lk, dev, g)
         best: dict[tuple, float] = {}
         host: dict[str, float] = {}
@@ -115,13 +135,13 @@ def main() -> int:
         cases = [(k, i) for k in KINDS for i in (("-",) if KINDS[k] is None else impls)]
         for _ in range(args.repeats):
             for kind, impl in cases:
-                fn, host[kind] = run_kind(logits, kind, sampler, impl)
+                fn, host[kind] = run_kind(logits, kind, paths, impl)
                 fn()
                 ms = do_bench(fn, warmup=5, rep=100, return_mode="median")
                 best[kind, impl] = min(best.get((kind, impl), float("inf")), ms * 1e3)
         if args.baseline:  # the arms' tokens, same batch (same u): equal bit for bit?
             for kind in (k for k in KINDS if KINDS[k] is not None):
-                toks = [run_kind(logits, kind, sampler, impl)[0]().clone() for impl in ("triton", "base")]
+                toks = [run_kind(logits, kind, paths, impl)[0]().clone() for impl in ("triton", "base")]
                 same[kind] = bool(torch.equal(*toks))
         floor = logits.numel() * logits.element_size() / bw * 1e6
         for kind, impl in cases:
@@ -141,12 +161,10 @@ def main() -> int:
                 row.update(base_over_triton=round(best[kind, "base"] / us, 2), same_tokens_as_base=same[kind])
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
-    report["elapsed_s"] = round(time.time() - start, 1)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        save_report(report, args.out, start)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Probe: what page-locking the adapters' host arena costs, and whether it can run beside GPU work.
 
-    python3 benchmarks/probe_pinning.py --gib 4 --out $OUT/probe-pinning.json
+    python -m benchmarks.probe_pinning --gib 4 --out $OUT/probe-pinning.json
 
 1. cudaHostRegister of --gib GiB, backed by (a) torch.empty (malloc'd 4 KiB pages), (b) an anonymous mmap with
    MADV_HUGEPAGE (2 MiB transparent huge pages where the kernel allows them), (c) the same, pre-faulted by
@@ -13,18 +13,19 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import mmap
+import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.timing import command_line, parser, save_report
+from multilora_cli.engine.pinned import PinnedArena
+
 GIB = 1 << 30
 
 
@@ -86,7 +87,7 @@ def matmul_batches(seconds: float, a, b, until: threading.Thread | None = None) 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--gib", type=float, default=4)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -96,13 +97,12 @@ def main() -> int:
         "device": torch.cuda.get_device_name(),
         "gib": args.gib,
         "thp": thp(),
-        "cpus": __import__("os").cpu_count(),
+        "cpus": os.cpu_count(),
+        "command": command_line("benchmarks.probe_pinning"),
         "register": {},
     }
     for kind in ("malloc", "malloc-prefault", "thp", "thp-prefault", "arena"):
-        if kind == "arena":  # what the engine now builds (engine/pinned.py), registration included
-            from multilora_cli.engine.pinned import PinnedArena
-
+        if kind == "arena":  # what the engine builds (engine/pinned.py), registration included
             t0 = time.perf_counter()
             arena = PinnedArena(n, cuda=True)
             row = {"register_s": time.perf_counter() - t0, **h2d(arena.buf)}
@@ -137,7 +137,7 @@ def main() -> int:
     for kind in ("malloc", "thp"):
         t, m = backing(kind, n)
         box = {}
-        th = threading.Thread(target=lambda t=t: box.setdefault("s", register(t)))
+        th = threading.Thread(target=lambda t=t, box=box: box.setdefault("s", register(t)))
         th.start()
         beside = matmul_batches(0, a, b, until=th)
         th.join()
@@ -156,7 +156,7 @@ def main() -> int:
         report[f"interference_{kind}"] = row
         print("interference", kind, json.dumps(row), flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1))
+        save_report(report, args.out)
     return 0
 
 

@@ -1,12 +1,13 @@
 """What a one-shot `multilora run` pays before and around its work: phase times of a fresh process.
 
-    TRITON_CACHE_DIR=$(mktemp -d) PYTHONPATH=. python3 benchmarks/profile_cold_start.py --out $OUT/cold.json
-    PYTHONPATH=. python3 benchmarks/profile_cold_start.py --out $OUT/warm.json     # same cache dir: warm
+    TRITON_CACHE_DIR=$(mktemp -d) python -m benchmarks.profile_cold_start --out $OUT/cold.json
+    python -m benchmarks.profile_cold_start --out $OUT/warm.json     # the same TRITON_CACHE_DIR again: warm
 
 Phases: imports (torch, triton, the engine), the dummy-weight engine (model build, KV cache, the parallel Triton
-precompile of engine/precompile.py where the code has it, CUDA-graph capture, pinned host arena), then the same workload twice (`generate_all`, fresh adapters each time). The first pass
-includes every Triton compile the run needs (none with a warm TRITON_CACHE_DIR); the second is the steady
-state, so first - second is what compiling mid-run costs. Also counts the kernels Triton compiled in each pass.
+precompile of engine/precompile.py, CUDA-graph capture, pinned host arena), then the same workload twice
+(`generate_all`, fresh adapters each time). The first pass includes every Triton compile the run needs (none
+with a warm TRITON_CACHE_DIR); the second is the steady state, so first - second is what compiling mid-run
+costs. Also counts the kernels Triton compiled in each pass.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ import time
 
 T0 = time.perf_counter()
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -26,7 +25,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.timing import command_line, parser, save_report  # noqa: E402
 from multilora_cli.bench.adapters import SyntheticAdapters, SyntheticEngine  # noqa: E402
 from multilora_cli.bench.model_dir import write_model_dir  # noqa: E402
 from multilora_cli.bench.suite import engine_config  # noqa: E402
@@ -43,7 +42,7 @@ def compiled_count() -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--preset", default="llama-3-8b")
     p.add_argument("--adapters", type=int, default=64)
     p.add_argument("--requests", type=int, default=256)
@@ -71,7 +70,7 @@ def main() -> int:
         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         torch=torch.__version__,
         triton=triton.__version__,
-        command=" ".join(["python3"] + sys.argv),
+        command=command_line("benchmarks.profile_cold_start"),
         import_s=round(IMPORT_S, 2),
         cache_entries_at_start=compiled_count(),
     )
@@ -88,8 +87,8 @@ def main() -> int:
             engine_s=round(time.perf_counter() - t, 2),
             capture_s=round(engine.runner.capture_seconds, 2),
             arena_s=round(engine.arena_seconds, 2),
-            precompile_s=round(getattr(engine.runner, "precompile_seconds", 0.0), 2),
-            precompiled=getattr(engine.runner, "precompiled", None),
+            precompile_s=round(engine.runner.precompile_seconds, 2),
+            precompiled=engine.runner.precompiled,
         )
         for i, tag in enumerate(("first", "second")):
             reqs = work.requests(cfg.vocab_size) if i == 0 else replace(work, seed=1).requests(cfg.vocab_size)
@@ -105,10 +104,9 @@ def main() -> int:
         engine.close()
     report["wall_s"] = round(time.perf_counter() - T0, 2)
     print(json.dumps(report), flush=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    save_report(report, args.out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Where does a decode step's time go? Profiles one full-batch decode step of the e2e workload.
 
-    python benchmarks/profile_decode.py --preset llama-3-8b --adapters 64      # and --adapters 0 (base)
-    python benchmarks/profile_decode.py --adapters 64 --phase prefill          # the first full prefill step
+    python -m benchmarks.profile_decode --preset llama-3-8b --adapters 64      # and --adapters 0 (base)
+    python -m benchmarks.profile_decode --adapters 64 --phase prefill          # the first full prefill step
 
 Runs the benchmark workload until a decode step of max_num_seqs sequences, then re-runs that same step
 (re-running a decode step rewrites the same KV slot with the same values, so nothing changes): host wall time
@@ -11,15 +11,11 @@ torch.profiler kernel table of the same step run eagerly (the GPU work inside th
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.timing import event_times_ms, parser, wall_times_s
 
 
 def main() -> int:
@@ -31,7 +27,7 @@ def main() -> int:
     from multilora_cli.bench.workload import Workload
     from multilora_cli.models.config import ModelConfig
 
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--preset", default="llama-3-8b")
     ap.add_argument("--adapters", type=int, default=64)
     ap.add_argument("--at-step", type=int, default=40, help="profile the n-th full-batch decode step")
@@ -77,16 +73,8 @@ def main() -> int:
             for _ in range(2):
                 real_run(batch)
             torch.cuda.synchronize()
-            walls, gpus = [], []
-            for _ in range(5):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                a.record()
-                real_run(batch)
-                b.record()
-                torch.cuda.synchronize()
-                walls.append(time.perf_counter() - t0)
-                gpus.append(a.elapsed_time(b))
+            walls = wall_times_s(lambda: real_run(batch), 5, sync=True)
+            gpus = event_times_ms(lambda: real_run(batch), 5)
             print(
                 f"prefill step: {batch.num_seqs} seqs, {batch.num_tokens} tokens, "
                 f"{len({s for s in batch.slots if s >= 0})} adapters"
@@ -113,27 +101,17 @@ def main() -> int:
             g = runner.graphs
             for _ in range(3):
                 real_run(batch)
-            walls = []
-            for _ in range(20):
-                t0 = time.perf_counter()
-                real_run(batch)
-                walls.append(time.perf_counter() - t0)
+            walls = wall_times_s(lambda: real_run(batch), 20)  # the step reads its ids back: it waits itself
             bs = g.bucket(batch.num_seqs)
-            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(20)]
-            for a, b in ev:
-                a.record()
-                g.graphs[bs].replay()
-                b.record()
-            torch.cuda.synchronize()
-            replay = statistics.median(a.elapsed_time(b) for a, b in ev)
+            replay = statistics.median(event_times_ms(g.graphs[bs].replay, 20))
             slots = batch.token_lora_slots() if any(s >= 0 for s in batch.slots) else None
-            hosts = []
-            for _ in range(20):
-                t0 = time.perf_counter()
+
+            def fill():
                 g._fill(batch, bs)
                 if g.lora_buffers is not None:
                     g.lora_buffers.build((slots or [-1] * batch.num_seqs) + [-1] * (bs - batch.num_seqs))
-                hosts.append(time.perf_counter() - t0)
+
+            hosts = wall_times_s(fill, 20)
             torch.cuda.synchronize()
             kv = sum(batch.seq_lens())
             print(

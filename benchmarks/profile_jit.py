@@ -1,11 +1,12 @@
 """Which Triton launches are slow on the host (compile, or load from the on-disk cache), row by row of an e2e run?
 
-    python3 benchmarks/profile_jit.py --rows 64,64,64 --requests 1024 [--slow-ms 2] [--detail]
+    python -m benchmarks.profile_jit --rows 64,64,64 --requests 1024 [--slow-ms 2] [--detail]
 
 Wraps `JITFunction.run` (every Triton launch) and reports launches whose host time exceeds --slow-ms, with the
 kernel name and the row they fall in; also the caching allocator's segment allocations (cudaMalloc) per row.
-The question it answers: is the slow prefill of a process's first rows (RESULTS.md, End to end, session 6)
-Triton kernels compiled or loaded the first time a shape bucket appears, or device memory being allocated?
+Every other argument goes to benchmarks.bench_e2e. The question it answers: is a slow prefill in a process's
+first rows Triton compiling (or loading) a kernel variant the first time a shape bucket appears, or device memory
+being allocated? (Mid-run compiles were the cause once; the engine now precompiles: engine/precompile.py.)
 """
 
 from __future__ import annotations
@@ -13,20 +14,15 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import bench_e2e
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     import torch
     import triton.runtime.jit as jit
 
-    import bench_e2e
-
-    argv = sys.argv[1:]
+    argv = list(sys.argv[1:] if argv is None else argv)
     detail = "--detail" in argv  # also print each slow launch's scalar arguments and constexprs
     if detail:
         argv.remove("--detail")
@@ -54,23 +50,19 @@ def main() -> int:
                 print(f"SLOW {dt * 1e3:.0f} ms {key} scalars={scalars} {consts}", flush=True)
         return out
 
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        if "tok/s" in msg:  # a row's summary line: the row ended
+            segs = torch.cuda.memory_stats().get("segment.all.allocated", 0) if torch.cuda.is_available() else 0
+            print(f"  [row {row['i']} ended; cudaMalloc segments so far: {segs}]", flush=True)
+            row["i"] += 1
+
+    # Triton's launcher is wrapped for this process only (third-party code: there is no hook that times a launch)
     jit.JITFunction.run = run
-    import multilora_cli.bench.suite as suite
-
-    orig_suite = suite.run_suite
-
-    def traced_suite(plan, *a, log=print, **kw):
-        def log2(msg):
-            log(msg)
-            if "tok/s" in msg:  # a row's summary line: the row ended
-                segs = torch.cuda.memory_stats().get("segment.all.allocated", 0) if torch.cuda.is_available() else 0
-                log(f"  [row {row['i']} ended; cudaMalloc segments so far: {segs}]")
-                row["i"] += 1
-
-        return orig_suite(plan, *a, log=log2, **kw)
-
-    suite.run_suite = traced_suite  # bench_e2e imports it inside main()
-    rc = bench_e2e.main(argv)
+    try:
+        rc = bench_e2e.main(argv, log=log)
+    finally:
+        jit.JITFunction.run = orig
     print(f"\nTriton launches slower than {slow_ms} ms on the host, by row (seconds, count):")
     for key in sorted(per_row, key=lambda k: -per_row[k])[:40]:
         print(f"  {per_row[key]:7.3f} s  {counts[key]:4d}x  {key}")

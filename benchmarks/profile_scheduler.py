@@ -1,8 +1,8 @@
 """Host time of the scheduler (`schedule` + `postprocess`) per step on the bench_e2e workload, GPU-free.
 
-    PYTHONPATH=.:tests/engine python3 benchmarks/profile_scheduler.py                  # ms/step, every row
-    PYTHONPATH=.:tests/engine python3 benchmarks/profile_scheduler.py --rows 64 --profile   # + cProfile top
-    PYTHONPATH=.:tests/engine python3 benchmarks/profile_scheduler.py --trace-out T.txt     # batch trace
+    python -m benchmarks.profile_scheduler                          # ms/step, every row
+    python -m benchmarks.profile_scheduler --rows 64 --profile      # + cProfile top
+    python -m benchmarks.profile_scheduler --trace-out T.txt        # batch trace
 
 Drives the real Scheduler / SlotManager / BlockManager the way `Engine.generate` does (lazy feed, schedule,
 "run", postprocess with a StopChecker, pop_finished) with the bench_e2e settings (1024 requests of 128 + 128
@@ -13,7 +13,6 @@ deterministic and the trace of scheduled batches can be compared before / after 
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import hashlib
 import pstats
@@ -22,12 +21,14 @@ import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 
-from engine_sim import fake_token, make_seq
+from benchmarks.timing import parser
 from multilora_cli.bench.workload import Workload
-from multilora_cli.config import EngineConfig
+from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
+from multilora_cli.engine.request import Request
 from multilora_cli.engine.scheduler import Scheduler
+from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.slots import SlotManager
 
 ROWS = {
@@ -36,6 +37,17 @@ ROWS = {
     "64z": (64, "zipf", 64),
     "256/64": (256, "uniform", 64),
 }
+
+
+def make_seq(i: int, adapter: str | None, prompt_len: int, max_tokens: int) -> Sequence:
+    """Request i of the workload: a fixed prompt of `prompt_len` ids, eos ignored (as the e2e benchmark's)."""
+    req = Request(key=i, id=f"r{i}", adapter=adapter, sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return Sequence.from_request(i, req, [1 + (i * 13 + j) % 50 for j in range(prompt_len)], engine_seed=1)
+
+
+def fake_token(seed: int, position: int) -> int:
+    """The "GPU": a token id that depends only on the sequence and the position, so traces are reproducible."""
+    return 3 + (seed * 7919 + position * 104729) % 997
 
 
 class InlinePool:
@@ -70,7 +82,7 @@ def make_engine(work: Workload, base_only: bool):
         stage_ahead=8,
     )
     if not base_only:
-        slots._pool = InlinePool()  # the engine runs 3 prefetch threads with adapters, none without
+        slots._pool = InlinePool()  # the engine reads adapters on prefetch threads; a base-only run has none
     bm = BlockManager(cfg.num_kv_blocks, block)
     return Scheduler(cfg, bm, slots, max_model_len=cfg.max_model_len), StopChecker(max_model_len=cfg.max_model_len)
 
@@ -79,9 +91,7 @@ def run(row: str, trace: list | None = None) -> dict:
     n_ad, dist, max_loras = ROWS[row]
     work = Workload(num_adapters=n_ad, distribution=dist, max_loras=max_loras)
     sched, stop = make_engine(work, base_only=n_ad == 0)
-    feed = iter(
-        [make_seq(i, a, work.prompt_len, work.output_len, ignore_eos=True) for i, a in enumerate(work.assignment())]
-    )
+    feed = iter([make_seq(i, a, work.prompt_len, work.output_len) for i, a in enumerate(work.assignment())])
     t_sched = t_post = 0.0
     steps = done = 0
     pc = time.perf_counter
@@ -113,7 +123,7 @@ def run(row: str, trace: list | None = None) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)}")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="cProfile one more run of each row (top 25, tottime)")

@@ -2,7 +2,7 @@
 
 Random-weight models of real shapes (`load_format="dummy"`), synthetic rank-r adapters on all seven
 projections, N requests of fixed prompt/output length spread over the adapters (uniform or zipf). Used by
-`benchmarks/bench_e2e.py` and `multilora bench`; no CLI libraries are imported here.
+`python -m benchmarks.bench_e2e` and `multilora bench`; no CLI libraries are imported here.
 """
 
 from multilora_cli.bench.suite import BenchRow, run_hf_row, run_multilora_row, run_suite

@@ -8,8 +8,8 @@ is the same either way: every adapter is copied into its own slot and read from 
 `prepare` writes each weight set once as an `adapter_model.safetensors` (PEFT's key names, the run dtype) and
 each adapter as a folder of its own: that file (hard-linked) and an `adapter_config.json` with its alpha. So the
 engine reads and validates them exactly as it reads a user's adapters (`Engine._load_cpu`), from the OS page
-cache: a benchmark row times the whole read path except the disk itself. `SyntheticEngine.FROM_MEMORY` instead
-packs the prepared tensors from memory (the benchmark's read path until session 9; kept for A/B runs).
+cache: a benchmark row times the whole read path except the disk itself. An adapter without a folder (`prepare`
+not called) is packed from the tensors in memory instead, without the read and the validation.
 """
 
 from __future__ import annotations
@@ -173,9 +173,7 @@ class SyntheticAdapters:
 
 class SyntheticEngine(Engine):
     """An `Engine` serving a `SyntheticAdapters` source: its PEFT folders once `prepare` wrote them (call it
-    first), else (or with FROM_MEMORY) its tensors packed from memory."""
-
-    FROM_MEMORY = False
+    first), else its tensors packed from memory."""
 
     def __init__(self, config: EngineConfig, source: SyntheticAdapters | None, model_config: ModelConfig | None = None):
         self.source = source
@@ -184,7 +182,7 @@ class SyntheticEngine(Engine):
         super().__init__(config, {n: paths.get(n, Path("synthetic") / n) for n in names}, model_config)
 
     def _from_memory(self, name: str) -> bool:
-        return self.FROM_MEMORY or self.adapters[name] != self.source.paths.get(name)
+        return self.adapters[name] != self.source.paths.get(name)
 
     def _load_cpu(self, name: str) -> LoraAdapter:
         if self._from_memory(name):

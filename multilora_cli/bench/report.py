@@ -15,7 +15,8 @@ TARGETS = {  # name: (threshold, "min" = ratio must be >= threshold, "max" = <=)
 
 def _find(rows: list[dict], system: str, **want) -> dict | None:
     """The LAST matching row: when rows are repeated in one process (`--rows base,64,base,64`), the first ones
-    run slower (their prefill, on the H200: benchmarks/RESULTS.md, run 31), so the latest pair is the one judged."""
+    run slower (their prefill, on the H200, even after an untimed in-process warm-up row), so the latest pair is
+    the one judged."""
     for r in reversed(rows):
         w = r["workload"]
         if r["system"] == system and all(w.get(k) == v for k, v in want.items()):

@@ -13,11 +13,11 @@ from multilora_cli.errors import ConfigError
 
 DISTRIBUTIONS = ("uniform", "zipf")
 
-# Workload field -> the `multilora bench` flag that sets it (the A/B scripts of bench/ab.py share these names), so
-# every error names what the user typed. Fields no flag sets (seed, zipf_s, ...) keep their own name.
+# Workload field -> the `multilora bench` flag that sets it, so every error names what the user typed. Fields no
+# flag sets (seed, zipf_s, ...) keep their own name.
 FLAGS = {
     "preset": "--preset",
-    "num_adapters": "--adapters",
+    "num_adapters": "--num-adapters",
     "rank": "--rank",
     "max_loras": "--max-loras",
     "num_requests": "--requests",

@@ -1,4 +1,4 @@
-"""`multilora bench`: size your own GPU with the end-to-end benchmark (the workload of benchmarks/bench_e2e.py)."""
+"""`multilora bench`: size your own GPU with the end-to-end benchmark (the workload of benchmarks.bench_e2e)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ def command(
         "llama-3.2-1b, llama-2-7b, llama-3-70b, mistral-7b, qwen2.5-7b, tiny. Random "
         "weights: no download.",
     ),
-    adapters: str | None = typer.Option(
-        None, "--adapters", "-a", help="Adapter counts to run, comma-separated (8,64). Default 64."
+    num_adapters: str | None = typer.Option(
+        None, "--num-adapters", help="Adapter counts to run, comma-separated (8,64). Default 64."
     ),
     max_loras: int | None = typer.Option(None, "--max-loras", help="GPU slots, >= 1 (default min(adapters, 64))."),
     rank: int = typer.Option(16, "--rank", help="LoRA rank, on all 7 projections."),
@@ -76,7 +76,7 @@ def command(
         given = [
             f
             for f, v in (
-                ("--adapters", adapters),
+                ("--num-adapters", num_adapters),
                 ("--distribution", distribution),
                 ("--max-loras", max_loras),
                 ("--base/--no-base", base),
@@ -115,9 +115,9 @@ def command(
         _check_writable(Path(json_path), UsageError)
     if rows is None:
         specs = []
-        for n in (s.strip() for s in (adapters or "64").split(",") if s.strip()):
+        for n in (s.strip() for s in (num_adapters or "64").split(",") if s.strip()):
             if not n.isdigit():
-                raise UsageError(f"--adapters takes counts like 8,64; got {n!r}")
+                raise UsageError(f"--num-adapters takes counts like 8,64; got {n!r}")
             slots = f"/{max_loras}" if max_loras is not None else ""
             specs.append(f"{n}{slots}{'z' if distribution == 'zipf' else ''}")
             if hf:

@@ -95,7 +95,7 @@ SMALL = [
     2,
     "--max-num-seqs",
     2,
-    "--adapters",
+    "--num-adapters",
     1,
 ]
 
@@ -103,8 +103,8 @@ SMALL = [
 @pytest.mark.parametrize(
     "flags,named",
     [
-        (["--adapters", 8], "--adapters"),
-        (["-a", "8,64"], "--adapters"),
+        (["--num-adapters", 8], "--num-adapters"),
+        (["--num-adapters", "8,64"], "--num-adapters"),
         (["--distribution", "zipf"], "--distribution"),
         (["--max-loras", 4], "--max-loras"),
         (["--base"], "--base/--no-base"),
@@ -121,11 +121,18 @@ def test_rows_beside_a_flag_it_overrides_is_a_usage_error(bench, flags, named):
     assert "no GPU here" not in err
 
 
+def test_adapter_counts_are_num_adapters_not_a(bench):
+    # `run -a` takes adapter names: bench's counts have a long flag of their own and no short one
+    rc, out, err = bench("-a", 8, "--device", "cpu")
+    assert rc == 2 and out == "" and "No such option: -a" in err, (rc, out, err)
+    rc, out, err = bench("--num-adapters", "8,x", "--device", "cpu", "--preset", "tiny")
+    assert rc == 2 and err == "error: --num-adapters takes counts like 8,64; got 'x'\n", (rc, out, err)
+
+
 def test_rows_names_every_overridden_flag_and_leaves_the_others_alone(bench):
-    rc, _, err = bench(
-        "--rows", "64,base", "--max-loras", 8, "-a", 64, "--no-hf", "--distribution", "uniform", "--device", "cpu"
-    )
-    assert rc == 2 and "drop --adapters, --distribution, --max-loras, --hf/--no-hf (" in err, err
+    flags = ["--max-loras", 8, "--num-adapters", 64, "--no-hf", "--distribution", "uniform", "--device", "cpu"]
+    rc, _, err = bench("--rows", "64,base", *flags)
+    assert rc == 2 and "drop --num-adapters, --distribution, --max-loras, --hf/--no-hf (" in err, err
     # flags every row shares still go with --rows: past the check, to the CPU refusal of an 8B shape
     rc, _, err = bench(
         "--rows", "64,base", "--rank", 8, "-n", 4, "--prompt-len", 8, "--temperature", 0.5, "--device", "cpu"
@@ -186,7 +193,7 @@ def test_failed_rows_exit_1_after_the_table_and_json(bench, tmp_path, monkeypatc
 
     monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` raises ModuleNotFoundError, as where it is missing
     path = tmp_path / "b.json"
-    rc, out, err = bench(*SMALL[:-2], "--rows", "1,hf1", "--json", path)  # all but --adapters
+    rc, out, err = bench(*SMALL[:-2], "--rows", "1,hf1", "--json", path)  # all but --num-adapters
     assert rc == 1, (rc, out, err)
     assert "| multilora | tiny | 1 |" in out and "\nFAILED hf 1 adapters: ModuleNotFoundError" in out, out
     assert err.splitlines()[-1].startswith(

@@ -166,7 +166,7 @@ def test_bench_command(tmp_path):
         "cpu",
         "--preset",
         "tiny",
-        "--adapters",
+        "--num-adapters",
         "3",
         "--max-loras",
         "2",
