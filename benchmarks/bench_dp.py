@@ -75,8 +75,8 @@ def build_workload(work: Path, a) -> tuple[Path, Path, list[str]]:
 
 def run_row(spec: dict) -> int:
     """One row in this process: the real run path with dummy weights."""
-    from multilora_cli.runconfig import RunConfig
-    from multilora_cli.runjob import run_job
+    from multilora_cli.commands.run import run_job
+    from multilora_cli.run.config import RunConfig
 
     cfg = RunConfig(
         input=spec["input"],

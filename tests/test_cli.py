@@ -173,12 +173,11 @@ def test_sigterm_is_reported_like_ctrl_c_with_exit_143(tmp_path, capsys, monkeyp
 
 @pytest.mark.parametrize("argv,want", [([], True), (["--no-pinned-arena"], False), (["--pinned-arena"], True)])
 def test_pinned_arena_flag_reaches_the_engine_config(argv, want, tmp_path, capsys, monkeypatch):
-    import multilora_cli.runjob as runjob
-    from multilora_cli.config import EngineConfig
+    import multilora_cli.commands.run as run_command
 
     seen = {}
-    monkeypatch.setattr(runjob, "run_job", lambda cfg: seen.setdefault("cfg", cfg) and 0)
+    monkeypatch.setattr(run_command, "run_job", lambda cfg: seen.setdefault("cfg", cfg) and 0)
     call(["run", "in.jsonl", "--adapters", "a", *argv], capsys)
     engine = seen["cfg"].engine
-    assert engine["pinned_arena"] is want
-    assert EngineConfig(model="m", **engine).pinned_arena is want  # the dict is EngineConfig fields
+    assert engine.pinned_arena is want
+    assert engine.engine_config("m", max_loras=1, max_lora_rank=8, seed=None).pinned_arena is want

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from enum import Enum
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from multilora_cli.config import DEVICES, DTYPES, UTILIZATION_RANGE
-from multilora_cli.errors import UsageError
+from multilora_cli.config import DEVICES, DTYPES, GPU_MEMORY_UTILIZATION
+
+if TYPE_CHECKING:
+    from multilora_cli.run.config import RunConfig
+
+# Typer checks these choices (exit 2 with its usage message); members are named and valued as the strings
+Dtype = Enum("Dtype", [(d, d) for d in DTYPES], type=str)
+Device = Enum("Device", [(d, d) for d in DEVICES], type=str)
 
 
 def split_items(values: list[str] | None) -> list[str]:
@@ -21,9 +28,33 @@ def split_items(values: list[str] | None) -> list[str]:
 _GEN = "Default: the model's generation_config.json, else "  # sampling flags only fill in what a line leaves out
 
 
-def _opt(default, *names: str, metavar: str, help: str):
-    """A typer option with an explicit metavar ("" for flags: typer would otherwise print <bool>)."""
-    return typer.Option(default, *names, metavar=metavar, help=help)
+def _opt(default, *names: str, metavar: str, help: str, **more):
+    """A typer option with an explicit metavar ("" for flags: typer would otherwise print <bool>). `more`: e.g.
+    Typer's min= / max=, checked as the flag is parsed (a usage error, exit 2)."""
+    return typer.Option(default, *names, metavar=metavar, help=help, **more)
+
+
+def run_job(cfg: RunConfig) -> int:
+    """Run `cfg` to completion; returns the exit code (0 / 3). Fatal problems raise MultiloraError.
+
+    With cfg.data_parallel > 1, or when started by torchrun with several processes, the run is spread over
+    workers by multilora_cli.distributed (rank 0 runs the job; see distributed/launch.py); else one RunJob runs
+    it in this process. The choice is made here, above both, so distributed/ imports run/ and not the reverse."""
+    from multilora_cli.distributed.group import torchrun_env
+    from multilora_cli.io.terminal import stop_on_next_signal
+
+    distributed = cfg.data_parallel > 1 or torchrun_env() is not None
+    try:
+        if distributed:
+            from multilora_cli.distributed.launch import run_distributed
+
+            return run_distributed(cfg)
+        from multilora_cli.run.job import RunJob
+
+        return RunJob(cfg).run()
+    except KeyboardInterrupt:  # (also when it came before generation: pre-flight, model load, --resume checks)
+        stop_on_next_signal(force=not distributed)  # a data-parallel run still has its workers to stop
+        raise
 
 
 def command(
@@ -59,7 +90,11 @@ def command(
         help="Keep the -o file's finished records (checked against INPUT); run only the rest.",
     ),
     max_tokens: Optional[int] = _opt(
-        None, "--max-tokens", metavar="N", help="Max new tokens per line (a line's own value wins). " + _GEN + "256."
+        None,
+        "--max-tokens",
+        metavar="N",
+        help="Max new tokens per line (a line's own value wins). " + _GEN + "256.",
+        min=1,
     ),
     temperature: Optional[float] = _opt(
         None, "--temperature", metavar="T", help="Temperature, 0 = greedy (a line's own value wins). " + _GEN + "0."
@@ -68,7 +103,7 @@ def command(
         None, "--top-p", metavar="P", help="Nucleus sampling p in (0, 1] (a line's own value wins). " + _GEN + "1."
     ),
     top_k: Optional[int] = _opt(
-        None, "--top-k", metavar="K", help="Top-k, 0 = off (a line's own value wins). " + _GEN + "0."
+        None, "--top-k", metavar="K", help="Top-k, 0 = off (a line's own value wins). " + _GEN + "0.", min=0
     ),
     seed: Optional[int] = _opt(
         None,
@@ -83,15 +118,24 @@ def command(
         help="Adapters resident in GPU slots at once. Default: on a GPU one per "
         "adapter (at most 64, within 10% of the memory beside the weights); on "
         "CPU at most 8.",
+        min=1,
     ),
     max_lora_rank: Optional[int] = _opt(
-        None, "--max-lora-rank", metavar="R", help="Largest adapter rank to serve. Default: the adapters' largest rank."
+        None,
+        "--max-lora-rank",
+        metavar="R",
+        help="Largest adapter rank to serve. Default: the adapters' largest rank.",
+        min=1,
     ),
     max_cpu_loras: Optional[int] = _opt(
-        None, "--max-cpu-loras", metavar="N", help="Adapters cached in host memory. Default: 64 (at least --max-loras)."
+        None,
+        "--max-cpu-loras",
+        metavar="N",
+        help="Adapters cached in host memory. Default: 64 (at least --max-loras).",
+        min=1,
     ),
     max_num_seqs: Optional[int] = _opt(
-        None, "--max-num-seqs", metavar="N", help="Sequences in flight per step. Default: 256."
+        None, "--max-num-seqs", metavar="N", help="Sequences in flight per step. Default: 256.", min=1
     ),
     max_model_len: Optional[int] = _opt(
         None,
@@ -99,12 +143,14 @@ def command(
         metavar="N",
         help="Longest prompt + completion, in tokens. Default: the model's "
         "max_position_embeddings (capped by the KV cache).",
+        min=1,
     ),
-    gpu_memory_utilization: Optional[float] = _opt(
-        None,
+    gpu_memory_utilization: float = _opt(
+        GPU_MEMORY_UTILIZATION,
         "--gpu-memory-utilization",
         metavar="F",
         help="Share of the GPU's memory the run may use (weights, slots, KV cache). Default: 0.9.",
+        show_default=False,  # the help says it
     ),
     pinned_arena: bool = _opt(
         True,
@@ -114,13 +160,14 @@ def command(
         "start (asynchronous slot loads; costs ~0.3 s per GiB at start, at most a "
         "quarter of RAM). Off: pageable memory.",
     ),
-    dtype: str = _opt("auto", "--dtype", metavar="DTYPE", help=f"One of {', '.join(DTYPES)}."),
-    device: str = _opt("auto", "--device", metavar="DEVICE", help=f"One of {', '.join(DEVICES)}."),
+    dtype: Dtype = _opt(Dtype.auto, "--dtype", metavar="DTYPE", help=f"One of {', '.join(DTYPES)}."),
+    device: Device = _opt(Device.auto, "--device", metavar="DEVICE", help=f"One of {', '.join(DEVICES)}."),
     gpu_hour_usd: Optional[float] = _opt(
         None,
         "--gpu-hour-usd",
         metavar="USD",
         help="GPU price per hour, for the cost in stats (total and per 1M tokens).",
+        min=0,
     ),
     quiet: bool = _opt(False, "-q", "--quiet", metavar="", help="No progress bar and no summary on stderr."),
     data_parallel: int = _opt(
@@ -129,33 +176,18 @@ def command(
         metavar="N",
         help="Worker processes on this machine, one per GPU (or N CPU workers); requests are "
         "sharded by adapter. Under torchrun leave it out.",
+        min=1,
     ),
 ) -> int:
     """Run every line of INPUT through the base model or its adapter; write one record per line, in order.
 
     Exit codes: 0 all lines ok, 3 finished with some error records, 1 fatal, 2 usage.
     """
+    from multilora_cli.io.sampling import SamplingFlags
     from multilora_cli.io.terminal import guard_stderr, ignore_signals_at_exit
-    from multilora_cli.runconfig import RunConfig
-    from multilora_cli.runjob import run_job
+    from multilora_cli.run.config import EngineFlags, RunConfig
 
     guard_stderr()  # before anything is said on stderr: a closed or vanished stderr must not stop the run
-    for flag, value in (
-        ("--max-loras", max_loras),
-        ("--max-lora-rank", max_lora_rank),
-        ("--max-cpu-loras", max_cpu_loras),
-        ("--max-num-seqs", max_num_seqs),
-        ("--max-model-len", max_model_len),
-    ):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be >= 1, got {value}")
-    lo, hi = UTILIZATION_RANGE
-    if gpu_memory_utilization is not None and not lo <= gpu_memory_utilization <= hi:
-        raise UsageError(f"--gpu-memory-utilization must be in [{lo}, {hi}], got {gpu_memory_utilization}")
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if device not in DEVICES:
-        raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
     cfg = RunConfig(
         input=input,
         model=model,
@@ -165,21 +197,21 @@ def command(
         errors=errors,
         stats=stats,
         resume=resume,
-        sampling={"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k},
+        sampling=SamplingFlags(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k),
         seed=seed,
         max_loras=max_loras,
         max_lora_rank=max_lora_rank,
         gpu_hour_usd=gpu_hour_usd,
         quiet=quiet,
-        engine={
-            "dtype": dtype,
-            "device": device,
-            "max_cpu_loras": max_cpu_loras,
-            "max_num_seqs": max_num_seqs,
-            "max_model_len": max_model_len,
-            "pinned_arena": pinned_arena,
-            "gpu_memory_utilization": gpu_memory_utilization,
-        },
+        engine=EngineFlags(
+            dtype=dtype.value,
+            device=device.value,
+            max_cpu_loras=max_cpu_loras,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            pinned_arena=pinned_arena,
+        ),
         data_parallel=data_parallel,
     )
     try:

@@ -1,6 +1,6 @@
 """Rank 0 of a data-parallel run: the engine `RunJob` drives, made of one local Engine and W-1 remote ones.
 
-`DistributedEngine` has the surface RunJob uses (`generate`, `stats`, `slots.loads`, `default_sampling`), so
+`DistributedEngine` has the surface RunJob uses (run/engine_api.JobEngine), built from the job's EnginePlan, so
 the single-process job — reading, pre-flight, --resume, ordered writing, stats — is the same code for one
 worker or many. Here:
   startup: send "start" to every worker (they load in parallel), scan the input once for (adapter, tokens)
@@ -24,27 +24,16 @@ from multilora_cli.distributed.scan import LineCosts, scan_costs
 from multilora_cli.distributed.shard import shard, summarize
 from multilora_cli.distributed.stats import merge_stats, print_workers
 from multilora_cli.errors import EngineError, MultiloraError
+from multilora_cli.run.plan import EnginePlan
 
 FLUSH_SECONDS = 0.05  # a worker's batch of requests leaves at least this often while the feeder reads
 FIRST_BATCH, MAX_BATCH = 8, 256  # batches grow from FIRST_BATCH so every worker starts early
 
 
-class _LiveLoads:
-    """`slots.loads` for the progress line: the local engine's live count + the last count each worker sent."""
-
-    def __init__(self, owner: DistributedEngine):
-        self._owner = owner
-
-    @property
-    def loads(self) -> int:
-        o = self._owner
-        return o.local.slots.loads + sum(o.live_loads.values())
-
-
 class DistributedEngine:
-    """One engine spread over `ctx.world` ranks; built by RunJob's engine factory on rank 0."""
+    """One engine spread over `ctx.world` ranks; built by RunJob's engine factory on rank 0 from its `plan`."""
 
-    def __init__(self, ctx: DistContext, job, engine_cfg, *, sharding: str = "affinity", threads: int | None = None):
+    def __init__(self, ctx: DistContext, plan: EnginePlan, *, sharding: str = "affinity", threads: int | None = None):
         import torch
 
         from multilora_cli.engine.engine import Engine
@@ -60,19 +49,14 @@ class DistributedEngine:
         self.returned: dict[int, int] = {r: 0 for r in range(ctx.world)}
         self._abort = threading.Event()
         self.wall_seconds = 0.0
-        adapters = {n: str(p) for n, p in job._good.items()}
+        engine_cfg = plan.config
+        adapters = {n: str(p) for n, p in plan.adapters.items()}
         opts = {"threads": threads}
         for r in ctx.workers:  # they load their engines while this rank scans the input
             ctx.down[r].send((P.START, engine_cfg, adapters, opts))
         self._collectors = {r: self._spawn(self._collect, r) for r in ctx.workers}
-        resolver = SamplingResolver(read_generation_config(engine_cfg.model).sampling, job.cfg.sampling)
-        base, good = job._base_names, job._good
-        self.costs: LineCosts = scan_costs(
-            job.cfg.input,
-            job.stats.resumed,
-            lambda a: None if a is None or a in base or a not in good else a,
-            resolver.base["max_tokens"],
-        )
+        resolver = SamplingResolver(read_generation_config(engine_cfg.model).sampling, plan.sampling)
+        self.costs: LineCosts = scan_costs(plan.input, plan.resumed, plan.engine_adapter, resolver.base["max_tokens"])
         self.assign = shard(self.costs.adapters, self.costs.tokens, ctx.world, sharding)
         self.summary = summarize(self.assign, self.costs.adapters, self.costs.tokens, ctx.world)
         t0 = time.perf_counter()
@@ -80,14 +64,13 @@ class DistributedEngine:
             torch.set_num_threads(threads)
         if ctx.cuda:
             torch.cuda.set_device(ctx.device_index)
-        self.local = Engine(engine_cfg, job._good, scans=getattr(job._pf, "scans", None))
+        self.local = Engine(engine_cfg, plan.adapters, scans=plan.scans)
         self.default_sampling = self.local.default_sampling
         self.info[0] = {
             **P.where(str(self.local.device)),
             "rank": 0,
             "load_seconds": round(time.perf_counter() - t0, 3),
         }
-        self.slots = _LiveLoads(self)
         self._wait_ready()
 
     # -- threads ----------------------------------------------------------------------------------------------
@@ -264,6 +247,11 @@ class DistributedEngine:
 
     # -- stats ------------------------------------------------------------------------------------------------
     @property
+    def slot_loads(self) -> int:
+        """The local engine's live count + the last count each worker sent."""
+        return self.local.slot_loads + sum(self.live_loads.values())
+
+    @property
     def stats(self) -> _Stats:
         return _Stats(self)
 
@@ -290,14 +278,10 @@ class DistributedEngine:
 
 
 class _Stats:
-    """`engine.stats` as RunJob reads it: live slot loads, and the merged EngineStats dict at the end."""
+    """`engine.stats` as RunJob reads it: the merged EngineStats dict at the end."""
 
     def __init__(self, owner: DistributedEngine):
         self._owner = owner
-
-    @property
-    def slot_loads(self) -> int:
-        return self._owner.slots.loads
 
     def to_dict(self) -> dict:
         return merge_stats(self._owner)

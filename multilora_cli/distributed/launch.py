@@ -25,22 +25,12 @@ from multilora_cli.distributed.group import (
     visible_devices,
 )
 from multilora_cli.distributed.shard import SHARDINGS
+from multilora_cli.engine.device import resolve_device
 from multilora_cli.errors import EngineError, MultiloraError, UsageError
+from multilora_cli.run.config import RunConfig
 
 
-def _use_cuda(device: str) -> bool:
-    import torch
-
-    if device == "cpu":
-        return False
-    if torch.cuda.is_available():
-        return True
-    if device == "cuda":
-        raise UsageError("--device cuda was asked for but no CUDA device is visible", hint="use --device cpu")
-    return False
-
-
-def run_distributed(cfg) -> int:
+def run_distributed(cfg: RunConfig) -> int:
     """Run `cfg` (a RunConfig) over several processes; returns the exit code on rank 0, 0 on a worker."""
     if cfg.dp_sharding not in SHARDINGS:
         raise UsageError(f"sharding must be one of {', '.join(SHARDINGS)}, got {cfg.dp_sharding!r}")
@@ -52,12 +42,12 @@ def run_distributed(cfg) -> int:
                 f"--data-parallel {cfg.data_parallel} disagrees with torchrun's WORLD_SIZE={world}",
                 hint="under torchrun leave --data-parallel out: torchrun decides the worker count",
             )
-        pinned = cfg.engine.get("device", "auto") != "cpu" and pin_local_rank(local_rank)
-        cuda = _use_cuda(cfg.engine.get("device", "auto"))
+        pinned = cfg.engine.device != "cpu" and pin_local_rank(local_rank)
+        cuda = resolve_device(cfg.engine.device) == "cuda"
         ctx = init_groups(rank, world, local_rank, "torchrun", cuda, device_index=0 if pinned else local_rank)
         return _run(ctx, cfg, threads=None)
     n = cfg.data_parallel
-    cuda = _use_cuda(cfg.engine.get("device", "auto"))
+    cuda = resolve_device(cfg.engine.device) == "cuda"
     import torch
 
     if cuda and torch.cuda.device_count() < n:
@@ -148,11 +138,12 @@ def _on_sigterm(signum, frame):
     raise EngineError("terminated by the launcher (another worker failed or the job was cancelled)")
 
 
-def _run(ctx: DistContext, cfg, threads: int | None) -> int:
+def _run(ctx: DistContext, cfg: RunConfig, threads: int | None) -> int:
     from multilora_cli.distributed.coordinator import DistributedEngine
     from multilora_cli.distributed.scan import spool_stdin
     from multilora_cli.distributed.worker import serve
-    from multilora_cli.runjob import RunJob
+    from multilora_cli.run.job import RunJob
+    from multilora_cli.run.plan import EnginePlan
 
     if ctx.rank != 0:
         try:
@@ -162,9 +153,9 @@ def _run(ctx: DistContext, cfg, threads: int | None) -> int:
         return 0
     state: dict = {}
 
-    def factory(job, engine_cfg):
+    def factory(plan: EnginePlan) -> DistributedEngine:
         state["started"] = True
-        state["engine"] = DistributedEngine(ctx, job, engine_cfg, sharding=cfg.dp_sharding, threads=threads)
+        state["engine"] = DistributedEngine(ctx, plan, sharding=cfg.dp_sharding, threads=threads)
         return state["engine"]
 
     spooled = None

@@ -113,7 +113,7 @@ class _Sender(threading.Thread):
                 results = results[: max(self.exit_after - self.sent, 0)]
             try:
                 if results:
-                    chan.send((P.RESULTS, results, {"slot_loads": self.engine.slots.loads}))
+                    chan.send((P.RESULTS, results, {"slot_loads": self.engine.slot_loads}))
                     self.sent += len(results)
                 if self.exit_after is not None and self.sent >= self.exit_after:
                     os._exit(17)  # the tests' killed worker

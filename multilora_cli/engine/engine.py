@@ -304,6 +304,17 @@ class Engine:
                 sched.postprocess(ahead.batch, runner.collect(ahead), self.stop)
             self._sync_stats(time.perf_counter() - t0)
 
+    @property
+    def slot_loads(self) -> int:
+        """Adapter loads into GPU slots so far, live while generating (`stats.slot_loads` is synced at the end)."""
+        return self.slots.loads
+
+    def annotate_stats(self, stats: dict) -> None:
+        """A run's hook for engine-specific stats sections: one engine adds none (EngineStats is all of it)."""
+
+    def print_summary(self, stats: dict) -> None:
+        """A run's hook for engine-specific summary lines: one engine prints none."""
+
     def close(self) -> None:
         """Stop background adapter reads; unpin the host arena."""
         self.slots.close()

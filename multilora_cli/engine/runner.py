@@ -17,6 +17,7 @@ import torch
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.cuda_graphs import DecodeGraphs
+from multilora_cli.engine.device import resolve_device
 from multilora_cli.engine.precompile import precompile
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
 from multilora_cli.engine.slot_writer import SlotWriter
@@ -42,12 +43,9 @@ def staging_buffers(slot_bytes: int) -> int:
 
 
 def pick_device(requested: str) -> torch.device:
-    """auto = CUDA when available, else CPU."""
-    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise EngineError(
-                "--device cuda was asked for but no CUDA device is visible", hint="use --device cpu or auto"
-            )
+    """The torch device of `requested` ("auto" | "cuda" | "cpu", engine/device.resolve_device): CUDA is the
+    current CUDA device."""
+    if resolve_device(requested) == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

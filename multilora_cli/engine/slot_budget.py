@@ -46,10 +46,12 @@ def auto_max_loras(n_adapters: int, one_slot: int, spare: int | None) -> int:
 
 def spare_gpu_bytes(device: str, config: ModelConfig, itemsize: int, utilization: float) -> int | None:
     """GPU bytes the engine may use (total x `utilization`) less the base weights, on the GPU a run on `device`
-    ("auto" | "cuda" | "cpu") would use; None when it runs on CPU."""
+    ("auto" | "cuda" | "cpu", engine/device.resolve_device) would use; None when it runs on CPU."""
     import torch
 
-    if device == "cpu" or not torch.cuda.is_available():
+    from multilora_cli.engine.device import resolve_device
+
+    if resolve_device(device) == "cpu":
         return None
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     return int(total * utilization) - weight_bytes(config, itemsize)

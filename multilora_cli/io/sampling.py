@@ -7,6 +7,8 @@ samples without its own from (run seed, line position), so its text is reproduci
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from multilora_cli.config import SamplingParams
 from multilora_cli.errors import ConfigError, UsageError
 from multilora_cli.io.line import LineSpec
@@ -29,20 +31,35 @@ def valid_only(fields: dict) -> dict:
     return keep
 
 
-class SamplingResolver:
-    """Merge the layers once per line. `cli` holds only the flags the user gave."""
+@dataclass(frozen=True, slots=True)
+class SamplingFlags:
+    """The run's sampling flags (--max-tokens, --temperature, --top-p, --top-k); None = not given. Checked once,
+    here, by SamplingParams' own rules: a bad value is a UsageError naming the flag (exit 2), not a line error."""
 
-    def __init__(self, model_defaults: dict | None = None, cli: dict | None = None):
-        self.base = {**FALLBACK, **valid_only(model_defaults or {})}
-        self.base.pop("seed", None)
-        cli = {k: v for k, v in (cli or {}).items() if v is not None and k != "seed"}
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+    def __post_init__(self) -> None:
         try:
-            SamplingParams(**{**self.base, **cli})
+            SamplingParams(**self.given())
         except ConfigError as e:
             field, _, rest = e.message.partition(" ")  # "temperature must be ...": name the flag the user typed
-            msg = f"--{field.replace('_', '-')} {rest}" if field in cli else f"invalid sampling flag: {e.message}"
-            raise UsageError(msg) from e
-        self.base.update(cli)
+            raise UsageError(f"--{field.replace('_', '-')} {rest}") from e
+
+    def given(self) -> dict:
+        """{field: value} of the flags given."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+class SamplingResolver:
+    """Merge the layers once per line: `model_defaults` (generation_config.json) under the run's `cli` flags."""
+
+    def __init__(self, model_defaults: dict | None = None, cli: SamplingFlags | None = None):
+        self.base = {**FALLBACK, **valid_only(model_defaults or {})}
+        self.base.pop("seed", None)
+        self.base.update((cli or SamplingFlags()).given())
 
     @property
     def defaults(self) -> SamplingParams:

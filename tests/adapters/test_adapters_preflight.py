@@ -195,8 +195,8 @@ def test_preflight_warns_when_model_is_not_the_named_base(fleet, llama_base, tmp
 
 
 def test_preflight_run_prints_the_base_warning(fleet, llama_base, capsys):
-    from multilora_cli.run_setup import preflight_run
-    from multilora_cli.runconfig import RunConfig
+    from multilora_cli.run.config import RunConfig
+    from multilora_cli.run.setup import preflight_run
 
     preflight_run(RunConfig(input="-", model=str(llama_base), adapters=[f"chat={fleet['chat']}"]))
     err = capsys.readouterr().err

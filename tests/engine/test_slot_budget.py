@@ -74,12 +74,12 @@ def test_cpu_rule():
 
 
 def test_a_run_picks_the_gpu_default_unless_told(monkeypatch):
-    """The run's choice (run_setup.max_loras): the memory query is faked, as this machine has no GPU."""
+    """The run's choice (run/setup.max_loras): the memory query is faked, as this machine has no GPU."""
     from types import SimpleNamespace
 
     from multilora_cli.engine import slot_budget
-    from multilora_cli.run_setup import max_loras
-    from multilora_cli.runconfig import RunConfig
+    from multilora_cli.run.config import EngineFlags, RunConfig
+    from multilora_cli.run.setup import max_loras
 
     pf = SimpleNamespace(max_loras=CPU_MAX_LORAS, max_lora_rank=16, model_config=LLAMA3_8B)
     asked = []
@@ -89,10 +89,10 @@ def test_a_run_picks_the_gpu_default_unless_told(monkeypatch):
         return None if device == "cpu" else int(141 * GB * utilization) - weight_bytes(config, itemsize)
 
     monkeypatch.setattr(slot_budget, "spare_gpu_bytes", fake_spare)
-    run = RunConfig("in.jsonl", adapters=["x"], engine={"gpu_memory_utilization": 0.5})
+    run = RunConfig("in.jsonl", adapters=["x"], engine=EngineFlags(gpu_memory_utilization=0.5))
     assert max_loras(run, pf, 40) == 40 and asked[-1] == ("auto", 2, 0.5)
     assert max_loras(run, pf, 400) == MAX_AUTO_LORAS
-    assert max_loras(RunConfig("in.jsonl", adapters=["x"], engine={"device": "cpu"}), pf, 40) == CPU_MAX_LORAS
+    assert max_loras(RunConfig("in.jsonl", adapters=["x"], engine=EngineFlags(device="cpu")), pf, 40) == CPU_MAX_LORAS
     told = RunConfig("in.jsonl", adapters=["x"], max_loras=5)
     assert max_loras(told, SimpleNamespace(max_loras=5), 40) == 5  # --max-loras: no query at all
     assert len(asked) == 3

@@ -244,7 +244,7 @@ def test_direct_file_reads_serve_the_adapters(setup, reference, monkeypatch, dty
     monkeypatch.setattr(direct_read, "read_packed", counted)
     from multilora_cli.adapters.scan import scan_adapter
 
-    scans = {n: scan_adapter(p, n) for n, p in adapters.items()}  # as pre-flight hands them over (runjob)
+    scans = {n: scan_adapter(p, n) for n, p in adapters.items()}  # as pre-flight hands them over (run/job.py)
     runs = {}
     for direct in (True, False):
         engine = Engine(

@@ -10,9 +10,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from conftest import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
+
+from multilora_cli.run.signal_after import TEST_SIGNAL_ENV
 
 ADAPTER_CYCLE = ["legal", "medical", None, "code"]
 
@@ -92,22 +93,18 @@ def test_kill_9_midway_then_resume_gives_every_id_once_with_the_same_text(model_
     n = 48
     data = rows(n, 6, sample_every=3)  # sampled lines too: their seeds derive from the line, not the process
     inp = write_jsonl(tmp_path / "in.jsonl", data)
-    flags = ["--max-num-seqs", "2", "-q"]  # few sequences per step: slow enough to be killed midway
+    flags = ["--max-num-seqs", "2", "-q"]  # few sequences per step: records come a few at a time
 
     rc, ref_out, err = run_cli(["run", str(inp), *model_args(model_dir), *flags])
     assert rc == 0, err
     ref = read_jsonl(ref_out)
 
     out = tmp_path / "out.jsonl"
-    proc = _start_until_records(
-        ["run", str(inp), *model_args(model_dir), *flags, "-o", str(out)], out, 5, stdout=subprocess.DEVNULL
-    )
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    killed = _run_until_signal(["run", str(inp), *model_args(model_dir), *flags, "-o", str(out)], "SIGKILL:5")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
     prefix = out.read_bytes()
     done = prefix.count(b"\n")
-    assert 5 <= done < n, f"killed after {done} of {n} records: make the workload slower"
+    assert 5 <= done < n, f"killed after {done} of {n} records"  # the write that reached 5 may have added more
     kept = read_jsonl(prefix[: prefix.rfind(b"\n") + 1])
     assert [r["id"] for r in kept] == [f"r{i}" for i in range(len(kept))]  # a valid, in-order prefix
     with open(out, "ab") as f:  # and a torn last line, as a kill during a write would leave
@@ -126,32 +123,23 @@ def test_kill_9_midway_then_resume_gives_every_id_once_with_the_same_text(model_
     assert final == ref  # the same text (and usage) as the uninterrupted run, sampled lines included
 
 
-def _start_until_records(args: list[str], out, records: int, stdout) -> subprocess.Popen:
-    """Start `multilora ARGS` and return once `out` holds `records` lines (or it exited, or 240 s passed)."""
-    proc = subprocess.Popen(multilora_cmd() + args, stdout=stdout, stderr=subprocess.PIPE, env=subprocess_env())
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if out.exists() and out.read_bytes().count(b"\n") >= records:
-            break
-        time.sleep(0.02)
-    return proc
+def _run_until_signal(args: list[str], signal_after: str) -> subprocess.CompletedProcess:
+    """Run `multilora ARGS` that signals itself as `signal_after` ("SIGNAL:N", run/signal_after.py) says: right
+    after the write that brings its output to N or more records, never racing the run."""
+    env = {**subprocess_env(), TEST_SIGNAL_ENV: signal_after}
+    return subprocess.run(multilora_cmd() + args, capture_output=True, env=env, timeout=300)
 
 
 def test_sigterm_midway_stops_with_143_a_valid_prefix_and_the_resume_hint(model_dir, tmp_path):
     # `kill PID` (and Slurm / Kubernetes cancelling a job) used to end the run without a word.
     inp = write_jsonl(tmp_path / "in.jsonl", rows(48, 6))
     out = tmp_path / "out.jsonl"
-    proc = _start_until_records(
-        ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "2", "-q", "-o", str(out)],
-        out,
-        3,
-        stdout=subprocess.PIPE,
+    res = _run_until_signal(
+        ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "2", "-q", "-o", str(out)], "SIGTERM:3"
     )
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=120)
-    err = stderr.decode()
-    assert proc.returncode == 143, err
-    assert stdout == b"" and "Traceback" not in err
+    err = res.stderr.decode()
+    assert res.returncode == 143, err
+    assert res.stdout == b"" and "Traceback" not in err
     assert err.strip().splitlines()[-1] == "error: terminated (SIGTERM)"
     assert "rerun the same command with --resume" in err
     recs = read_jsonl(out)

@@ -8,7 +8,7 @@ import pytest
 
 from multilora_cli.errors import UsageError
 from multilora_cli.io.line import LineSpec
-from multilora_cli.io.sampling import SamplingResolver
+from multilora_cli.io.sampling import SamplingFlags, SamplingResolver
 from multilora_cli.io.stats import RunStats, cost, write_stats
 
 
@@ -17,7 +17,7 @@ def spec(key=0, **sampling):
 
 
 def test_precedence_line_over_flags_over_model_over_fallback():
-    r = SamplingResolver({"temperature": 0.7, "top_p": 0.9, "max_tokens": 100}, {"max_tokens": 50, "top_k": 5})
+    r = SamplingResolver({"temperature": 0.7, "top_p": 0.9, "max_tokens": 100}, SamplingFlags(max_tokens=50, top_k=5))
     p = r.resolve(spec(temperature=0.0, stop="END"))
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.stop) == (50, 0.0, 0.9, 5, ["END"])
     q = SamplingResolver().resolve(spec())
@@ -50,7 +50,7 @@ def test_a_vanishing_temperature_is_greedy():
 
 def test_bad_flags_are_usage_errors():
     with pytest.raises(UsageError, match="^--top-p must be a number in") as e:
-        SamplingResolver({}, {"top_p": 0})
+        SamplingFlags(top_p=0)
     assert e.value.exit_code == 2
 
 

@@ -13,6 +13,8 @@ import time
 
 from conftest import multilora_cmd, read_jsonl, run_cli, run_sub, subprocess_env, write_jsonl
 
+from multilora_cli.run.signal_after import TEST_SIGNAL_ENV
+
 ROWS = [
     {
         "id": f"r{i}",
@@ -118,12 +120,12 @@ def test_ctrl_c_twice_leaves_whole_lines_no_traceback_and_resume_completes(model
     rows = [{**r, "id": f"r{i}", "max_tokens": 8} for i, r in enumerate(ROWS * 4)]
     inp, out = write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
     args = ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "1", "-q", "-o", str(out)]
-    proc = subprocess.Popen(multilora_cmd() + args, stderr=subprocess.PIPE, env=subprocess_env())
+    # the first Ctrl-C: the run sends it itself right after writing its first record (run/signal_after.py)
+    env = {**subprocess_env(), TEST_SIGNAL_ENV: "SIGINT:1"}
+    proc = subprocess.Popen(multilora_cmd() + args, stderr=subprocess.PIPE, env=env)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None and not (out.exists() and out.read_bytes().count(b"\n")):
         time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.05)
     proc.send_signal(signal.SIGINT)  # the impatient second Ctrl-C, during the cleanup
     err = proc.communicate(timeout=120)[1].decode()
     assert proc.returncode == 130, err  # (not killed by the signal: it used to be, landing in the interpreter's exit)

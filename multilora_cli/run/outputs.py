@@ -19,9 +19,9 @@ from multilora_cli.io.line import LineSpec
 from multilora_cli.io.resume import ResumePlan, scan_output, truncate_torn, verify_prefix
 from multilora_cli.io.writer import OrderedWriter, check_writable, open_output
 from multilora_cli.paths import expand_user
-from multilora_cli.run_ledger import RunLedger, resumable_output
-from multilora_cli.run_setup import note
-from multilora_cli.runconfig import RunConfig
+from multilora_cli.run.config import RunConfig
+from multilora_cli.run.ledger import RunLedger, resumable_output
+from multilora_cli.run.setup import note
 
 
 class RunOutputs:

@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from multilora_cli.config import EngineConfig
 from multilora_cli.errors import EXIT_OK, EXIT_PARTIAL, EngineError
 from multilora_cli.io.formats import parse_line
 from multilora_cli.io.line import LineSpec
@@ -29,10 +28,13 @@ from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.io.stats import RunStats, write_stats
 from multilora_cli.io.terminal import stop_on_next_signal
 from multilora_cli.io.writer import refuse_clobbering
-from multilora_cli.run_ledger import RunLedger, check_ledger_clash
-from multilora_cli.run_outputs import RunOutputs
-from multilora_cli.run_setup import engine_config, note, preflight_run, why
-from multilora_cli.runconfig import RunConfig, base_aliases
+from multilora_cli.run.config import RunConfig, base_aliases
+from multilora_cli.run.engine_api import EngineFactory, JobEngine
+from multilora_cli.run.ledger import RunLedger, check_ledger_clash
+from multilora_cli.run.outputs import RunOutputs
+from multilora_cli.run.plan import EnginePlan
+from multilora_cli.run.setup import engine_config, note, preflight_run, why
+from multilora_cli.run.signal_after import SignalAfter
 
 # Error records whose line could not be read far enough to name an adapter are tallied apart from "base".
 UNREAD = "(unread)"
@@ -49,18 +51,30 @@ UNREAD_CODES = frozenset(
 )
 
 
-class RunJob:
-    """One run. `run()` returns the exit code (0 all ok, 3 some error records) or raises MultiloraError."""
+def local_engine(plan: EnginePlan) -> JobEngine:
+    """The engine of a single-process run."""
+    from multilora_cli.engine.engine import Engine
 
-    def __init__(self, cfg: RunConfig, engine_factory=None):
+    return Engine(plan.config, plan.adapters, scans=plan.scans)
+
+
+class RunJob:
+    """One run. `run()` returns the exit code (0 all ok, 3 some error records) or raises MultiloraError.
+
+    engine_factory: builds the engine from the job's EnginePlan once pre-flight passed and there is work; by
+    default one Engine in this process (a data-parallel run gives its DistributedEngine's)."""
+
+    def __init__(self, cfg: RunConfig, engine_factory: EngineFactory | None = None):
         self.cfg = cfg
-        self._engine_factory = engine_factory  # (job, EngineConfig) -> engine; data-parallel runs give one
+        self._local = engine_factory is None  # no worker processes: a second Ctrl-C may exit at once
+        self._engine_factory: EngineFactory = engine_factory or local_engine
+        self._signal_after = SignalAfter.from_env()  # tests only (run/signal_after.py)
         self.stats = RunStats()
         self._lock = threading.Lock()  # the engine may pull requests from its own thread
         self._inflight: dict[int, tuple[LineSpec, str | None]] = {}
         self._active: Counter = Counter()
         self._seen: set[str] = set()
-        self.engine = None
+        self.engine: JobEngine | None = None
         self._ledger: RunLedger | None = None  # set while records get ledger lines (an -o FILE run)
         self._resumable = False  # the output is a regular file that a later --resume can read back
 
@@ -132,7 +146,7 @@ class RunJob:
         with self._lock:
             self.stats.add_error(adapter or self._stat_name(spec), code)
             self.writer.put(spec.key, record, is_error=True, tag=self._tag(spec.key))
-            self._tick()
+            self._wrote()
 
     def _tag(self, key: int) -> str | None:
         return self._ledger.pop_tag(key) if self._ledger is not None else None
@@ -143,16 +157,19 @@ class RunJob:
             return UNREAD  # the line never said which adapter: not a base request
         return None if name is None or name in self._base_names else str(name)
 
-    def _tick(self) -> None:
-        slots = getattr(self.engine, "slots", None)  # live counter; EngineStats is synced at the end
-        slot_loads = getattr(slots, "loads", None) or getattr(getattr(self.engine, "stats", None), "slot_loads", 0)
+    def _wrote(self) -> None:
+        """After each record handed to the writer (under the lock): the progress line, and the tests' hook."""
         self.progress.update(
             self.writer.written,
             self.stats.errors,
             self.stats.total_tokens,
             sum(1 for a, n in self._active.items() if n > 0 and a),
-            slot_loads,
+            self.engine.slot_loads,
         )
+        hook = self._signal_after
+        if hook is not None and hook.due(self.writer.written):
+            self._signal_after = None
+            hook.fire()
 
     def _on_result(self, res) -> None:
         with self._lock:
@@ -170,7 +187,7 @@ class RunJob:
         with self._lock:
             self.stats.add_ok(adapter, res.prompt_tokens, res.completion_tokens)
             self.writer.put(spec.key, record, tag=self._tag(spec.key))
-            self._tick()
+            self._wrote()
 
     # -- the job --------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -193,19 +210,29 @@ class RunJob:
             self._fmt = reader.format
             specs = self._unique(self._parse(reader))
             outputs = RunOutputs(cfg, self._ledger)
-            plan = outputs.check(specs, reader.format)
-            self.stats.resumed, self.stats.kept_errors = plan.kept, plan.kept_errors
+            resume = outputs.check(specs, reader.format)
+            self.stats.resumed, self.stats.kept_errors = resume.kept, resume.kept_errors
             first = next(specs, None)
             self.progress = make_progress(cfg.quiet)
             if first is not None:  # the engine starts before -o is opened: failing to start must not empty it
-                self._start_engine(engine_cfg)
+                self.engine = self._engine_factory(
+                    EnginePlan(
+                        config=engine_cfg,
+                        adapters=self._good,
+                        base_names=frozenset(self._base_names),
+                        scans=pf.scans,
+                        input=cfg.input,
+                        resumed=resume.kept,
+                        sampling=cfg.sampling,
+                    )
+                )
             self.writer = outputs.open()
             self._ledger, self._resumable = outputs.ledger, outputs.resumable
             if first is None:
-                if reader.empty and not plan.kept:  # (the reader drains its head while --resume verifies)
+                if reader.empty and not resume.kept:  # (the reader drains its head while --resume verifies)
                     note(f"no requests in {in_name} (empty input): nothing to do")
                 else:
-                    note(f"nothing left to run: all {plan.kept} records are already in {cfg.output}", cfg.quiet)
+                    note(f"nothing left to run: all {resume.kept} records are already in {cfg.output}", cfg.quiet)
                 return self._finish(t0, in_name, None)
             return self._generate(itertools.chain([first], specs), t0, in_name)
         finally:
@@ -218,22 +245,9 @@ class RunJob:
             if hasattr(self, "writer"):
                 self.writer.close()
 
-    def _start_engine(self, engine_cfg: EngineConfig) -> None:
-        from multilora_cli.engine.engine import Engine
-
-        if self._engine_factory is not None:
-            self.engine = self._engine_factory(self, engine_cfg)
-        else:
-            self.engine = Engine(engine_cfg, self._good, scans=self._pf.scans)
-
     def _generate(self, specs: Iterator[LineSpec], t0: float, in_name: str) -> int:
         cfg = self.cfg
-        defaults = getattr(self.engine, "default_sampling", None)
-        if defaults is None:  # engines without the attribute: read generation_config.json the same way
-            from multilora_cli.engine.generation_config import read_generation_config
-
-            defaults = read_generation_config(self._pf.model_path).sampling
-        self._resolver = SamplingResolver(defaults, cfg.sampling)
+        self._resolver = SamplingResolver(self.engine.default_sampling, cfg.sampling)
         total = None if cfg.quiet else count_records(cfg.input)
         self.progress.start(None if total is None else max(total - self.stats.resumed, 0))
         try:
@@ -247,7 +261,7 @@ class RunJob:
                 )
         except BaseException as exc:  # fatal error, bug or Ctrl-C: the output is a valid prefix; say how to go on
             if isinstance(exc, KeyboardInterrupt):
-                stop_on_next_signal(force=self._engine_factory is None)
+                stop_on_next_signal(force=self._local)
             self.progress.close()
             if self._resumable:  # -o /dev/stdout or a FIFO: nothing to --resume
                 done = self.stats.resumed + self.writer.written
@@ -271,31 +285,11 @@ class RunJob:
             format=self._fmt.name,
             **info,
         )
-        if engine_stats is not None and hasattr(self.engine, "annotate_stats"):
+        if engine_stats is not None:
             self.engine.annotate_stats(stats)  # e.g. a data-parallel run's per-worker section
         if cfg.stats:
             write_stats(cfg.stats, stats)
         if not cfg.quiet and engine_stats is not None:
             print_summary(stats)
-            if hasattr(self.engine, "print_summary"):
-                self.engine.print_summary(stats)
+            self.engine.print_summary(stats)
         return EXIT_PARTIAL if self.stats.errors or self.stats.kept_errors else EXIT_OK
-
-
-def run_job(cfg: RunConfig) -> int:
-    """Run `cfg` to completion; returns the exit code (0 / 3). Fatal problems raise MultiloraError.
-
-    With cfg.data_parallel > 1, or when started by torchrun with several processes, the run is spread over
-    workers by multilora_cli.distributed (rank 0 reads and writes; see distributed/launch.py)."""
-    from multilora_cli.distributed.group import torchrun_env
-
-    distributed = cfg.data_parallel > 1 or torchrun_env() is not None
-    try:
-        if distributed:
-            from multilora_cli.distributed.launch import run_distributed
-
-            return run_distributed(cfg)
-        return RunJob(cfg).run()
-    except KeyboardInterrupt:  # (also when it came before generation: pre-flight, model load, --resume checks)
-        stop_on_next_signal(force=not distributed)  # a data-parallel run still has its workers to stop
-        raise

@@ -1,16 +1,63 @@
-"""`RunConfig`: everything `multilora run` was asked to do, validated on construction (flag problems: exit 2)."""
+"""`RunConfig`: everything `multilora run` was asked to do, validated on construction (flag problems: exit 2).
+
+Where each flag is checked, once: ranges and choices Typer can state are declared on the flags themselves
+(commands/run.py: `min=` / `max=` / enums; Typer's usage error, exit 2); what it cannot (finite floats, flags
+that only make sense together) is checked here, in `EngineFlags`, or in io/sampling.SamplingFlags. EngineConfig
+and SamplingParams keep their own checks for library callers that never pass through the CLI.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from multilora_cli.config import GPU_MEMORY_UTILIZATION, UTILIZATION_RANGE, EngineConfig
 from multilora_cli.errors import UsageError
-from multilora_cli.io.sampling import SamplingResolver
+from multilora_cli.io.sampling import SamplingFlags
 from multilora_cli.io.sink import names_a_descriptor
 from multilora_cli.paths import expand_user
 
 BASE = "base"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFlags:
+    """The EngineConfig fields a run's flags set. None = the engine's own default (EngineConfig's)."""
+
+    dtype: str = "auto"  # one of config.DTYPES
+    device: str = "auto"  # one of config.DEVICES; engine/device.resolve_device decides "auto"
+    max_cpu_loras: int | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None  # None: the model's max_position_embeddings (capped by the KV cache)
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    pinned_arena: bool = True
+    load_format: str = "auto"  # no flag: benchmarks run the real `run` path on "dummy" weights
+
+    def __post_init__(self) -> None:
+        lo, hi = UTILIZATION_RANGE  # also refuses nan, which a Typer float range lets through
+        if not lo <= self.gpu_memory_utilization <= hi:
+            raise UsageError(f"--gpu-memory-utilization must be in [{lo}, {hi}], got {self.gpu_memory_utilization}")
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per weight element the run will use, for sizing before the model loads ("auto" loads bf16)."""
+        return 4 if self.dtype == "float32" else 2
+
+    def engine_config(self, model: str, *, max_loras: int, max_lora_rank: int, seed: int | None) -> EngineConfig:
+        """The EngineConfig of these flags for base `model` (a local directory) and pre-flight's slot sizes."""
+        defaulted = {"max_cpu_loras": self.max_cpu_loras, "max_num_seqs": self.max_num_seqs, "seed": seed}
+        return EngineConfig(
+            model=model,
+            dtype=self.dtype,
+            device=self.device,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            max_model_len=self.max_model_len,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            pinned_arena=self.pinned_arena,
+            load_format=self.load_format,
+            **{k: v for k, v in defaulted.items() if v is not None},  # not given: EngineConfig's default
+        )
 
 
 @dataclass(slots=True)
@@ -25,19 +72,17 @@ class RunConfig:
     errors: str | None = None
     stats: str | None = None
     resume: bool = False
-    sampling: dict = field(default_factory=dict)  # CLI sampling flags given: max_tokens, temperature, top_p, top_k
+    sampling: SamplingFlags = field(default_factory=SamplingFlags)  # --max-tokens, --temperature, --top-p, --top-k
     seed: int | None = None  # the run's seed: EngineConfig.seed (the engine derives per-line seeds from it)
     max_loras: int | None = None
     max_lora_rank: int | None = None
     gpu_hour_usd: float | None = None
     quiet: bool = False
-    engine: dict = field(default_factory=dict)  # further EngineConfig fields (dtype, device, max_num_seqs, ...)
+    engine: EngineFlags = field(default_factory=EngineFlags)
     data_parallel: int = 1  # workers (processes) on this machine; >1 runs through multilora_cli.distributed
     dp_sharding: str = "affinity"  # how a data-parallel run splits requests: "affinity" | "round-robin"
 
     def __post_init__(self) -> None:
-        if isinstance(self.data_parallel, bool) or not isinstance(self.data_parallel, int) or self.data_parallel < 1:
-            raise UsageError(f"--data-parallel must be an integer >= 1, got {self.data_parallel!r}")
         if self.resume and self.output in (None, "-"):
             raise UsageError("--resume needs -o/--output: a run written to stdout cannot be resumed")
         if self.resume and names_a_descriptor(self.output):
@@ -46,8 +91,6 @@ class RunConfig:
                 "keep its --resume ledger beside",
                 hint="give -o the output file's own path",
             )
-        if self.gpu_hour_usd is not None and self.gpu_hour_usd < 0:
-            raise UsageError(f"--gpu-hour-usd must be >= 0, got {self.gpu_hour_usd}")
         for flag, path in (("--errors", self.errors), ("--stats", self.stats)):
             if path == "-":  # stdout carries the result records, one per input line, and nothing else
                 raise UsageError(f"{flag} - would mix into the results on stdout; give {flag} a file path")
@@ -62,8 +105,6 @@ class RunConfig:
             if p in seen:
                 raise UsageError(f"{seen[p]} and {flag} are the same file ({path}); give different paths")
             seen[p] = flag
-        SamplingResolver({}, self.sampling)  # bad sampling flags: exit 2 now, not per line
-        self.engine = {k: v for k, v in self.engine.items() if v is not None}
 
 
 def base_aliases(model_names: list[str | None], model_path: Path, adapters=()) -> set[str]:

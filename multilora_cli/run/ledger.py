@@ -26,7 +26,7 @@ from multilora_cli.io.line import LineSpec
 from multilora_cli.io.sampling import SamplingResolver
 from multilora_cli.io.sink import names_a_descriptor
 from multilora_cli.paths import expand_user
-from multilora_cli.runconfig import RunConfig
+from multilora_cli.run.config import RunConfig
 
 
 class RunLedger:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from multilora_cli.config import GPU_MEMORY_UTILIZATION, EngineConfig
-from multilora_cli.runconfig import RunConfig
+from multilora_cli.config import EngineConfig
+from multilora_cli.run.config import RunConfig
 
 
 def note(msg: str, quiet: bool = False) -> None:
@@ -37,23 +37,16 @@ def max_loras(cfg: RunConfig, pf, n_adapters: int) -> int:
     if cfg.max_loras is not None:
         return pf.max_loras
     eng = cfg.engine
-    itemsize = 4 if eng.get("dtype") == "float32" else 2
-    spare = spare_gpu_bytes(
-        eng.get("device", "auto"), pf.model_config, itemsize, eng.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
-    )
+    spare = spare_gpu_bytes(eng.device, pf.model_config, eng.itemsize, eng.gpu_memory_utilization)
     if spare is None:
         return pf.max_loras
-    return auto_max_loras(n_adapters, slot_bytes(pf.model_config, pf.max_lora_rank, itemsize), spare)
+    return auto_max_loras(n_adapters, slot_bytes(pf.model_config, pf.max_lora_rank, eng.itemsize), spare)
 
 
 def engine_config(cfg: RunConfig, pf, good: dict[str, Path]) -> EngineConfig:
     """The EngineConfig of a run whose adapters `good` passed pre-flight `pf`."""
-    return EngineConfig(
-        model=str(pf.model_path),
-        max_loras=max_loras(cfg, pf, len(good)),
-        max_lora_rank=pf.max_lora_rank,
-        **({"seed": cfg.seed} if cfg.seed is not None else {}),
-        **cfg.engine,
+    return cfg.engine.engine_config(
+        str(pf.model_path), max_loras=max_loras(cfg, pf, len(good)), max_lora_rank=pf.max_lora_rank, seed=cfg.seed
     )
 
 
