@@ -76,7 +76,7 @@ def build_workload(work: Path, a) -> tuple[Path, Path, list[str]]:
 def run_row(spec: dict) -> int:
     """One row in this process: the real run path with dummy weights."""
     from multilora_cli.commands.run import run_job
-    from multilora_cli.run.config import RunConfig
+    from multilora_cli.run.config import EngineFlags, RunConfig
 
     cfg = RunConfig(
         input=spec["input"],
@@ -89,14 +89,14 @@ def run_row(spec: dict) -> int:
         max_lora_rank=spec["rank"],
         data_parallel=spec["dp"],
         dp_sharding=spec["sharding"],
-        engine={
-            "load_format": "dummy",
-            "device": spec["device"],
-            "dtype": spec["dtype"],
-            "max_num_seqs": spec["max_num_seqs"],
-            "max_model_len": spec["max_model_len"],
-            "max_cpu_loras": spec["max_cpu_loras"],
-        },
+        engine=EngineFlags(
+            load_format="dummy",
+            device=spec["device"],
+            dtype=spec["dtype"],
+            max_num_seqs=spec["max_num_seqs"],
+            max_model_len=spec["max_model_len"],
+            max_cpu_loras=spec["max_cpu_loras"],
+        ),
     )
     return run_job(cfg)
 
