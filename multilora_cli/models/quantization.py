@@ -92,13 +92,19 @@ def _checkpoint_files(path: Path) -> list[Path]:
 
 
 def quantized_tensor(path: str | Path) -> str | None:
-    """'<tensor> (<dtype>)' of the first tensor in the model folder's safetensors headers that is quantized."""
+    """Where the model folder's safetensors headers show quantization: '<weight> is <dtype> in <file>' for the
+    first 8-bit (or narrower) weight, else '<tensor> in <file>' for a quantizer's extra tensor; None for neither."""
+    extra = None
     for file in _checkpoint_files(Path(path)):
-        for name, info in _header(file).items():
+        header = _header(file)
+        for name in sorted(header):
+            info = header[name]
             dtype = info.get("dtype") if isinstance(info, dict) else None
-            if name.endswith(QUANT_SUFFIXES) or (name.endswith(".weight") and dtype in QUANT_DTYPES):
-                return f"{name} ({dtype}) in {file.name}"
-    return None
+            if name.endswith(".weight") and dtype in QUANT_DTYPES:
+                return f"{name} is {dtype} in {file.name}"
+            if extra is None and name.endswith(QUANT_SUFFIXES):
+                extra = f"{name} in {file.name}"
+    return extra
 
 
 def refuse_quantized_weights(path: str | Path) -> None:
@@ -106,7 +112,7 @@ def refuse_quantized_weights(path: str | Path) -> None:
     found = quantized_tensor(path)
     if found is not None:
         raise UnsupportedModelError(
-            f"{path}: the checkpoint holds quantized weights ({found}) though config.json declares no "
+            f"{path}: the checkpoint holds quantized weights ({found}), though config.json declares no "
             "quantization_config; multilora does not serve quantized models yet",
             hint=HINT,
         )
