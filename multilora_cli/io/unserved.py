@@ -130,11 +130,9 @@ def refusal(key: str, value: Any, container: dict, where: str = "") -> tuple[str
     name = f"{where}{key}"
     if key == "do_sample":
         why = _do_sample(value, container)
-        return (
-            None
-            if why is None
-            else (f"unknown field {name!r}: did you mean {where + 'temperature'!r}? ({why})", UNKNOWN)
-        )
+        if why is None:
+            return None
+        return f"unknown field {name!r}: did you mean {where + 'temperature'!r}? ({why})", UNKNOWN
     if key == "add_special_tokens":  # the tokenizer's default: on for a prompt, off for rendered chat messages
         neutral = (container.get("messages") is None,)
         if _no_op(value, neutral):
