@@ -67,6 +67,12 @@ class ModelError(MultiloraError):
     code = "invalid_model"
 
 
+class UnsupportedModelError(ModelError):
+    """The base model is readable but of an architecture or a quantization multilora does not serve (yet)."""
+
+    code = "unsupported_model"
+
+
 class InputError(MultiloraError):
     """The input file as a whole is unreadable (per-line problems become error records instead)."""
 

@@ -18,6 +18,7 @@ from multilora_cli.adapters.config import CONFIG_NAME, AdapterConfig
 from multilora_cli.adapters.resolve import looks_like_path, resolve
 from multilora_cli.errors import AdapterError, MultiloraError, ResolveError, UsageError
 from multilora_cli.models.config import ModelConfig
+from multilora_cli.models.generation_unapplied import unapplied_warning
 from multilora_cli.paths import expand_user
 
 RESERVED_NAMES = ("base",)
@@ -38,7 +39,7 @@ class Preflight:
     errors: dict[str, MultiloraError] = field(default_factory=dict)  # AdapterError or ResolveError per name
     model: str = ""  # the base model as named (the --model given, or the adapters' base_model_name_or_path)
     scans: dict = field(default_factory=dict)  # name -> adapters/scan.AdapterScan of the adapters that passed
-    warnings: list[str] = field(default_factory=list)  # e.g. --model is not the base an adapter names
+    warnings: list[str] = field(default_factory=list)  # --model is not the base an adapter names; defaults not applied
 
 
 def default_name(spec: str) -> str:
@@ -184,6 +185,13 @@ def preflight(
             continue
         ranks[name] = adapter.max_rank
         scans[name] = adapter
+    warnings = (
+        mismatch_warnings({n: adapter_base(paths[n], configs[n]) for n in ranks}, model, model_path)
+        if given
+        else []  # without --model the run is on the base the adapters name
+    )
+    if (unapplied := unapplied_warning(model_path)) is not None:
+        warnings.append(unapplied)
     return Preflight(
         model_path=model_path,
         model_config=model_config,
@@ -194,9 +202,7 @@ def preflight(
         errors=errors,
         model=model,
         scans=scans,
-        warnings=mismatch_warnings({n: adapter_base(paths[n], configs[n]) for n in ranks}, model, model_path)
-        if given
-        else [],  # without --model the run is on the base the adapters name
+        warnings=warnings,
     )
 
 

@@ -2,7 +2,9 @@
 
 `build_report` resolves and reads the adapter (and, given a model, checks it against that base). A missing
 folder or config raises (nothing to show); an adapter that loads but cannot be served still yields a report
-whose verdict says why, with the error kept in `error` for the command to raise after printing.
+whose verdict says why, with the error kept in `error` for the command to raise after printing. The verdict
+agrees with `run`: an adapter whose own base (a folder here, what `run` uses without --model) is of an
+architecture or a quantization `run` refuses is not servable, by `ModelConfig.from_dir`'s own check.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.preflight import adapter_base, default_name
 from multilora_cli.adapters.resolve import resolve
-from multilora_cli.errors import AdapterError, MultiloraError
+from multilora_cli.errors import AdapterError, MultiloraError, UnsupportedModelError
 from multilora_cli.models.config import LINEAR_MODULES, ModelConfig
 
 
@@ -55,7 +57,7 @@ class InspectReport:
     modules: list[ModuleRow]
     servable: bool
     reason: str | None
-    error: AdapterError | None = field(default=None, repr=False)
+    error: MultiloraError | None = field(default=None, repr=False)  # AdapterError, or the base's UnsupportedModelError
 
     def to_json(self) -> dict:
         """A JSON-ready dict (the error object left out; its message is `reason`)."""
@@ -71,7 +73,7 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
 
     path = resolve(spec, kind="adapter")
     config = AdapterConfig.from_dir(path)
-    model_config, note = None, None
+    model_config, note, unservable = None, None, None
     if model is not None:
         hint = f"--model takes a base model; to inspect this adapter: multilora inspect {model}"
         model_config = replace(
@@ -83,7 +85,13 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
             try:
                 model_config = replace(ModelConfig.from_dir(base), name_or_path=base)
                 model = base
-            except MultiloraError as e:  # the user did not name this base: report the adapter anyway
+            except UnsupportedModelError as e:  # `run` would refuse it: the adapter is not servable on its base
+                why = e.message.removeprefix(f"{base}: ")
+                unservable = UnsupportedModelError(
+                    f"adapter {spec!r}: its base model {base} is not servable: {why}", hint=e.hint
+                )
+                note = "base not servable"
+            except MultiloraError as e:  # unreadable, not unservable: report the adapter anyway
                 note = f"base unreadable: {e.one_line()}"
     try:
         adapter = load_adapter(path, default_name(spec), model_config)
@@ -139,8 +147,9 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         bytes_bf16=2 * adapter.num_params,
         dtype=str(adapter.dtype).removeprefix("torch."),
         modules=rows,
-        servable=True,
-        reason=None,
+        servable=unservable is None,
+        reason=None if unservable is None else unservable.one_line(),
+        error=unservable,
     )
 
 

@@ -107,8 +107,13 @@ def resolve(
     try:
         return _download(label, repo_id, revision or None, patterns, cache_dir or hub_cache_dir(), offline)
     except ResolveError as e:
-        if "/" in repo_id:
-            raise
+        if "/" in repo_id:  # org/name reads as a Hub id first, but it may be a mistyped folder too: say both
+            if isinstance(e, _RepoFound):
+                raise
+            raise ResolveError(
+                f"{e.message}; there is no local folder {spec!r} in {Path.cwd()} either",
+                hint=f"{e.hint}; for a local folder, check its name and the current directory",
+            ) from None
         # A bare word ("legal") is far more often a mistyped local folder than a Hub id: say that first.
         why = e.message.removeprefix(label).lstrip(": ")
         why = f"it {why}" if why.startswith("is ") else why
@@ -116,6 +121,10 @@ def resolve(
             f"{label}: there is no folder {spec!r} in {Path.cwd()}; as a Hugging Face Hub id, {why}",
             hint="check the folder name and the current directory, or give a Hub id like org/name",
         ) from None
+
+
+class _RepoFound(ResolveError):
+    """The Hub has the repo (gated, or no such revision): the spec was a Hub id, not a mistyped folder."""
 
 
 def _as_dir(path: Path, label: str, kind: str) -> Path:
@@ -153,7 +162,7 @@ def _download(
             token=os.environ.get("HF_TOKEN") or None,
         )
     except GatedRepoError:
-        raise ResolveError(
+        raise _RepoFound(
             f"{label}: Hugging Face Hub repo {repo_id!r} is gated and this account has no access",
             hint=f"accept its terms at https://huggingface.co/{repo_id} and set HF_TOKEN to a token of that account",
         ) from None
@@ -163,7 +172,7 @@ def _download(
             hint="check the id (and the local path, if you meant one); for a private repo set HF_TOKEN",
         ) from None
     except RevisionNotFoundError:
-        raise ResolveError(
+        raise _RepoFound(
             f"{label}: revision {revision!r} does not exist in Hugging Face Hub repo {repo_id!r}",
             hint="use a branch, tag or commit of that repo after '@'",
         ) from None

@@ -4,6 +4,9 @@ Only fields the file sets become defaults (like vLLM), and they follow `transfor
 `do_sample` false or absent means greedy (temperature / top_p / top_k are then ignored); `max_new_tokens` maps
 to `max_tokens`. transformers' implicit top_k=50 is not applied (vLLM does not either): unset means off.
 Precedence (the CLI contract): request fields > CLI flags > these defaults > greedy, 256 tokens.
+Fields that would change generation but are not served (`repetition_penalty`, `no_repeat_ngram_size`, ...) are
+not applied, and never silently: `not_applied` lists them, and `run` warns about them at start
+(models/generation_unapplied.py, through adapters/preflight.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multilora_cli.errors import ModelError
+from multilora_cli.models.generation_unapplied import unapplied
 
 
 def token_id_list(value) -> list[int]:
@@ -43,16 +47,18 @@ def read_json(path: Path) -> dict:
 
 @dataclass(slots=True)
 class GenerationDefaults:
-    """`sampling`: SamplingParams field -> default (only those the file sets); `eos_token_ids`: its eos ids."""
+    """`sampling`: SamplingParams field -> default (only those the file sets); `eos_token_ids`: its eos ids;
+    `not_applied`: 'field=value' of the fields the file sets that multilora does not apply."""
 
     sampling: dict = field(default_factory=dict)
     eos_token_ids: list[int] = field(default_factory=list)
+    not_applied: list[str] = field(default_factory=list)
 
 
 def read_generation_config(model_dir: str | Path) -> GenerationDefaults:
     """Defaults from `model_dir/generation_config.json` (empty when the file is absent)."""
     gc = read_json(Path(model_dir) / "generation_config.json")
-    out = GenerationDefaults(eos_token_ids=token_id_list(gc.get("eos_token_id")))
+    out = GenerationDefaults(eos_token_ids=token_id_list(gc.get("eos_token_id")), not_applied=unapplied(gc))
     s = out.sampling
     mnt = gc.get("max_new_tokens")
     if isinstance(mnt, int) and not isinstance(mnt, bool) and mnt >= 1:

@@ -1,7 +1,7 @@
 """Input line formats: the `Format` protocol, which format a file uses, and parsing a raw line.
 
 Two formats, detected per file from its first JSON object line:
-- simple: `{"id", "prompt" | "messages", "adapter", max_tokens, temperature, top_p, top_k, seed, stop}`
+- simple: `{"id", "prompt" | "messages", "adapter" (alias "model"), max_tokens, temperature, top_p, top_k, seed, stop}`
 - OpenAI batch: `{"custom_id", "method", "url", "body": {...}}` (a `custom_id`, and a `body` or no top-level prompt)
 
 Parsing never raises for a bad line: the problem lands in `LineSpec.error` and becomes that line's error record,

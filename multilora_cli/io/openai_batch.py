@@ -3,6 +3,10 @@
 Input:  {"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
          "body": {"model": <adapter name | base model name | "base">, "prompt" | "messages",
                   "max_tokens" | "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop"}}
+        Body fields that would change the output but are not served yet (`logit_bias`, penalties, `tools`,
+        `response_format`, `n` > 1, ...: io/unserved.py) fail the line unless given their no-op value, as do other
+        systems' names (`max_new_tokens`) and near-misses of served ones; OpenAI metadata (`user`, `metadata`,
+        `store`, `stream` false, `stream_options`, `service_tier`) and other keys are ignored.
 Output: {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id", "body": <completion>},
          "error": null};  failure: {"id", "custom_id", "response": null, "error": {"code", "message"}}
 
@@ -12,14 +16,20 @@ Record ids are derived from (line number, custom_id), so a resumed run writes th
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from typing import Any
 
 from multilora_cli.io.line import OPENAI, LineSpec, check_messages, json_type
+from multilora_cli.io.unserved import UNKNOWN, UNSUPPORTED, near_miss, refusal
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 URLS = (COMPLETIONS, CHAT)
+# body fields served (a near-miss of one fails the line) and OpenAI metadata that cannot change the output
+BODY_FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p")
+BODY_FIELDS += ("top_k", "seed", "stop")
+METADATA = ("user", "metadata", "store", "stream", "stream_options", "service_tier", "prediction")
 
 
 class OpenAIBatchFormat:
@@ -94,15 +104,25 @@ class OpenAIBatchFormat:
         if mt is not None or mct is not None:
             s["max_tokens"] = mct if mct is not None else mt
         spec.sampling = s
-        for name, ok in (
-            ("n", lambda v: v == 1),
-            ("best_of", lambda v: v == 1),
-            ("stream", lambda v: v is False),
-            ("echo", lambda v: v is False),
-            ("logprobs", lambda v: v in (False, 0)),
-        ):
-            if body.get(name) is not None and not ok(body[name]):
-                spec.fail(f"body.{name}={body[name]!r} is not supported by multilora", "unsupported")
+        if body.get("stream") not in (None, False):
+            spec.fail(
+                f"field 'body.stream' {json.dumps(body['stream'])} is not supported: a batch line cannot stream "
+                "(remove it, or give false)",
+                UNSUPPORTED,
+            )
+            return
+        for k, v in body.items():
+            if k in BODY_FIELDS or k in METADATA:
+                continue
+            if (refused := refusal(k, v, body, "body.")) is not None:
+                spec.fail(*refused)
+                return
+            if (known := near_miss(k, BODY_FIELDS)) is not None:
+                spec.fail(
+                    f"unknown field 'body.{k}': did you mean 'body.{known}'? (fix the key; fields that are not "
+                    "near-misses of a known one are ignored)",
+                    UNKNOWN,
+                )
                 return
 
     # -- records --------------------------------------------------------------------------------------------

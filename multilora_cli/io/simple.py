@@ -2,28 +2,23 @@
 
 Input:  {"id": "a1", "prompt": "..." | "messages": [...], "adapter": "legal" | null | "base",
          "max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
-        Other fields are ignored (metadata), except near-misses of these names ("temprature"), which fail the
-        line: a typo must not silently fall back to a default.
+        `model` is an alias of `adapter` (the OpenAI habit); both given and different fail the line.
+        Fields that would change the output but are not served yet (`n`, penalties, `logit_bias`, `logprobs`,
+        ...: io/unserved.py) fail the line unless given their no-op value; so do other systems' names for served
+        fields (`max_new_tokens`, `stop_sequences`, `do_sample`) and near-misses of known names ("temprature"):
+        a field must never be silently ignored. Any other field is metadata, ignored.
 Output: {"id", "adapter", "text", "finish_reason", "usage": {"prompt_tokens", "completion_tokens"}}
 Error:  {"id", "adapter", "error": {"code", "message"}}
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from multilora_cli.io.line import SAMPLING_FIELDS, SIMPLE, LineSpec, check_messages, json_type
+from multilora_cli.io.unserved import UNKNOWN, near_miss, refusal
 
-FIELDS = ("id", "prompt", "messages", "adapter", *SAMPLING_FIELDS)
-
-
-def near_miss(key: str) -> str | None:
-    """The known field `key` looks like a misspelling of (None for a known field or an unrelated name)."""
-    if key in FIELDS or not isinstance(key, str):
-        return None
-    close = difflib.get_close_matches(key.lower().replace("-", "_"), FIELDS, n=1, cutoff=0.8)
-    return close[0] if close else None
+FIELDS = ("id", "prompt", "messages", "adapter", "model", *SAMPLING_FIELDS)
 
 
 class SimpleFormat:
@@ -37,26 +32,29 @@ class SimpleFormat:
         spec = LineSpec(key, lineno, lineno if rid is None else rid)
         if rid is not None and (isinstance(rid, bool) or not isinstance(rid, (str, int))):
             return spec.fail(f"id must be a string or an integer, got {json_type(rid)}")
-        adapter = obj.get("adapter")
-        if adapter is not None and not isinstance(adapter, str):
-            spec.adapter = None
-            spec.meta["adapter_raw"] = adapter
-            return spec.fail(f"adapter must be a string (an adapter name, or 'base'), got {json_type(adapter)}")
+        adapter = self._adapter_field(spec, obj)
+        if spec.error is not None:
+            return spec
         spec.adapter = adapter
         if adapter is not None and not adapter.strip():
-            return spec.fail("adapter is an empty string: give an adapter name, or 'base' / null for the base model")
+            key = "adapter" if obj.get("adapter") is not None else "model"
+            return spec.fail(f"{key} is an empty string: give an adapter name, or 'base' / null for the base model")
         if "custom_id" in obj and "body" in obj:
             return spec.fail(
                 "this is an OpenAI batch line, but the file's first line made it a simple-format "
                 "file; use one format per file",
                 "wrong_format",
             )
-        for k in obj:
-            if (known := near_miss(k)) is not None:
+        for k, v in obj.items():
+            if k in FIELDS:
+                continue
+            if (refused := refusal(k, v, obj)) is not None:
+                return spec.fail(*refused)
+            if (known := near_miss(k, FIELDS)) is not None:
                 return spec.fail(
                     f"unknown field {k!r}: did you mean {known!r}? (fix the key; fields that are not "
                     "near-misses of a known one are ignored)",
-                    "unknown_field",
+                    UNKNOWN,
                 )
         has_prompt, has_messages = obj.get("prompt") is not None, obj.get("messages") is not None
         if has_prompt and has_messages:
@@ -96,6 +94,26 @@ class SimpleFormat:
 
     def looks_like_record(self, record: dict) -> bool:
         return "id" in record and ("text" in record or "error" in record) and "custom_id" not in record
+
+    @staticmethod
+    def _adapter_field(spec: LineSpec, obj: dict) -> Any:
+        """The line's adapter name: `adapter`, else its alias `model`; fails the line for a non-string or for
+        two different names."""
+        adapter, model = obj.get("adapter"), obj.get("model")
+        for key, value in (("adapter", adapter), ("model", model)):
+            if value is not None and not isinstance(value, str):
+                spec.adapter = None
+                spec.meta["adapter_raw"] = value
+                spec.fail(f"{key} must be a string (an adapter name, or 'base'), got {json_type(value)}")
+                return None
+        if adapter is not None and model is not None and adapter != model:
+            spec.adapter = adapter
+            spec.fail(
+                f"adapter {adapter!r} and model {model!r} differ: 'model' is an alias of 'adapter' (OpenAI's "
+                "name for it); give one of them"
+            )
+            return None
+        return adapter if adapter is not None else model
 
     @staticmethod
     def _adapter(spec: LineSpec) -> Any:

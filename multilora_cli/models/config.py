@@ -10,7 +10,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from multilora_cli.errors import ModelError
+from multilora_cli.errors import ModelError, UnsupportedModelError
+from multilora_cli.models.quantization import refuse_quantized_config, refuse_quantized_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -66,7 +67,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelError(
+            raise UnsupportedModelError(
                 f"model type {self.model_type!r} is not supported",
                 hint=f"multilora serves {', '.join(SUPPORTED_MODEL_TYPES)}",
             )
@@ -135,12 +136,21 @@ class ModelConfig:
     # Parsing ------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, cfg: dict, name_or_path: str = "") -> ModelConfig:
-        """Parse a HF config dict (transformers v4 or v5 layout)."""
+        """Parse a HF config dict (transformers v4 or v5 layout). An architecture or a quantization multilora does
+        not serve raises UnsupportedModelError (before any field is read: a gpt2 config lacks Llama's names)."""
+        where = name_or_path or "config.json"
+        refuse_quantized_config(cfg, where)
         if "text_config" in cfg and "hidden_size" not in cfg:
             cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
+            refuse_quantized_config(cfg, where)
         mt = cfg.get("model_type")
         if mt is None:
-            raise ModelError(f"{name_or_path or 'config.json'}: no model_type in config.json")
+            raise ModelError(f"{where}: no model_type in config.json")
+        if mt not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"{where}: model type {mt!r} is not supported",
+                hint=f"multilora serves {', '.join(SUPPORTED_MODEL_TYPES)}",
+            )
         try:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
@@ -154,7 +164,7 @@ class ModelConfig:
                 if scaling["rope_type"] in (None, "default"):
                     scaling = None
                 elif scaling["rope_type"] not in ("llama3", "linear"):
-                    raise ModelError(
+                    raise UnsupportedModelError(
                         f"{name_or_path or 'config.json'}: rope scaling {scaling['rope_type']!r} is not supported",
                         hint="supported: llama3, linear",
                     )
@@ -194,7 +204,8 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, path: str | Path, adapter_hint: str = RUN_ADAPTER_HINT) -> ModelConfig:
         """Read `<path>/config.json`. adapter_hint: what to do when `path` is an adapter folder (the default names
-        `run`'s flags; commands with other flags pass their own)."""
+        `run`'s flags; commands with other flags pass their own). A checkpoint whose safetensors headers show
+        quantized weights is refused like a declared quantization (UnsupportedModelError)."""
         p = Path(path) / "config.json"
         if not p.is_file():
             if (Path(path) / "adapter_config.json").is_file():
@@ -208,4 +219,6 @@ class ModelConfig:
             cfg = json.loads(p.read_text())
         except (OSError, ValueError) as e:
             raise ModelError(f"{p}: unreadable config.json: {e}") from None
-        return cls.from_dict(cfg, name_or_path=str(path))
+        config = cls.from_dict(cfg, name_or_path=str(path))
+        refuse_quantized_weights(path)
+        return config

@@ -135,7 +135,8 @@ def test_unservable_adapter_reports_the_ranks_peft_gives(cli, zoo, llama_base):
 def test_unreadable_own_base_leaves_shapes_unchecked(cli, good_adapter, tmp_path):
     base = tmp_path / "gpt2ish"
     base.mkdir()
-    (base / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64}))
+    # unreadable, not unservable (an unserved architecture makes the adapter not servable: test_inspect_verdict.py)
+    (base / "config.json").write_text(json.dumps({"model_type": "llama", "n_embd": 64}))
     path = tmp_path / "adapter"
     shutil.copytree(good_adapter, path)
     cfg = json.loads((path / "adapter_config.json").read_text())

@@ -119,9 +119,11 @@ def test_bare_word_not_found_says_no_such_folder_first(tmp_path, monkeypatch, of
     assert msg.startswith("adapter 'legal' (legl): there is no folder 'legl' in " + str(tmp_path)), msg
     assert "Hub id, it is not in" in msg and "HF_HUB_OFFLINE" in msg and "check the folder name" in msg
     assert msg.count("adapter 'legal'") == 1, msg
-    with pytest.raises(ResolveError) as e:  # org/name is clearly meant as a Hub id: no folder talk
+    with pytest.raises(ResolveError) as e:  # org/name reads as a Hub id first, but may be a mistyped folder too
         resolve("org/missing", cache_dir=str(tmp_path / "cache"))
-    assert "no folder" not in e.value.one_line()
+    msg = e.value.one_line()
+    assert msg.startswith("adapter 'org/missing' is not in"), msg
+    assert f"there is no local folder 'org/missing' in {tmp_path} either" in msg
 
 
 def test_inspect_hub_id_offline(cli, good_adapter, llama_base, tmp_path, monkeypatch, offline):
