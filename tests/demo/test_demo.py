@@ -20,7 +20,7 @@ from multilora_cli.demo import corpus, prompts, tinyllama, tokenizer
 from multilora_cli.demo.build import DemoSpec, build_demo, is_demo
 from multilora_cli.errors import OutputError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("legal", "medical", "code")
 TINY = dict(base_steps=3, adapter_steps=2, lines_per_domain=40, chats_per_domain=12, vocab_size=512)
 

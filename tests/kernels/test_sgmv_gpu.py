@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lora_cases import make_pool, token_slots
 
 from multilora_cli.kernels import LoraMetaBuffers, add_lora, build_lora_meta
 from multilora_cli.kernels.reference import add_lora_reference
+from tests.kernels.lora_cases import make_pool, token_slots
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from conftest import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
+from tests.run.helpers import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
 
 ADAPTER_CYCLE = ["legal", "medical", None, "code"]
 
