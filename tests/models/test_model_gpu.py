@@ -16,7 +16,7 @@ from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model
 from tests.models.helpers import Blocks, check_chunked_prefill, check_generation, prompts, run_prefill
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = pytest.mark.gpu
 
 
 def _hf(path, dtype=torch.float32):
