@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+ARCHS = ["llama", "llama-tied", "llama3", "mistral", "qwen2", "qwen3"]  # every arch tiny_config builds
+
 TINY = dict(
     vocab_size=256,
     hidden_size=64,

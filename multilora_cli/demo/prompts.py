@@ -2,7 +2,7 @@
 
 `prompts.jsonl` only names the legal and medical adapters (plus base-model rows): README's first command runs
 it with `--adapters legal,medical`. The OpenAI example also uses `code`. examples/ holds copies of both files
-(tests/test_demo.py checks they are identical to what these functions write).
+(tests/demo/test_demo.py checks they are identical to what these functions write).
 """
 
 from __future__ import annotations

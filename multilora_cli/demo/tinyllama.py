@@ -2,7 +2,7 @@
 
 It exists so the demo can train its base model and adapters with plain torch (transformers and peft are
 test-only dependencies). It is the standard Llama computation (RMSNorm, RoPE with rotate_half, GQA, SwiGLU),
-so the weights it trains load unchanged in transformers; tests/test_demo.py checks the logits agree.
+so the weights it trains load unchanged in transformers; tests/demo/test_demo.py checks the logits agree.
 """
 
 from __future__ import annotations

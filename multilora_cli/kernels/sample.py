@@ -16,6 +16,8 @@ logits, parameters and u only: every reduction runs in a fixed order.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import triton
 import triton.language as tl
@@ -263,6 +265,7 @@ def sample_rows(
     any_top_k: bool | None = None,
     any_top_p: bool | None = None,
     chunk: int | None = None,
+    redraws: Iterable[tuple[torch.Tensor, torch.Tensor]] = (),
 ) -> None:
     """Draw one token for each row in `rows`; no sort, no host sync (given any_top_k / any_top_p).
 
@@ -272,6 +275,9 @@ def sample_rows(
     u:      [S]     fp64 in [0, 1), the row's one uniform draw
     out:    [N]     int64, written at `rows` only
     any_top_k / any_top_p: whether some row has top_k < V / top_p < 1 (None: read off the tensors, a sync)
+    redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
+             iterable only once the draw before it was launched (tests bisect on u this way without running the
+             filter passes again); the serving path passes none
 
         for i, r in enumerate(rows):
             s = logits[r] / temp[i];  w = exp(s - max(s));  key = order_keys(logits[r])
@@ -309,7 +315,8 @@ def sample_rows(
         + [(2, lvl) for lvl in range(bits // 4) if any_top_p]
         + [(3, 0), (4, 0)]
     )
-    for mode, lvl in passes:
+
+    def run(mode: int, lvl: int, u: torch.Tensor, out: torch.Tensor) -> None:
         launch(
             _sample_pass,
             (s, c),
@@ -338,6 +345,11 @@ def sample_rows(
             CB=triton.next_power_of_2(c),
             num_warps=4,
         )
+
+    for mode, lvl in passes:
+        run(mode, lvl, u, out)
+    for u_again, out_again in redraws:  # the draw pass only reads the filter passes' scratch
+        run(4, 0, u_again, out_again)
 
 
 # --- the same semantics in torch: the CPU path and the tests' reference --------------------------------------

@@ -7,10 +7,11 @@ import json
 import shutil
 from pathlib import Path
 
-import builders
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+
+from tests import builders
 
 
 def derive(src: Path, dst: Path, config=None, tensors=None) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from multilora_cli.distributed.protocol import TEST_EXIT_ENV
-from tests.run.conftest import build_model_dir, run_cli, subprocess_env, write_jsonl
+from tests.run.helpers import build_model_dir, run_cli, subprocess_env, write_jsonl
 
 CYCLE = ["legal", "legal", "medical", None, "code", "legal", "base"]  # skewed: legal is hot
 

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import builders`
-
-import builders  # noqa: E402
+from tests import builders
 
 
 @pytest.fixture

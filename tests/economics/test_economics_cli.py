@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_economics_inputs import write_stats
 
 from multilora_cli.economics import Scenario, compute
+from tests.economics.test_economics_inputs import write_stats
 
 
 def test_json_has_every_assumption_and_figure(cli):

@@ -3,23 +3,20 @@
 import os
 import random
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from builders import build_adapter, build_base  # noqa: E402
-
-from multilora_cli.adapters.peft import load_adapter  # noqa: E402
-from multilora_cli.adapters.scan import scan_adapter  # noqa: E402
-from multilora_cli.engine.direct_read import read_packed, read_spans  # noqa: E402
-from multilora_cli.engine.packed import PackedAdapter, pack_adapter  # noqa: E402
-from multilora_cli.engine.pinned import PinnedArena  # noqa: E402
-from multilora_cli.errors import AdapterError  # noqa: E402
-from multilora_cli.models.config import ModelConfig  # noqa: E402
+from multilora_cli.adapters.peft import load_adapter
+from multilora_cli.adapters.scan import scan_adapter
+from multilora_cli.engine.direct_read import read_packed, read_spans
+from multilora_cli.engine.packed import PackedAdapter, pack_adapter
+from multilora_cli.engine.pinned import PinnedArena
+from multilora_cli.errors import AdapterError
+from multilora_cli.models.config import ModelConfig
+from tests.builders import build_adapter, build_base
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from engine_sim import Sim, expected_output, make_seq
 
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.admission import LoadPicker
+from tests.engine.engine_sim import Sim, expected_output, make_seq
 
 
 def picks(sizes: dict, seats: int, slots: int, seats_per_slot: float = 4.0) -> list:

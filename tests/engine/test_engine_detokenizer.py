@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from engine_tok import TEXT, write_chatml_dir, write_llama3_dir
 
 from multilora_cli.config import SamplingParams
 from multilora_cli.engine.detokenizer import IncrementalDecoder, StopChecker, find_stop
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.tokenizer import Tokenizer
+from tests.engine.engine_tok import TEXT, write_chatml_dir, write_llama3_dir
 
 
 @pytest.fixture(scope="module")

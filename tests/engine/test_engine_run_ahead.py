@@ -7,10 +7,10 @@ one-step-at-a-time loop, and without early stops the steps themselves must be th
 from __future__ import annotations
 
 import pytest
-from engine_sim import Sim, expected_output, make_seq
 
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.detokenizer import StopChecker
+from tests.engine.engine_sim import Sim, expected_output, make_seq
 
 
 def cfg(**kw) -> EngineConfig:

@@ -121,6 +121,8 @@ def test_draws_depend_on_seed_and_position_only(path):
     assert uniform(5, 3) == uniform(5, 3) and 0.0 <= uniform(5, 3) < 1.0
 
 
+# 20000 interpreted programs take minutes: the Triton path of this test runs on a GPU only; the interpreter checks
+# the kernel exactly instead (tests/kernels/test_sample_interpret.py, tests/kernels/test_sample_cdf.py)
 @pytest.mark.parametrize(
     "sp",
     [
@@ -129,11 +131,8 @@ def test_draws_depend_on_seed_and_position_only(path):
         SamplingParams(temperature=1.5, top_p=0.6),
     ],
 )
+@pytest.mark.parametrize("path", ["torch", pytest.param("triton", marks=pytest.mark.gpu)], indirect=True)
 def test_sampled_frequencies_match_the_distribution(sp, path):
-    if path == "triton" and not torch.cuda.is_available():
-        # 20000 interpreted programs take minutes; the interpreter checks kernel == definition row by row instead
-        # (tests/kernels/test_sample_interpret.py) and the GPU runs this test on the kernel
-        pytest.skip("frequency test of the Triton path runs on GPU")
     n = 20000
     row = logits_rows(1, seed=4, scale=1.0)[0]
     target = hf_probs(row, sp)

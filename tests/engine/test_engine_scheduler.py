@@ -8,10 +8,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from engine_sim import Sim, expected_output, make_seq
 
 from multilora_cli.config import EngineConfig
 from multilora_cli.errors import AdapterError, EngineError, RequestError
+from tests.engine.engine_sim import Sim, expected_output, make_seq
 
 
 def cfg(**kw) -> EngineConfig:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from engine_sim import make_seq
 
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.slots import SlotManager
 from multilora_cli.errors import AdapterError
+from tests.engine.engine_sim import make_seq
 
 
 class Backing:
@@ -167,9 +167,8 @@ def test_prefetch_reads_in_background_and_counts_once():
 
 
 def test_scheduler_prefetches_the_next_adapters():
-    from engine_sim import Sim
-
     from multilora_cli.config import EngineConfig
+    from tests.engine.engine_sim import Sim
 
     sim = Sim(EngineConfig(model="m", max_loras=2, max_num_seqs=2, block_size=4), num_blocks=100, prefetch_threads=1)
     try:
@@ -209,9 +208,8 @@ def test_acquire_without_wait_defers_an_adapter_still_being_read():
 def test_scheduler_keeps_running_other_work_while_an_adapter_loads():
     import threading
 
-    from engine_sim import Sim, expected_output
-
     from multilora_cli.config import EngineConfig
+    from tests.engine.engine_sim import Sim, expected_output
 
     gate = threading.Event()
     sim = Sim(

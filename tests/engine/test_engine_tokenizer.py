@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from engine_tok import TEXT, write_chatml_dir, write_llama3_dir
 
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.tokenizer import Tokenizer
 from multilora_cli.errors import ModelError, RequestError
+from tests.engine.engine_tok import TEXT, write_chatml_dir, write_llama3_dir
 
 SAMPLES = TEXT + ["  two leading spaces", "tab\tand\nnewline", "<|im_start|>literal<|eot_id|> specials", "x"]
 CHATS = [

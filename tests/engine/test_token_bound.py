@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from engine_tok import TEXT, write_chatml_dir, write_llama3_dir
 
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.token_bound import analyze, byte_level_alphabet
 from multilora_cli.engine.tokenizer import Tokenizer
 from multilora_cli.errors import RequestError
 from tests.builders import build_tokenizer
+from tests.engine.engine_tok import TEXT, write_chatml_dir, write_llama3_dir
 
 LIMIT = 512  # the demo's max_position_embeddings
 

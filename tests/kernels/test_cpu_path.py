@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lora_cases import POPULARITY, assert_matches, make_pool, token_slots
 
 from multilora_cli.kernels import add_lora, build_lora_meta, use_triton
 from multilora_cli.kernels.reference import add_lora_reference
+from tests.kernels.lora_cases import POPULARITY, assert_matches, make_pool, token_slots
 
 
 def _run(in_f, slices, dtype, ts, tol, seed=0):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lora_cases import make_pool, token_slots
 
 from multilora_cli.kernels import add_lora, build_lora_meta
 from multilora_cli.kernels.launch import _variant, collect, compile_all
 from multilora_cli.kernels.reference import add_lora_reference
+from tests.kernels.lora_cases import make_pool, token_slots
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = pytest.mark.gpu
 
 
 def test_jit_functions_expose_parameter_kinds():

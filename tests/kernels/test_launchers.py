@@ -6,11 +6,11 @@ import os
 
 import pytest
 import torch
-from lora_cases import make_pool, token_slots
 
 from multilora_cli.kernels import build_lora_meta
 from multilora_cli.kernels.blocks import ShrinkBlocks, expand_blocks, shrink_blocks
 from multilora_cli.kernels.meta import TILE_BLOCKS
+from tests.kernels.lora_cases import make_pool, token_slots
 
 interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU only)")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lora_cases import POPULARITY, token_slots
 
 from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta
 from multilora_cli.kernels.meta import TILE_BLOCKS, tile_capacity
+from tests.kernels.lora_cases import POPULARITY, token_slots
 
 
 def _check(meta, ts):

@@ -57,7 +57,7 @@ def test_table_by_token_count(tokens, mode):
     assert pdl.table_mode(tokens) == mode
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "env,tokens,mode",
     [("0", 1, pdl.OFF), ("", 1, pdl.PdlMode(True, True)), ("", 256, pdl.PdlMode(True)), ("", 4096, pdl.OFF)],

@@ -21,6 +21,7 @@ def _params(r: int, v: int, g: torch.Generator):
     return temp, top_k, top_p, u
 
 
+@pytest.mark.slow  # the interpreter's sweep: its filter passes run tens of ms per program
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
     "v,chunk", [(1, None), (7, None), (50, None), (50, 16), (1000, None), (2053, None), (700, 128)]
@@ -92,6 +93,7 @@ def test_definition_matches_transformers_warpers(top_k, top_p):
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k,top_p", [(30, 1.0), (50, 0.8), (20, 0.6)])
 def test_draws_land_in_every_chunk(top_k, top_p):
     """One row cut into 4 chunks of 16 logits, u swept over [0, 1): the chunk holding the draw is found from the

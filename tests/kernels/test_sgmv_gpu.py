@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lora_cases import make_pool, token_slots
 
 from multilora_cli.kernels import LoraMetaBuffers, add_lora, build_lora_meta
 from multilora_cli.kernels.reference import add_lora_reference
+from tests.kernels.lora_cases import make_pool, token_slots
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = pytest.mark.gpu
 
 LLAMA3_8B = {  # module: (in_features, packed output slices)
     "qkv": (4096, [4096, 1024, 1024]),
@@ -49,8 +49,6 @@ def _check(out, y0, w, x, ts, tol):
     "pattern,t", [("one-token", 1), ("distinct", 7), ("zipf", 133), ("skewed", 300), ("uniform", 2048)]
 )
 def test_bf16_llama3_8b_shapes(module, pattern, t):
-    if t > 1024 and module != "qkv":
-        pytest.skip("one prefill-sized case (qkv) keeps the run short")
     in_f, slices = LLAMA3_8B[module]
     ts = token_slots(pattern, t, seed=t)
     w, x, y = _case(in_f, slices, torch.bfloat16, ts)

@@ -6,11 +6,11 @@ import os
 
 import pytest
 import torch
-from lora_cases import POPULARITY, assert_matches, make_pool, token_slots
 
 from multilora_cli.kernels import LoraMetaBuffers, add_lora, build_lora_meta
 from multilora_cli.kernels.blocks import ExpandBlocks, ShrinkBlocks
 from multilora_cli.kernels.reference import add_lora_reference
+from tests.kernels.lora_cases import POPULARITY, assert_matches, make_pool, token_slots
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter tests (CPU only)")
 

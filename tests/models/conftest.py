@@ -1,4 +1,4 @@
-"""Fixtures for model tests: tiny HF checkpoints built once per session, HF reference models, paged batches."""
+"""Fixtures for model tests: tiny HF checkpoints built once per session, a fresh step context per test."""
 
 from __future__ import annotations
 
@@ -11,14 +11,6 @@ if not torch.cuda.is_available():  # before any kernel module is imported: Trito
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.builders import build_base
-
-ARCHS = ["llama", "llama-tied", "llama3", "mistral", "qwen2", "qwen3"]
-# Kernel tests run on CUDA tensors where a GPU exists, else on CPU tensors under the Triton interpreter.
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# Tests that force Triton onto CPU tensors need the interpreter (on a GPU host test_model_gpu covers them).
-needs_interpreter = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on CPU tensors needs TRITON_INTERPRET=1"
-)
 
 
 @pytest.fixture(scope="session")

@@ -10,13 +10,13 @@ import math
 
 import pytest
 import torch
-from models_helpers import Blocks, check_chunked_prefill, check_generation, prompts, run_prefill
 
 from multilora_cli.kernels.paged_attention import paged_attention_decode
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model
+from tests.models.helpers import Blocks, check_chunked_prefill, check_generation, prompts, run_prefill
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = pytest.mark.gpu
 
 
 def _hf(path, dtype=torch.float32):

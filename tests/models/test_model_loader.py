@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
-from conftest import ARCHS
 from safetensors.torch import load_file, save_file
 
 from multilora_cli.errors import ModelError
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model, resolve_dtype
+from tests.builders import ARCHS
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models_helpers import Blocks, prompts, run_decode, run_prefill
 
 from multilora_cli.adapters.peft import load_adapter
 from multilora_cli.kernels import build_lora_meta
 from multilora_cli.models.config import FUSED_MODULES, ModelConfig
 from multilora_cli.models.loader import load_model
 from tests.builders import build_adapter
+from tests.models.helpers import Blocks, prompts, run_decode, run_prefill
 
 ATOL = 1e-4
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS, needs_interpreter
-from models_helpers import check_chunked_prefill, check_generation
 
 from multilora_cli.layers.attention import Attention
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model
+from tests.builders import ARCHS
+from tests.devices import needs_interpreter
+from tests.models.helpers import check_chunked_prefill, check_generation
 
 
 def _load(path, triton: bool | None = None):

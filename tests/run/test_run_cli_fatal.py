@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import read_jsonl, run_cli, write_jsonl
+
+from tests.run.helpers import read_jsonl, run_cli, write_jsonl
 
 LINES = [{"id": "a", "prompt": "The court held that"}, {"id": "b", "prompt": "x", "adapter": "legal"}]
 

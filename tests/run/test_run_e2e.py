@@ -10,7 +10,8 @@ import json
 import shutil
 
 import pytest
-from conftest import read_jsonl, run_cli, write_jsonl
+
+from tests.run.helpers import read_jsonl, run_cli, write_jsonl
 
 LONG = "the court held that the tenant shall pay " * 40  # far beyond --max-model-len 96
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import read_jsonl, run_cli, write_jsonl
+
+from tests.run.helpers import read_jsonl, run_cli, write_jsonl
 
 HUGE = "the court held that the tenant shall pay " * 25_000  # ~1 MB; the bound is 96 tokens * 19 bytes
 LONG = "the court held that the tenant shall pay " * 40  # 1,640 bytes: under the bound, over 96 tokens

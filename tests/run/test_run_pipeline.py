@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 
-from conftest import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
+from tests.run.helpers import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
 
 from multilora_cli.run.signal_after import TEST_SIGNAL_ENV
 

@@ -8,8 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from conftest import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
-from test_run_resume import NO_IDS, args, interrupt, interrupted_with_own_legal, refused, resume, run_to
+from tests.run.helpers import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
+from tests.run.test_run_resume import NO_IDS, args, interrupt, interrupted_with_own_legal, refused, resume, run_to
 
 ROWS = [{"id": "a", "prompt": "The court held that", "adapter": "legal"}, {"id": "b", "prompt": "The court held that"}]
 

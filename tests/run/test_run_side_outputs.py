@@ -10,7 +10,7 @@ import json
 import os
 import threading
 
-from conftest import read_jsonl, run_sub, write_jsonl
+from tests.run.helpers import read_jsonl, run_sub, write_jsonl
 
 ROWS = [{"id": "a", "prompt": "The court held that", "max_tokens": 2}, {"id": "b", "prompt": "x", "adapter": "nope"}]
 

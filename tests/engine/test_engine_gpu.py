@@ -17,7 +17,7 @@ from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
 from tests.builders import build_mixed, load_peft
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = pytest.mark.gpu
 
 PLAN = ["qv8", None, "all4rs", "mlp16", "qv8", None, "mlp16", "all4rs", "qv8", "mlp16", None, "all4rs"]
 NEW = 8

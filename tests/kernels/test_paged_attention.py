@@ -7,15 +7,22 @@ import math
 
 import pytest
 import torch
-from conftest import KERNEL_DEVICE
 
 from multilora_cli.kernels.kv_store import store_kv
 from multilora_cli.kernels.paged_attention import paged_attention_decode
 from multilora_cli.kernels.paged_prefill import paged_attention_prefill
 from multilora_cli.layers.attention import Attention
-from multilora_cli.layers.context import decode_context, set_context
+from multilora_cli.layers.context import decode_context, reset_context, set_context
+from tests.devices import KERNEL_DEVICE
 
 DEV = KERNEL_DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _no_step_context_left():
+    """test_torch_decode_path_matches_reference sets the global step context: clear it for the tests after it."""
+    yield
+    reset_context()
 
 
 def _on(*ts):

@@ -5,7 +5,7 @@ import torch
 
 from multilora_cli.engine.pinned import ALIGN, PinnedArena
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = pytest.mark.gpu
 
 
 def test_registered_block_copies_async_and_waits_for_its_copies():

@@ -20,7 +20,7 @@ from multilora_cli.demo import corpus, prompts, tinyllama, tokenizer
 from multilora_cli.demo.build import DemoSpec, build_demo, is_demo
 from multilora_cli.errors import OutputError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("legal", "medical", "code")
 TINY = dict(base_steps=3, adapter_steps=2, lines_per_domain=40, chats_per_domain=12, vocab_size=512)
 
@@ -76,6 +76,7 @@ def _lora_from_files(adapter_dir: Path) -> tinyllama.LoraParams:
     return {k[len(pre) : -len(suf)]: (t[k], t[k.replace("lora_A", "lora_B")], scaling) for k in t if k.endswith(suf)}
 
 
+@pytest.mark.slow  # the demo fixture builds and trains the full demo once (the slowest CPU setup)
 def test_layout_is_hugging_face_and_peft(demo):
     base = demo / "base"
     for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
@@ -111,6 +112,7 @@ def test_layout_is_hugging_face_and_peft(demo):
     assert len(ranks) == 3
 
 
+@pytest.mark.slow
 def test_inputs_are_copied_and_match_examples(demo):
     for name in ("prompts.jsonl", "openai_batch.jsonl"):
         assert (demo / name).read_text() == (ROOT / "examples" / name).read_text(), name
@@ -125,6 +127,7 @@ def test_inputs_are_copied_and_match_examples(demo):
     assert all(b["method"] == "POST" for b in batch) and len({b["custom_id"] for b in batch}) == len(batch)
 
 
+@pytest.mark.slow
 def test_transformers_loads_the_tokenizer_and_chat_template(demo, hf_base):
     _, tok = hf_base
     msgs = [{"role": "user", "content": "Give me an example."}]
@@ -136,6 +139,7 @@ def test_transformers_loads_the_tokenizer_and_chat_template(demo, hf_base):
     assert tok.decode(ids, skip_special_tokens=True) == "In short, the patient"
 
 
+@pytest.mark.slow
 def test_base_matches_transformers_and_was_trained(demo, hf_base):
     model, tok = hf_base
     from safetensors.torch import load_file
@@ -157,6 +161,7 @@ def test_base_matches_transformers_and_was_trained(demo, hf_base):
     assert mean < 1.5, f"base model barely trained: {mean:.2f} nats/token (random: {random_loss:.1f})"
 
 
+@pytest.mark.slow
 def test_peft_loads_each_adapter_and_it_changes_the_output(demo, hf_base):
     base, tok = hf_base
     from safetensors.torch import load_file
@@ -220,6 +225,7 @@ def test_build_is_deterministic(tmp_path):
     assert len(a) >= 12 and a == b
 
 
+@pytest.mark.slow
 def test_existing_dirs(demo, tmp_path, capsys):
     code, out, _ = call(["demo", str(demo)], capsys)  # a finished demo is not rebuilt
     assert code == 0 and "already built" in out
@@ -252,6 +258,7 @@ def test_ci_runs_readme_test_command_verbatim():
     assert "pip install torch==2.13.0" in two and "'.[test]'" in two and "TRITON_INTERPRET=1 python -m pytest" in two
 
 
+@pytest.mark.slow
 def test_readme_command_one_runs_on_the_demo(demo, capsys, monkeypatch):
     """README command 1 after `multilora demo demo && cd demo &&`, in-process, on the demo built above."""
     one, _ = readme_commands()

@@ -1,7 +1,7 @@
 """Runner step inputs: the vectorised builder equals the reference context builders, and CUDA-graph buckets.
 
 The reference is layers.context.prefill_context / decode_context (the per-token Python builders the runner
-used before); same batches, same tensors. The graph capture itself needs CUDA (tests/perf/test_engine_gpu.py).
+used before); same batches, same tensors. The graph capture itself needs CUDA (tests/engine/test_engine_gpu.py).
 """
 
 from __future__ import annotations
