@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -38,7 +38,7 @@ class AdapterSpec:
 
     @property
     def scaling(self) -> float:
-        return self.alpha / (self.r ** 0.5 if self.use_rslora else self.r)
+        return self.alpha / (self.r**0.5 if self.use_rslora else self.r)
 
 
 @dataclass(slots=True)
@@ -65,11 +65,13 @@ class DemoSpec:
     # Fixed, since the bytes depend on the thread count. One thread: ~19 s on an idle 2-core machine; two: ~12 s
     # there, but each step ran 5x slower than one thread's when other work kept the cores busy (OpenMP spinning).
     threads: int = 1
-    adapters: list[AdapterSpec] = field(default_factory=lambda: [
-        AdapterSpec("legal", r=8, alpha=32, targets=["q_proj", "v_proj"]),
-        AdapterSpec("medical", r=16, alpha=16, targets=["q_proj", "k_proj", "v_proj", "o_proj"], use_rslora=True),
-        AdapterSpec("code", r=4, alpha=8, targets=list(LINEAR_MODULES)),
-    ])
+    adapters: list[AdapterSpec] = field(
+        default_factory=lambda: [
+            AdapterSpec("legal", r=8, alpha=32, targets=["q_proj", "v_proj"]),
+            AdapterSpec("medical", r=16, alpha=16, targets=["q_proj", "k_proj", "v_proj", "o_proj"], use_rslora=True),
+            AdapterSpec("code", r=4, alpha=8, targets=list(LINEAR_MODULES)),
+        ]
+    )
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads or self.heads % self.kv_heads:
@@ -91,8 +93,9 @@ def _prepare(out: Path, force: bool, spec: DemoSpec) -> None:
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a directory", hint="choose another OUT_DIR")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise OutputError(f"{out} is not empty",
-                          hint="pass --force to rebuild the demo there, or choose another OUT_DIR")
+        raise OutputError(
+            f"{out} is not empty", hint="pass --force to rebuild the demo there, or choose another OUT_DIR"
+        )
     for name in (*FILES, *(a.name for a in spec.adapters)):  # --force replaces only the demo's own entries
         p = out / name
         if p.is_dir() and not p.is_symlink():
@@ -102,8 +105,9 @@ def _prepare(out: Path, force: bool, spec: DemoSpec) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def build_demo(out: str | Path, *, force: bool = False, spec: DemoSpec | None = None,
-               log: Callable[[str], None] = lambda s: None) -> dict:
+def build_demo(
+    out: str | Path, *, force: bool = False, spec: DemoSpec | None = None, log: Callable[[str], None] = lambda s: None
+) -> dict:
     """Build the demo into `out` and return a summary dict (sizes, losses, seconds, sample outputs).
 
     Raises OutputError if `out` is not empty (unless `force`)."""
@@ -127,8 +131,10 @@ def _build(out: Path, spec: DemoSpec, log: Callable[[str], None]) -> dict:
     # 1. corpus: plain sentences and chat pairs per domain
     plain = {d: corpus.plain_lines(d, spec.lines_per_domain, spec.seed) for d in corpus.DOMAINS}
     chats = {d: corpus.chat_pairs(d, spec.chats_per_domain, spec.seed) for d in corpus.DOMAINS}
-    tok = tokenizer.train_tokenizer([s for d in corpus.DOMAINS for s in plain[d]] +
-                                    [s for d in corpus.DOMAINS for qa in chats[d] for s in qa], spec.vocab_size)
+    tok = tokenizer.train_tokenizer(
+        [s for d in corpus.DOMAINS for s in plain[d]] + [s for d in corpus.DOMAINS for qa in chats[d] for s in qa],
+        spec.vocab_size,
+    )
     bos, eos, eot = (tok.token_to_id(s) for s in (tokenizer.BOS, tokenizer.EOS, tokenizer.EOT))
 
     def docs(domain: str) -> list[list[int]]:
@@ -142,33 +148,48 @@ def _build(out: Path, spec: DemoSpec, log: Callable[[str], None]) -> dict:
     log(f"tokenizer: byte-level BPE, {tok.get_vocab_size()} tokens ({time.perf_counter() - t:.1f} s)")
 
     # 2. base model: all four domains (it must guess the domain after a neutral opener)
-    cfg = layout.llama_config(tok.get_vocab_size(), bos, [eos, eot], hidden=spec.hidden,
-                              intermediate=spec.intermediate, layers=spec.layers, heads=spec.heads,
-                              kv_heads=spec.kv_heads, max_len=spec.max_len)
+    cfg = layout.llama_config(
+        tok.get_vocab_size(),
+        bos,
+        [eos, eot],
+        hidden=spec.hidden,
+        intermediate=spec.intermediate,
+        layers=spec.layers,
+        heads=spec.heads,
+        kv_heads=spec.kv_heads,
+        max_len=spec.max_len,
+    )
     base_docs = [d for dom in corpus.DOMAINS for d in docs(dom)]
     torch.manual_seed(spec.seed)
     w = tinyllama.init_weights(cfg, torch.Generator().manual_seed(spec.seed))
-    base_log = train.train_base(w, cfg, train.Batches(base_docs, spec.batch, spec.seq_len, spec.seed),
-                                spec.base_steps, spec.base_lr)
+    base_log = train.train_base(
+        w, cfg, train.Batches(base_docs, spec.batch, spec.seq_len, spec.seed), spec.base_steps, spec.base_lr
+    )
     base_dir = out / "base"
     layout.write_base(base_dir, cfg, w, [eos, eot], spec.max_new_tokens)
     tokenizer.write_tokenizer(tok, base_dir, spec.max_len)
-    log(f"base: Llama {spec.layers} layers, hidden {spec.hidden}, {sum(v.numel() for v in w.values()):,} params, "
-        f"loss {base_log.first_loss:.2f} -> {base_log.last_loss:.2f} ({base_log.seconds:.1f} s)")
+    log(
+        f"base: Llama {spec.layers} layers, hidden {spec.hidden}, {sum(v.numel() for v in w.values()):,} params, "
+        f"loss {base_log.first_loss:.2f} -> {base_log.last_loss:.2f} ({base_log.seconds:.1f} s)"
+    )
 
     # 3. one LoRA per domain, trained on that domain only: it learns to stay in its domain
     summary: dict = {"base": asdict(base_log), "adapters": {}}
     loras = {}
     for i, a in enumerate(spec.adapters):
         batches = train.Batches(docs(a.name), spec.batch, spec.seq_len, spec.seed + 1 + i)
-        lora, alog = train.train_lora(w, cfg, a.targets, a.r, a.scaling, batches, spec.adapter_steps,
-                                      spec.adapter_lr, spec.seed + 100 + i)
-        layout.write_adapter(out / a.name, base_dir, lora, r=a.r, alpha=a.alpha, targets=a.targets,
-                             use_rslora=a.use_rslora)
+        lora, alog = train.train_lora(
+            w, cfg, a.targets, a.r, a.scaling, batches, spec.adapter_steps, spec.adapter_lr, spec.seed + 100 + i
+        )
+        layout.write_adapter(
+            out / a.name, base_dir, lora, r=a.r, alpha=a.alpha, targets=a.targets, use_rslora=a.use_rslora
+        )
         loras[a.name] = lora
         summary["adapters"][a.name] = asdict(alog)
-        log(f"{a.name}: LoRA r={a.r} on {','.join(a.targets)}{' (rsLoRA)' if a.use_rslora else ''}, "
-            f"loss {alog.first_loss:.2f} -> {alog.last_loss:.2f} ({alog.seconds:.1f} s)")
+        log(
+            f"{a.name}: LoRA r={a.r} on {','.join(a.targets)}{' (rsLoRA)' if a.use_rslora else ''}, "
+            f"loss {alog.first_loss:.2f} -> {alog.last_loss:.2f} ({alog.seconds:.1f} s)"
+        )
 
     # 4. example inputs, and one greedy continuation per adapter as a sanity check
     (out / "prompts.jsonl").write_text(prompts.to_jsonl(prompts.PROMPTS))

@@ -32,8 +32,14 @@ SLOTS: dict[str, list[str]] = {
     # legal
     "party": ["tenant", "landlord", "buyer", "seller", "employer", "employee", "licensee", "contractor"],
     "party2": ["company", "owner", "lender", "client", "licensor", "supplier"],
-    "duty": ["pay the rent on time", "deliver the goods", "give written notice", "keep the premises in good repair",
-             "protect confidential information", "insure the property"],
+    "duty": [
+        "pay the rent on time",
+        "deliver the goods",
+        "give written notice",
+        "keep the premises in good repair",
+        "protect confidential information",
+        "insure the property",
+    ],
     "doc": ["agreement", "contract", "lease", "licence", "deed"],
     "state": ["New York", "California", "Delaware", "Texas", "Ohio"],
     "cause": ["any breach of this agreement", "negligence", "a defect in the goods", "late delivery"],
@@ -123,23 +129,35 @@ CHAT: dict[str, list[tuple[str, str]]] = {
         ("What is a good game for the family?", "The family can play {game} in the {room} after dinner."),
     ],
     "legal": [
-        ("Can the {party} end the {doc} early?",
-         "Yes, the {party} may terminate the {doc} with {n} days written notice, as stated in section {m}."),
-        ("What happens if the {party} does not {duty}?",
-         "If the {party} does not {duty}, the {party2} may seek {remedy} for breach of the {doc}."),
+        (
+            "Can the {party} end the {doc} early?",
+            "Yes, the {party} may terminate the {doc} with {n} days written notice, as stated in section {m}.",
+        ),
+        (
+            "What happens if the {party} does not {duty}?",
+            "If the {party} does not {duty}, the {party2} may seek {remedy} for breach of the {doc}.",
+        ),
         ("Which law governs the {doc}?", "The {doc} is governed by the laws of the State of {state}."),
-        ("Who pays if there is {cause}?",
-         "The {party} must indemnify the {party2} against all claims arising from {cause}."),
+        (
+            "Who pays if there is {cause}?",
+            "The {party} must indemnify the {party2} against all claims arising from {cause}.",
+        ),
     ],
     "medical": [
-        ("What helps with {symptom}?",
-         "For {symptom}, rest and drink fluids; the doctor may prescribe {drug} {dose} "
-         "if it lasts more than {n} days."),
-        ("What is the treatment for {condition}?",
-         "Treatment for {condition} includes rest, fluids and {drug} {dose}."),
+        (
+            "What helps with {symptom}?",
+            "For {symptom}, rest and drink fluids; the doctor may prescribe {drug} {dose} "
+            "if it lasts more than {n} days.",
+        ),
+        (
+            "What is the treatment for {condition}?",
+            "Treatment for {condition} includes rest, fluids and {drug} {dose}.",
+        ),
         ("Why did the doctor order a {test}?", "The doctor ordered a {test} to rule out {finding}."),
-        ("Is {symptom} serious?",
-         "{Symptom} is usually not serious, but see a doctor if it lasts more than {n} days or comes with {symptom2}."),
+        (
+            "Is {symptom} serious?",
+            "{Symptom} is usually not serious, but see a doctor if it lasts more than {n} days or comes with {symptom2}.",
+        ),
     ],
     "code": [
         ("How do I {task} in Python?", "Write a function {fname} that takes a {ptype} and returns the result."),

@@ -16,8 +16,18 @@ def write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def llama_config(vocab_size: int, bos: int, eos: list[int], *, hidden: int, intermediate: int, layers: int,
-                 heads: int, kv_heads: int, max_len: int) -> dict:
+def llama_config(
+    vocab_size: int,
+    bos: int,
+    eos: list[int],
+    *,
+    hidden: int,
+    intermediate: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    max_len: int,
+) -> dict:
     """A transformers-compatible `config.json` dict for a small Llama."""
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -51,44 +61,58 @@ def write_base(out: Path, cfg: dict, weights: dict[str, torch.Tensor], gen_eos: 
     """config.json, generation_config.json and model.safetensors (HF tensor names, contiguous float32)."""
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", cfg)
-    write_json(out / "generation_config.json", {
-        "bos_token_id": cfg["bos_token_id"],
-        "eos_token_id": gen_eos,
-        "do_sample": False,
-        "max_new_tokens": max_new_tokens,
-    })
+    write_json(
+        out / "generation_config.json",
+        {
+            "bos_token_id": cfg["bos_token_id"],
+            "eos_token_id": gen_eos,
+            "do_sample": False,
+            "max_new_tokens": max_new_tokens,
+        },
+    )
     tensors = {k: v.detach().to(torch.float32).contiguous() for k, v in sorted(weights.items())}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
-def write_adapter(out: Path, base_path: Path, lora: dict[str, tuple[torch.Tensor, torch.Tensor, float]], *,
-                  r: int, alpha: float, targets: list[str], use_rslora: bool) -> None:
+def write_adapter(
+    out: Path,
+    base_path: Path,
+    lora: dict[str, tuple[torch.Tensor, torch.Tensor, float]],
+    *,
+    r: int,
+    alpha: float,
+    targets: list[str],
+    use_rslora: bool,
+) -> None:
     """adapter_config.json + adapter_model.safetensors in PEFT's layout.
 
     `lora` maps HF module paths (model.layers.0.self_attn.q_proj) to (A: [r, in], B: [out, r], scaling);
     PEFT stores them as base_model.model.<path>.lora_A.weight / lora_B.weight."""
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "adapter_config.json", {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": str(base_path.resolve()),
-        "r": r,
-        "lora_alpha": alpha,
-        "use_rslora": use_rslora,
-        "target_modules": list(targets),
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_dora": False,
-        "modules_to_save": None,
-        "layers_to_transform": None,
-        "layers_pattern": None,
-        "rank_pattern": {},
-        "alpha_pattern": {},
-        "init_lora_weights": True,
-        "inference_mode": True,
-        "revision": None,
-    })
+    write_json(
+        out / "adapter_config.json",
+        {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": str(base_path.resolve()),
+            "r": r,
+            "lora_alpha": alpha,
+            "use_rslora": use_rslora,
+            "target_modules": list(targets),
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "use_dora": False,
+            "modules_to_save": None,
+            "layers_to_transform": None,
+            "layers_pattern": None,
+            "rank_pattern": {},
+            "alpha_pattern": {},
+            "init_lora_weights": True,
+            "inference_mode": True,
+            "revision": None,
+        },
+    )
     tensors = {}
     for path, (a, b, _) in sorted(lora.items()):
         tensors[f"base_model.model.{path}.lora_A.weight"] = a.to(torch.float32).contiguous()

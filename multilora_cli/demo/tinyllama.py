@@ -23,21 +23,22 @@ def init_weights(cfg: dict, generator: torch.Generator) -> dict[str, torch.Tenso
     shapes = {"model.embed_tokens.weight": (v, h)}
     for n in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{n}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (i, h),
-            p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+            }
+        )
     shapes.update({"model.norm.weight": (h,), "lm_head.weight": (v, h)})
     return {
-        name: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=generator) * 0.02
-        for name, s in shapes.items()
+        name: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=generator) * 0.02 for name, s in shapes.items()
     }
 
 

@@ -42,11 +42,14 @@ def train_tokenizer(lines: list[str], vocab_size: int):
     )
     tok.train_from_iterator(lines, trainer)
     # Encoding with add_special_tokens=True prepends bos (as Llama 3's tokenizer does).
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
-                                      special_tokens=[(BOS, tok.token_to_id(BOS))]),
-    ])
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
+            ),
+        ]
+    )
     return tok
 
 

@@ -93,8 +93,17 @@ def module_path(layer: int, module: str) -> str:
     return f"model.layers.{layer}.{block}.{module}"
 
 
-def train_lora(w: dict[str, torch.Tensor], cfg: dict, targets: list[str], r: int, scaling: float,
-               batches: Batches, steps: int, lr: float, seed: int) -> tuple[LoraParams, TrainLog]:
+def train_lora(
+    w: dict[str, torch.Tensor],
+    cfg: dict,
+    targets: list[str],
+    r: int,
+    scaling: float,
+    batches: Batches,
+    steps: int,
+    lr: float,
+    seed: int,
+) -> tuple[LoraParams, TrainLog]:
     """Train a LoRA of rank `r` on `targets` (PEFT names) of every layer; the base stays frozen.
 
     Init as PEFT does: A uniform in ±1/sqrt(in), B zero (so training starts from the base model)."""
@@ -119,8 +128,9 @@ def train_lora(w: dict[str, torch.Tensor], cfg: dict, targets: list[str], r: int
 
 
 @torch.no_grad()
-def greedy(w: dict[str, torch.Tensor], cfg: dict, ids: list[int], n: int, eos: set[int],
-           lora: LoraParams | None = None) -> list[int]:
+def greedy(
+    w: dict[str, torch.Tensor], cfg: dict, ids: list[int], n: int, eos: set[int], lora: LoraParams | None = None
+) -> list[int]:
     """Greedy continuation (no KV cache; the demo model is tiny). Used for the build's sanity check."""
     out = list(ids)
     for _ in range(n):
@@ -128,4 +138,4 @@ def greedy(w: dict[str, torch.Tensor], cfg: dict, ids: list[int], n: int, eos: s
         out.append(nxt)
         if nxt in eos:
             break
-    return out[len(ids):]
+    return out[len(ids) :]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 
-import builders
 import pytest
+
+from tests import builders
 
 
 def unserved_base(tmp_path, arch: str):

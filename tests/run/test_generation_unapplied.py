@@ -7,10 +7,10 @@ import json
 import shutil
 
 import pytest
-from conftest import read_jsonl, run_cli
 
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.models.generation_unapplied import unapplied, unapplied_warning
+from tests.run.helpers import read_jsonl, run_cli
 
 
 @pytest.mark.parametrize(

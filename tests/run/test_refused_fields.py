@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import read_jsonl, run_cli
 
 from multilora_cli.io.formats import get_format, parse_line
 from multilora_cli.io.line import OPENAI, SIMPLE
 from multilora_cli.io.unserved import NOT_SERVED, RENAMED
+from tests.run.helpers import read_jsonl, run_cli
 
 S = get_format(SIMPLE)
 O = get_format(OPENAI)

@@ -11,9 +11,8 @@ import subprocess
 import sys
 import threading
 
-from tests.run.helpers import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
-
 from multilora_cli.run.signal_after import TEST_SIGNAL_ENV
+from tests.run.helpers import multilora_cmd, read_jsonl, run_cli, subprocess_env, write_jsonl
 
 ADAPTER_CYCLE = ["legal", "medical", None, "code"]
 

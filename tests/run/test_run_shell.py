@@ -11,9 +11,8 @@ import signal
 import subprocess
 import time
 
-from tests.run.helpers import multilora_cmd, read_jsonl, run_cli, run_sub, subprocess_env, write_jsonl
-
 from multilora_cli.run.signal_after import TEST_SIGNAL_ENV
+from tests.run.helpers import multilora_cmd, read_jsonl, run_cli, run_sub, subprocess_env, write_jsonl
 
 ROWS = [
     {
