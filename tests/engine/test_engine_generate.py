@@ -2,6 +2,8 @@
 
 Reference: a plain greedy loop over HF `model(ids).logits[:, -1].argmax()` with the PEFT adapter set (or
 disabled for base rows), so eos handling cannot hide a difference; our requests use ignore_eos to match.
+Every engine here is pinned to the CPU (fp32 exactness is a CPU contract; on a GPU machine `auto` would run
+bf16 on CUDA): the GPU counterparts are tests/engine/test_engine_gpu.py (`-m gpu`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _hf_greedy(base: Path, adapters: dict[str, Path], prompts, plan) -> list[lis
 def test_mixed_batch_matches_hf_peft(tmp_path, arch):
     base, adapters = build_mixed(tmp_path, arch)
     prompts = _prompts(len(PLAN))
-    engine = Engine(EngineConfig(model=str(base), max_loras=4, max_lora_rank=16), adapters)
+    engine = Engine(EngineConfig(model=str(base), device="cpu", max_loras=4, max_lora_rank=16), adapters)
     got = engine.generate_all(_requests(prompts, PLAN))
     want = _hf_greedy(base, adapters, prompts, PLAN)
     assert [r.error for r in got] == [None] * len(PLAN)
@@ -80,7 +82,7 @@ def test_batch_invariance(llama, sampling):
     """Each request alone == the same request inside a mixed batch (greedy and seeded sampling)."""
     base, adapters = llama
     prompts = _prompts(len(PLAN), seed=3)
-    engine = Engine(EngineConfig(model=str(base), max_loras=3, max_lora_rank=16, seed=5), adapters)
+    engine = Engine(EngineConfig(model=str(base), device="cpu", max_loras=3, max_lora_rank=16, seed=5), adapters)
     reqs = _requests(prompts, PLAN, **sampling)
     batched = engine.generate_all(reqs)
     alone = [engine.generate_all([r])[0] for r in _requests(prompts, PLAN, **sampling)]
@@ -112,9 +114,11 @@ def test_slot_pressure_and_preemption(llama, tmp_path):
     many = _many_adapters(tmp_path, adapters["all4rs"], 10)
     plan = [f"ad{i % 10}" for i in range(20)] + [None] * 4
     prompts = _prompts(len(plan), seed=9)
-    roomy = Engine(EngineConfig(model=str(base), max_loras=10, max_lora_rank=8), many)
+    roomy = Engine(EngineConfig(model=str(base), device="cpu", max_loras=10, max_lora_rank=8), many)
     want = roomy.generate_all(_requests(prompts, plan))
-    tight = Engine(EngineConfig(model=str(base), max_loras=2, max_lora_rank=8, block_size=4, num_kv_blocks=14), many)
+    tight = Engine(
+        EngineConfig(model=str(base), device="cpu", max_loras=2, max_lora_rank=8, block_size=4, num_kv_blocks=14), many
+    )
     got = tight.generate_all(_requests(prompts, plan))
     assert [r.error for r in got] == [None] * len(plan)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
@@ -141,7 +145,9 @@ def test_engine_knobs_are_validated(field, value):
 def test_errors_are_per_request(llama):
     """Unknown adapters, empty and too-long prompts fail alone; everything else still runs."""
     base, adapters = llama
-    engine = Engine(EngineConfig(model=str(base), max_loras=2, max_lora_rank=16, max_model_len=32), adapters)
+    engine = Engine(
+        EngineConfig(model=str(base), device="cpu", max_loras=2, max_lora_rank=16, max_model_len=32), adapters
+    )
     reqs = _requests(_prompts(4, seed=1), ["qv8", "nope", None, "base"])
     reqs.append(Request(key=4, id="long", prompt_token_ids=list(range(3, 40)), sampling=SamplingParams(max_tokens=2)))
     reqs.append(Request(key=5, id="empty", prompt_token_ids=[], sampling=SamplingParams(max_tokens=2)))
@@ -157,7 +163,7 @@ def test_errors_are_per_request(llama):
 
 def test_stop_strings_and_eos(llama):
     base, adapters = llama
-    engine = Engine(EngineConfig(model=str(base), max_loras=2, max_lora_rank=16), adapters)
+    engine = Engine(EngineConfig(model=str(base), device="cpu", max_loras=2, max_lora_rank=16), adapters)
     p = _prompts(1, seed=4)[0]
     free = engine.generate_all(
         [Request(key=0, id="a", prompt_token_ids=p, sampling=SamplingParams(max_tokens=8, ignore_eos=True))]
@@ -184,7 +190,7 @@ def test_run_ahead_changes_no_output(llama, monkeypatch):
     base, adapters = llama
     prompts = _prompts(12, seed=6)
     plan = (PLAN + PLAN)[:12]
-    cfg = EngineConfig(model=str(base), max_loras=4, max_lora_rank=16, max_num_seqs=6)
+    cfg = EngineConfig(model=str(base), device="cpu", max_loras=4, max_lora_rank=16, max_num_seqs=6)
     free = Engine(replace(cfg, run_ahead=False), adapters).generate_all(
         [  # each prompt's greedy text, to pick stop strings from
             Request(
@@ -260,11 +266,13 @@ def test_max_model_len_above_the_trained_positions_is_refused(llama):
 
     base, adapters = llama
     limit = ModelConfig.from_dir(base).max_position_embeddings
-    Engine(EngineConfig(model=str(base), max_model_len=limit), adapters).close()  # the limit itself is fine
+    Engine(
+        EngineConfig(model=str(base), device="cpu", max_model_len=limit), adapters
+    ).close()  # the limit itself is fine
     with pytest.raises(
         ConfigError,
         match=rf"--max-model-len {limit + 1} is above the model's "
         rf"max_position_embeddings \({limit}",
     ) as e:
-        Engine(EngineConfig(model=str(base), max_model_len=limit + 1), adapters)
+        Engine(EngineConfig(model=str(base), device="cpu", max_model_len=limit + 1), adapters)
     assert e.value.exit_code == 2
