@@ -63,6 +63,7 @@ def command(
     from multilora_cli.bench.suite import run_suite
     from multilora_cli.bench.workload import Workload
     from multilora_cli.config import DEVICES
+    from multilora_cli.engine.device import resolve_device
     from multilora_cli.errors import MultiloraError, UsageError
 
     # every flag is checked (Workload names the flag in its errors) before the device: a typo is a usage error,
@@ -126,10 +127,7 @@ def command(
             specs.append("base")
         rows = ",".join(specs)
     plan = parse_rows(rows, work)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for but no CUDA device is visible", hint="use --device cpu")
+    device = resolve_device(device)
     if device == "cpu" and work.preset.strip().lower() != "tiny":
         raise UsageError(
             f"no GPU here: a {preset} benchmark on CPU would take hours",
