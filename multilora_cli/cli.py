@@ -22,6 +22,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: at 80 columns rich's panels cut long flag names (--gpu-memory-utiliz…) and help text,
+    # and showed a stray <bool> beside -h
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

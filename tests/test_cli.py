@@ -121,13 +121,32 @@ def test_keyboard_interrupt_exits_130(tmp_path, capsys, monkeypatch):
     assert err.strip() == "error: interrupted"
 
 
-def test_run_help_shows_flags_as_flags_and_states_defaults(capsys, monkeypatch):
+def _help_entries(out: str) -> dict[str, str]:
+    """click's plain help -> {each flag name: its whole entry, continuation lines joined}."""
+    entries: dict[str, str] = {}
+    current: list[str] | None = None
+    for line in out.splitlines():
+        if re.match(r"^  (-\w, )?--\w", line):
+            current = [line.strip()]
+            for name in re.findall(r"--[\w-]+", line.split("  ")[1] if line.startswith("  -") else line):
+                entries[name] = current  # type: ignore[assignment]
+        elif current is not None and line.startswith("    "):
+            current.append(line.strip())
+        else:
+            current = None
+    return {k: " ".join(v) for k, v in entries.items()}
+
+
+@pytest.mark.parametrize("columns", ["200", "80"])
+def test_run_help_shows_flags_as_flags_and_states_defaults(capsys, monkeypatch, columns):
     # typer renders a bool option as "<bool>" unless it has a metavar: `--resume <bool>` reads as if it took a
-    # value (and `--resume true` is then rejected). The contract's knobs also need their defaults in the help.
-    monkeypatch.setenv("COLUMNS", "200")
+    # value (and `--resume true` is then rejected). The contract's knobs also need their defaults in the help, and
+    # at 80 columns every flag name stays whole (rich's panels cut --gpu-memory-utiliz…).
+    monkeypatch.setenv("COLUMNS", columns)
     code, out, _ = call(["run", "-h"], capsys)
-    assert code == 0
-    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│ --")}
+    assert code == 0 and "…" not in out
+    rows = _help_entries(out)
+    assert "--gpu-memory-utilization" in rows and "--pinned-arena" in rows, out
     for flag in ("--resume", "--quiet"):
         assert "<bool>" not in rows[flag], rows[flag]
     for flag in (
@@ -145,10 +164,9 @@ def test_run_help_shows_flags_as_flags_and_states_defaults(capsys, monkeypatch):
         "--device",
     ):
         assert "default" in rows[flag].lower(), rows[flag]
-    for argv in (["inspect", "-h"], ["economics", "-h"], ["demo", "-h"], ["-h"]):
+    for argv in (["inspect", "-h"], ["economics", "-h"], ["demo", "-h"], ["bench", "-h"], ["-h"]):
         code, out, _ = call(argv, capsys)
-        flags = [line for line in out.splitlines() if re.match(r"│\s+(\*\s+)?--", line) and "--help" not in line]
-        assert code == 0 and flags and not any("<bool>" in line for line in flags), (argv, out)
+        assert code == 0 and _help_entries(out) and "<bool>" not in out and "…" not in out, (argv, out)
 
 
 def test_sigterm_is_reported_like_ctrl_c_with_exit_143(tmp_path, capsys, monkeypatch):

@@ -260,10 +260,11 @@ def test_ci_runs_readme_test_command_verbatim():
 
 @pytest.mark.slow
 def test_readme_command_one_runs_on_the_demo(demo, capsys, monkeypatch):
-    """README command 1 after `multilora demo demo && cd demo &&`, in-process, on the demo built above."""
+    """README command 1's `(cd demo && multilora run ...)`, in-process, on the demo built above. The run is in a
+    subshell, so the shell stays where it was and command 2 can be typed next."""
     one, _ = readme_commands()
-    assert " && multilora demo demo && cd demo && " in one
-    tail = one.split(" && cd demo && ", 1)[1]
+    assert " && multilora demo demo && (cd demo && " in one and one.endswith(")")
+    tail = one.split(" && (cd demo && ", 1)[1][:-1]
     argv = shlex.split(tail)
     assert argv[:2] == ["multilora", "run"]
     names = argv[argv.index("--adapters") + 1].split(",")
