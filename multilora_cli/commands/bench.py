@@ -48,9 +48,17 @@ def command(
     ),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu (cpu: use --preset tiny)."),
     json_path: str | None = typer.Option(None, "--json", help="Also write the full report (JSON) here."),
+    plot: str | None = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE",
+        help="Also draw tokens/s per row (base only as a line) and each decode step against its roofline to FILE "
+        "(.png or .svg). Needs the plot extra: pip install 'multilora[plot]'.",
+    ),
 ) -> int:
     """Tokens/s of multilora with adapters, base only (and HF + PEFT), with each decode step against the roofline:
-    base weights + live KV + distinct adapters read once per step, at the bandwidth measured on this GPU."""
+    base weights + live KV + distinct adapters read once per step, at the bandwidth measured on this GPU.
+    Under the table, one sparkline per curve: tokens/s, decode step and roofline per row."""
     import math
     import tempfile
     from pathlib import Path
@@ -65,6 +73,7 @@ def command(
     from multilora_cli.config import DEVICES
     from multilora_cli.engine.device import resolve_device
     from multilora_cli.errors import MultiloraError, UsageError
+    from multilora_cli.paths import expand_user
 
     # every flag is checked (Workload names the flag in its errors) before the device: a typo is a usage error,
     # not a "no GPU here"
@@ -114,6 +123,13 @@ def command(
         raise UsageError(f"--rank {rank} is above the {preset} shape's hidden size {shape['hidden_size']}")
     if json_path:
         _check_writable(Path(json_path), UsageError)
+    target = None
+    if plot is not None:  # matplotlib and the file are checked before minutes of benchmark, not after
+        from multilora_cli.plot.target import prepare_plot
+
+        target = prepare_plot(plot)
+        if json_path and expand_user(json_path).resolve() == expand_user(plot).resolve():
+            raise UsageError(f"--json and --plot name the same file {plot}; give each its own")
     if rows is None:
         specs = []
         for n in (s.strip() for s in (num_adapters or "64").split(",") if s.strip()):
@@ -142,6 +158,16 @@ def command(
     if json_path:
         write_json(report, Path(json_path))
     typer.echo(format_table(report))
+    from multilora_cli.bench.series import bench_series
+    from multilora_cli.plot.terminal import bench_lines
+
+    series = bench_series(report)
+    for line in bench_lines(series):
+        typer.echo(line)
+    if target is not None:
+        from multilora_cli.plot.bench import render_bench
+
+        target.write(render_bench(series, target.format))
     if report["failed"]:  # the table lists them; the exit code tells a script
         first = report["failed"][0]
         raise MultiloraError(

@@ -61,6 +61,13 @@ def command(
         "stderr says why. Its tokens per request and slot hit rate are used either way.",
     ),
     as_json: bool = typer.Option(False, "--json", metavar="", help="Print one JSON object instead of tables."),
+    plot: str | None = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE",
+        help="Also draw GPUs and $/month vs tenants (1 to 10x --tenants) and the slots' hit rate and loads per "
+        "step to FILE (.png or .svg). Needs the plot extra: pip install 'multilora[plot]'.",
+    ),
 ) -> int:
     """Adapter bytes, GPUs and dollars: dedicated full fine-tunes vs one shared base with LoRA slots.
 
@@ -68,41 +75,55 @@ def command(
     model shape and dtype width on a CUDA GPU of the --gpu kind; a CPU run,
     another model or another GPU is shown for reference only.
 
+    Under the tables, one sparkline per curve over tenants 1 to 10x --tenants.
     Results go to stdout, warnings to stderr.
     """
-    from multilora_cli.economics import Scenario, compute, render
+    from multilora_cli.economics import Scenario, analyze, render, resolve
+    from multilora_cli.economics.curves import tenant_curves
 
-    report = compute(
-        Scenario(
-            tenants=tenants,
-            model=model,
-            rank=rank,
-            targets=targets,
-            adapter=adapter,
-            dtype=dtype,
-            gpu=gpu,
-            gpu_memory_gb=gpu_memory_gb,
-            gpu_bandwidth_tbs=gpu_bandwidth_tbs,
-            gpu_hour_usd=gpu_hour_usd,
-            pcie_gbs=pcie_gbs,
-            bandwidth_efficiency=bandwidth_efficiency,
-            kv_reserve=kv_reserve,
-            batch_size=batch_size,
-            context_len=context_len,
-            tokens_per_tenant_per_s=tokens_per_tenant_per_s,
-            max_loras=max_loras,
-            popularity=popularity,
-            zipf_s=zipf_s,
-            output_tokens=output_tokens,
-            requests_per_step=requests_per_step,
-            stats=stats,
-        )
+    scenario = Scenario(
+        tenants=tenants,
+        model=model,
+        rank=rank,
+        targets=targets,
+        adapter=adapter,
+        dtype=dtype,
+        gpu=gpu,
+        gpu_memory_gb=gpu_memory_gb,
+        gpu_bandwidth_tbs=gpu_bandwidth_tbs,
+        gpu_hour_usd=gpu_hour_usd,
+        pcie_gbs=pcie_gbs,
+        bandwidth_efficiency=bandwidth_efficiency,
+        kv_reserve=kv_reserve,
+        batch_size=batch_size,
+        context_len=context_len,
+        tokens_per_tenant_per_s=tokens_per_tenant_per_s,
+        max_loras=max_loras,
+        popularity=popularity,
+        zipf_s=zipf_s,
+        output_tokens=output_tokens,
+        requests_per_step=requests_per_step,
+        stats=stats,
     )
+    target = None
+    if plot is not None:  # matplotlib and the file are checked before any work, as run checks its outputs
+        from multilora_cli.plot.target import prepare_plot
+
+        target = prepare_plot(plot)
+    resolved = resolve(scenario)
+    report = analyze(resolved)
+    curves = tenant_curves(resolved, report) if target is not None or not as_json else None
+    if target is not None:
+        from multilora_cli.plot.economics import render_economics
+
+        target.write(render_economics(curves, report, target.format))
     if as_json:
         # allow_nan=False: NaN / Infinity are not JSON; inputs are checked finite, so this only guards a bug
         typer.echo(json.dumps(report.to_dict(), indent=2, allow_nan=False))
         for w in report.warnings:  # also in the JSON; said on stderr too so a piped run still shows them
             typer.echo(f"warning: {w}", err=True)
     else:
-        render(report)
+        from multilora_cli.plot.terminal import economics_lines
+
+        render(report, curves=economics_lines(curves))
     return 0

@@ -5,7 +5,7 @@ report.section("adapter")["bytes"]   # 33554432 (32 MiB)
 report.to_dict()                     # every assumption and figure, JSON-ready
 """
 
-from multilora_cli.economics.analysis import compute
+from multilora_cli.economics.analysis import analyze, compute
 from multilora_cli.economics.presets import GPU_PRESETS, MODEL_PRESETS, GpuSpec, model_preset
 from multilora_cli.economics.render import render
 from multilora_cli.economics.report import Figure, Report, Section
@@ -26,6 +26,7 @@ __all__ = [
     "Report",
     "Scenario",
     "Section",
+    "analyze",
     "compute",
     "expected_distinct",
     "load_stats",

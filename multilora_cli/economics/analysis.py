@@ -17,7 +17,12 @@ from multilora_cli.economics.units import n, pct, seconds, size, usd
 
 def compute(s: Scenario) -> Report:
     """Resolve `s` and work out every figure of the report."""
-    r = resolve(s)
+    return analyze(resolve(s))
+
+
+def analyze(r: Resolved) -> Report:
+    """Every figure of the report for an already resolved scenario (curves.py reuses one resolution per sweep)."""
+    s = r.scenario
     cfg, ad, db, gpu = r.model.config, r.adapter, r.dtype_bytes, r.gpu
 
     # Adapter: r * (in + out) params per targeted module per layer --------------------------------------
@@ -443,6 +448,13 @@ def _slots(s: Scenario, r: Resolved, shared, a_bytes: float, slot_bytes: float) 
         cap,
         "unbounded (no misses)" if cap is None else n(cap),
         "step × PCIe / (adapter bytes × miss rate)",
+    )
+    f.add(
+        "max_loads_per_step_pcie",
+        "slot loads per step PCIe can feed",
+        step * pcie / a_bytes,
+        n(step * pcie / a_bytes),
+        f"{seconds(step)} × {r.gpu.pcie_gbs:g} GB/s / {size(a_bytes)}",
     )
     if r.stats and r.stats.hit_rate is not None:
         f.add(

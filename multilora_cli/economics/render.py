@@ -5,14 +5,21 @@ from __future__ import annotations
 import os
 
 from multilora_cli.economics.report import Report
+from multilora_cli.economics.scenario import Assumption
 from multilora_cli.economics.units import n, size
 
 PIPE_WIDTH = 160  # columns when stdout is not a terminal and COLUMNS is unset
 
 
-def render(report: Report, console=None, err_console=None) -> None:
+def assumption_value(a: Assumption) -> str:
+    """An assumption's value with its unit, as the Assumptions table prints it (plots' captions reuse it)."""
+    return f"{n(a.value) if isinstance(a.value, (int, float)) else a.value}{' ' + a.unit if a.unit else ''}"
+
+
+def render(report: Report, console=None, err_console=None, curves=()) -> None:
     """Print `report` as tables; each figure sits beside how it follows from the assumptions.
 
+    `curves`: lines (str or rich Text) printed under the tables, before the one-line summary that ends stdout.
     Warnings go to `err_console` (default stderr), one line each: stdout holds the results only.
     """
     from rich.console import Console
@@ -32,8 +39,7 @@ def render(report: Report, console=None, err_console=None) -> None:
     for col in ("assumption", "value", "source", "note"):
         t.add_column(col, overflow="fold")
     for a in report.assumptions:
-        value = f"{n(a.value) if isinstance(a.value, (int, float)) else a.value}{' ' + a.unit if a.unit else ''}"
-        row(t, a.label, value, a.source, a.note)
+        row(t, a.label, assumption_value(a), a.source, a.note)
     console.print(t)
 
     t = Table(title="Adapter modules: params = layers × r × (in + out)", title_justify="left")
@@ -60,6 +66,8 @@ def render(report: Report, console=None, err_console=None) -> None:
         for f in s.figures:
             row(t, f.label, f.shown, f.how)
         console.print(t)
+    for line in curves:  # one line each, whatever the width: a wrapped sparkline would lose its shape
+        console.print(line, highlight=False, soft_wrap=True)
 
     if err_console is None:
         err_console = Console(stderr=True)
