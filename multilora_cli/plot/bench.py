@@ -24,6 +24,8 @@ def render_bench(s: BenchSeries, fmt: str, title: str | None = None) -> bytes:
 
 def bench_figure(s: BenchSeries, title: str | None = None):
     """The matplotlib Figure (call inside `canvas.style()`)."""
+    import textwrap
+
     w = s.workload
     if title is None:
         title = (
@@ -32,7 +34,7 @@ def bench_figure(s: BenchSeries, title: str | None = None):
             f"tokens, at most {w.get('max_num_seqs', '?')} sequences"
         )
     fig = new_figure(*SIZE)
-    fig.text(0.5, 0.975, text(title), ha="center", va="top", fontsize=10)
+    fig.text(0.5, 0.975, text("\n".join(textwrap.wrap(title, 150))), ha="center", va="top", fontsize=10)
     _tokens(fig.add_axes((0.07, 0.33, 0.40, 0.55)), s)
     _steps(fig.add_axes((0.57, 0.33, 0.40, 0.55)), s)
     bw = f"{s.bandwidth_tbs:.2f} TB/s" if s.bandwidth_tbs else "?"
@@ -88,7 +90,7 @@ def _tokens(ax, s: BenchSeries) -> None:
 
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_ylabel("generated tokens/s")
-    ax.set_title("tokens/s per row (base only as the line)")
+    ax.set_title("tokens/s per row" + (" (base only as the line)" if s.base else ""))
     ax.grid(axis="x", visible=False)
     if not s.rows:
         ax.text(0.5, 0.5, "no rows with adapters", transform=ax.transAxes, ha="center", va="center")
@@ -119,7 +121,7 @@ def _steps(ax, s: BenchSeries) -> None:
     ax.set_xlim(-0.6, max(len(x), 1) - 0.4)
     ax.set_ylim(0, max(step + roof, default=1.0) * 1.2)
     ax.set_ylabel("ms per decode step")
-    ax.set_title("decode step (light) stacked on its roofline (dark): ms and step / roofline")
+    ax.set_title("decode step (light) stacked on its roofline (dark)")
     ax.grid(axis="x", visible=False)
     if not rows:
         ax.text(0.5, 0.5, "no rows with a roofline", transform=ax.transAxes, ha="center", va="center")

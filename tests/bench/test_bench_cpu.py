@@ -153,10 +153,17 @@ def test_target_ratios_and_verdicts():
 
 
 def test_bench_command(tmp_path):
+    """The command on CPU, with --json and --plot: the table, the sparklines under it and the figure all read
+    the report's rows."""
     import subprocess
     import sys
 
+    from multilora_cli.bench.series import bench_series
+    from multilora_cli.plot.bench import render_bench
+    from tests.plot.files import png_size
+
     out = tmp_path / "b.json"
+    png = tmp_path / "b.png"
     cmd = [
         sys.executable,
         "-m",
@@ -184,6 +191,8 @@ def test_bench_command(tmp_path):
         "0.9",
         "--json",
         str(out),
+        "--plot",
+        str(png),
     ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -191,6 +200,16 @@ def test_bench_command(tmp_path):
     report = json.loads(out.read_text())
     assert [r["system"] for r in report["rows"]] == ["multilora", "multilora-base"]
     assert {(r["workload"]["temperature"], r["workload"]["top_p"]) for r in report["rows"]} == {(0.8, 0.9)}
+    ours, base = report["rows"]
+    lines = p.stdout.splitlines()
+    assert lines[-3].startswith("out tok/s ") and lines[-3].endswith(
+        f"3/2 {ours['tokens_per_s']:,.0f} · base only {base['tokens_per_s']:,.0f} (the line)"
+    )
+    assert lines[-2].startswith("decode step ms ") and f"3/2 {ours['decode_step_ms']:.2f}" in lines[-2]
+    assert lines[-1].startswith("roofline ms ") and f"base {base['roofline_ms']:.2f}" in lines[-1]
+    # the file: a PNG of the stated size, the same bytes as drawing the --json rows again
+    data = png.read_bytes()
+    assert png_size(data) == (1200, 650) and data == render_bench(bench_series(report), "png")
     p = subprocess.run(
         [sys.executable, "-m", "multilora_cli", "bench", "--device", "cpu"], capture_output=True, text=True, timeout=60
     )
