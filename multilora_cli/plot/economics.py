@@ -12,7 +12,7 @@ from multilora_cli.economics.render import assumption_value
 from multilora_cli.economics.report import Report
 from multilora_cli.economics.units import n, pct, usd
 from multilora_cli.plot.canvas import COLORS, caption, new_figure, style, text, to_bytes
-from multilora_cli.plot.ticks import log_axis, percent_axis, usd_short
+from multilora_cli.plot.ticks import log_axis, percent_axis, plural, usd_short
 
 SIZE = (12.0, 8.5)  # inches: 1200 x 850 px as PNG, 864 x 612 pt as SVG
 
@@ -34,13 +34,14 @@ def economics_figure(c: TenantCurves, report: Report):
     slots = report.section("slots")
     lines = [
         f"Each point is the whole report at that tenant count with every other input as given (--max-loras fixed "
-        f"at {c.max_loras}); the marked point is the given {n(c.given)} tenants. Slot figures are per replica "
+        f"at {c.max_loras}); the marked point is the given {plural(c.given, 'tenant')}. Slot figures are per replica "
         f"(tenants pinned to replicas: {n(slots['tenants_per_replica'])} at the given point). Host->GPU limit: "
         "slot loads that fill one decode step (decode step × PCIe / adapter bytes). Assumptions, as the "
         "tables print them:",
     ]
     for a in report.assumptions:
         lines.append(f"• {a.label}: {assumption_value(a)} [{a.source}]" + (f" ({a.note})" if a.note else ""))
+    lines += [f"• warning: {w}" for w in report.warnings]
     caption(fig, lines, (0.02, 0.01, 0.98, 0.285))
     return fig
 
@@ -50,29 +51,35 @@ def _given(ax, c: TenantCurves, values, color: str, gid: str) -> None:
     ax.plot([c.given], [values[g]], "o", ms=8, mfc="none", mec=color, mew=1.8, gid=f"given:{gid}")
 
 
+def _xlim(ax, c: TenantCurves) -> None:
+    ax.set_xlim(c.tenants[0] / 1.15, c.tenants[-1] * 1.15)  # a little room: the end points' markers show whole
+
+
 def _fleet(ax, c: TenantCurves) -> None:
     g = c.given_index
     for key, who in (("dedicated", "dedicated full copies"), ("shared", "one shared base + LoRA")):
         gpus, month = getattr(c, f"{key}_gpus"), getattr(c, f"usd_per_month_{key}")
-        label = f"{who}: {n(gpus[g])} GPUs, {usd(month[g])}/month at {n(c.given)} tenants"
+        label = f"{who}: {plural(gpus[g], 'GPU')}, {usd(month[g])}/month at {plural(c.given, 'tenant')}"
         ax.plot(c.tenants, gpus, "-o", ms=2.5, color=COLORS[key], label=text(label), gid=f"{key}_gpus")
         _given(ax, c, gpus, COLORS[key], f"{key}_gpus")
     ax.axvline(c.given, ls=":", color="#888888", lw=1, gid="given")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlim(c.tenants[0], c.tenants[-1])
+    _xlim(ax, c)
     top = max(max(c.dedicated_gpus), max(c.shared_gpus))
     ax.set_ylim(0.8, top * 1.5)
-    log_axis(ax.xaxis, c.tenants[0], c.tenants[-1])
-    log_axis(ax.yaxis, 1, top)
+    log_axis(ax.xaxis, c.tenants[0], c.tenants[-1], counts=True)
+    log_axis(ax.yaxis, 1, top, counts=True)
     ax.set_xlabel("tenants (one adapter each)")
     ax.set_ylabel("GPUs needed")
-    ax.set_title("GPUs (left axis) and $/month (right axis) vs tenants")
     per_gpu = c.usd_per_month_dedicated[g] / c.dedicated_gpus[g]  # the report's $/month per GPU
     if per_gpu > 0:  # a free GPU has no $ axis to draw
         sec = ax.secondary_yaxis("right", functions=(lambda v: v * per_gpu, lambda v: v / per_gpu))
         log_axis(sec.yaxis, per_gpu, top * per_gpu, fmt=usd_short)
         sec.set_ylabel(text("$/month"))
+        ax.set_title(text("GPUs (left axis) and $/month (right axis) vs tenants"))
+    else:
+        ax.set_title(text("GPUs vs tenants (at $0 per GPU-hour, no $/month axis)"))
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.11), frameon=False)
 
 
@@ -82,13 +89,13 @@ def _slots(ax, c: TenantCurves) -> None:
     _given(ax, c, c.hit_rate, COLORS["hit"], "hit_rate")
     ax.axvline(c.given, ls=":", color="#888888", lw=1, gid="given")
     ax.set_xscale("log")
-    ax.set_xlim(c.tenants[0], c.tenants[-1])
-    log_axis(ax.xaxis, c.tenants[0], c.tenants[-1])
+    _xlim(ax, c)
+    log_axis(ax.xaxis, c.tenants[0], c.tenants[-1], counts=True)
     ax.set_ylim(0, 1.05)
     percent_axis(ax.yaxis)
     ax.set_xlabel("tenants (one adapter each)")
     ax.set_ylabel("expected slot hit rate (per new request)")
-    ax.set_title(text(f"{c.max_loras} GPU slots, {c.popularity} popularity, LRU per replica"))
+    ax.set_title(text(f"{plural(c.max_loras, 'GPU slot')}, {c.popularity} popularity, LRU per replica"))
     tw = ax.twinx()
     tw.grid(False)
     tw.set_yscale("log", nonpositive="mask")  # no loads (every tenant fits the slots) is not drawn
@@ -101,10 +108,10 @@ def _slots(ax, c: TenantCurves) -> None:
     tw.set_ylim(lo / 2, hi * 2)
     log_axis(tw.yaxis, lo, hi)
     tw.set_ylabel("slot loads per decode step (log)")
-    ax.set_xlim(c.tenants[0], c.tenants[-1])
+    _xlim(ax, c)
     handles = [ax.lines[0], tw.lines[0], tw.lines[2]]
     labels = [
-        f"slot hit rate (left): {pct(c.hit_rate[g])} at {n(c.given)} tenants",
+        f"slot hit rate (left): {pct(c.hit_rate[g])} at {plural(c.given, 'tenant')}",
         f"slot loads per step (right): {n(c.loads_per_step[g])}",
         f"host->GPU limit (right): {n(limit[g])} loads per step",
     ]

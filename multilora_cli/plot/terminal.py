@@ -8,10 +8,14 @@ still reads.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from multilora_cli.bench.series import BenchSeries
-from multilora_cli.economics.curves import TenantCurves
 from multilora_cli.economics.units import n, pct, usd
+from multilora_cli.plot.ticks import plural
+
+if TYPE_CHECKING:  # annotations only: the economics tables need not import the bench package (torch)
+    from multilora_cli.bench.series import BenchSeries
+    from multilora_cli.economics.curves import TenantCurves
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 24
@@ -51,7 +55,7 @@ def economics_lines(c: TenantCurves) -> list:
 
     head = Text(
         f"Over tenants {n(c.tenants[0])} → {n(c.given)} (given, highlighted) → {n(c.tenants[-1])}, log-spaced, "
-        f"{c.max_loras} slots, {c.popularity}; each line scaled 0 → its largest value:",
+        f"{plural(c.max_loras, 'slot')}, {c.popularity}; each line scaled 0 → its largest value:",
         style="bold",
     )
     return [

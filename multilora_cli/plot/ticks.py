@@ -8,13 +8,21 @@ from multilora_cli.economics.units import n, pct, usd
 from multilora_cli.plot.canvas import text
 
 
-def log_axis(axis, lo: float, hi: float, fmt=n) -> None:
-    """Major ticks at 1-2-5 steps over a span of up to 3 decades, at powers of ten beyond; labels by `fmt`."""
+def log_axis(axis, lo: float, hi: float, fmt=n, counts: bool = False) -> None:
+    """Major ticks at every integer step within one decade, 1-2-5 steps up to 3 decades, powers of ten beyond;
+    labels by `fmt`. `counts`: whole things (tenants, GPUs): no label below 1."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     decades = math.log10(max(hi, lo * 1.0001) / lo) if lo > 0 else 0
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: text(fmt(round(v)) if v >= 1 else f"{v:g}")))
+    subs = tuple(range(1, 10)) if decades <= 1 else (1.0, 2.0, 5.0) if decades <= 3 else (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+
+    def label(v: float, _) -> str:
+        if v < 1:
+            return "" if counts else f"{v:g}"
+        return text(fmt(round(v)))
+
+    axis.set_major_formatter(FuncFormatter(label))
     axis.set_minor_formatter(NullFormatter())
 
 
@@ -22,6 +30,11 @@ def percent_axis(axis) -> None:
     from matplotlib.ticker import FuncFormatter
 
     axis.set_major_formatter(FuncFormatter(lambda v, _: pct(v).replace(".0%", "%")))
+
+
+def plural(count: float, word: str) -> str:
+    """'1 GPU', '3 GPUs' (counts as the tables write them)."""
+    return f"{n(count)} {word}{'' if count == 1 else 's'}"
 
 
 def usd_short(v: float) -> str:
