@@ -3,9 +3,13 @@
     python -m benchmarks.bench_e2e                          # Llama-3-8B shapes, default rows
     python -m benchmarks.bench_e2e --preset llama-3.2-1b --rows 64,base --requests 256
     python -m benchmarks.bench_e2e --rows 64,base,hf64,256/64 --budget-s 420
+    python -m benchmarks.bench_e2e --rows 64 --n 8 --temperature 1.0   # n=8 vs 8 separate requests a prompt
 
 Rows run in the order given (see multilora_cli/bench/plan.py); with --budget-s, rows that would start after
-the budget is spent are recorded as not run. Writes benchmarks/results/e2e-<device>.json (after every row)
+the budget is spent are recorded as not run. With --n N, every multilora row runs twice in this process: each
+prompt as ONE request with n=N (its prefill shared by the N samples), then as N separate requests (the same
+texts); --requests counts completions in both. The report's "n_vs_separate" holds their tokens/s ratio (target
+>= 1.5 at N=8) and the prompt tokens each fed. Writes benchmarks/results/e2e-<device>.json (after every row)
 and prints a markdown table. Needs no CLI libraries (typer/rich), only torch, triton, transformers, peft.
 """
 
@@ -15,11 +19,48 @@ import json
 import re
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.timing import command_line, ints, parser
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+N_TARGET = 1.5  # n=8 in one request vs 8 separate requests of the same prompt: tokens/s ratio at least
+
+
+def with_n(plan: list, n: int) -> list:
+    """Each multilora row as a pair: one request with `n` samples a prompt, then `n` separate requests."""
+    if n <= 1:
+        return plan
+    out = []
+    for kind, w in plan:
+        if kind == "hf":
+            out.append((kind, w))
+        else:
+            out += [(kind, replace(w, n=n)), (kind, replace(w, n=n, separate_n=True))]
+    return out
+
+
+def n_vs_separate(rows: list[dict]) -> list[dict]:
+    """Each n-row next to its separate-requests row: tokens/s ratio and the prompt tokens both fed."""
+    out = []
+    for a, b in zip(rows, rows[1:]):
+        wa, wb = a["workload"], b["workload"]
+        if wa.get("n", 1) > 1 and not wa["separate_n"] and wb["separate_n"] and {**wa, "separate_n": True} == wb:
+            ratio = a["tokens_per_s"] / b["tokens_per_s"]
+            out.append(
+                {
+                    "n": wa["n"],
+                    "system": a["system"],
+                    "num_adapters": wa["num_adapters"],
+                    "tokens_per_s": [a["tokens_per_s"], b["tokens_per_s"]],
+                    "ratio": ratio,
+                    "target": N_TARGET,
+                    "met": ratio >= N_TARGET,
+                    "prefill_tokens": [a["extra"]["prefill_tokens"], b["extra"]["prefill_tokens"]],
+                }
+            )
+    return out
 
 
 def device_slug(name: str) -> str:
@@ -51,6 +92,12 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the issue's workload)")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument(
+        "--n",
+        type=int,
+        default=1,
+        help="samples per prompt: run each multilora row as n=N requests, then as N separate requests",
+    )
     ap.add_argument("--hf-batch-sizes", default="256,1024")
     ap.add_argument("--hf-new-tokens", default="2,4")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -84,7 +131,7 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
         temperature=args.temperature,
         top_p=args.top_p,
     )
-    plan = parse_rows(args.rows, base)
+    plan = with_n(parse_rows(args.rows, base), args.n)
     slug = device_slug(device_info(device)["name"])
     out = args.out or RESULTS_DIR / f"e2e-{slug}.json"
     command = command_line("benchmarks.bench_e2e", argv)
@@ -101,8 +148,11 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
             "prompt_len": args.prompt_len,
             "output_len": args.output_len,
             "max_num_seqs": args.max_num_seqs,
+            "n": args.n,
             "dtype": "bfloat16" if device.type == "cuda" else "float32",
         }
+        if args.n > 1:
+            report["n_vs_separate"] = n_vs_separate(report["rows"])
         write_json(report, out)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,6 +179,13 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
         report["targets"] = target_ratios(report["rows"])
     on_row(report)
     print(format_table(report))
+    for c in report.get("n_vs_separate", []):
+        print(
+            f"n={c['n']} vs {c['n']} separate requests ({c['system']}, {c['num_adapters']} adapters): "
+            f"{c['tokens_per_s'][0]:.0f} vs {c['tokens_per_s'][1]:.0f} tok/s = {c['ratio']:.2f}x "
+            f"(target >= {c['target']}: {'met' if c['met'] else 'missed'}); prompt tokens fed "
+            f"{c['prefill_tokens'][0]:,} vs {c['prefill_tokens'][1]:,}"
+        )
     print(f"wrote {out}")
     return 0
 

@@ -13,11 +13,15 @@ LOAD_FORMATS = ("auto", "dummy")  # dummy = random weights of the config's shape
 GPU_MEMORY_UTILIZATION = 0.90  # default share of the GPU a run may use
 UTILIZATION_RANGE = (0.05, 0.99)
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy (as in vLLM)
+MAX_N = 128  # completions of one prompt (`n`), as OpenAI's limit
 
 
 @dataclass(slots=True)
 class SamplingParams:
-    """Per-request sampling. temperature 0 = greedy. Random draws depend only on (seed, position)."""
+    """Per-request sampling. temperature 0 = greedy. Random draws depend only on (seed, sample index, position).
+
+    n: completions of the prompt (1..MAX_N); sample i draws from its own seed stream (engine/sequence.py
+    `sample_seed`), sample 0 from the request's seed, so it is what the same request with n=1 gives."""
 
     max_tokens: int = 256
     temperature: float = 0.0
@@ -26,6 +30,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -42,6 +47,8 @@ class SamplingParams:
             raise ConfigError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise ConfigError(f"n must be an integer in 1..{MAX_N}, got {self.n!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):

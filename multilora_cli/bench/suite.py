@@ -100,7 +100,7 @@ def run_multilora_row(
     startup = time.perf_counter() - t0
     try:
         if warmup:
-            n = min(work.num_requests, 2 * work.max_num_seqs)
+            n = max(min(work.num_requests, 2 * work.max_num_seqs), work.n)
             # long enough that sequences finish in waves and mixed prefill/decode steps of many sizes occur:
             # Triton specialises kernels on step sizes, and a compile inside the timed run costs seconds
             ww = replace(work, num_requests=n, output_len=min(work.output_len, 32), seed=work.seed + 7)
@@ -135,10 +135,17 @@ def run_multilora_row(
         if errors:
             raise RuntimeError(f"{len(errors)} requests failed, first: {errors[0].error.one_line()}")
         out_tokens = sum(r.completion_tokens for r in results)
+        sequences = sum(max(1, len(r.samples)) for r in results)
         dtype_bytes = torch.tensor([], dtype=engine.runner.dtype).element_size()
         roof = Roofline.for_model(cfg, dtype_bytes, source.nbytes if source else 0, bandwidth, flops)
         system = ("multilora-base" if base_only else "multilora") + ("-eager" if enforce_eager else "")
         row = _summarise(work, steps, roof, system, out_tokens, wall)
+        fed = sum(s.tokens for s in steps)
+        # every generated token but each sequence's last is fed back once; the rest of what was fed is prompt
+        # (prefill, chunks, recomputes after preemption)
+        row.extra.update(fed_tokens=fed, prefill_tokens=fed - (out_tokens - sequences), sequences=sequences)
+        if work.n > 1:
+            row.extra["note"] = f"{work.n} separate requests a prompt" if work.separate_n else f"n={work.n}"
         row.extra.update(
             startup_s=startup,
             capture_s=engine.runner.capture_seconds,

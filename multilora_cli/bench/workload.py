@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from multilora_cli.bench.model_dir import PRESETS
-from multilora_cli.config import SamplingParams
+from multilora_cli.config import MAX_N, SamplingParams
 from multilora_cli.engine.request import Request
+from multilora_cli.engine.sequence import sample_seed
 from multilora_cli.errors import ConfigError
 
 DISTRIBUTIONS = ("uniform", "zipf")
@@ -42,6 +43,10 @@ class Workload:
     preset: model shape (bench.model_dir.PRESETS), rank: LoRA rank on all 7 projections, max_loras: GPU slots
     (None = min(num_adapters, 64)), distribution: how requests spread over adapters (zipf exponent zipf_s),
     temperature / top_p: 0 = greedy, else seeded sampling (request i draws with seed `seed + i`).
+    n: samples per prompt; num_requests counts completions, so there are num_requests // n prompts (adapters are
+    drawn per prompt), each one request with n samples, or with `separate_n` n separate requests of the same
+    prompt, drawing the same texts (request j of prompt i has the seed of sample j: engine/sequence.sample_seed):
+    the pair of rows measures what sharing the prompt's prefill is worth.
     """
 
     preset: str = "llama-3-8b"
@@ -58,6 +63,8 @@ class Workload:
     seed: int = 0
     temperature: float = 0.0
     top_p: float = 1.0
+    n: int = 1
+    separate_n: bool = False
 
     def __post_init__(self) -> None:
         if self.preset.strip().lower() not in PRESETS:  # before anything sizes a model or picks a device
@@ -72,6 +79,8 @@ class Workload:
         for name in ("num_requests", "prompt_len", "output_len", "rank", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.n <= min(MAX_N, self.num_requests):
+            raise ConfigError(f"n must be in 1..{MAX_N} and at most {flag('num_requests')}, got {self.n}")
         if self.num_adapters < 0:
             raise ConfigError(f"{flag('num_adapters')} must be >= 0, got {self.num_adapters}")
         if self.max_loras is None:  # None only: an explicit 0 is an error, not "unset"
@@ -88,35 +97,41 @@ class Workload:
             raise ConfigError(f"{flag(field)} {rest}", hint=e.hint) from None
 
     @property
+    def num_prompts(self) -> int:
+        return self.num_requests // self.n
+
+    @property
     def adapter_names(self) -> list[str]:
         return [f"lora{i}" for i in range(self.num_adapters)]
 
     def assignment(self) -> list[str | None]:
-        """Adapter of each request (None = base): uniform round-robin-free random draw, or zipf over adapters."""
+        """Adapter of each prompt (None = base): uniform round-robin-free random draw, or zipf over adapters."""
         if self.num_adapters == 0:
-            return [None] * self.num_requests
+            return [None] * self.num_prompts
         rng = np.random.default_rng(self.seed)
         if self.distribution == "uniform":
-            idx = rng.integers(0, self.num_adapters, self.num_requests)
+            idx = rng.integers(0, self.num_adapters, self.num_prompts)
         else:
             w = 1.0 / np.arange(1, self.num_adapters + 1) ** self.zipf_s
-            idx = rng.choice(self.num_adapters, self.num_requests, p=w / w.sum())
+            idx = rng.choice(self.num_adapters, self.num_prompts, p=w / w.sum())
         names = self.adapter_names
         return [names[i] for i in idx]
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
-        """Random prompt ids in [10, vocab) (clear of the usual special ids), one list per request."""
+        """Random prompt ids in [10, vocab) (clear of the usual special ids), one list per prompt."""
         rng = np.random.default_rng(self.seed + 1)
-        return rng.integers(10, vocab_size, (self.num_requests, self.prompt_len)).tolist()
+        return rng.integers(10, vocab_size, (self.num_prompts, self.prompt_len)).tolist()
 
     @property
     def sampled(self) -> bool:
         return self.temperature > 0
 
     def requests(self, vocab_size: int) -> list[Request]:
-        """Requests of exactly output_len tokens (ignore_eos): greedy, or sampled with one seed per request."""
+        """Requests of exactly output_len tokens (ignore_eos): greedy, or sampled with one seed per prompt (and
+        per sample: `n`)."""
+        n = 1 if self.separate_n else self.n
 
-        def sp(i: int) -> SamplingParams:
+        def sp(seed: int) -> SamplingParams:
             if not self.sampled:
                 return greedy
             return SamplingParams(
@@ -124,13 +139,27 @@ class Workload:
                 ignore_eos=True,
                 temperature=self.temperature,
                 top_p=self.top_p,
-                seed=self.seed + i,
+                seed=seed,
+                n=n,
             )
 
-        greedy = SamplingParams(max_tokens=self.output_len, ignore_eos=True)
+        greedy = SamplingParams(max_tokens=self.output_len, ignore_eos=True, n=n)
+        prompts = zip(self.prompts(vocab_size), self.assignment())
+        if not self.separate_n:
+            return [
+                Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp(self.seed + i))
+                for i, (p, a) in enumerate(prompts)
+            ]
         return [
-            Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp(i))
-            for i, (p, a) in enumerate(zip(self.prompts(vocab_size), self.assignment()))
+            Request(
+                key=i * self.n + j,
+                id=str(i * self.n + j),
+                adapter=a,
+                prompt_token_ids=p,
+                sampling=sp(sample_seed(self.seed + i, j)),
+            )
+            for i, (p, a) in enumerate(prompts)
+            for j in range(self.n)
         ]
 
     def to_dict(self) -> dict:

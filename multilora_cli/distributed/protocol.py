@@ -12,7 +12,9 @@ worker -> rank 0 (up channel):
   ("failed", message)                                   a fatal error on that worker (it exits 1)
 
 Results travel as tuples, not Result objects: a MultiloraError does not survive pickling with its `code`
-and `hint`, so an error travels as (code, one-line message) and comes back as a RequestError.
+and `hint`, so an error travels as (code, one-line message) and comes back as a RequestError. A request with
+n > 1 carries its samples as (text, token_ids, finish_reason, completion_tokens) tuples in index order; for n=1
+the top-level fields are its one sample (nothing more travels).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import os
 import platform
 
-from multilora_cli.engine.request import Result
+from multilora_cli.engine.request import Result, Sample
 from multilora_cli.errors import RequestError
 
 START, REQUESTS, END, STOP = "start", "requests", "end", "stop"
@@ -30,12 +32,32 @@ TEST_EXIT_ENV = "MULTILORA_TEST_WORKER_EXIT"  # tests only: "RANK:K" makes worke
 
 def pack_result(r: Result) -> tuple:
     err = None if r.error is None else (r.error.code, r.error.one_line())
-    return (r.key, r.id, r.adapter, r.text, r.token_ids, r.finish_reason, r.prompt_tokens, r.completion_tokens, err)
+    samples = None
+    if len(r.samples) > 1:
+        samples = [(s.text, s.token_ids, s.finish_reason, s.completion_tokens) for s in r.samples]
+    return (
+        r.key,
+        r.id,
+        r.adapter,
+        r.text,
+        r.token_ids,
+        r.finish_reason,
+        r.prompt_tokens,
+        r.completion_tokens,
+        err,
+        samples,
+    )
 
 
 def unpack_result(t: tuple) -> Result:
-    key, rid, adapter, text, token_ids, finish, pt, ct, err = t
+    key, rid, adapter, text, token_ids, finish, pt, ct, err, packed = t
     error = None if err is None else RequestError(err[1], code=err[0])
+    if packed is not None:
+        samples = [Sample(i, *s) for i, s in enumerate(packed)]
+    elif error is None:
+        samples = [Sample(0, text, token_ids, finish, ct)]
+    else:
+        samples = []
     return Result(
         key=key,
         id=rid,
@@ -46,6 +68,7 @@ def unpack_result(t: tuple) -> Result:
         prompt_tokens=pt,
         completion_tokens=ct,
         error=error,
+        samples=samples,
     )
 
 

@@ -38,7 +38,8 @@ class LineCosts:
 
 
 def estimate_tokens(spec: LineSpec, default_max_tokens: int) -> int:
-    """Prompt tokens (estimated from its text, exact for prompt_token_ids) + max new tokens."""
+    """Prompt tokens (estimated from its text, exact for prompt_token_ids) + max new tokens of each of its n
+    samples (the prompt is prefilled once)."""
     if spec.prompt_token_ids is not None:
         prompt = len(spec.prompt_token_ids)
     elif spec.prompt is not None:
@@ -50,6 +51,9 @@ def estimate_tokens(spec: LineSpec, default_max_tokens: int) -> int:
         prompt = 0
     mt = spec.sampling.get("max_tokens")
     new = mt if isinstance(mt, int) and not isinstance(mt, bool) and mt > 0 else default_max_tokens
+    n = spec.sampling.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+        new *= n
     return max(1, prompt + new)
 
 

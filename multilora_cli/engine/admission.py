@@ -103,7 +103,7 @@ class Admission:
         # admission serves base and in-slot queues before any load: their requests take seats first, and the
         # in-slot adapters that are not pinned yet will pin their slots
         cheap = [a for a in w.adapters() if a is None or self.slots.is_resident(a)]
-        seats = self.max_num_seqs - len(self.running) - sum(w.size(a) for a in cheap)
+        seats = self.max_num_seqs - self.num_seats - sum(w.size(a) for a in cheap)
         slots = (
             self.slots.max_loras
             - self.slots.num_pinned
@@ -128,7 +128,7 @@ class Admission:
         w = self._waiting
         if plan.preempted or not len(w):
             return  # the cache is short: admitting now would only preempt again
-        if len(self.running) >= self.max_num_seqs or plan.budget <= 0:
+        if self.num_seats >= self.max_num_seqs or plan.budget <= 0:
             return  # no seat or token budget: skip the ordering work (steady decode with a queue)
         adapters = w.adapters()
         oldest = w.oldest()
@@ -145,7 +145,7 @@ class Admission:
                 return
         picker = self._picker(loads)
         while len(picker):
-            a = picker.pick(self.max_num_seqs - len(self.running), self.slots.max_loras - self.slots.num_pinned)
+            a = picker.pick(self.max_num_seqs - self.num_seats, self.slots.max_loras - self.slots.num_pinned)
             if a is None or self._admit_queue(plan, a) == _STOP:  # None: no seat or slot left
                 return
 
@@ -179,7 +179,8 @@ class Admission:
                 return
 
     def _try_admit(self, plan: StepPlan, seq: Sequence) -> int:
-        if len(self.running) >= self.max_num_seqs or plan.budget <= 0:
+        seats = self.seats_for(seq)  # 1, or n with the seats its samples take once they fork (engine/fork.py)
+        if self.num_seats + seats > self.max_num_seqs or plan.budget <= 0:
             return _STOP
         pending = seq.num_uncomputed_tokens
         if self.chunked_prefill:
@@ -188,7 +189,8 @@ class Admission:
             n = pending  # whole prompt; may exceed the budget when it is the step's only prefill
         else:
             return _STOP
-        reserve = self.watermark_blocks if self.running else 0
+        # beside running sequences, keep a few blocks free, and one per fork (its own partial prompt block)
+        reserve = self.watermark_blocks + seats - 1 if self.running else 0
         if not self.bm.can_allocate(seq, n, reserve):
             return _STOP
         try:
@@ -203,6 +205,7 @@ class Admission:
         self.slots.retain(seq.adapter)
         seq.slot = slot
         seq.status = SeqStatus.RUNNING
+        self._hold_seats(seq)
         self.running.append(seq)
         self._admissions += 1
         plan.add(seq, n)

@@ -1,7 +1,8 @@
 """`Engine`: the library entry point. `Engine(config, adapters).generate(requests)` yields `Result`s.
 
 Requests are pulled lazily (a window of waiting sequences), scheduled with continuous batching and
-adapter-aware admission, run by the `ModelRunner`, and returned as soon as each finishes (any order).
+adapter-aware admission, run by the `ModelRunner`, and returned as soon as each finishes (any order). A request
+with n > 1 runs as n sequences (engine/fork.py) and is returned once, when its last sample finished.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
-from multilora_cli.engine.request import EngineStats, Request, Result
+from multilora_cli.engine.request import EngineStats, Request, Result, Sample
 from multilora_cli.engine.runner import ModelRunner
 from multilora_cli.engine.scheduler import Scheduler
 from multilora_cli.engine.sequence import Sequence
@@ -94,6 +95,7 @@ class Engine:
             max_lora_rank=config.max_lora_rank,
         )
         self._next_seq_id = 0
+        self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
 
     # --- adapters ---------------------------------------------------------------------------------------------
@@ -208,7 +210,7 @@ class Engine:
         except MultiloraError as e:
             return self._error(request, e)
         seq = Sequence.from_request(self._next_seq_id, request, ids, engine_seed=self.config.seed)
-        self._next_seq_id += 1
+        self._next_seq_id += request.sampling.n  # the ids of its samples (Sequence.fork)
         self.scheduler.add(seq)
         return None
 
@@ -217,32 +219,59 @@ class Engine:
         self.stats.errors += 1
         return Result(key=request.key, id=request.id, adapter=request.adapter, error=error)
 
-    def _result(self, seq: Sequence) -> Result:
-        st = self.stats
+    def _finished(self, seq: Sequence) -> Result | None:
+        """The request's Result once `seq` was its last sample to finish (or its sample 0 failed before the
+        others forked); None while samples are still running."""
+        n = seq.sampling.n
+        if n == 1:
+            return self._result([seq])
+        done = self._samples.setdefault(seq.request.key, [])
+        done.append(seq)
+        if len(done) < n and not seq.pending_forks:  # (pending forks: it failed before they started)
+            return None
+        del self._samples[seq.request.key]
+        return self._result(sorted(done, key=lambda s: s.sample_index))
+
+    def _result(self, seqs: list[Sequence]) -> Result:
+        """One Result from a request's finished samples (index order)."""
+        st, first = self.stats, seqs[0]
         st.requests += 1
-        if seq.error is not None:
+        failed = next((s for s in seqs if s.error is not None), None)
+        if failed is not None:
             st.errors += 1
             return Result(
-                key=seq.request.key,
-                id=seq.request.id,
-                adapter=seq.adapter,
-                error=seq.error,
-                prompt_tokens=seq.num_prompt_tokens,
+                key=first.request.key,
+                id=first.request.id,
+                adapter=first.adapter,
+                error=failed.error,
+                prompt_tokens=first.num_prompt_tokens,
             )
-        st.adapter(seq.adapter).add_ok(seq.num_prompt_tokens, seq.num_completion_tokens)
-        st.prompt_tokens += seq.num_prompt_tokens
-        st.completion_tokens += seq.num_completion_tokens
+        samples = [self._sample(s) for s in seqs]
+        completion = sum(s.completion_tokens for s in samples)
+        st.adapter(first.adapter).add_ok(first.num_prompt_tokens, completion)
+        st.prompt_tokens += first.num_prompt_tokens
+        st.completion_tokens += completion
+        return Result(
+            key=first.request.key,
+            id=first.request.id,
+            adapter=first.adapter,
+            text=samples[0].text,
+            token_ids=samples[0].token_ids,
+            finish_reason=samples[0].finish_reason,
+            prompt_tokens=first.num_prompt_tokens,
+            completion_tokens=completion,
+            samples=samples,
+        )
+
+    def _sample(self, seq: Sequence) -> Sample:
         ids = seq.output_token_ids
         if ids and ids[-1] in self.stop.eos and not seq.sampling.ignore_eos:
             ids = ids[:-1]
-        return Result(
-            key=seq.request.key,
-            id=seq.request.id,
-            adapter=seq.adapter,
+        return Sample(
+            index=seq.sample_index,
             text=seq.text,
             token_ids=ids,
             finish_reason=seq.finish_reason,
-            prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_completion_tokens,
         )
 
@@ -267,7 +296,8 @@ class Engine:
                     if res is not None:
                         yield res
                 for seq in sched.pop_finished():
-                    yield self._result(seq)
+                    if (res := self._finished(seq)) is not None:
+                        yield res
                 if ahead is not None:
                     launched, ahead = ahead, None
                 else:
@@ -296,7 +326,8 @@ class Engine:
                 sched.postprocess(batch, ids, self.stop)
                 self.schedule_seconds += time.perf_counter() - t1
                 for seq in sched.pop_finished():
-                    yield self._result(seq)
+                    if (res := self._finished(seq)) is not None:
+                        yield res
         finally:
             # closed between two steps (at a yield): finish the step in flight, so none is left pending. Anything
             # else (Ctrl-C inside a step, an error) propagates as it is: the step before it is unfinished too

@@ -1,4 +1,4 @@
-"""What goes into the engine and what comes out: `Request`, `Result`, `EngineStats`."""
+"""What goes into the engine and what comes out: `Request`, `Result` (with its `Sample`s), `EngineStats`."""
 
 from __future__ import annotations
 
@@ -26,8 +26,23 @@ class Request:
 
 
 @dataclass(slots=True)
+class Sample:
+    """One of a request's n completions (`index` 0 .. n-1)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length"
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
 class Result:
-    """Outcome of one request; `error` set means it failed and the other outputs are empty."""
+    """Outcome of one request, returned once all its samples finished; `error` set means it failed (one of its
+    samples did) and the other outputs are empty.
+
+    `samples` holds every completion in index order (one for n=1); `text`, `token_ids` and `finish_reason` are
+    sample 0's, `completion_tokens` the sum over the samples, `prompt_tokens` the prompt's (prefilled once)."""
 
     key: int
     id: str
@@ -38,6 +53,7 @@ class Result:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: MultiloraError | None = None
+    samples: list[Sample] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -13,6 +13,8 @@ Each `schedule()` builds one step:
    slots (only its adapter and base requests are admitted until it gets a slot), so nothing waits forever and
    an in-order writer only ever buffers a bounded number of results.
 Every running sequence pins its adapter's slot, so a step never holds more than `max_loras` adapters.
+A request with n > 1 samples runs as one sequence until its prompt is computed, then forks (engine/fork.py);
+it holds seats for its forks from admission on, so `max_num_seqs` counts every sample.
 By default a step mixes decodes and prefill chunks; `mix_prefill_decode=False` gives nano-vllm-style steps
 that are all prefill or all decode, `chunked_prefill=False` feeds each prompt whole (one may exceed the budget).
 """
@@ -26,6 +28,7 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.engine.admission import Admission
 from multilora_cli.engine.batch import ScheduledBatch, StepPlan
 from multilora_cli.engine.block_manager import BlockManager
+from multilora_cli.engine.fork import Forking
 from multilora_cli.engine.sequence import SeqStatus, Sequence
 from multilora_cli.engine.slots import SlotManager
 from multilora_cli.engine.token_bound import PROMPT_TOO_LONG_HINT
@@ -35,7 +38,7 @@ from multilora_cli.errors import EngineError, MultiloraError, RequestError
 POLICIES = ("group", "fifo")
 
 
-class Scheduler(Admission):
+class Scheduler(Admission, Forking):
     """Decides which sequences run each step; owns the waiting queues and the running list."""
 
     def __init__(
@@ -67,7 +70,8 @@ class Scheduler(Admission):
         # the very next decode step to preempt.
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
         self._waiting = WaitingQueues()
-        self.running: list[Sequence] = []  # admission order
+        self.running: list[Sequence] = []  # admission order (forks right after their request's admission)
+        self._reserved = 0  # seats held for forks of running sequences (engine/fork.py)
         self._finished: list[Sequence] = []
         self._admissions = 0
         self._pending: list[ScheduledBatch] = []  # scheduled, not yet postprocessed (2 with `schedule_ahead`)
@@ -77,6 +81,7 @@ class Scheduler(Admission):
         self.num_decode_steps = 0  # steps of decodes only
         self.num_preemptions = 0
         self.num_ahead_steps = 0  # decode steps planned by `schedule_ahead`
+        self.num_forks = 0  # requests with n > 1 whose samples forked
 
     # --- feeding ---------------------------------------------------------------------------------------------
     @property
@@ -176,13 +181,13 @@ class Scheduler(Admission):
             return None
         running = self.running
         if len(running) != batch.num_seqs or (
-            (len(self._waiting) or more_requests) and len(running) < self.max_num_seqs
+            (len(self._waiting) or more_requests) and self.num_seats < self.max_num_seqs
         ):
             return None
         limit = self.max_model_len
         for seq in batch.seqs:
-            if seq.num_completion_tokens + 1 >= seq.sampling.max_tokens:
-                return None
+            if seq.num_completion_tokens + 1 >= seq.sampling.max_tokens or seq.pending_forks:
+                return None  # (pending forks: its samples fork at `batch` and join the next step)
             if limit is not None and len(seq.token_ids) + 1 >= limit:
                 return None
         bm, size = self.bm, self.bm.block_size
@@ -218,7 +223,8 @@ class Scheduler(Admission):
         self, batch: ScheduledBatch, sampled_token_ids: Seq[int], stop: Callable[[Sequence], str | None]
     ) -> None:
         """Record the step: advance computed tokens, append one sampled id per `batch.sampled_seqs()` (in
-        order), and finish sequences for which `stop(seq)` returns a finish reason."""
+        order), fork the other samples of a request with n > 1 at its first token, and finish sequences for
+        which `stop(seq)` returns a finish reason."""
         if not self._pending or batch is not self._pending[0]:
             raise RuntimeError("postprocess() got a batch that is not the oldest pending one")
         self._pending.pop(0)
@@ -235,6 +241,8 @@ class Scheduler(Admission):
             if not smp:
                 continue
             seq.token_ids.append(int(next(it)))  # Sequence.append_token, inline: once per sequence a step
+            if seq.pending_forks:  # before the stop check: a sample that stops at once still leaves its prompt
+                self._fork(seq)
             reason = stop(seq)
             if reason is not None:
                 self._finish(seq, reason=reason)
@@ -306,6 +314,7 @@ class Scheduler(Admission):
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.bm.free(seq)
         self.slots.release(seq.adapter)
+        self._drop_seats(seq)
         self.running.remove(seq)
         seq.num_computed_tokens = 0
         seq.slot = -1
@@ -330,6 +339,7 @@ class Scheduler(Admission):
     def _finish(self, seq: Sequence, reason: str | None) -> None:
         if seq.status is SeqStatus.RUNNING:
             self.slots.release(seq.adapter)
+            self._drop_seats(seq)
         self.bm.free(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason

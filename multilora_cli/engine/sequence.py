@@ -1,8 +1,15 @@
-"""`Sequence`: one request's state inside the engine (tokens, KV blocks, status) and its sampling seed.
+"""`Sequence`: one sample of a request inside the engine (tokens, KV blocks, status) and its sampling seed.
 
 A sequence owns `token_ids` = prompt + generated tokens. `num_computed_tokens` of them have their KV in the
 cache; a step feeds the next chunk `token_ids[num_computed_tokens : num_computed_tokens + n]`. Preemption
 frees the KV and sets `num_computed_tokens` back to 0: the next prefill recomputes prompt + generated so far.
+
+A request with n > 1 samples enters as ONE sequence (sample 0, seq_ids seq_id .. seq_id + n - 1 reserved for
+its samples) carrying `pending_forks` = n - 1. When its whole prompt is computed and it samples its first
+token, the scheduler forks samples 1 .. n-1 (`fork`): each starts with the prompt's full blocks shared
+(engine/block_manager.py) and computes only the prompt's last, partial block itself before sampling its own
+first token. Sample i draws from `sample_seed(seed, i)`: sample 0 from the request's own seed, so it is what the
+request with n=1 gives, and sample i's text depends only on (seed, i, position).
 """
 
 from __future__ import annotations
@@ -24,6 +31,17 @@ def splitmix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
+
+
+_SAMPLE_DOMAIN = 0x6E5F73616D706C65  # "n_sample": sample seeds never coincide with derive_seed's request seeds
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """Seed of sample `index` of a request whose seed is `seed`: `seed` itself for sample 0 (what n=1 draws),
+    else a mix of (seed, index) alone, so a sample's draws never depend on n or on the other samples."""
+    if index == 0:
+        return seed
+    return splitmix64(splitmix64(seed & _MASK64) ^ splitmix64(_SAMPLE_DOMAIN + index))
 
 
 def derive_seed(engine_seed: int, key: int) -> int:
@@ -58,6 +76,9 @@ class Sequence:
     num_preemptions: int = 0
     enqueued_at: int = 0  # scheduler admission counter when (re)queued: measures how long it was deferred
     detok: Any = None  # incremental decoder for stop strings (engine.detokenizer), created lazily
+    sample_index: int = 0  # which of the request's n samples this is
+    pending_forks: int = 0  # samples still to fork from this one (n - 1 until its first token, then 0)
+    reserved_seats: int = 0  # seats held for those forks while RUNNING (Scheduler: max_num_seqs counts them)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -84,7 +105,22 @@ class Sequence:
             prompt_token_ids=prompt_token_ids,
             adapter=adapter if adapter is not None else request.adapter,
             seed=seed,
+            pending_forks=request.sampling.n - 1,
         )
+
+    def fork(self, index: int, num_computed_tokens: int) -> Sequence:
+        """Sample `index` of this sequence's request (seq_id + index), its prompt's first `num_computed_tokens`
+        already in the cache (the caller shares those blocks); it samples its own first token."""
+        child = Sequence(
+            seq_id=self.seq_id + index,
+            request=self.request,
+            prompt_token_ids=self.prompt_token_ids,
+            adapter=self.adapter,
+            seed=sample_seed(self.seed, index),
+            sample_index=index,
+        )
+        child.num_computed_tokens = num_computed_tokens
+        return child
 
     # --- sizes -------------------------------------------------------------------------------------------------
     @property

@@ -17,6 +17,7 @@ class WaitingQueues:
 
     def __init__(self):
         self._q: dict[str | None, deque[Sequence]] = {}
+        self._seats: dict[str | None, int] = {}  # per queue: seats its sequences take (n > 1 counts n)
         self._n = 0
         self.version = 0  # bumped by every push / pop: callers memoise on it
 
@@ -29,6 +30,7 @@ class WaitingQueues:
 
     def push(self, seq: Sequence, front: bool = False) -> None:
         q = self._q.setdefault(seq.adapter, deque())
+        self._seats[seq.adapter] = self._seats.get(seq.adapter, 0) + 1 + seq.pending_forks
         if front:
             q.appendleft(seq)
         else:
@@ -40,7 +42,8 @@ class WaitingQueues:
         return list(self._q)
 
     def size(self, adapter: str | None) -> int:
-        return len(self._q[adapter])
+        """Seats the queue's sequences take once admitted: one each, n for a request with n samples."""
+        return self._seats[adapter]
 
     def head(self, adapter: str | None) -> Sequence:
         return self._q[adapter][0]
@@ -48,14 +51,17 @@ class WaitingQueues:
     def pop(self, adapter: str | None) -> Sequence:
         q = self._q[adapter]
         seq = q.popleft()
+        self._seats[adapter] -= 1 + seq.pending_forks
         if not q:
             del self._q[adapter]
+            del self._seats[adapter]
         self._n -= 1
         self.version += 1
         return seq
 
     def take_all(self, adapter: str | None) -> list[Sequence]:
         q = self._q.pop(adapter)
+        del self._seats[adapter]
         self._n -= len(q)
         self.version += 1
         return list(q)

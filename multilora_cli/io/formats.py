@@ -1,7 +1,8 @@
 """Input line formats: the `Format` protocol, which format a file uses, and parsing a raw line.
 
 Two formats, detected per file from its first JSON object line:
-- simple: `{"id", "prompt" | "messages", "adapter" (alias "model"), max_tokens, temperature, top_p, top_k, seed, stop}`
+- simple: `{"id", "prompt" | "messages", "adapter" (alias "model"), max_tokens, temperature, top_p, top_k, seed, stop,
+  n}`
 - OpenAI batch: `{"custom_id", "method", "url", "body": {...}}` (a `custom_id`, and a `body` or no top-level prompt)
 
 Parsing never raises for a bad line: the problem lands in `LineSpec.error` and becomes that line's error record,
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from multilora_cli.io.line import OPENAI, SIMPLE, LineSpec, json_type
+from multilora_cli.io.line import OPENAI, SIMPLE, Choice, LineSpec, json_type
 from multilora_cli.io.openai_batch import OpenAIBatchFormat
 from multilora_cli.io.simple import SimpleFormat
 
@@ -28,8 +29,17 @@ class Format(Protocol):
     def default_id(self, lineno: int) -> Any: ...
 
     def ok_record(
-        self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int, completion_tokens: int
-    ) -> dict: ...
+        self,
+        spec: LineSpec,
+        text: str,
+        finish_reason: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        choices: list[Choice] | None = None,
+    ) -> dict:
+        """The record of a line that ran. `choices`: a line with n > 1, every sample's (text, finish_reason) in
+        index order (`text` / `finish_reason` are then ignored, `completion_tokens` is the sum)."""
+        ...
 
     def error_record(self, spec: LineSpec, code: str, message: str) -> dict: ...
 

@@ -14,7 +14,8 @@ from multilora_cli.errors import RequestError
 SIMPLE = "simple"
 OPENAI = "openai"
 
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")
+Choice = tuple[str, str | None]  # one of a line's n > 1 samples in its record: (text, finish_reason)
 
 
 @dataclass(slots=True)

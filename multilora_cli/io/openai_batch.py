@@ -2,13 +2,13 @@
 
 Input:  {"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
          "body": {"model": <adapter name | base model name | "base">, "prompt" | "messages",
-                  "max_tokens" | "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop"}}
+                  "max_tokens" | "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n"}}
         Body fields that would change the output but are not served yet (`logit_bias`, penalties, `tools`,
-        `response_format`, `n` > 1, ...: io/unserved.py) fail the line unless given their no-op value, as do other
+        `response_format`, `best_of` > n, ...: io/unserved.py) fail the line unless given their no-op value, as do other
         systems' names (`max_new_tokens`) and near-misses of served ones; OpenAI metadata (`user`, `metadata`,
         `store`, `stream` false, `stream_options`, `service_tier`) and other keys are ignored.
 Output: {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id", "body": <completion>},
-         "error": null};  failure: {"id", "custom_id", "response": null, "error": {"code", "message"}}
+         "error": null} (<completion>: OpenAI's, with n choices, index 0 .. n-1, and usage over all of them);  failure: {"id", "custom_id", "response": null, "error": {"code", "message"}}
 
 Record ids are derived from (line number, custom_id), so a resumed run writes the same ids as an uninterrupted one.
 """
@@ -20,7 +20,7 @@ import json
 import time
 from typing import Any
 
-from multilora_cli.io.line import OPENAI, LineSpec, check_messages, json_type
+from multilora_cli.io.line import OPENAI, Choice, LineSpec, check_messages, json_type
 from multilora_cli.io.unserved import UNKNOWN, UNSUPPORTED, near_miss, refusal
 
 COMPLETIONS = "/v1/completions"
@@ -28,7 +28,7 @@ CHAT = "/v1/chat/completions"
 URLS = (COMPLETIONS, CHAT)
 # body fields served (a near-miss of one fails the line) and OpenAI metadata that cannot change the output
 BODY_FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p")
-BODY_FIELDS += ("top_k", "seed", "stop")
+BODY_FIELDS += ("top_k", "seed", "stop", "n")
 METADATA = ("user", "metadata", "store", "stream", "stream_options", "service_tier", "prediction")
 
 
@@ -100,7 +100,7 @@ class OpenAIBatchFormat:
         if mt is not None and mct is not None and mt != mct:
             spec.fail("give max_tokens or max_completion_tokens, not both")
             return
-        s = {k: body[k] for k in ("temperature", "top_p", "top_k", "seed", "stop") if body.get(k) is not None}
+        s = {k: body[k] for k in ("temperature", "top_p", "top_k", "seed", "stop", "n") if body.get(k) is not None}
         if mt is not None or mct is not None:
             s["max_tokens"] = mct if mct is not None else mt
         spec.sampling = s
@@ -131,24 +131,36 @@ class OpenAIBatchFormat:
         return hashlib.sha256(f"{spec.lineno}\n{spec.id}".encode("utf-8", "surrogatepass")).hexdigest()
 
     def ok_record(
-        self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int, completion_tokens: int
+        self,
+        spec: LineSpec,
+        text: str,
+        finish_reason: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        choices: list[Choice] | None = None,
     ) -> dict:
         h = self._hash(spec)
-        choice: dict = {"index": 0}
-        if spec.meta.get("url") == CHAT:
+        chat = spec.meta.get("url") == CHAT
+        if chat:
             body_id, obj = f"chatcmpl-{h[:24]}", "chat.completion"
-            choice["message"] = {"role": "assistant", "content": text}
         else:
             body_id, obj = f"cmpl-{h[:24]}", "text_completion"
-            choice["text"] = text
-        choice["logprobs"] = None
-        choice["finish_reason"] = finish_reason
+        listed = []
+        for i, (t, f) in enumerate(choices if choices is not None else [(text, finish_reason)]):
+            choice: dict = {"index": i}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": t}
+            else:
+                choice["text"] = t
+            choice["logprobs"] = None
+            choice["finish_reason"] = f
+            listed.append(choice)
         body = {
             "id": body_id,
             "object": obj,
             "created": int(time.time()),
             "model": spec.meta.get("model"),
-            "choices": [choice],
+            "choices": listed,
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,

@@ -1,13 +1,15 @@
 """The simple JSONL format.
 
 Input:  {"id": "a1", "prompt": "..." | "messages": [...], "adapter": "legal" | null | "base",
-         "max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
+         "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n"}
         `model` is an alias of `adapter` (the OpenAI habit); both given and different fail the line.
-        Fields that would change the output but are not served yet (`n`, penalties, `logit_bias`, `logprobs`,
+        Fields that would change the output but are not served yet (penalties, `logit_bias`, `logprobs`,
         ...: io/unserved.py) fail the line unless given their no-op value; so do other systems' names for served
         fields (`max_new_tokens`, `stop_sequences`, `do_sample`) and near-misses of known names ("temprature"):
         a field must never be silently ignored. Any other field is metadata, ignored.
 Output: {"id", "adapter", "text", "finish_reason", "usage": {"prompt_tokens", "completion_tokens"}}
+        n > 1: {"id", "adapter", "choices": [{"index", "text", "finish_reason"}, ...],
+                "usage": {"prompt_tokens", "completion_tokens" (all samples)}}
 Error:  {"id", "adapter", "error": {"code", "message"}}
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from multilora_cli.io.line import SAMPLING_FIELDS, SIMPLE, LineSpec, check_messages, json_type
+from multilora_cli.io.line import SAMPLING_FIELDS, SIMPLE, Choice, LineSpec, check_messages, json_type
 from multilora_cli.io.unserved import UNKNOWN, near_miss, refusal
 
 FIELDS = ("id", "prompt", "messages", "adapter", "model", *SAMPLING_FIELDS)
@@ -73,14 +75,24 @@ class SimpleFormat:
         return spec
 
     def ok_record(
-        self, spec: LineSpec, text: str, finish_reason: str | None, prompt_tokens: int, completion_tokens: int
+        self,
+        spec: LineSpec,
+        text: str,
+        finish_reason: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        choices: list[Choice] | None = None,
     ) -> dict:
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+        if choices is not None:
+            listed = [{"index": i, "text": t, "finish_reason": f} for i, (t, f) in enumerate(choices)]
+            return {"id": spec.id, "adapter": self._adapter(spec), "choices": listed, "usage": usage}
         return {
             "id": spec.id,
             "adapter": self._adapter(spec),
             "text": text,
             "finish_reason": finish_reason,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+            "usage": usage,
         }
 
     def error_record(self, spec: LineSpec, code: str, message: str) -> dict:
@@ -93,7 +105,8 @@ class SimpleFormat:
         return record.get("error") is not None
 
     def looks_like_record(self, record: dict) -> bool:
-        return "id" in record and ("text" in record or "error" in record) and "custom_id" not in record
+        shaped = "text" in record or "choices" in record or "error" in record
+        return "id" in record and shaped and "custom_id" not in record
 
     @staticmethod
     def _adapter_field(spec: LineSpec, obj: dict) -> Any:

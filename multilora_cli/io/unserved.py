@@ -2,7 +2,7 @@
 that are: each one fails its line (an error record), because ignoring it would quietly give another output than
 the line asks for, and nobody reads 100,000 outputs by hand.
 
-A field given its no-op value ("n": 1, "frequency_penalty": 0, "logit_bias": {}, "logprobs": false) asks for
+A field given its no-op value ("echo": false, "frequency_penalty": 0, "logit_bias": {}, "logprobs": false) asks for
 nothing multilora does not do, so it is accepted; null counts as not given. Keys in neither table are metadata
 and stay ignored (`custom_id`, `meta`, `user`, ...), except near-misses of a known name (`near_miss`).
 """
@@ -19,9 +19,7 @@ UNKNOWN = "unknown_field"  # error code: a key that is another system's name (or
 # field -> its no-op values (JSON values that change nothing; null always does). An empty tuple: any value
 # asks for something multilora does not do.
 NOT_SERVED: dict[str, tuple] = {
-    # several completions, beams, scoring
-    "n": (1,),
-    "best_of": (1,),  # n is 1: best_of 1 picks from one candidate
+    # beams, scoring (`n` is served; `best_of` is accepted equal to n: `refusal`)
     "use_beam_search": (False,),
     "num_beams": (1,),
     "length_penalty": (1, 1.0),
@@ -84,11 +82,12 @@ RENAMED: dict[str, tuple[str, str, tuple]] = {
     "max_length": ("max_tokens", "transformers' max_length counts the prompt too: give the tokens to generate", ()),
     "max_completion_tokens": ("max_tokens", "max_completion_tokens is the OpenAI chat name: rename the key", ()),
     "stop_sequences": ("stop", "stop_sequences is the TGI / Anthropic name: rename the key", ([],)),
-    "num_return_sequences": ("n", "the transformers name, and n > 1 is not supported yet: remove it, or give 1", (1,)),
+    "num_return_sequences": ("n", "num_return_sequences is the transformers name: rename the key", (1,)),
     "min_new_tokens": ("min_tokens", "the transformers name, and min_tokens is not supported yet: remove it", (0,)),
     "min_length": ("min_tokens", "transformers' min_length; min_tokens is not supported yet: remove it", (0,)),
 }
-SPECIAL = ("do_sample", "add_special_tokens")  # refused or not depending on the rest of the line (`refusal`)
+# refused or not depending on the rest of the line (`refusal`)
+SPECIAL = ("do_sample", "add_special_tokens", "best_of")
 
 # Near-miss candidates beyond a format's own fields: names long and specific enough that a key close to one is a
 # misspelling, not metadata (a short word like "choice" is left out: "choices" is a likely metadata key).
@@ -124,6 +123,23 @@ def _do_sample(value: Any, container: dict) -> str | None:
     return f"{what}; do_sample is accepted only beside a temperature that agrees with it"
 
 
+def _best_of(name: str, value: Any, container: dict, where: str) -> tuple[str, str] | None:
+    """best_of (vLLM, legacy completions: draw best_of, return the n most likely) is accepted equal to n, which
+    returns every sample drawn; more than n would need a choice multilora does not make."""
+    n = container.get("n")
+    n = 1 if n is None else n
+    if value is None or _same(value, n):
+        return None
+    count = isinstance(value, int) and not isinstance(value, bool)
+    if count and isinstance(n, int) and not isinstance(n, bool) and value > n:
+        return (
+            f"field {name!r} {value} above {where}n ({n}) is not supported: multilora returns every sample it "
+            f"draws and does not pick the best ones (remove it, or give {n})",
+            UNSUPPORTED,
+        )
+    return f"{name} must be an integer equal to {where}n ({json.dumps(n)}), got {json.dumps(value)}", "invalid_sampling"
+
+
 def refusal(key: str, value: Any, container: dict, where: str = "") -> tuple[str, str] | None:
     """(message, code) when `key` (of `container`, a line or an OpenAI body) must fail the line, else None.
     where: the prefix naming the container in messages ("body.")."""
@@ -138,6 +154,8 @@ def refusal(key: str, value: Any, container: dict, where: str = "") -> tuple[str
         if _no_op(value, neutral):
             return None
         return _not_served(name, neutral), UNSUPPORTED
+    if key == "best_of":
+        return _best_of(name, value, container, where)
     if key in RENAMED:
         target, why, neutral = RENAMED[key]
         if _no_op(value, neutral):

@@ -183,7 +183,11 @@ class RunJob:
             msg = res.error.one_line().removeprefix(f"request {res.id}: ")
             self._emit_error(spec, res.error.code, f"line {spec.lineno}: {msg}", adapter)
             return
-        record = self._fmt.ok_record(spec, res.text, res.finish_reason, res.prompt_tokens, res.completion_tokens)
+        # n > 1: every sample's choice, in index order (one record per line, completion tokens summed)
+        choices = [(s.text, s.finish_reason) for s in res.samples] if len(res.samples) > 1 else None
+        record = self._fmt.ok_record(
+            spec, res.text, res.finish_reason, res.prompt_tokens, res.completion_tokens, choices
+        )
         with self._lock:
             self.stats.add_ok(adapter, res.prompt_tokens, res.completion_tokens)
             self.writer.put(spec.key, record, tag=self._tag(spec.key))

@@ -3,7 +3,8 @@
 The "model" writes each fed token's (seq, position, token) into a paged KV store at the slot the batch names,
 checks that every position a query attends to holds that sequence's right token (catching block-table,
 slot-mapping and recompute bugs), and "samples" token = f(seed, completion position): a preempted and
-recomputed sequence must therefore produce exactly the tokens it would have produced undisturbed.
+recomputed sequence must therefore produce exactly the tokens it would have produced undisturbed. The samples of
+a request with n > 1 may read KV that their sample 0 wrote, only in the prompt's full blocks they share with it.
 """
 
 from __future__ import annotations
@@ -28,9 +29,19 @@ def expected_output(seq: Sequence) -> list[int]:
     return [fake_token(seq.seed, i) for i in range(seq.sampling.max_tokens)]
 
 
-def make_seq(i: int, adapter: str | None, prompt_len: int, max_tokens: int, **sp) -> Sequence:
+def make_seq(
+    i: int, adapter: str | None, prompt_len: int, max_tokens: int, seq_id: int | None = None, **sp
+) -> Sequence:
+    """Request i's sequence (its seq_id i unless given: a request with n samples takes seq_id .. seq_id + n-1)."""
     req = Request(key=i, id=f"r{i}", adapter=adapter, sampling=SamplingParams(max_tokens=max_tokens, **sp))
-    return Sequence.from_request(i, req, [1 + (i * 13 + j) % 50 for j in range(prompt_len)], engine_seed=1)
+    prompt = [1 + (i * 13 + j) % 50 for j in range(prompt_len)]
+    return Sequence.from_request(i if seq_id is None else seq_id, req, prompt, engine_seed=1)
+
+
+def shared_prefix(seq: Sequence, block_size: int) -> int:
+    """Positions a forked sample may read from its sample 0's blocks: the prompt's full blocks before its last
+    token (engine/fork.py), none for sample 0 itself."""
+    return (seq.num_prompt_tokens - 1) // block_size * block_size if seq.sample_index else 0
 
 
 @dataclass
@@ -114,25 +125,31 @@ class Sim:
         assert b.ahead == (fed is not None)
         ids, pos, slot_map = fed if b.ahead else b.input_ids(), b.positions(), b.kv_slot_mapping()
         assert len(ids) == len(pos) == len(slot_map) == b.num_tokens == b.query_start_loc()[-1]
-        owners = {}
+        holders: dict[int, list[Sequence]] = {}
         for s in self.sched.running:
             for blk in s.block_table:
-                assert blk not in owners, f"block {blk} shared by {owners.get(blk)} and {s.seq_id}"
-                owners[blk] = s.seq_id
-        assert len(owners) + self.bm.num_free_blocks == self.bm.num_blocks
+                holders.setdefault(blk, []).append(s)
+        for blk, seqs in holders.items():  # a block is shared only by the samples of one request
+            assert self.bm.refcount(blk) == len(seqs), (blk, seqs)
+            assert len({s.request.key for s in seqs}) == 1, f"block {blk} shared by {seqs}"
+        assert len(holders) + self.bm.num_free_blocks == self.bm.num_blocks
         qs = b.query_start_loc()
         for i, seq in enumerate(b.seqs):
             self.admitted_step.setdefault(seq.seq_id, len(self.log))
             assert b.slots[i] == self.slots.slot_of(seq.adapter)
             if seq.adapter is not None:
                 assert self.installed[b.slots[i]] == seq.adapter
-            for t in range(qs[i], qs[i + 1]):
+            for t in range(qs[i], qs[i + 1]):  # never into a shared block
+                assert self.bm.refcount(slot_map[t] // bs) == 1, (seq, pos[t])
                 self.kv[slot_map[t]] = (seq.seq_id, pos[t], ids[t])
             ctx = b.seq_lens()[i]
-            for p in range(ctx):  # everything attended to is this sequence's own, correct KV
+            shared = shared_prefix(seq, bs)
+            first = seq.seq_id - seq.sample_index  # its sample 0
+            for p in range(ctx):  # everything attended to is this sequence's own, correct KV (or its prompt's)
                 cs = seq.block_table[p // bs] * bs + p % bs
                 tok = seq.token_ids[p] if p < seq.num_tokens else fed[i]  # (ahead: the fed token is not appended)
-                assert self.kv.get(cs) == (seq.seq_id, p, tok), (seq, p)
+                got = self.kv.get(cs)
+                assert got == (seq.seq_id, p, tok) or (p < shared and got == (first, p, tok)), (seq, p, got)
         assert b.logits_indices() == [qs[i + 1] - 1 for i in range(b.num_seqs) if b.sample[i]]
         assert all(n == 1 for n in b.num_new_tokens[: b.num_decodes])
         assert all(n > 1 for n in b.num_new_tokens[b.num_decodes :])

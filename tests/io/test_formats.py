@@ -142,7 +142,7 @@ def test_openai_completion_and_chat_lines():
         (oai({"model": "m", "messages": [{"role": "user", "content": "q"}]}), "invalid_request", "takes 'prompt'"),
         (oai({"model": "m", "prompt": "x"}, url="/v1/chat/completions"), "invalid_request", "takes 'messages'"),
         (oai({"model": "m", "prompt": ["a", "b"]}), "invalid_request", "one prompt per line"),
-        (oai({"model": "m", "prompt": "x", "n": 2}), "unsupported_field", "field 'body.n' is not supported yet"),
+        (oai({"model": "m", "prompt": "x", "best_of": 2}), "unsupported_field", "'body.best_of' 2 above body.n (1)"),
         (
             oai({"model": "m", "prompt": "x", "max_tokens": 3, "max_completion_tokens": 4}),
             "invalid_request",

@@ -20,8 +20,6 @@ TAIL = "is not supported yet: multilora would ignore it and the output would not
 
 # one value per not-served field that asks for something (the table's no-op values are tested apart)
 ASKING = {
-    "n": 2,
-    "best_of": 3,
     "use_beam_search": True,
     "num_beams": 4,
     "length_penalty": 0.5,
@@ -112,7 +110,7 @@ def test_no_op_values_are_accepted(field):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("n", True), ("logprobs", 0), ("best_of", 2), ("logit_bias", []), ("repetition_penalty", "1.0"), ("echo", 0)],
+    [("logprobs", 0), ("logit_bias", []), ("repetition_penalty", "1.0"), ("echo", 0)],
 )
 def test_values_that_only_look_like_no_ops_are_refused(field, value):
     # JSON true is not 1, 0 is not false (logprobs 0 returns the sampled tokens' logprobs in vLLM / legacy OpenAI)
