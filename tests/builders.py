@@ -172,6 +172,9 @@ def build_tokenizer(path: Path, vocab_size: int = 256) -> Path:
     (path / "tokenizer_config.json").write_text(
         json.dumps(
             {
+                # tokenizer.json as it is (the model type's own tokenizer class, e.g. Gemma's in transformers 5,
+                # would rebuild its pipeline and split these words differently)
+                "tokenizer_class": "PreTrainedTokenizerFast",
                 "bos_token": "<s>",
                 "eos_token": "</s>",
                 "unk_token": "<unk>",

@@ -65,10 +65,12 @@ def _paged_decode_kernel(
     kvh = tl.program_id(1)
     s = tl.program_id(2)
     ctx_len = tl.load(context_lens_ptr + b)
-    # sliding window: only the last `window` tokens are visible (window 0 = all)
+    # sliding window: only the last `window` tokens are visible (window 0 = all); the splits partition the tiles
+    # from the window's first one, so every split has work and no tile before the window is read
     lo = tl.where(window > 0, tl.maximum(ctx_len - window, 0), 0)
-    start = tl.maximum(s * part_size, (lo // BLOCK_N) * BLOCK_N)
-    end = tl.minimum((s + 1) * part_size, ctx_len)
+    first = (lo // BLOCK_N) * BLOCK_N
+    start = first + s * part_size
+    end = tl.minimum(first + (s + 1) * part_size, ctx_len)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -175,16 +177,18 @@ def paged_attention_decode(
     out = torch.empty_like(q) if out is None else out
     if B == 0:
         return out
-    if num_splits is None:
-        num_splits = default_num_splits(B, kvh, max_context_len, q.device)
     group = H // kvh
     block_d = max(16, triton.next_power_of_2(D))
     block_n = block_n or (64 if block_d <= 128 else 32)
+    # tokens a sequence's splits cover: its context, or with a window the tiles from the window's first one
+    span = min(max_context_len, sliding_window + block_n) if sliding_window else max_context_len
+    if num_splits is None:
+        num_splits = default_num_splits(B, kvh, span, q.device)
     if num_splits > 1:
         if max_context_len <= 0:
             raise ValueError("num_splits > 1 needs max_context_len")
-        part = triton.cdiv(triton.cdiv(max_context_len, num_splits), block_n) * block_n
-        num_splits = triton.cdiv(max_context_len, part)
+        part = triton.cdiv(triton.cdiv(span, num_splits), block_n) * block_n
+        num_splits = triton.cdiv(span, part)
     else:
         part = 1 << 30
     split = num_splits > 1

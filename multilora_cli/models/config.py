@@ -185,7 +185,8 @@ class ModelConfig:
 
     def layer_rope(self, layer: int) -> str:
         """Which RoPE decoder layer `layer` uses: "local" (Gemma 3 sliding layers: rope_local_theta) or "global"."""
-        if self.rope_local_theta is not None and self.layer_sliding_window(layer) is not None:
+        kinds = self.layer_types or []
+        if self.rope_local_theta is not None and layer < len(kinds) and kinds[layer] == "sliding_attention":
             return "local"
         return "global"
 

@@ -100,6 +100,30 @@ def test_decode_kernel_matches_reference(shape, splits, block_n, window, softcap
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("splits", [None, 1, 4])
+@pytest.mark.parametrize("softcap", [None, 1.5])
+def test_decode_window_much_shorter_than_context(splits, softcap):
+    """A 40-token window over contexts up to 300: the splits divide the window's tiles (not the context), every
+    sequence's visible tokens are covered once."""
+    B, H, KVH, D, page, lens = 3, 4, 2, 16, 8, [300, 37, 5]
+    q, kc, vc, tables, bt = _case(B, H, KVH, D, page, lens, seed=5)
+    dq, dkc, dvc, dbt, dlens = _on(q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))
+    out = paged_attention_decode(
+        dq,
+        dkc,
+        dvc,
+        dbt,
+        dlens,
+        1 / math.sqrt(D),
+        sliding_window=40,
+        softcap=softcap,
+        max_context_len=max(lens),
+        num_splits=splits,
+        block_n=16,
+    ).cpu()
+    torch.testing.assert_close(out.double(), _reference(q, kc, vc, tables, lens, 40, softcap), atol=1e-5, rtol=0)
+
+
 def test_decode_kernel_empty_sequence_gives_zeros():
     q, kc, vc, tables, bt = _case(2, 4, 2, 16, 4, [0, 6])
     dq, dkc, dvc, dbt, dlens = _on(q, kc, vc, bt, torch.tensor([0, 6], dtype=torch.int32))
