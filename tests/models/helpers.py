@@ -143,10 +143,11 @@ def check_chunked_prefill(ours, hf, vocab: int, *, atol: float = 1e-4) -> None:
     blocks = Blocks(64, 4, seed=1)
     ours.allocate_kv_cache(64, 4)
 
-    first = run_prefill(ours, blocks, {0: (a[:5], 0), 1: (b[:9], 0)})
+    lens = {0: len(a), 1: len(b), 2: len(c)}  # LongRoPE: a chunk of a long prompt is rotated as the whole prompt
+    first = run_prefill(ours, blocks, {0: (a[:5], 0), 1: (b[:9], 0)}, prompt_lens=lens)
     torch.testing.assert_close(first[:5], ref["a"][:5], atol=atol, rtol=0)
     torch.testing.assert_close(first[5:], ref["b"][:9], atol=atol, rtol=0)
-    second = run_prefill(ours, blocks, {0: (a[5:], 5), 2: (c, 0), 1: (b[9:], 9)})
+    second = run_prefill(ours, blocks, {0: (a[5:], 5), 2: (c, 0), 1: (b[9:], 9)}, prompt_lens=lens)
     torch.testing.assert_close(second[:5], ref["a"][5:], atol=atol, rtol=0)
     torch.testing.assert_close(second[5:11], ref["c"], atol=atol, rtol=0)
     torch.testing.assert_close(second[11:], ref["b"][9:], atol=atol, rtol=0)

@@ -52,6 +52,7 @@ def test_longrope_matches_hf_generate(base_path, triton):
         pytest.param("gemma2", True, marks=needs_interpreter),
         pytest.param("gemma3", True, marks=needs_interpreter),
         pytest.param("phi3", True, marks=needs_interpreter),
+        ("phi3-longrope", False),  # a 17-token prompt past LongRoPE's switch at 12, in chunks of 9 and 8
     ],
 )
 def test_chunked_prefill_with_cached_prefix(base_path, arch, triton):
