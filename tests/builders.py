@@ -10,7 +10,35 @@ from pathlib import Path
 
 import torch
 
-ARCHS = ["llama", "llama-tied", "llama3", "mistral", "qwen2", "qwen3"]  # every arch tiny_config builds
+ARCHS = [  # every arch tiny_config builds
+    "llama",
+    "llama-tied",
+    "llama3",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "phi3-longrope",
+]
+# the new families' tiny shapes make each feature visible: a 5-token window (prompts run past it), head_dim 32
+# apart from hidden / heads, a query_pre_attn_scalar that is not head_dim, soft caps near the logits' scale,
+# LongRoPE switching to its long factors at position 12 with a half-size rotary dimension
+GEMMA = dict(
+    head_dim=32,
+    query_pre_attn_scalar=24,
+    sliding_window=5,
+    layer_types=["sliding_attention", "full_attention"],
+    bos_token_id=1,
+    eos_token_id=2,
+)
+LONGROPE = {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 1.3, 1.9, 2.5],
+    "long_factor": [1.5, 3.0, 6.0, 12.0],
+    "original_max_position_embeddings": 12,
+}
 
 TINY = dict(
     vocab_size=256,
@@ -25,7 +53,7 @@ TINY = dict(
 
 
 def tiny_config(arch: str = "llama", **overrides):
-    """A transformers config for a tiny model of `arch` in {llama, llama-tied, llama3, mistral, qwen2, qwen3}."""
+    """A transformers config for a tiny model of `arch` (one of ARCHS)."""
     import transformers as tf
 
     kw = dict(TINY)
@@ -47,6 +75,23 @@ def tiny_config(arch: str = "llama", **overrides):
         cfg = tf.Qwen2Config(**{**kw, "tie_word_embeddings": True, **overrides})
     elif arch == "qwen3":
         cfg = tf.Qwen3Config(**{**kw, "head_dim": 32, "tie_word_embeddings": False, **overrides})
+    elif arch == "gemma2":
+        caps = dict(attn_logit_softcapping=1.5, final_logit_softcapping=2.0)
+        cfg = tf.Gemma2Config(**{**kw, **GEMMA, **caps, **overrides})
+    elif arch == "gemma3":
+        rope = {
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        }
+        cfg = tf.Gemma3TextConfig(**{**kw, **GEMMA, "rope_parameters": rope, **overrides})
+    elif arch == "phi3":
+        extra = dict(sliding_window=7, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        cfg = tf.Phi3Config(**{**kw, **extra, **overrides})
+    elif arch == "phi3-longrope":
+        rope = {**LONGROPE, "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        extra = dict(rope_parameters=rope, original_max_position_embeddings=12, bos_token_id=1, eos_token_id=2)
+        extra["pad_token_id"] = 0
+        cfg = tf.Phi3Config(**{**kw, **extra, **overrides})
     else:
         raise ValueError(arch)
     return cfg
@@ -127,6 +172,9 @@ def build_tokenizer(path: Path, vocab_size: int = 256) -> Path:
     (path / "tokenizer_config.json").write_text(
         json.dumps(
             {
+                # tokenizer.json as it is (the model type's own tokenizer class, e.g. Gemma's in transformers 5,
+                # would rebuild its pipeline and split these words differently)
+                "tokenizer_class": "PreTrainedTokenizerFast",
                 "bos_token": "<s>",
                 "eos_token": "</s>",
                 "unk_token": "<unk>",
@@ -145,12 +193,33 @@ MIXED_ADAPTERS = {  # name -> build_adapter kwargs: different ranks, targets, rs
 }
 
 
+def mixed_adapters(arch: str) -> dict[str, dict]:
+    """MIXED_ADAPTERS for the Llama family; for Gemma and Phi-3 the same three kinds (Phi-3 naming its fused
+    qkv_proj / gate_up_proj), the q/v one also restricted to layer 1 (layers_to_transform)."""
+    if not arch.startswith(("gemma", "phi3")):
+        return MIXED_ADAPTERS
+    phi = arch.startswith("phi3")
+    return {
+        "qv8": dict(
+            r=8, alpha=16, targets=("qkv_proj",) if phi else ("q_proj", "v_proj"), layers_to_transform=[1], seed=11
+        ),
+        "all4rs": dict(r=4, alpha=8, targets="all-linear", use_rslora=True, seed=12),
+        "mlp16": dict(
+            r=16,
+            alpha=32,
+            targets=("o_proj", "gate_up_proj" if phi else "up_proj", "down_proj"),
+            rank_pattern={"down_proj": 2},
+            seed=13,
+        ),
+    }
+
+
 def build_mixed(root: Path, arch: str = "llama") -> tuple[Path, dict[str, Path]]:
-    """A tiny base of `arch` with a tokenizer, and the three MIXED_ADAPTERS written by PEFT beside it."""
+    """A tiny base of `arch` with a tokenizer, and its three `mixed_adapters` written by PEFT beside it."""
     root = Path(root)
     base = build_base(root / "base", arch)
     build_tokenizer(base)
-    return base, {n: build_adapter(base, root / n, **kw) for n, kw in MIXED_ADAPTERS.items()}
+    return base, {n: build_adapter(base, root / n, **kw) for n, kw in mixed_adapters(arch).items()}
 
 
 def load_peft(base: Path, adapters: dict[str, Path]):

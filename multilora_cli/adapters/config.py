@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multilora_cli.errors import AdapterError
-from multilora_cli.models.config import LINEAR_MODULES
+from multilora_cli.models.config import CHECKPOINT_MODULES
 
 CONFIG_NAME = "adapter_config.json"
 _BIAS = ("none", "all", "lora_only")
@@ -154,8 +154,8 @@ class AdapterConfig:
         targets = self.target_modules
         if targets is None:  # PEFT always writes them; with none we trust the tensors
             return True
-        if targets == "all-linear":
-            targets = list(LINEAR_MODULES)
+        if targets == "all-linear":  # every linear layer of the decoder (Phi-3's are qkv_proj, gate_up_proj, ...)
+            targets = list(CHECKPOINT_MODULES)
         elif isinstance(targets, str):
             return re.fullmatch(targets, key) is not None
         if key in targets:

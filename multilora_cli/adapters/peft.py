@@ -39,7 +39,10 @@ class LoraModule:
 
 @dataclass(slots=True)
 class LoraAdapter:
-    """A validated LoRA adapter. `modules` is keyed by (layer index, PEFT module name, e.g. "q_proj")."""
+    """A validated LoRA adapter. `modules` is keyed by (layer index, PEFT module name, e.g. "q_proj"); a fused
+    checkpoint module (Phi-3's qkv_proj, gate_up_proj) appears as its slices (q_proj, k_proj, v_proj), each with
+    the module's lora_A and its rows of lora_B (adapters/scan.py `split_fused`), so `num_params` counts such an A
+    once per slice, as the slots hold it."""
 
     name: str
     path: Path
@@ -96,9 +99,14 @@ def load_adapter(
     every check of `adapters/scan.scan_adapter` first (from the config and header), then NaN/Inf.
     """
     scan = scan_adapter(path, name, model_config)
-    tf, modules = scan.tensors, {}
+    tf, modules, read = scan.tensors, {}, {}
     for (layer, module), spec in scan.modules.items():
-        a, b = tf.get(spec.key_a), tf.get(spec.key_b)
+        for key in (spec.key_a, spec.key_b):  # a fused module's slices share its tensors: read each once
+            if key not in read:
+                read[key] = tf.get(key)
+        a, b = read[spec.key_a], read[spec.key_b]
+        if spec.b_rows is not None:
+            b = b[spec.b_rows[0] : spec.b_rows[1]]
         for t, ab in ((a, "A"), (b, "B")):
             if not all_finite(t):
                 raise nonfinite(name, scan.weights_path, scan.module_names[(layer, module)], ab)

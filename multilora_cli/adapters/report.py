@@ -16,7 +16,7 @@ from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.preflight import adapter_base, default_name
 from multilora_cli.adapters.resolve import resolve
 from multilora_cli.errors import AdapterError, MultiloraError, UnsupportedModelError
-from multilora_cli.models.config import LINEAR_MODULES, ModelConfig
+from multilora_cli.models.config import CHECKPOINT_MODULES, ModelConfig
 
 
 @dataclass(slots=True)
@@ -98,19 +98,17 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
     except AdapterError as e:
         return _from_config(spec, path, config, model, note, e)
 
-    groups: dict[tuple, list[tuple[int, object]]] = {}
-    for (layer, module), m in adapter.modules.items():
-        full = adapter.module_names[(layer, module)]
-        key = (
-            LINEAR_MODULES.index(module),
-            module,
-            m.rank,
-            config.alpha_for(full),
-            m.scaling,
-            m.a.shape[1],
-            m.b.shape[0],
-        )
-        groups.setdefault(key, []).append((layer, m))
+    # modules as the checkpoint holds them: the slices of a fused module (Phi-3's qkv_proj, split for the slots)
+    # are one module again, with one lora_A and all rows of lora_B
+    held: dict[tuple[int, str], tuple[object, int, str]] = {}  # (layer, module) -> (a LoraModule, out rows, name)
+    for key, m in adapter.modules.items():
+        full = adapter.module_names[key]
+        first, rows, _ = held.get((key[0], full.rsplit(".", 1)[-1]), (m, 0, full))
+        held[(key[0], full.rsplit(".", 1)[-1])] = (first, rows + m.b.shape[0], full)
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for (layer, module), (m, out, full) in held.items():
+        key = (CHECKPOINT_MODULES.index(module), module, m.rank, config.alpha_for(full), m.scaling, m.a.shape[1], out)
+        groups.setdefault(key, []).append((layer, m.rank * (m.a.shape[1] + out)))
     rows = [
         ModuleRow(
             module=k[1],
@@ -120,10 +118,11 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
             scaling=k[4],
             in_features=k[5],
             out_features=k[6],
-            params=sum(m.a.numel() + m.b.numel() for _, m in ms),
+            params=sum(p for _, p in ms),
         )
         for k, ms in sorted(groups.items(), key=lambda kv: (kv[0][0], min(layer for layer, _ in kv[1])))
     ]
+    num_params = sum(r.params for r in rows)
     alphas = [r.alpha for r in rows]
     scalings = [r.scaling for r in rows]
     return InspectReport(
@@ -139,12 +138,12 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         scaling={"min": min(scalings), "max": max(scalings)},
         use_rslora=config.use_rslora,
         target_modules=config.target_modules,
-        modules_adapted=[m for m in LINEAR_MODULES if any(r.module == m for r in rows)],
+        modules_adapted=[m for m in CHECKPOINT_MODULES if any(r.module == m for r in rows)],
         layers=adapter.layers,
         num_layers=model_config.num_hidden_layers if model_config else None,
-        num_params=adapter.num_params,
+        num_params=num_params,
         bytes=adapter.nbytes,
-        bytes_bf16=2 * adapter.num_params,
+        bytes_bf16=2 * num_params,
         dtype=str(adapter.dtype).removeprefix("torch."),
         modules=rows,
         servable=unservable is None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -20,12 +20,16 @@ import torch
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
 from multilora_cli.errors import AdapterError, UnsupportedAdapterError
-from multilora_cli.models.config import ModelConfig
+from multilora_cli.models.config import CHECKPOINT_FUSED, ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
 class ModuleSpec:
-    """One adapted linear layer as the header describes it: lora_A [rank, in], lora_B [out, rank]."""
+    """One adapted linear layer as the header describes it: lora_A [rank, in], lora_B [out, rank].
+
+    A slice of a fused checkpoint module (Phi-3's qkv_proj -> q/k/v, gate_up_proj -> gate/up) is the module's own
+    lora_A (shared by its slices: each slot slice gets a copy, which is exact) and rows `b_rows` = [lo, hi) of its
+    lora_B; `out_features` is then hi - lo. None = the whole lora_B."""
 
     key_a: str
     key_b: str
@@ -35,6 +39,7 @@ class ModuleSpec:
     scaling: float
     dtype_a: torch.dtype
     dtype_b: torch.dtype
+    b_rows: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -153,7 +158,25 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
             full_names,
             model_config,
         )
+        split_fused(scan, model_config)
     return scan
+
+
+def split_fused(scan: AdapterScan, model_config: ModelConfig) -> None:
+    """Replace each fused checkpoint module (layer, "qkv_proj" | "gate_up_proj") of `scan` by its slices (layer,
+    "q_proj") ... as the engine packs them: the shared lora_A and each slice's rows of lora_B (`ModuleSpec.b_rows`).
+    The slices keep the fused module's full PEFT name (messages name what the file holds)."""
+    for (layer, module), spec in list(scan.modules.items()):
+        if module not in CHECKPOINT_FUSED:
+            continue
+        del scan.modules[(layer, module)]
+        full = scan.module_names.pop((layer, module))
+        lo = 0
+        for piece, rows in model_config.checkpoint_slices(module):
+            scan.modules[(layer, piece)] = replace(spec, out_features=rows, b_rows=(lo, lo + rows))
+            scan.module_names[(layer, piece)] = full
+            lo += rows
+    scan.modules = dict(sorted(scan.modules.items()))
 
 
 def file_ident(file: Path) -> tuple | None:
@@ -189,6 +212,12 @@ def check_fits(
         if layer >= n_layers:
             raise AdapterError(
                 f"{head}: {full} is layer {layer} but the base has {n_layers} layers (0..{n_layers - 1})", hint=hint
+            )
+        if module not in model_config.peft_modules:
+            raise AdapterError(
+                f"{head}: {full} is a {module}, which the base's layers do not have "
+                f"(its {model_config.model_type} layers have {', '.join(model_config.peft_modules)})",
+                hint=hint,
             )
         want_in, want_out = model_config.linear_shape(module)
         if (got_in, got_out) != (want_in, want_out):

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from multilora_cli.errors import AdapterError
-from multilora_cli.models.config import ATTN_MODULES, LINEAR_MODULES
+from multilora_cli.models.config import ATTN_MODULES, CHECKPOINT_MODULES
 
 SAFETENSORS_NAME = "adapter_model.safetensors"
 BIN_NAME = "adapter_model.bin"
@@ -28,7 +28,7 @@ LORA_KEY = re.compile(
     r"^(?:base_model\.model\.)?(?P<module>(?:[A-Za-z0-9_.]*\.)?layers\.(?P<layer>\d+)\.(?P<parent>[A-Za-z_]\w*)"
     r"\.(?P<name>[A-Za-z_]\w*))\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$"
 )
-_PARENT = {m: ("self_attn" if m in ATTN_MODULES else "mlp") for m in LINEAR_MODULES}
+_PARENT = {m: ("self_attn" if m in ATTN_MODULES or m == "qkv_proj" else "mlp") for m in CHECKPOINT_MODULES}
 # safetensors dtype names -> torch (the ones a LoRA checkpoint may hold; others are refused as unknown)
 ST_DTYPES = {
     "F64": torch.float64,
@@ -181,7 +181,7 @@ def classify_key(key: str) -> tuple[str, int, str, str] | str:
     if key.endswith(".bias"):
         return "LoRA bias (lora_B.bias)" if ".lora_B" in key else "trained biases"
     if m or ".lora_A" in key or ".lora_B" in key:
-        return f"LoRA on a module multilora does not serve ({key}; served: {', '.join(LINEAR_MODULES)})"
+        return f"LoRA on a module multilora does not serve ({key}; served: {', '.join(CHECKPOINT_MODULES)})"
     return f"an unexpected tensor {key!r}"
 
 

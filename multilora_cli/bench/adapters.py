@@ -1,6 +1,7 @@
 """Synthetic LoRA adapters written as real PEFT checkpoints, and an Engine that serves them.
 
-Each adapter has rank `rank` on all seven projections of every layer (PEFT layout: A [r, in], B [out, r]),
+Each adapter has rank `rank` on every linear module of every layer (the seven projections; Phi-3's four, with
+its fused qkv_proj / gate_up_proj) (PEFT layout: A [r, in], B [out, r]),
 random values, alpha = 2r. At most `max_distinct` distinct weight sets are generated (each ~84 MB at
 Llama-3-8B shapes, rank 16); adapters beyond that reuse one round-robin with their own scaling. The GPU work
 is the same either way: every adapter is copied into its own slot and read from there.
@@ -26,7 +27,7 @@ import torch
 from multilora_cli.adapters.peft import LoraAdapter, LoraModule
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.engine import Engine
-from multilora_cli.models.config import ATTN_MODULES, LINEAR_MODULES, ModelConfig
+from multilora_cli.models.config import ATTN_MODULES, CHECKPOINT_FUSED, ModelConfig
 
 _FILES: dict[tuple, Path] = {}  # (shapes, rank, seed, dtype, weight set) -> safetensors file, per process
 _ROOT: list[Path] = []
@@ -51,7 +52,7 @@ class SyntheticAdapters:
     def nbytes(self) -> int:
         """Bytes of one adapter's A and B tensors at 2 bytes per value (what a slot load moves)."""
         cfg = self.model_config
-        per_layer = sum(self.rank * sum(cfg.linear_shape(m)) for m in LINEAR_MODULES)
+        per_layer = sum(self.rank * sum(cfg.linear_shape(m)) for m in cfg.peft_modules)
         return 2 * per_layer * cfg.num_hidden_layers
 
     def prepare(self, dtype: torch.dtype, device: torch.device, *, write: bool = True) -> None:
@@ -66,7 +67,7 @@ class SyntheticAdapters:
         cfg = self.model_config
         layout, total = [], 0
         for layer in range(cfg.num_hidden_layers):
-            for m in LINEAR_MODULES:
+            for m in cfg.peft_modules:
                 fin, fout = cfg.linear_shape(m)
                 layout.append(((layer, m), total, fin, fout))
                 total += self.rank * (fin + fout)
@@ -101,6 +102,8 @@ class SyntheticAdapters:
             cfg.num_hidden_layers,
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.peft_modules,  # the files' key names: Phi-3's fused modules or the seven projections
             r,
             self.seed,
             str(dtype),
@@ -114,7 +117,7 @@ class SyntheticAdapters:
                 f = root / f"set{len(_FILES)}.safetensors"
                 tensors = {}
                 for (layer, m), (a, b) in bank.items():
-                    parent = "self_attn" if m in ATTN_MODULES else "mlp"
+                    parent = "self_attn" if m in ATTN_MODULES or m == "qkv_proj" else "mlp"
                     key = f"base_model.model.model.layers.{layer}.{parent}.{m}"
                     tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a.clone(), b.clone()
                 save_file(tensors, str(f))
@@ -134,7 +137,7 @@ class SyntheticAdapters:
                         "task_type": "CAUSAL_LM",
                         "r": r,
                         "lora_alpha": self._scaling(i) * r,
-                        "target_modules": list(LINEAR_MODULES),
+                        "target_modules": list(cfg.peft_modules),
                         "lora_dropout": 0.0,
                         "bias": "none",
                         "base_model_name_or_path": cfg.name_or_path or None,
@@ -156,7 +159,15 @@ class SyntheticAdapters:
         i = self.names.index(name)
         bank = self._banks[i % len(self._banks)]
         scaling = self._scaling(i)
-        modules = {key: LoraModule(a=a, b=b, scaling=scaling) for key, (a, b) in bank.items()}
+        modules = {}
+        for (layer, m), (a, b) in bank.items():
+            if m not in CHECKPOINT_FUSED:
+                modules[(layer, m)] = LoraModule(a=a, b=b, scaling=scaling)
+                continue
+            lo = 0  # a fused module (Phi-3) as its slices, as adapters/scan.py splits a checkpoint's
+            for piece, rows in self.model_config.checkpoint_slices(m):
+                modules[(layer, piece)] = LoraModule(a=a, b=b[lo : lo + rows], scaling=scaling)
+                lo += rows
         adapter = LoraAdapter(
             name=name,
             path=Path("synthetic") / name,

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from multilora_cli.bench.workload import Workload
-from multilora_cli.models.config import LINEAR_MODULES
+from multilora_cli.models.config import ModelConfig
 
 
 def _sync(device: torch.device) -> None:
@@ -38,7 +38,7 @@ def build_hf_peft(model_dir: Path, work: Workload, device: torch.device, dtype: 
     lcfg = peft.LoraConfig(
         r=work.rank,
         lora_alpha=2 * work.rank,
-        target_modules=list(LINEAR_MODULES),
+        target_modules=list(ModelConfig.from_dir(model_dir).peft_modules),
         lora_dropout=0.0,
         init_lora_weights=False,
     )

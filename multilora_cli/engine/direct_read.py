@@ -72,6 +72,9 @@ def plan_read(
     for key, ab, off in plan.order:
         spec = scan.modules[key]
         begin, end = tf.span(spec.key_a if ab == "a" else spec.key_b)
+        if ab == "b" and spec.b_rows is not None:  # a fused module's slice: its rows of lora_B [out, r]
+            row = spec.rank * fdtype.itemsize
+            begin, end = begin + spec.b_rows[0] * row, begin + spec.b_rows[1] * row
         spans.append((begin, end, off * fdtype.itemsize))
     return ReadPlan(scan, plan, tuple(sorted(spans)), fdtype, dtype, scan.ident)
 

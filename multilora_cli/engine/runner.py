@@ -12,12 +12,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.cuda_graphs import DecodeGraphs
 from multilora_cli.engine.device import resolve_device
+from multilora_cli.engine.long_rope import crossings, long_mask, recompute_batches
 from multilora_cli.engine.precompile import precompile
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
 from multilora_cli.engine.slot_writer import SlotWriter
@@ -243,32 +245,21 @@ class ModelRunner:
             if prev is None or prev.ids is None or prev.ids.shape[0] != batch.num_seqs:
                 raise EngineError("internal: an ahead step needs the ids of the step before it")
             feed = prev.ids
-        adapted = self.max_loras > 0 and any(s >= 0 for s in batch.slots)
-        token_slots = batch.token_lora_slots() if adapted else None
-        graph = self.graphs is not None and self.graphs.can_run(batch)
+        long_from = self.model.long_rope_from
+        for i in crossings(batch, long_from):  # LongRoPE: recompute a sequence's KV long as it passes long_from
+            for chunk in recompute_batches(batch, i, long_from, self.config.max_num_batched_tokens):
+                self._forward_eager(chunk, np.ones(chunk.num_tokens, dtype=bool))
+        rope_long = long_mask(batch, long_from)
+        graph = self.graphs is not None and rope_long is None and self.graphs.can_run(batch)
         if graph:
+            adapted = self.max_loras > 0 and any(s >= 0 for s in batch.slots)
+            token_slots = batch.token_lora_slots() if adapted else None
             hidden = self.graphs.run(batch, token_slots, feed)  # [B, H]
             if batch.num_sampled != batch.num_seqs:
                 keep = torch.tensor([i for i, s in enumerate(batch.sample) if s], dtype=torch.long)
                 hidden = hidden.index_select(0, keep.to(self.device, non_blocking=True))
         else:
-            lora = None
-            if adapted:
-                lora = (
-                    self._meta_buffers.build(token_slots)
-                    if self._meta_buffers is not None
-                    else build_lora_meta(token_slots, self.device)
-                )
-                if self.graphs is not None:
-                    self.graphs.lora_key = None  # the shared LoRA buffers no longer hold the graphs' metadata
-            inputs = build_step_inputs(batch, self.device, lora)
-            if feed is not None:
-                inputs.input_ids.copy_(feed)  # [B]: one token per sequence, in the order the ids were sampled
-            set_context(inputs.ctx)
-            try:
-                hidden = self.model(inputs.input_ids, inputs.positions)  # [T, H]
-            finally:
-                reset_context()
+            hidden, inputs = self._forward_eager(batch, rope_long, feed)
             if inputs.num_logits == 0:
                 return Launched(batch, None, None, None, t0, graph)
             hidden = hidden.index_select(0, inputs.logits_rows)
@@ -292,6 +283,30 @@ class ModelRunner:
         done = torch.cuda.Event()
         done.record()
         return Launched(batch, ids, host, done, t0, graph)
+
+    def _forward_eager(self, batch: ScheduledBatch, rope_long: np.ndarray | None = None, feed=None):
+        """One eager forward of `batch`: (hidden [T, H], its StepInputs). `rope_long`: LongRoPE's per-token
+        choice (engine/long_rope.py); `feed`: an ahead batch's ids on the device."""
+        lora = None
+        if self.max_loras > 0 and any(s >= 0 for s in batch.slots):
+            token_slots = batch.token_lora_slots()
+            lora = (
+                self._meta_buffers.build(token_slots)
+                if self._meta_buffers is not None
+                else build_lora_meta(token_slots, self.device)
+            )
+            if self.graphs is not None:
+                self.graphs.lora_key = None  # the shared LoRA buffers no longer hold the graphs' metadata
+        inputs = build_step_inputs(batch, self.device, lora)
+        if feed is not None:
+            inputs.input_ids.copy_(feed)  # [B]: one token per sequence, in the order the ids were sampled
+        if rope_long is not None:
+            inputs.ctx.rope_long = torch.from_numpy(rope_long).to(self.device, non_blocking=True)
+        set_context(inputs.ctx)
+        try:
+            return self.model(inputs.input_ids, inputs.positions), inputs  # hidden: [T, H]
+        finally:
+            reset_context()
 
     def collect(self, launched: Launched) -> list[int]:
         """Wait for a launched step; its sampled ids (one per `batch.sampled_seqs()`)."""

@@ -5,13 +5,35 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+LOG2E = 1.4426950408889634
+
+
+def logit_scales(scale: float, softcap: float | None) -> tuple[float, float]:
+    """(qk_scale, cap_scale) for `online_softmax_step`: without soft-capping the score is q.k * scale * log2(e);
+    with it (Gemma 2) tanh(q.k * scale / cap) * cap * log2(e)."""
+    if softcap:
+        return scale / softcap, softcap * LOG2E
+    return scale * LOG2E, 1.0
+
 
 @triton.jit
-def online_softmax_step(q, k, v, visible, scale_log2, m_i, l_i, acc, IEEE: tl.constexpr):
+def tanh_f32(x):
+    """tanh in float32 from exp2 (the interpreter has no libdevice): sign(x) (1 - e) / (1 + e), e = exp(-2|x|);
+    absolute error ~1e-7, so a capped logit is off by ~cap * 1e-7."""
+    e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # 2 * log2(e)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def online_softmax_step(
+    q, k, v, visible, qk_scale, cap_scale, m_i, l_i, acc, IEEE: tl.constexpr, SOFTCAP: tl.constexpr
+):
     """Fold one key/value tile into running softmax state.
 
     q: [R, D] queries; k, v: [N, D] the tile; visible: [R, N] (or broadcastable) which keys each row may see;
-    scale_log2: softmax scale * log2(e). State per row (fp32): m_i [R] running max (log2 domain), l_i [R]
+    qk_scale, cap_scale: from `logit_scales` (the score in the log2 domain is q.k * qk_scale, or with SOFTCAP
+    tanh(q.k * qk_scale) * cap_scale). State per row (fp32): m_i [R] running max (log2 domain), l_i [R]
     denominator, acc [R, D] unnormalised numerator. Returns the updated (m_i, l_i, acc). Rows that have seen
     no visible key yet keep m_i = -inf and contribute nothing (no NaN from -inf - -inf).
     """
@@ -19,7 +41,11 @@ def online_softmax_step(q, k, v, visible, scale_log2, m_i, l_i, acc, IEEE: tl.co
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    s = tl.where(visible, s * scale_log2, float("-inf"))  # [R, N]
+    if SOFTCAP:
+        s = tanh_f32(s * qk_scale) * cap_scale
+    else:
+        s = s * qk_scale
+    s = tl.where(visible, s, float("-inf"))  # [R, N]
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s - m_safe[:, None])
@@ -32,4 +58,4 @@ def online_softmax_step(q, k, v, visible, scale_log2, m_i, l_i, acc, IEEE: tl.co
     return m_new, l_i, acc * alpha[:, None] + pv
 
 
-__all__ = ["online_softmax_step"]
+__all__ = ["LOG2E", "logit_scales", "online_softmax_step", "tanh_f32"]

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from multilora_cli.kernels.launch import launch
-from multilora_cli.kernels.online_softmax import online_softmax_step
+from multilora_cli.kernels.online_softmax import logit_scales, online_softmax_step
 
 
 @triton.jit
@@ -33,7 +33,8 @@ def _paged_decode_kernel(
     out_ptr,
     m_ptr,
     l_ptr,
-    scale_log2,
+    qk_scale,
+    cap_scale,
     part_size,
     window,
     stride_qb,
@@ -58,15 +59,18 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
     ctx_len = tl.load(context_lens_ptr + b)
-    # sliding window: only the last `window` tokens are visible (window 0 = all)
+    # sliding window: only the last `window` tokens are visible (window 0 = all); the splits partition the tiles
+    # from the window's first one, so every split has work and no tile before the window is read
     lo = tl.where(window > 0, tl.maximum(ctx_len - window, 0), 0)
-    start = tl.maximum(s * part_size, (lo // BLOCK_N) * BLOCK_N)
-    end = tl.minimum((s + 1) * part_size, ctx_len)
+    first = (lo // BLOCK_N) * BLOCK_N
+    start = first + s * part_size
+    end = tl.minimum(first + (s + 1) * part_size, ctx_len)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -98,7 +102,7 @@ def _paged_decode_kernel(
             mask=kv_mask,
             other=0.0,
         )  # [N, D]
-        m_i, l_i, acc = online_softmax_step(q, k, v, nmask[None, :], scale_log2, m_i, l_i, acc, IEEE)
+        m_i, l_i, acc = online_softmax_step(q, k, v, nmask[None, :], qk_scale, cap_scale, m_i, l_i, acc, IEEE, SOFTCAP)
 
     omask = gmask[:, None] & dmask[None, :]
     if SPLIT:
@@ -145,6 +149,7 @@ def paged_attention_decode(
     scale: float,
     *,
     sliding_window: int | None = None,
+    softcap: float | None = None,
     max_context_len: int = 0,
     num_splits: int | None = None,
     block_n: int | None = None,
@@ -156,6 +161,8 @@ def paged_attention_decode(
 
     q: [B, H, D]; k_cache/v_cache: [num_blocks, block_size, KVH, D]; block_tables: [B, max_blocks] int32;
     context_lens: [B] int32 (tokens incl. the new one, already stored). Returns out: [B, H, D] (q's dtype).
+    `sliding_window`: only the last `sliding_window` tokens are attended to, and only their tiles are read (the
+    block loop starts at the window's first tile). `softcap`: scores become tanh(s / softcap) * softcap (Gemma 2).
     `max_context_len` (an upper bound, host int) lets long contexts be split over more programs; with
     `num_splits` > 1 it is required. `block_n`: context tokens per inner step (power of two >= 16);
     `num_warps` / `num_stages`: the launch's (benchmarks/bench_attention.py sweeps them).
@@ -170,16 +177,18 @@ def paged_attention_decode(
     out = torch.empty_like(q) if out is None else out
     if B == 0:
         return out
-    if num_splits is None:
-        num_splits = default_num_splits(B, kvh, max_context_len, q.device)
     group = H // kvh
     block_d = max(16, triton.next_power_of_2(D))
     block_n = block_n or (64 if block_d <= 128 else 32)
+    # tokens a sequence's splits cover: its context, or with a window the tiles from the window's first one
+    span = min(max_context_len, sliding_window + block_n) if sliding_window else max_context_len
+    if num_splits is None:
+        num_splits = default_num_splits(B, kvh, span, q.device)
     if num_splits > 1:
         if max_context_len <= 0:
             raise ValueError("num_splits > 1 needs max_context_len")
-        part = triton.cdiv(triton.cdiv(max_context_len, num_splits), block_n) * block_n
-        num_splits = triton.cdiv(max_context_len, part)
+        part = triton.cdiv(triton.cdiv(span, num_splits), block_n) * block_n
+        num_splits = triton.cdiv(span, part)
     else:
         part = 1 << 30
     split = num_splits > 1
@@ -203,7 +212,7 @@ def paged_attention_decode(
         dst,
         m,
         l,
-        scale * 1.4426950408889634,
+        *logit_scales(scale, softcap),
         part,
         int(sliding_window or 0),
         q.stride(0),
@@ -228,6 +237,7 @@ def paged_attention_decode(
         BLOCK_N=block_n,
         SPLIT=split,
         IEEE=q.dtype == torch.float32,
+        SOFTCAP=bool(softcap),
         num_warps=num_warps,
         num_stages=num_stages,
     )

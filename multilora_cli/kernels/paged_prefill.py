@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from multilora_cli.kernels.launch import launch
-from multilora_cli.kernels.online_softmax import online_softmax_step
+from multilora_cli.kernels.online_softmax import logit_scales, online_softmax_step
 
 
 @triton.jit(do_not_specialize=["stride_bt"])  # block-table width varies step to step: one compile
@@ -21,7 +21,8 @@ def _prefill_kernel(
     cu_q_ptr,
     cu_k_ptr,
     out_ptr,
-    scale_log2,
+    qk_scale,
+    cap_scale,
     window,
     stride_qt,
     stride_qh,
@@ -43,6 +44,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
     IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     mt = tl.program_id(0)
     b = tl.program_id(1)
@@ -93,7 +95,7 @@ def _prefill_kernel(
         k = tl.load(k_ptr + k_off + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
         v = tl.load(v_ptr + v_off + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
         visible = kmask[None, :] & (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > wlo[:, None])  # [R, N]
-        m_i, l_i, acc = online_softmax_step(q, k, v, visible, scale_log2, m_i, l_i, acc, IEEE)
+        m_i, l_i, acc = online_softmax_step(q, k, v, visible, qk_scale, cap_scale, m_i, l_i, acc, IEEE, SOFTCAP)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
@@ -116,6 +118,7 @@ def paged_attention_prefill(
     v_cache: torch.Tensor | None = None,
     block_tables: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
     block_n: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -125,7 +128,8 @@ def paged_attention_prefill(
     position (len_k - len_q) + i and sees keys at positions <= its own (and > own - sliding_window).
     With `block_tables` (and caches holding every context token, new ones included) keys/values are read
     from the paged cache, so a cached prefix is attended to; without, k/v: [T, KVH, D] are the keys and
-    cu_seqlens_k must equal cu_seqlens_q. Returns [T, H, D] in q's dtype.
+    cu_seqlens_k must equal cu_seqlens_q. `softcap`: scores become tanh(s / softcap) * softcap (Gemma 2).
+    Returns [T, H, D] in q's dtype.
     """
     T, H, D = q.shape
     out = torch.empty_like(q) if out is None else out
@@ -170,7 +174,7 @@ def paged_attention_prefill(
         cu_seqlens_q,
         cu_seqlens_k,
         out,
-        scale * 1.4426950408889634,
+        *logit_scales(scale, softcap),
         int(sliding_window or 0),
         q.stride(0),
         q.stride(1),
@@ -188,6 +192,7 @@ def paged_attention_prefill(
         BLOCK_N=block_n,
         PAGED=paged,
         IEEE=q.dtype == torch.float32,
+        SOFTCAP=bool(softcap),
         num_warps=4,
     )
     return out

@@ -5,8 +5,10 @@ Every step first writes the new tokens' k/v into the cache (by `slot_mapping`), 
   keys are the step's own k/v; with one (chunked prefill, k longer than q) they are read back from the
   sequence's blocks. CUDA: one Triton varlen launch for all sequences; CPU: torch SDPA per sequence.
 - decode: one token per sequence over its blocks: the Triton paged kernel on CUDA, padded torch SDPA on CPU.
-GQA: query head h uses kv head h // (num_heads // num_kv_heads). Optional sliding window (Mistral):
-a query at position p sees keys at positions (p - window, p].
+GQA: query head h uses kv head h // (num_heads // num_kv_heads). Optional sliding window (Mistral, Gemma's
+local layers, Phi-3): a query at position p sees keys at positions (p - window, p]. Optional logit soft-capping
+(Gemma 2): scores s = q.k * scale become tanh(s / cap) * cap before the softmax (the torch path then computes
+the softmax itself, as transformers' eager attention does; SDPA has no soft-capping).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Attention(nn.Module):
         scale: float,
         sliding_window: int | None = None,
         use_triton: bool | None = None,
+        softcap: float | None = None,
     ):
         super().__init__()
         self.use_triton = use_triton
@@ -40,6 +43,7 @@ class Attention(nn.Module):
         self.group = num_heads // num_kv_heads
         self.scale = scale
         self.sliding_window = sliding_window or None
+        self.softcap = softcap or None
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, KVH, D]
         self.v_cache: torch.Tensor | None = None
 
@@ -101,6 +105,7 @@ class Attention(nn.Module):
                 v_cache=self.v_cache if paged else None,
                 block_tables=ctx.block_tables if paged else None,
                 sliding_window=self.sliding_window,
+                softcap=self.softcap,
             )
         lens_q = ctx.seqlens_q or ctx.cu_seqlens_q.diff().tolist()
         lens_k = ctx.seqlens_k or ctx.cu_seqlens_k.diff().tolist()
@@ -123,7 +128,7 @@ class Attention(nn.Module):
         qt = q.transpose(0, 1)[None]  # [1, H, Lq, D]
         kt = k.transpose(0, 1).repeat_interleave(self.group, dim=0)[None]  # [1, H, Lk, D]
         vt = v.transpose(0, 1).repeat_interleave(self.group, dim=0)[None]
-        if lq == lk and self.sliding_window is None:
+        if lq == lk and self.sliding_window is None and self.softcap is None:
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=self.scale)
         else:
             qpos = torch.arange(lk - lq, lk, device=q.device)[:, None]
@@ -131,8 +136,20 @@ class Attention(nn.Module):
             mask = kpos <= qpos
             if self.sliding_window is not None:
                 mask &= kpos > qpos - self.sliding_window
-            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=self.scale)
+            o = self._sdpa(qt, kt, vt, mask)
         return o[0].transpose(0, 1)  # [Lq, H, D]
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T * scale (soft-capped) where mask) v: q [B, H, Lq, D], k/v [B, H, Lk, D], mask bool
+        broadcastable to [B, H, Lq, Lk]. Soft-capped: transformers' eager attention (scores and probabilities in
+        q's dtype, the softmax in float32)."""
+        if self.softcap is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        s = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+        s = torch.tanh(s / self.softcap) * self.softcap
+        s = s.masked_fill(~mask, float("-inf"))
+        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(p, v)
 
     # decode ---------------------------------------------------------------------------------------
     def _decode(self, q: torch.Tensor, ctx: StepContext) -> torch.Tensor:
@@ -148,6 +165,7 @@ class Attention(nn.Module):
                 ctx.context_lens,
                 self.scale,
                 sliding_window=self.sliding_window,
+                softcap=self.softcap,
                 max_context_len=ctx.max_seqlen_k,
             )
         return self._decode_torch(q, ctx)
@@ -167,5 +185,5 @@ class Attention(nn.Module):
         if self.sliding_window is not None:
             mask &= pos >= n - self.sliding_window
         mask[:, 0] |= n[:, 0] == 0  # empty rows: keep softmax finite (output unused)
-        o = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :], scale=self.scale)
+        o = self._sdpa(q[:, :, None, :], k, v, mask[:, None, None, :])
         return o[:, :, 0, :]  # [B, H, D]

@@ -29,6 +29,9 @@ class StepContext:
       seqlens_k:    host list[int] of B, tokens in the sequence's context incl. the new ones
                     (= cached prefix + new). The CPU path uses these instead of syncing on device tensors.
       lora:         kernels.LoraMeta of the step (one row per token), or None when no token is adapted.
+      rope_long:    [T] bool or None. LongRoPE models only: which tokens take the long factors. None = the
+                    position rule (position >= original_max_position_embeddings), which is exact for every
+                    token but prompt tokens of a prompt longer than that (engine/runner.py sets it then).
 
     Prefill
       cu_seqlens_q: [B+1] int32 cumulative seqlens_q;  cu_seqlens_k: [B+1] int32 cumulative seqlens_k.
@@ -53,6 +56,7 @@ class StepContext:
     context_lens: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None
     lora: LoraMeta | None = None
+    rope_long: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if len(self.seqlens_q) != len(self.seqlens_k):

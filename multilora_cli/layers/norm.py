@@ -36,3 +36,24 @@ class RMSNorm(nn.Module):
                 return norm_rope.add_rms_norm(x, residual, self.weight, self.eps)
         summed = x + residual
         return self(summed), summed
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: y = (x / sqrt(mean(x^2) + eps)) * (1 + weight), all in float32, cast once at the end
+    (transformers' Gemma2RMSNorm / Gemma3RMSNorm; Llama's casts before the weight). Checkpoints store the offset
+    weight (zero = identity). Torch ops on every device: the fused CUDA kernels round the Llama way."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__(dim, eps)
+        with torch.no_grad():
+            self.weight.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).type_as(x)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(x + residual), x + residual)."""
+        summed = x + residual
+        return self(summed), summed

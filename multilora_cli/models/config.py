@@ -1,7 +1,8 @@
-"""`ModelConfig`: the subset of a Hugging Face `config.json` a Llama-family model needs.
+"""`ModelConfig`: the subset of a Hugging Face `config.json` a decoder multilora serves needs.
 
-Covers Llama 2/3/3.1 (rope_scaling "llama3"), Mistral, Qwen2 (qkv bias), Qwen3 (q/k RMSNorm, explicit
-head_dim), tied embeddings, and transformers v5 `rope_parameters`.
+Covers Llama 2/3/3.1 (rope_scaling "llama3"), Mistral (sliding window), Qwen2 (qkv bias), Qwen3 (q/k RMSNorm,
+explicit head_dim), Gemma 2 and Gemma 3 text (models/hf_config.py lists what differs), Phi-3 / Phi-4 dense (fused
+checkpoint projections, LongRoPE), tied embeddings, and transformers v5 `rope_parameters`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multilora_cli.errors import ModelError, UnsupportedModelError
+from multilora_cli.models import hf_config
 from multilora_cli.models.quantization import refuse_quantized_config, refuse_quantized_weights
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 
 # PEFT module names of a Llama-family decoder layer, and which fused module/slice each maps to.
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -29,6 +31,21 @@ FUSED = {  # peft name -> (our fused module, slice index)
     "down_proj": ("down_proj", 0),
 }
 FUSED_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# Phi-3 checkpoints (base and PEFT adapters) hold the fused projections themselves: name -> its slices, in order
+CHECKPOINT_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# every linear module name a served checkpoint may hold, in display order
+CHECKPOINT_MODULES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "qkv_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "gate_up_proj",
+    "down_proj",
+)
+PHI3_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 RUN_ADAPTER_HINT = (
@@ -39,7 +56,8 @@ RUN_ADAPTER_HINT = (
 
 @dataclass(slots=True)
 class ModelConfig:
-    """Architecture of a Llama-family decoder. Build with `ModelConfig.from_dict` / `from_dir`."""
+    """Architecture of a served decoder. Build with `ModelConfig.from_dict` / `from_dir`. The fields after
+    `layer_types` default to Llama's behaviour; Gemma and Phi-3 set them (models/hf_config.py)."""
 
     model_type: str
     vocab_size: int
@@ -59,7 +77,18 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
     sliding_window: int | None = None
-    layer_types: list[str] | None = None  # per layer "full_attention" | "sliding_attention" (Qwen2/3), None = all alike
+    layer_types: list[str] | None = None  # per layer "full_attention" | "sliding_attention", None = all alike
+    hidden_act: str = "silu"  # MLP activation: silu (SwiGLU) | gelu_pytorch_tanh (GeGLU, Gemma)
+    norm_offset: bool = False  # Gemma RMSNorm: float32 (x / rms) * (1 + weight), then cast
+    sandwich_norms: bool = False  # Gemma: norms after attention and around the MLP (4 per layer)
+    embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size), in the model dtype
+    query_pre_attn_scalar: float | None = None  # Gemma: attention scale = this ** -0.5 (None: head_dim ** -0.5)
+    attn_softcap: float | None = None  # Gemma 2: attention logits -> tanh(x / cap) * cap
+    final_softcap: float | None = None  # Gemma 2: output logits -> tanh(x / cap) * cap
+    rope_local_theta: float | None = None  # Gemma 3: RoPE base of sliding layers (None: rope_theta everywhere)
+    rope_local_scaling: dict | None = None  # Gemma 3: rope scaling of sliding layers
+    partial_rotary_factor: float = 1.0  # Phi-3 family: rotate the first head_dim * factor dims only
+    fused_checkpoint: bool = False  # Phi-3: qkv_proj / gate_up_proj are single tensors in checkpoints and adapters
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -84,6 +113,19 @@ class ModelConfig:
                 raise ModelError(f"config.json: {name} must be positive, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ModelError("config.json: num_attention_heads must be a multiple of num_key_value_heads")
+        if self.hidden_act not in hf_config.ACTIVATIONS:
+            raise UnsupportedModelError(
+                f"config.json: activation {self.hidden_act!r} is not supported",
+                hint=f"served: {', '.join(hf_config.ACTIVATIONS)}",
+            )
+        for name in ("attn_softcap", "final_softcap", "query_pre_attn_scalar"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ModelError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2:
+            raise ModelError(
+                f"config.json: partial_rotary_factor {self.partial_rotary_factor} does not give an even rotary "
+                f"dimension of head_dim {self.head_dim}"
+            )
 
     # Shapes -------------------------------------------------------------------------------------
     @property
@@ -94,8 +136,24 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    @property
+    def rotary_dim(self) -> int:
+        """Leading dims of each head that RoPE rotates (head_dim unless partial_rotary_factor < 1)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def attn_scale(self) -> float:
+        """Softmax scale of attention: query_pre_attn_scalar ** -0.5 (Gemma), else head_dim ** -0.5."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def peft_modules(self) -> tuple[str, ...]:
+        """The linear module names of one layer in this model's checkpoints (what PEFT adapters target)."""
+        return PHI3_MODULES if self.fused_checkpoint else LINEAR_MODULES
+
     def linear_shape(self, module: str) -> tuple[int, int]:
-        """(in_features, out_features) of a PEFT-named linear module (q_proj ... down_proj)."""
+        """(in_features, out_features) of a PEFT-named linear module (q_proj ... down_proj, and Phi-3's fused
+        qkv_proj / gate_up_proj)."""
         h, i = self.hidden_size, self.intermediate_size
         shapes = {
             "q_proj": (h, self.q_size),
@@ -105,10 +163,17 @@ class ModelConfig:
             "gate_proj": (h, i),
             "up_proj": (h, i),
             "down_proj": (i, h),
+            "qkv_proj": (h, self.q_size + 2 * self.kv_size),
+            "gate_up_proj": (h, 2 * i),
         }
         if module not in shapes:
             raise KeyError(module)
         return shapes[module]
+
+    def checkpoint_slices(self, module: str) -> list[tuple[str, int]]:
+        """A fused checkpoint module's slices as (PEFT name of the slice, output rows), in row order:
+        qkv_proj -> q, k, v; gate_up_proj -> gate, up. KeyError for other names."""
+        return [(name, self.linear_shape(name)[1]) for name in CHECKPOINT_FUSED[module]]
 
     def layer_sliding_window(self, layer: int) -> int | None:
         """Sliding window of decoder layer `layer` (None = full attention)."""
@@ -118,6 +183,13 @@ class ModelConfig:
             return None
         return int(self.sliding_window)
 
+    def layer_rope(self, layer: int) -> str:
+        """Which RoPE decoder layer `layer` uses: "local" (Gemma 3 sliding layers: rope_local_theta) or "global"."""
+        kinds = self.layer_types or []
+        if self.rope_local_theta is not None and layer < len(kinds) and kinds[layer] == "sliding_attention":
+            return "local"
+        return "global"
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K + V cache bytes of one token over all layers."""
         return 2 * self.num_hidden_layers * self.kv_size * dtype_bytes
@@ -125,7 +197,7 @@ class ModelConfig:
     def num_params(self) -> int:
         """Parameter count of the base model (embeddings and lm_head included)."""
         per_layer = sum(a * b for a, b in (self.linear_shape(m) for m in LINEAR_MODULES))
-        per_layer += 2 * self.hidden_size
+        per_layer += (4 if self.sandwich_norms else 2) * self.hidden_size
         if self.qk_norm:
             per_layer += 2 * self.head_dim
         if self.attention_bias:
@@ -140,66 +212,35 @@ class ModelConfig:
         not serve raises UnsupportedModelError (before any field is read: a gpt2 config lacks Llama's names)."""
         where = name_or_path or "config.json"
         refuse_quantized_config(cfg, where)
+        outer = cfg.get("model_type")
         if "text_config" in cfg and "hidden_size" not in cfg:
             cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
             refuse_quantized_config(cfg, where)
         mt = cfg.get("model_type")
         if mt is None:
             raise ModelError(f"{where}: no model_type in config.json")
+        if mt == "gemma3_text" and outer == "gemma3":
+            raise UnsupportedModelError(
+                f"{where}: multimodal Gemma 3 checkpoints (Gemma3ForConditionalGeneration) are not supported",
+                hint="multilora serves text-only Gemma 3 (Gemma3ForCausalLM, model type gemma3_text)",
+            )
         if mt not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{where}: model type {mt!r} is not supported",
                 hint=f"multilora serves {', '.join(SUPPORTED_MODEL_TYPES)}",
             )
         try:
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
-            head_dim = cfg.get("head_dim") or hidden // heads
-            rope = cfg.get("rope_parameters") or {}
-            rope_theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-            scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type") not in (None, "default") else None)
-            if scaling is not None:
-                scaling = dict(scaling)
-                scaling["rope_type"] = scaling.get("rope_type") or scaling.get("type")
-                if scaling["rope_type"] in (None, "default"):
-                    scaling = None
-                elif scaling["rope_type"] not in ("llama3", "linear"):
-                    raise UnsupportedModelError(
-                        f"{name_or_path or 'config.json'}: rope scaling {scaling['rope_type']!r} is not supported",
-                        hint="supported: llama3, linear",
-                    )
-            eos = cfg.get("eos_token_id")
-            eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])]
-            bias = bool(cfg.get("attention_bias", mt == "qwen2"))
-            return cls(
-                model_type=mt,
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_hidden_layers=int(cfg["num_hidden_layers"]),
-                num_attention_heads=heads,
-                num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(head_dim),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=rope_theta,
-                rope_scaling=scaling,
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=bias,
-                o_bias=bias and mt == "llama",
-                mlp_bias=bool(cfg.get("mlp_bias", False)),
-                qk_norm=mt == "qwen3",
-                sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", mt == "mistral") else None,
-                layer_types=cfg.get("layer_types"),
-                torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
-                bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=eos_ids,
-                name_or_path=name_or_path or cfg.get("_name_or_path", ""),
-            )
+            if mt in hf_config.GEMMA_FAMILY:
+                fields = hf_config.gemma_fields(mt, cfg, where)
+            elif mt == "phi3":
+                fields = hf_config.phi3_fields(cfg, where)
+            else:
+                fields = hf_config.llama_fields(mt, cfg, where)
+            return cls(model_type=mt, **fields, name_or_path=name_or_path or cfg.get("_name_or_path", ""))
         except KeyError as e:
-            raise ModelError(f"{name_or_path or 'config.json'}: config.json lacks {e.args[0]!r}") from None
+            raise ModelError(f"{where}: config.json lacks {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
-            raise ModelError(f"{name_or_path or 'config.json'}: bad value in config.json: {e}") from None
+            raise ModelError(f"{where}: bad value in config.json: {e}") from None
 
     @classmethod
     def from_dir(cls, path: str | Path, adapter_hint: str = RUN_ADAPTER_HINT) -> ModelConfig:

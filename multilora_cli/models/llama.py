@@ -1,9 +1,13 @@
-"""One Llama-family decoder for Llama 2/3/3.1, Mistral, Qwen2 and Qwen3, switched by `ModelConfig` toggles.
+"""One decoder for Llama 2/3/3.1, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 (text) and Phi-3 / Phi-4, switched by
+`ModelConfig` toggles.
 
-Differences handled: rope scaling (default / linear / llama3), qkv bias (Qwen2), per-head q/k RMSNorm and
-explicit head_dim (Qwen3), sliding window (Mistral), tied embeddings. Projections are fused (qkv_proj =
-q|k|v, gate_up_proj = gate|up); with `max_loras > 0` the targeted fused modules are `LoRALinear`s.
-Tokens are a flat batch [T] (sequences packed back to back); attention layout comes from the StepContext.
+Differences handled: rope scaling (default / linear / llama3 / longrope, partial rotary), qkv bias (Qwen2),
+per-head q/k RMSNorm and explicit head_dim (Qwen3, Gemma 3), sliding window (Mistral, Phi-3, Gemma's local
+layers), tied embeddings; Gemma: (1 + w) RMSNorms, norms after attention and around the MLP, scaled embeddings,
+GeGLU, query_pre_attn_scalar, attention and final logit soft-capping (Gemma 2), a second RoPE base for the
+local layers (Gemma 3). Projections are fused (qkv_proj = q|k|v, gate_up_proj = gate|up); with `max_loras > 0`
+the targeted fused modules are `LoRALinear`s. Tokens are a flat batch [T] (sequences packed back to back);
+attention layout comes from the StepContext.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from multilora_cli.layers.attention import Attention
+from multilora_cli.layers.context import get_context
 from multilora_cli.layers.linear import FusedLinear
 from multilora_cli.layers.lora import LoRALinear
-from multilora_cli.layers.norm import RMSNorm
+from multilora_cli.layers.norm import GemmaRMSNorm, RMSNorm
 from multilora_cli.layers.rotary import RotaryEmbedding, apply_rotary
 from multilora_cli.models.config import FUSED_MODULES, ModelConfig
 
@@ -32,6 +37,11 @@ class _LinearFactory:
         return FusedLinear(in_features, slices, bias)
 
 
+def norm_class(cfg: ModelConfig) -> type[RMSNorm]:
+    """Gemma's (1 + w) float32 RMSNorm or Llama's."""
+    return GemmaRMSNorm if cfg.norm_offset else RMSNorm
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, linear: _LinearFactory):
         super().__init__()
@@ -40,10 +50,16 @@ class LlamaAttention(nn.Module):
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.qkv_proj = linear("qkv_proj", cfg.hidden_size, [cfg.q_size, cfg.kv_size, cfg.kv_size], cfg.attention_bias)
         self.o_proj = linear("o_proj", cfg.q_size, [cfg.hidden_size], cfg.o_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        norm = norm_class(cfg)
+        self.q_norm = norm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = norm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.attn = Attention(
-            self.num_heads, self.num_kv_heads, self.head_dim, cfg.head_dim**-0.5, cfg.layer_sliding_window(layer_idx)
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            cfg.attn_scale,
+            cfg.layer_sliding_window(layer_idx),
+            softcap=cfg.attn_softcap,
         )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -65,10 +81,14 @@ class LlamaMLP(nn.Module):
         super().__init__()
         i = cfg.intermediate_size
         self.intermediate_size = i
+        self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"  # GeGLU (Gemma), else SwiGLU
         self.gate_up_proj = linear("gate_up_proj", cfg.hidden_size, [i, i], cfg.mlp_bias)
         self.down_proj = linear("down_proj", i, [cfg.hidden_size], cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gelu:  # torch ops on every device: the fused activation kernels are SiLU's
+            gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
         if x.is_cuda:  # one launch over the fused output (kernels/norm_rope.py)
             from multilora_cli.kernels import norm_rope
 
@@ -86,9 +106,14 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, linear: _LinearFactory):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        norm = norm_class(cfg)
+        self.rope = cfg.layer_rope(layer_idx)
+        self.input_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, layer_idx, linear)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Gemma: post_attention_layernorm normalises the attention output; pre/post_feedforward wrap the MLP
+        self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.pre_feedforward_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norms else None
+        self.post_feedforward_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norms else None
         self.mlp = LlamaMLP(cfg, linear)
 
     def forward(
@@ -100,8 +125,12 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm(h), h
         else:
             x, residual = self.input_layernorm.forward_add(h, residual)
-        x, residual = self.post_attention_layernorm.forward_add(self.self_attn(x, cos, sin), residual)
-        return self.mlp(x), residual
+        if self.pre_feedforward_layernorm is None:
+            x, residual = self.post_attention_layernorm.forward_add(self.self_attn(x, cos, sin), residual)
+            return self.mlp(x), residual
+        a = self.post_attention_layernorm(self.self_attn(x, cos, sin))
+        x, residual = self.pre_feedforward_layernorm.forward_add(a, residual)
+        return self.post_feedforward_layernorm(self.mlp(x)), residual
 
 
 class LlamaModel(nn.Module):
@@ -110,16 +139,32 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(
             cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size), _freeze=True
         )
+        # Gemma: embeddings times sqrt(hidden), the factor rounded to the model dtype first (as transformers does)
+        self.register_buffer(
+            "embed_scale", torch.tensor(cfg.hidden_size**0.5, dtype=torch.float32) if cfg.embed_scale else None, False
+        )
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, linear) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.norm = norm_class(cfg)(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
+        # Gemma 3: sliding layers rotate with their own base (rope_local_theta) and scaling
+        self.local_rotary = (
+            RotaryEmbedding(cfg.rotary_dim, cfg.rope_local_theta, cfg.rope_local_scaling)
+            if any(layer.rope == "local" for layer in self.layers)
+            else None
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [T, hidden]
-        cos, sin = self.rotary(positions)  # [T, D] each, shared by all layers
+        if self.embed_scale is not None:
+            h = h * self.embed_scale.to(h.dtype)
+        ctx = get_context()
+        long = ctx.rope_long if ctx is not None else None
+        rope = {"global": self.rotary(positions, long)}  # cos, sin: [T, rotary_dim] each, shared by the layers
+        if self.local_rotary is not None:
+            rope["local"] = self.local_rotary(positions, long)
         residual = None
         for layer in self.layers:
-            h, residual = layer(h, residual, cos, sin)
+            h, residual = layer(h, residual, *rope[layer.rope])
         return self.norm(h) if residual is None else self.norm.forward_add(h, residual)[0]
 
 
@@ -154,6 +199,12 @@ class LlamaForCausalLM(nn.Module):
         return self.model.embed_tokens.weight.dtype
 
     @property
+    def long_rope_from(self) -> int | None:
+        """LongRoPE: the position from which tokens take the long factors (original_max_position_embeddings);
+        None without LongRoPE."""
+        return self.model.rotary.long_from
+
+    @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
@@ -163,8 +214,13 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
         """hidden: [N, hidden] (e.g. each sequence's last token) -> logits [N, vocab] float32 (upcast=False: in
-        the model dtype, e.g. for a greedy argmax, which picks the same index from either)."""
+        the model dtype, e.g. for a greedy argmax, which picks the same index from either). Gemma 2's final
+        soft-capping tanh(x / cap) * cap is applied here, in float32, before any sampler sees the logits."""
         logits = self.lm_head(hidden)
+        cap = self.config.final_softcap
+        if cap is not None:
+            capped = torch.tanh(logits.float() / cap) * cap
+            return capped if upcast else capped.to(logits.dtype)
         return logits.float() if upcast else logits
 
     def lora_modules(self) -> dict[tuple[int, str], LoRALinear]:

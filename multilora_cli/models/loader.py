@@ -3,7 +3,8 @@
 Reads `model.safetensors` or a sharded `model.safetensors.index.json` through safetensors' mmap, one
 tensor at a time (peak host memory ~ one tensor). HF names map onto our fused parameters:
 q/k/v_proj -> slices 0/1/2 of qkv_proj, gate/up_proj -> slices 0/1 of gate_up_proj; o_proj and down_proj
-are one-slice fused modules. With tied embeddings `lm_head.weight` is absent (or ignored).
+are one-slice fused modules. Phi-3 checkpoints hold qkv_proj and gate_up_proj already fused in our row order
+(q|k|v, gate|up): they are copied whole. With tied embeddings `lm_head.weight` is absent (or ignored).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from multilora_cli.errors import ModelError
 from multilora_cli.layers.linear import FusedLinear
+from multilora_cli.layers.norm import GemmaRMSNorm
 from multilora_cli.models.config import FUSED, ModelConfig
 from multilora_cli.models.llama import LlamaForCausalLM
 
@@ -170,8 +172,8 @@ def load_model(
                         tensor = f.get_tensor(name)
                     except Exception as e:  # noqa: BLE001 - a shard's index names a tensor the file lacks, I/O
                         raise _unreadable(file, e, name) from None
-                    _copy_into(model, params[pname], pname, idx, tensor, name, file)
-                    todo.discard((pname, idx or 0))
+                    whole = _copy_into(model, params[pname], pname, idx, tensor, name, file)
+                    todo.difference_update((pname, i) for i in (range(whole) if whole else [idx or 0]))
     if todo:
         missing = sorted(_hf_name(n, i) for n, i in todo)
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -193,19 +195,25 @@ def _num_slices(model: torch.nn.Module, pname: str) -> int:
 
 def _copy_into(
     model, param: torch.Tensor, pname: str, idx: int | None, tensor: torch.Tensor, name: str, file: Path
-) -> None:
+) -> int:
+    """Copy `tensor` into `param` (slice `idx` of a fused module, or whole); returns the number of slices a whole
+    fused tensor filled (Phi-3's qkv_proj: 3), else 0."""
     mod = _module_of(model, pname)
     dst = param.data
+    whole = 0
     if isinstance(mod, FusedLinear) and idx is not None:
         dst = mod.slice_view(param, idx)
     elif isinstance(mod, FusedLinear) and len(mod.slice_sizes) > 1:
-        raise ModelError(f"{file.name}: tensor {name} maps to fused {pname} without a slice")
+        if not model.config.fused_checkpoint:
+            raise ModelError(f"{file.name}: tensor {name} maps to fused {pname} without a slice")
+        whole = len(mod.slice_sizes)
     if tuple(tensor.shape) != tuple(dst.shape):
         raise ModelError(
             f"{file}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}",
             hint="the checkpoint does not match its config.json",
         )
     dst.copy_(tensor)
+    return whole
 
 
 @torch.no_grad()
@@ -222,3 +230,6 @@ def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02)
             p.zero_()
         else:  # RMSNorm weights
             p.fill_(1.0)
+    for m in model.modules():
+        if isinstance(m, GemmaRMSNorm):  # its weight is an offset: 0 is the identity scale
+            m.weight.zero_()

@@ -5,6 +5,7 @@ Numbers on a shared CPU mean nothing; what is checked is the workload, the bookk
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -242,3 +243,27 @@ def test_synthetic_adapters_are_real_peft_folders(tmp_path):
     import peft  # the reference loader agrees on what the folder is
 
     assert peft.LoraConfig.from_pretrained(str(src.paths["b"])).r == 4
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma2"])
+def test_suite_on_cpu_new_families(tmp_path, monkeypatch, family):
+    """Synthetic adapters of Phi-3 (written as PEFT's fused qkv_proj / gate_up_proj, read back split into slices)
+    and Gemma 2, served and compared with HF + PEFT on the same shapes."""
+    from multilora_cli.bench import model_dir
+
+    tiny = {**model_dir.TINY, "model_type": family, "_name_or_path": f"multilora/tiny-{family}", "pad_token_id": 0}
+    if family == "gemma2":
+        tiny.update(head_dim=32, sliding_window=4, query_pre_attn_scalar=16)
+    monkeypatch.setitem(model_dir.PRESETS, f"tiny-{family}", tiny)
+    work = dataclasses.replace(BASE, preset=f"tiny-{family}")
+    report = run_suite(
+        parse_rows("3,hf3", work),
+        write_model_dir(f"tiny-{family}", tmp_path / family),
+        torch.device("cpu"),
+        hf_batch_sizes=[3],
+        hf_new_tokens=(2, 3),
+        log=lambda m: None,
+    )
+    assert report["failed"] == [] and report["not_run"] == []
+    ours = next(r for r in report["rows"] if r["system"] == "multilora")
+    assert ours["output_tokens"] == 10 * 4 and ours["extra"]["slot_loads"] == 3

@@ -53,7 +53,14 @@ def test_presets_match_transformers_parameter_count():
     for name, raw in MODEL_PRESETS.items():
         if name == "llama-3-70b":
             continue  # same code path as llama-3-8b; meta init of 80 layers only costs time
-        cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config}[raw["model_type"]]
+        cls = {
+            "llama": tf.LlamaConfig,
+            "mistral": tf.MistralConfig,
+            "qwen2": tf.Qwen2Config,
+            "gemma2": tf.Gemma2Config,
+            "gemma3_text": tf.Gemma3TextConfig,
+            "phi3": tf.Phi3Config,
+        }[raw["model_type"]]
         cfg = cls(**{k: v for k, v in raw.items() if not k.startswith("_") and k != "model_type"})
         with torch.device("meta"):
             model = tf.AutoModelForCausalLM.from_config(cfg)

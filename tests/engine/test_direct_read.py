@@ -190,3 +190,31 @@ def test_a_plan_from_preflights_scan_is_the_same_and_a_change_after_the_scan_is_
     got = read_packed(path, "p", cfg, torch.float16, _arena(), planned=late)
     want = pack_adapter(load_adapter(path, "p", cfg), pin=False, dtype=torch.float16)
     assert torch.equal(got.flat, want.flat)
+
+
+@pytest.fixture(scope="module")
+def phi3_ckpts(tmp_path_factory):
+    """Phi-3 adapters on the fused qkv_proj / gate_up_proj: every module, and one with a rank_pattern in bf16."""
+    root = tmp_path_factory.mktemp("direct-phi3")
+    base = build_base(root / "base", "phi3")
+    out = {
+        "all": build_adapter(base, root / "all", r=8, alpha=16, targets="all-linear"),
+        "pattern": build_adapter(
+            base, root / "pattern", r=8, targets=("qkv_proj", "gate_up_proj"), seed=3, rank_pattern={"gate_up_proj": 4}
+        ),
+    }
+    out["pattern_bf16"] = _recast(out["pattern"], root / "pattern_bf16", lambda k, t: t.bfloat16())
+    return ModelConfig.from_dir(base), out
+
+
+@pytest.mark.parametrize("tag", ["all", "pattern", "pattern_bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_checkpoint_modules_read_bit_identical(phi3_ckpts, tag, dtype):
+    """A fused module's slices (its lora_A read once per slice, its lora_B rows as sub-spans) land as load_adapter
+    + pack_adapter put them."""
+    cfg, paths = phi3_ckpts
+    got = read_packed(paths[tag], tag, cfg, dtype, _arena())
+    want = pack_adapter(load_adapter(paths[tag], tag, cfg, dtype=dtype), pin=False, dtype=dtype)
+    assert torch.equal(got.flat, want.flat) and got.groups == want.groups
+    assert {name for _, name in got.modules} >= {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+    assert all(g.uniform for (_, fused), g in got.groups.items() if fused in ("qkv_proj", "gate_up_proj"))

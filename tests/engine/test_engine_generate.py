@@ -57,8 +57,12 @@ def _hf_greedy(base: Path, adapters: dict[str, Path], prompts, plan) -> list[lis
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-tied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "llama-tied", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "phi3-longrope"])
 def test_mixed_batch_matches_hf_peft(tmp_path, arch):
+    """Gemma and Phi-3: prompts of 3-18 tokens run past their 5- and 7-token windows; phi3-longrope's prompts are
+    below and above its LongRoPE switch at 12, and several decode across it (the KV recompute at the switch, in
+    each row's own adapter); their adapters are PEFT's on the fused qkv_proj / gate_up_proj, one with
+    layers_to_transform."""
     base, adapters = build_mixed(tmp_path, arch)
     prompts = _prompts(len(PLAN))
     engine = Engine(EngineConfig(model=str(base), device="cpu", max_loras=4, max_lora_rank=16), adapters)

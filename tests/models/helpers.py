@@ -25,17 +25,29 @@ class Blocks:
         return table
 
 
-def run_prefill(model, blocks: Blocks, chunks: dict[int, tuple[list[int], int]], lora=None) -> torch.Tensor:
-    """chunks: {seq: (new token ids, number of tokens already cached)} -> logits [T, V] of every new token."""
-    ids, pos, lq, lk, tables = [], [], [], [], []
+def run_prefill(
+    model, blocks: Blocks, chunks: dict[int, tuple[list[int], int]], lora=None, prompt_lens: dict | None = None
+) -> torch.Tensor:
+    """chunks: {seq: (new token ids, number of tokens already cached)} -> logits [T, V] of every new token.
+    LongRoPE models: a prompt longer than original_max_position_embeddings takes the long factors for all its
+    tokens (transformers' prefill of that prompt); `prompt_lens` {seq: prompt length} when a chunk is not the
+    whole prompt."""
+    ids, pos, lq, lk, tables, long = [], [], [], [], [], []
+    long_from = model.long_rope_from
     for seq, (toks, cached) in chunks.items():
         ids += toks
         pos += range(cached, cached + len(toks))
         lq.append(len(toks))
         lk.append(cached + len(toks))
         tables.append(blocks.ensure(seq, cached + len(toks)))
+        if long_from is not None:
+            n = (prompt_lens or {}).get(seq, cached + len(toks))
+            long += [p >= long_from or n > long_from for p in range(cached, cached + len(toks))]
     dev = model.device
-    set_context(prefill_context(lq, lk, tables, blocks.block_size, device=dev, lora=lora))
+    ctx = prefill_context(lq, lk, tables, blocks.block_size, device=dev, lora=lora)
+    if long_from is not None:
+        ctx.rope_long = torch.tensor(long, device=dev)
+    set_context(ctx)
     hidden = model(torch.tensor(ids, device=dev), torch.tensor(pos, device=dev))
     return model.compute_logits(hidden).cpu()
 
@@ -60,6 +72,25 @@ def hf_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     return seq[len(prompt) :], hf(torch.tensor([seq])).logits[0].float()
 
 
+def hf_generate(hf, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+    """n greedy tokens after `prompt` by transformers' `generate` (KV cache: each decode step is a forward of one
+    token, which is what LongRoPE's per-forward factor choice depends on), and logits [len(prompt) + n, V]: the
+    prompt's forward, then each decode step's."""
+    hf.generation_config.eos_token_id = None  # never stop early
+    out = hf.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=n + 1,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    steps = torch.cat([s.float() for s in out.logits[1:]])  # [n, V]: the logits after each generated token
+    return out.sequences[0, len(prompt) : len(prompt) + n].tolist(), torch.cat(
+        [hf(torch.tensor([prompt])).logits[0], steps]
+    )
+
+
 def prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
@@ -75,11 +106,12 @@ def check_generation(
     steps: int = 4,
     atol: float = 1e-4,
     check_argmax: bool = True,
+    cached: bool = False,
 ) -> None:
     """Packed prefill of len(lengths) sequences, then `steps` batched decodes fed HF's greedy tokens;
-    every logit row is compared with HF's full-sequence forward."""
+    every logit row is compared with HF's full-sequence forward (`cached`: with `generate`'s, step by step)."""
     seqs = prompts(lengths, vocab)
-    refs = [hf_greedy(hf, p, steps) for p in seqs]
+    refs = [(hf_generate if cached else hf_greedy)(hf, p, steps) for p in seqs]
     blocks = Blocks(64, block_size)
     ours.allocate_kv_cache(64, block_size)
 
@@ -89,8 +121,14 @@ def check_generation(
         torch.testing.assert_close(logits[start : start + len(p)], ref[: len(p)], atol=atol, rtol=0)
         start += len(p)
 
+    long_from = ours.long_rope_from
     for step in range(steps):
         feed = {i: (gen[step], len(p) + step) for i, (p, (gen, _)) in enumerate(zip(seqs, refs))}
+        for i, (p, (gen, _)) in enumerate(zip(seqs, refs)):
+            if long_from is not None and len(p) + step == long_from and len(p) <= long_from:
+                # LongRoPE: the sequence passes long_from: its KV so far is recomputed with the long factors
+                # (transformers' Phi-3 `generate` drops its cache here; engine/long_rope.py)
+                run_prefill(ours, blocks, {i: ((p + gen)[:long_from], 0)}, prompt_lens={i: long_from + 1})
         logits = run_decode(ours, blocks, feed)
         for i, (p, (gen, ref)) in enumerate(zip(seqs, refs)):
             torch.testing.assert_close(logits[i], ref[len(p) + step], atol=atol, rtol=0)
@@ -105,10 +143,11 @@ def check_chunked_prefill(ours, hf, vocab: int, *, atol: float = 1e-4) -> None:
     blocks = Blocks(64, 4, seed=1)
     ours.allocate_kv_cache(64, 4)
 
-    first = run_prefill(ours, blocks, {0: (a[:5], 0), 1: (b[:9], 0)})
+    lens = {0: len(a), 1: len(b), 2: len(c)}  # LongRoPE: a chunk of a long prompt is rotated as the whole prompt
+    first = run_prefill(ours, blocks, {0: (a[:5], 0), 1: (b[:9], 0)}, prompt_lens=lens)
     torch.testing.assert_close(first[:5], ref["a"][:5], atol=atol, rtol=0)
     torch.testing.assert_close(first[5:], ref["b"][:9], atol=atol, rtol=0)
-    second = run_prefill(ours, blocks, {0: (a[5:], 5), 2: (c, 0), 1: (b[9:], 9)})
+    second = run_prefill(ours, blocks, {0: (a[5:], 5), 2: (c, 0), 1: (b[9:], 9)}, prompt_lens=lens)
     torch.testing.assert_close(second[:5], ref["a"][5:], atol=atol, rtol=0)
     torch.testing.assert_close(second[5:11], ref["c"], atol=atol, rtol=0)
     torch.testing.assert_close(second[11:], ref["b"][9:], atol=atol, rtol=0)

@@ -21,13 +21,21 @@ def test_loads_every_arch_into_fused_params(base_path, arch):
     model = load_model(path, cfg, dtype=torch.float32, device="cpu")
     hf = load_file(path / "model.safetensors")
     layer = model.model.layers[1]
-    q, k, v = layer.self_attn.qkv_proj.weight.split([cfg.q_size, cfg.kv_size, cfg.kv_size])
-    assert torch.equal(q, hf["model.layers.1.self_attn.q_proj.weight"])
-    assert torch.equal(k, hf["model.layers.1.self_attn.k_proj.weight"])
-    assert torch.equal(v, hf["model.layers.1.self_attn.v_proj.weight"])
-    gate, up = layer.mlp.gate_up_proj.weight.split(cfg.intermediate_size)
-    assert torch.equal(gate, hf["model.layers.1.mlp.gate_proj.weight"])
-    assert torch.equal(up, hf["model.layers.1.mlp.up_proj.weight"])
+    if cfg.fused_checkpoint:  # Phi-3: the checkpoint's own fused tensors, q|k|v and gate|up as ours
+        assert torch.equal(layer.self_attn.qkv_proj.weight, hf["model.layers.1.self_attn.qkv_proj.weight"])
+        assert torch.equal(layer.mlp.gate_up_proj.weight, hf["model.layers.1.mlp.gate_up_proj.weight"])
+    else:
+        q, k, v = layer.self_attn.qkv_proj.weight.split([cfg.q_size, cfg.kv_size, cfg.kv_size])
+        assert torch.equal(q, hf["model.layers.1.self_attn.q_proj.weight"])
+        assert torch.equal(k, hf["model.layers.1.self_attn.k_proj.weight"])
+        assert torch.equal(v, hf["model.layers.1.self_attn.v_proj.weight"])
+        gate, up = layer.mlp.gate_up_proj.weight.split(cfg.intermediate_size)
+        assert torch.equal(gate, hf["model.layers.1.mlp.gate_proj.weight"])
+        assert torch.equal(up, hf["model.layers.1.mlp.up_proj.weight"])
+    if cfg.sandwich_norms:
+        assert torch.equal(
+            layer.pre_feedforward_layernorm.weight, hf["model.layers.1.pre_feedforward_layernorm.weight"]
+        )
     if cfg.attention_bias:
         assert torch.equal(
             layer.self_attn.qkv_proj.bias[cfg.q_size : cfg.q_size + cfg.kv_size],

@@ -1,7 +1,9 @@
 """`multilora run` on adapters written by PEFT itself (the other run tests use the demo's writer): a tiny Llama saved
 by transformers, three adapters saved by `PeftModel.save_pretrained` (q/v rank 8; all-linear rsLoRA rank 4;
 o/up/down rank 16 with a rank_pattern), random lora_A and lora_B. Greedy fp32 on CPU: every line's completion is
-the one HF + PEFT `generate` gives for the same prompt and adapter (or the base)."""
+the one HF + PEFT `generate` gives for the same prompt and adapter (or the base). Also on Gemma 2 / Gemma 3 bases
+and Phi-3 with LongRoPE (whose adapters are PEFT's on the fused qkv_proj / gate_up_proj; its completions run past
+the LongRoPE switch at position 12), through the whole pipeline (pre-flight, tokenizer, writer)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ PROMPTS = ["w5 w17 w42 w8", "w200 w3 w3 w91 w64 w12 w7", "w150"]
 ADAPTERS = [None, "qv8", "all4rs", "mlp16"]
 
 
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory):
-    return build_mixed(tmp_path_factory.mktemp("peft_mixed"), "llama")
+@pytest.fixture(scope="module", params=["llama", "gemma2", "gemma3", "phi3-longrope"])
+def mixed(tmp_path_factory, request):
+    return build_mixed(tmp_path_factory.mktemp("peft_mixed"), request.param)
 
 
 def hf_generate(base, adapters, lines) -> list[tuple[str, int]]:
