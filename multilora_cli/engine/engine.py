@@ -85,7 +85,13 @@ class Engine:
             stage_ahead=self.runner.staging_buffers,
         )
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
-        self.scheduler = Scheduler(config, self.block_manager, self.slots, max_model_len=self.max_model_len)
+        self.scheduler = Scheduler(
+            config,
+            self.block_manager,
+            self.slots,
+            max_model_len=self.max_model_len,
+            private_prompts_upto=self.runner.model.long_rope_from,
+        )
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.stats = EngineStats(
             model=str(config.model),

@@ -26,6 +26,7 @@ class Forking:
     """Seat accounting for pending forks (`num_seats`) and `_fork`. Uses the Scheduler's state."""
 
     _reserved: int  # seats held by running sequences for their pending forks
+    private_prompts_upto: int | None  # prompts this short are not shared with forks (LongRoPE recomputes them)
 
     @property
     def num_seats(self) -> int:
@@ -51,6 +52,9 @@ class Forking:
         sampled its first token (its blocks cover the prompt)."""
         bs = self.bm.block_size
         shared = (parent.num_prompt_tokens - 1) // bs
+        limit = self.private_prompts_upto
+        if limit is not None and parent.num_prompt_tokens <= limit:
+            shared = 0  # the parent recomputes these blocks in place later (LongRoPE): each fork keeps its own
         seats = parent.reserved_seats
         self._drop_seats(parent)
         for i in range(1, parent.pending_forks + 1):

@@ -53,6 +53,7 @@ class Scheduler(Admission, Forking):
         mix_prefill_decode: bool = True,
         waiting_window: int | None = None,
         defer_limit: int | None = None,
+        private_prompts_upto: int | None = None,
     ):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -72,6 +73,9 @@ class Scheduler(Admission, Forking):
         self._waiting = WaitingQueues()
         self.running: list[Sequence] = []  # admission order (forks right after their request's admission)
         self._reserved = 0  # seats held for forks of running sequences (engine/fork.py)
+        # LongRoPE (engine/long_rope.py): a sequence whose prompt has at most this many tokens rewrites its first
+        # blocks in place when it passes the limit, so its forks must not share them (None: forks always share)
+        self.private_prompts_upto = private_prompts_upto
         self._finished: list[Sequence] = []
         self._admissions = 0
         self._pending: list[ScheduledBatch] = []  # scheduled, not yet postprocessed (2 with `schedule_ahead`)
