@@ -157,8 +157,8 @@ def test_sequence_seed_from_request_or_engine():
     assert derive_seed(3, 7) != derive_seed(3, 8) != derive_seed(4, 8)
     seqs = [Sequence.from_request(i, r, [1, 2]) for i, r in enumerate([r1, r2, r3])]
     b = SamplingBatch.for_seqs(seqs, V)
-    assert b.num_rows == 3 and b.rows.tolist() == [0, 1, 2] and b.greedy_rows.tolist() == []
-    assert b.u[0].item() == uniform(99, 0)
+    assert b.num_rows == 3 and b.plain.rows.tolist() == [0, 1, 2] and b.plain.greedy_rows.tolist() == []
+    assert b.plain.u[0].item() == uniform(99, 0) and b.processing is None
 
 
 def test_rows_mismatch_is_an_error():
