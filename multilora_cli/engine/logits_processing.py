@@ -5,11 +5,13 @@ Why the history lives on the device: with run-ahead (EngineConfig.run_ahead) ste
 ids reach the host, so a penalty computed from host-side token lists would miss the token sampled at step t.
 `TokenHistory` keeps a [max_num_seqs, V] int32 count buffer, allocated the first time a sequence with a penalty
 is sampled (rows without one never touch it). A sequence owns one row from its first sampled step until it stops
-running; the row is written at that step from its host tokens (its prompt marked with SEEN_IN_PROMPT for
-repetition_penalty, its generated tokens counted, which after a preemption and recompute rebuilds exactly what it
-held), and every step then adds the token it sampled, on the device, in stream order after the step's draw and
-before the next step's processing. So step t+1 sees step t's token though the host has not read it yet, and a
-row given to a new sequence is rewritten after the last update of its previous owner (steps run in order).
+running (its row is taken back when a row is needed and it no longer runs); the row is written at that step from
+its host tokens (its prompt marked with SEEN_IN_PROMPT for repetition_penalty, its generated tokens counted), and
+again at its first sampled step after each preemption (the recompute: all its tokens are on the host then, as
+no step runs ahead across a preemption), and every step adds the token it sampled, on the device, in stream order
+after the step's draw and before the next step's processing. So step t+1 sees step t's token though the host has
+not read it yet, and a row given to another sequence is rewritten after the last update of its previous owner
+(steps run in order on the device).
 A row's draw still depends only on (seed, position): processing changes its logits, never its u.
 """
 
@@ -33,7 +35,7 @@ class TokenHistory:
     def __init__(self, max_rows: int, vocab_size: int, device: torch.device | str):
         self.max_rows, self.vocab_size, self.device = max_rows, vocab_size, torch.device(device)
         self.counts: torch.Tensor | None = None  # [max_rows, V] int32, allocated on first use
-        self._owner: dict[int, tuple[Sequence, int]] = {}  # seq_id -> (sequence, row)
+        self._owner: dict[int, tuple[Sequence, int, int]] = {}  # seq_id -> (sequence, row, its preemptions then)
         self._free = list(range(max_rows - 1, -1, -1))
 
     @property
@@ -41,19 +43,20 @@ class TokenHistory:
         return len(self._owner)
 
     def rows_for(self, seqs: list[Sequence], ahead: bool = False) -> list[int]:
-        """Each sequence's row (-1 for those without a penalty). A sequence met for the first time (new, or back
-        after a preemption) gets a row written from its host tokens; `ahead` (the step after one still in
-        flight): every sequence must have its row already, and nothing is written."""
+        """Each sequence's row (-1 for those without a penalty). A sequence met for the first time, or for the
+        first time since a preemption, gets its row written from its host tokens; `ahead` (the step after one
+        still in flight): every sequence must have its row already, and nothing is written."""
         out, new = [], []
         for seq in seqs:
             if not seq.sampling.needs_history:
                 out.append(-1)
                 continue
             held = self._owner.get(seq.seq_id)
-            if held is None:
+            if held is None or held[2] != seq.num_preemptions:
                 if ahead:
                     raise EngineError(f"internal: {seq} runs ahead without its token history")
-                held = self._owner[seq.seq_id] = (seq, self._take())
+                row = held[1] if held is not None else self._take()
+                held = self._owner[seq.seq_id] = (seq, row, seq.num_preemptions)
                 new.append(held)
             out.append(held[1])
         if new:
@@ -62,7 +65,7 @@ class TokenHistory:
 
     def _take(self) -> int:
         if not self._free:  # rows of sequences no longer running (finished, or preempted: rebuilt on return)
-            for sid, (seq, row) in list(self._owner.items()):
+            for sid, (seq, row, _) in list(self._owner.items()):
                 if seq.status is not SeqStatus.RUNNING:
                     del self._owner[sid]
                     self._free.append(row)
@@ -70,12 +73,12 @@ class TokenHistory:
             raise EngineError(f"internal: more than {self.max_rows} running sequences need a token history")
         return self._free.pop()
 
-    def _write(self, new: list[tuple[Sequence, int]]) -> None:
+    def _write(self, new: list[tuple[Sequence, int, int]]) -> None:
         """Rows of `new` := SEEN_IN_PROMPT at their prompt tokens + the counts of their generated tokens."""
         if self.counts is None:
             self.counts = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.int32, device=self.device)
         rows, pr, pt, gr, gt = [], [], [], [], []
-        for seq, row in new:
+        for seq, row, _ in new:
             rows.append(row)
             prompt = seq.prompt_token_ids
             pr += [row] * len(prompt)
