@@ -180,9 +180,9 @@ class LogitsProcessing:
             history=history,
         )
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """fp32 [P, V]: the processed rows of `logits` ([N, V], model dtype)."""
-        if use_triton(logits):
+    def apply(self, logits: torch.Tensor, triton: bool | None = None) -> torch.Tensor:
+        """fp32 [P, V]: the processed rows of `logits` ([N, V], model dtype). triton None: kernels.use_triton."""
+        if use_triton(logits) if triton is None else triton:
             return process_rows(logits, self.plan)
         return process_rows_torch(logits, self.plan)
 

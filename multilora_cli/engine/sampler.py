@@ -177,12 +177,12 @@ class SamplingBatch:
         )
 
 
-def _draw(logits: torch.Tensor, d: Draws, out: torch.Tensor) -> None:
+def _draw(logits: torch.Tensor, d: Draws, out: torch.Tensor, triton: bool) -> None:
     """out[r] for the rows of `d`, drawn from `logits` (rows indexed as in `d`)."""
     if d.greedy_rows.numel():
         out[d.greedy_rows] = logits[d.greedy_rows].argmax(dim=-1)
     if d.rows.numel():
-        if use_triton(logits):
+        if triton:
             sample_rows(
                 logits,
                 d.rows,
@@ -203,19 +203,24 @@ def _draw(logits: torch.Tensor, d: Draws, out: torch.Tensor) -> None:
 
 class Sampler:
     """`sampler(logits, batch) -> LongTensor [B]` of next token ids (on the logits' device). Stateless itself: a
-    batch with penalties adds its sampled ids to the token history it carries."""
+    batch with penalties adds its sampled ids to the token history it carries. `triton`: the Triton kernels
+    (True) or the torch ops (False) whatever the device; None: kernels.use_triton decides (CUDA: Triton)."""
+
+    def __init__(self, triton: bool | None = None):
+        self.triton = triton
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         # logits: [B, V] (any float dtype: the model's is read as it is; weights are computed in float32)
         if logits.shape[0] != batch.num_rows:
             raise ValueError(f"logits have {logits.shape[0]} rows, sampling batch has {batch.num_rows}")
+        triton = use_triton(logits) if self.triton is None else self.triton
         out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        _draw(logits, batch.plain, out)
+        _draw(logits, batch.plain, out, triton)
         proc = batch.processing
         if proc is not None:
-            x = proc.apply(logits)  # [P, V] fp32
+            x = proc.apply(logits, triton)  # [P, V] fp32
             ids = torch.empty(x.shape[0], dtype=torch.long, device=logits.device)
-            _draw(x, batch.processing_draws, ids)
+            _draw(x, batch.processing_draws, ids, triton)
             out[proc.plan.rows] = ids
             proc.record(ids)
         return out
