@@ -133,11 +133,12 @@ class LogitsProcessing:
         bias_start, bias_tok, bias_val, bias_row = [0], [], [], []
         ban_start, ban_tok, ban_row = [0], [], []
         for i, (j, ban) in enumerate(zip(rows, banned)):
-            bias = params[j].logit_bias
-            bias_tok += bias.keys()
-            bias_val += bias.values()
+            bias = sorted(params[j].logit_bias.items())  # each row's entries sorted by token (the kernel's search)
+            bias_tok += [t for t, _ in bias]
+            bias_val += [v for _, v in bias]
             bias_row += [i] * len(bias)
             bias_start.append(len(bias_tok))
+            ban = sorted(set(ban))
             ban_tok += ban
             ban_row += [i] * len(ban)
             ban_start.append(len(ban_tok))

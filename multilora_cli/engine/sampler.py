@@ -119,9 +119,11 @@ class SamplingBatch:
         """Rows with `params`, each drawing at (seed, position). history_rows: each row's row of `history`
         (-1: none), required where a row has a penalty; eos_token_ids: what min_tokens bans besides each row's
         stop_token_ids. Every field goes to `device` in one copy."""
-        u = [uniform(sd, pos) for sd, pos in zip(seeds, positions)]
-        banned = [banned_now(sp, pos, eos_token_ids) for sp, pos in zip(params, positions)]
-        proc = [i for i, sp in enumerate(params) if needs_processing(sp, banned[i])]
+        u = [0.0 if sp.greedy or sp.top_k == 1 else uniform(sd, pos) for sp, sd, pos in zip(params, seeds, positions)]
+        proc = []
+        if any(sp.processes_logits for sp in params):
+            banned = [banned_now(sp, pos, eos_token_ids) for sp, pos in zip(params, positions)]
+            proc = [i for i, sp in enumerate(params) if needs_processing(sp, banned[i])]
         if not proc:
             lists, flags = Draws.host_lists(params, u, vocab_size)
             return cls(Draws.from_device(to_device(lists, device), flags), len(params))

@@ -34,8 +34,9 @@ class ProcessPlan:
 
     rows:  [P] int64, rows of the logits;  hist: [P] int64, their rows of `counts` (-1 past num_history)
     rep, freq, pres: [P] fp32 (1, 0, 0 = off)
-    bias_start: [P+1] int64, row i's entries are bias_tok / bias_val / bias_row[bias_start[i]:bias_start[i+1]]
-    ban_start:  [P+1] int64, likewise for ban_tok / ban_row (tokens set to -inf)
+    bias_start: [P+1] int64, row i's entries are bias_tok / bias_val / bias_row[bias_start[i]:bias_start[i+1]],
+                sorted by token
+    ban_start:  [P+1] int64, likewise for ban_tok / ban_row (tokens set to -inf), sorted by token
     counts: [R, V] int32, or None when num_history is 0
     """
 
@@ -57,6 +58,17 @@ class ProcessPlan:
     @property
     def num_rows(self) -> int:
         return self.rows.shape[0]
+
+
+@triton.jit
+def _lower_bound(tok_ptr, lo, hi, t):
+    """The first j in [lo, hi) with tok[j] >= t (tok sorted there), else hi: a block reads only its own entries."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        below = tl.load(tok_ptr + mid) < t
+        lo = tl.where(below, mid + 1, lo)
+        hi = tl.where(below, hi, mid)
+    return lo
 
 
 @triton.jit(do_not_specialize=["H"])
@@ -82,12 +94,15 @@ def _process_kernel(
     BLOCK: tl.constexpr,
 ):
     i = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    first = tl.program_id(1) * BLOCK
+    offs = first + tl.arange(0, BLOCK)
     ok = offs < V
     r = tl.load(rows_ptr + i)
     x = tl.load(logits_ptr + r * stride_logits + offs, mask=ok, other=0.0).to(tl.float32)
-    # the row's few bias / ban entries, each compared with the whole block (no scatter, no atomics)
-    for j in range(tl.load(bias_start_ptr + i), tl.load(bias_start_ptr + i + 1)):
+    # the row's bias / ban entries that fall in this block (found by binary search: a row may bias thousands of
+    # tokens), each compared with the whole block: no scatter, no atomics
+    b0, b1 = tl.load(bias_start_ptr + i), tl.load(bias_start_ptr + i + 1)
+    for j in range(_lower_bound(bias_tok_ptr, b0, b1, first), _lower_bound(bias_tok_ptr, b0, b1, first + BLOCK)):
         x = tl.where(offs == tl.load(bias_tok_ptr + j), x + tl.load(bias_val_ptr + j), x)
     if WITH_COUNTS:
         if i < H:
@@ -98,7 +113,8 @@ def _process_kernel(
             fp = tl.load(freq_ptr + i) * gen.to(tl.float32)
             pp = tl.load(pres_ptr + i) * (gen > 0).to(tl.float32)
             x = x - (fp + pp)
-    for j in range(tl.load(ban_start_ptr + i), tl.load(ban_start_ptr + i + 1)):
+    n0, n1 = tl.load(ban_start_ptr + i), tl.load(ban_start_ptr + i + 1)
+    for j in range(_lower_bound(ban_tok_ptr, n0, n1, first), _lower_bound(ban_tok_ptr, n0, n1, first + BLOCK)):
         x = tl.where(offs == tl.load(ban_tok_ptr + j), float("-inf"), x)
     tl.store(out_ptr + i.to(tl.int64) * V + offs, x, mask=ok)
 
