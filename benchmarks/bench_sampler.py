@@ -1,20 +1,28 @@
 """The decode step's sampling cost (engine/sampler.py) per sampling kind, against greedy argmax.
 
-    python -m benchmarks.bench_sampler --out $OUT/sampler-h200.json
+    python -m benchmarks.bench_sampler --batches 256 --out $OUT/sampler-h200.json          # GPU, Llama-3 vocab
+    python -m benchmarks.bench_sampler --vocab 4096 --batch 8 --out /tmp/sampler-cpu.json   # CPU, small shapes
     python -m benchmarks.bench_sampler --baseline .ab/base --logits flat,peaked --out ...   # vs an earlier kernel
 
-Logits [B, V] in the model dtype (bf16), V = Llama-3's 128256, B = decode batch sizes. Per kind, the device time
-of everything after the LM head as the runner launches it (eager: the sampler is not in the decode graph):
-greedy = argmax over the bf16 logits; the others = what `Sampler` runs on the bf16 logits (plain: temperature
-only; top-p, top-k, both), side by side on its two paths: `triton` (kernels/sample.py, radix search, no sort) and
-`torch` (the same definition as torch ops, with a [B, V] sort: the baseline). Medians of triton do_bench (eager
-launches included, as in the engine), interleaved and repeated, min taken; plus the host time of
-`SamplingBatch.build` (which run-ahead overlaps with the device). The bytes floor is one read of the logits.
+Logits [B, V] in the model dtype (bf16 on a GPU, fp32 on the CPU, as the runner's), V = Llama-3's 128256 unless
+--vocab, B = decode batch sizes. Per kind, the device time of everything after the LM head as the runner
+launches it (eager: the sampler is not in the decode graph): greedy = argmax over the logits (the runner's fast
+path); the others = `Sampler` on them: plain (temperature only), top-p, top-k, both, min-p (with top-p), and
+`all`: every row with every parameter on (temperature, top-k, top-p, min-p, repetition / frequency / presence
+penalties over a history of HISTORY tokens per row (half prompt, half generated), a logit_bias of BIAS entries,
+min_tokens still banning the eos ids), which adds the per-row processing pass over [B, V] (gather into fp32,
+bias, penalties from the device token history, bans) and the history update after the draw. Side by side on its
+two paths: `triton` (kernels/sample.py and kernels/penalties.py: no sort) and `torch` (the same definitions as
+torch ops, with a [B, V] sort: the baseline); on the CPU the torch path only. GPU: medians of triton do_bench
+(eager launches included, as in the engine), interleaved and repeated, min taken; CPU: medians of wall times.
+Plus the host time of `SamplingBatch.build` (which run-ahead overlaps with the device). The bytes floor is one
+read of the logits.
 
 --baseline FOLDER adds the arm `base`: the kernel path with FOLDER/sample.py (an earlier copy of kernels/sample.py,
 e.g. `git show REV:multilora_cli/kernels/sample.py`) in place of the current one, checked token for token against
-it. --logits peaked: N(0, 2) logits plus 20 tokens per row raised by 12-20 (the top-0.9 nucleus is among them), closer
-to a trained model's than the default N(0, 3), whose top-p nucleus is most of the vocabulary.
+it (kinds without min-p and processing). --logits peaked: N(0, 2) logits plus 20 tokens per row raised by 12-20
+(the top-0.9 nucleus is among them), closer to a trained model's than the default N(0, 3), whose top-p nucleus is
+most of the vocabulary.
 """
 
 from __future__ import annotations
@@ -22,25 +30,43 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable
 
 import torch
-from triton.testing import do_bench
 
 from benchmarks.timing import command_line, copy_bandwidth, ints, parser, save_report
 from multilora_cli.config import SamplingParams
-from multilora_cli.engine.sampler import SamplingBatch
-from multilora_cli.kernels.sample import sample_rows, sample_rows_torch
+from multilora_cli.engine.logits_processing import TokenHistory
+from multilora_cli.engine.request import Request
+from multilora_cli.engine.sampler import Sampler, SamplingBatch
+from multilora_cli.engine.sequence import SeqStatus, Sequence
 
 V = 128256
+EOS = (128001, 128009)  # Llama-3 Instruct's eos ids (min_tokens bans them), folded into the vocabulary when smaller
+HISTORY = 512  # tokens per row the penalties read: HISTORY // 2 of prompt, HISTORY // 2 generated
+BIAS = 10  # logit_bias entries per row
 KINDS = {
     "greedy": None,
     "plain": dict(temperature=1.0),
     "top_p": dict(temperature=1.0, top_p=0.9),
     "top_k": dict(temperature=1.0, top_k=50),
     "top_k+top_p": dict(temperature=1.0, top_k=50, top_p=0.9),
+    "min_p": dict(temperature=1.0, top_p=0.9, min_p=0.05),
+    "all": dict(
+        temperature=1.0,
+        top_k=50,
+        top_p=0.9,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        frequency_penalty=0.5,
+        presence_penalty=0.3,
+        min_tokens=HISTORY,  # the rows sit at position HISTORY // 2: eos still banned
+        max_tokens=2 * HISTORY,
+    ),
 }
+OLD_KERNEL_KINDS = ("plain", "top_p", "top_k", "top_k+top_p")  # what an earlier sample.py (--baseline) can run
 
 
 def load_baseline(folder: str) -> Callable:
@@ -52,98 +78,140 @@ def load_baseline(folder: str) -> Callable:
 
 
 def kernel_path(rows_fn: Callable) -> Callable[[torch.Tensor, SamplingBatch], torch.Tensor]:
-    """What `Sampler` launches on the GPU (no greedy rows in these batches), with `rows_fn` as the kernel."""
+    """`Sampler`'s kernel launch for batches of sampled plain rows only, with `rows_fn` as the kernel."""
 
     def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        d = batch.plain
         out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        rows_fn(
-            logits,
-            batch.rows,
-            batch.temp,
-            batch.top_k,
-            batch.top_p,
-            batch.u,
-            out,
-            any_top_k=batch.any_top_k,
-            any_top_p=batch.any_top_p,
-        )
+        rows_fn(logits, d.rows, d.temp, d.top_k, d.top_p, d.u, out, any_top_k=d.any_top_k, any_top_p=d.any_top_p)
         return out
 
     return sample
 
 
-def torch_path(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """What `Sampler` runs on the CPU (the same definition as torch ops, with a [B, V] sort), here on the GPU."""
-    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    out[batch.rows] = sample_rows_torch(logits[batch.rows], batch.temp, batch.top_k, batch.top_p, batch.u)
-    return out
-
-
-def make_logits(b: int, kind: str, dev, g) -> torch.Tensor:
-    x = torch.randn(b, V, device=dev, generator=g)
+def make_logits(b: int, v: int, kind: str, dev, dtype, g) -> torch.Tensor:
+    x = torch.randn(b, v, device=dev, generator=g)
     if kind == "flat":
-        return (x * 3).to(torch.bfloat16)
+        return (x * 3).to(dtype)
     x *= 2
-    top = torch.randint(0, V, (b, 20), device=dev, generator=g)
+    top = torch.randint(0, v, (b, 20), device=dev, generator=g)
     x.scatter_add_(1, top, 12 + 8 * torch.rand(b, 20, device=dev, generator=g))
-    return x.to(torch.bfloat16)
+    return x.to(dtype)
 
 
-def run_kind(logits: torch.Tensor, kind: str, paths: dict[str, Callable], impl: str) -> tuple:
-    """(device callable, host seconds of the batch build) for one kind over all rows on path `impl`."""
-    if KINDS[kind] is None:
-        return (lambda: logits.argmax(dim=-1)), 0.0
-    b = logits.shape[0]
-    params = [SamplingParams(max_tokens=8, seed=i, **KINDS[kind]) for i in range(b)]
+def history_seqs(params: list[SamplingParams], v: int, g: torch.Generator) -> list[Sequence]:
+    """Running sequences with HISTORY tokens each (random ids), at completion position HISTORY // 2."""
+    half = HISTORY // 2
+    seqs = []
+    for i, sp in enumerate(params):
+        toks = torch.randint(0, v, (HISTORY,), generator=g).tolist()
+        s = Sequence.from_request(i, Request(key=i, id=str(i), sampling=sp), toks[:half])
+        s.token_ids += toks[half:]
+        s.status = SeqStatus.RUNNING
+        seqs.append(s)
+    return seqs
+
+
+def build_batch(logits: torch.Tensor, kind: str, g: torch.Generator) -> tuple[SamplingBatch, float]:
+    """(the SamplingBatch of kind `kind` over all rows, host seconds of one build). `all` rows also get their
+    logit_bias and their token history written on the device (outside the timed build)."""
+    b, v = logits.shape
+    eos = tuple(t % v for t in EOS)
+    if kind != "all":
+        params = [SamplingParams(max_tokens=8, seed=i, **KINDS[kind]) for i in range(b)]
+
+        def build():
+            return SamplingBatch.build(params, list(range(b)), [5] * b, v, logits.device)
+
+    else:
+        params = []
+        for i in range(b):
+            toks = torch.randint(0, v, (BIAS,), generator=g).tolist()
+            bias = {t: (-1) ** j * (1.0 + j) for j, t in enumerate(dict.fromkeys(toks))}
+            params.append(SamplingParams(seed=i, logit_bias=bias, **KINDS["all"]))
+        seqs = history_seqs(params, v, g)
+        history = TokenHistory(b, v, logits.device)
+        history.rows_for(seqs)
+
+        def build():
+            return SamplingBatch.for_seqs(seqs, v, logits.device, history=history, eos_token_ids=eos)
+
     t0 = time.perf_counter()
     for _ in range(20):
-        batch = SamplingBatch.build(params, list(range(b)), [5] * b, V, logits.device)
-    host = (time.perf_counter() - t0) / 20
-    fn = paths[impl]
-    return (lambda: fn(logits, batch)), host
+        batch = build()
+    return batch, (time.perf_counter() - t0) / 20
+
+
+def device_us(fn: Callable[[], object], cuda: bool) -> float:
+    """Median device time of fn in us: triton's do_bench on CUDA, wall times on the CPU."""
+    fn()
+    if cuda:
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=5, rep=100, return_mode="median") * 1e3
+    times = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
 
 
 def main() -> int:
     ap = parser(__doc__)
-    ap.add_argument("--batches", default="64,256")
+    ap.add_argument("--batches", "--batch", dest="batches", default="64,256")
+    ap.add_argument("--vocab", type=int, default=V)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--baseline", default=None, help="folder with an earlier copy of kernels/sample.py")
     ap.add_argument("--logits", default="flat", help="flat | peaked | flat,peaked")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    # Sampler's two paths (the kernel on CUDA logits, torch ops on the CPU's), and the baseline kernel's
-    paths = {"triton": kernel_path(sample_rows), "torch": torch_path}
+    start = time.time()
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32  # the runner's logits: the model dtype
+    # Sampler's two paths (the kernels on CUDA logits, torch ops on the CPU's), and the baseline kernel's
+    paths: dict[str, Callable] = {"triton": Sampler(triton=True)} if cuda else {}
+    paths["torch"] = Sampler(triton=False)
     if args.baseline:
         paths["base"] = kernel_path(load_baseline(args.baseline))
-    impls = tuple(paths)
-    start = time.time()
-    dev = torch.device("cuda")
-    bw = copy_bandwidth()
+    bw = copy_bandwidth() if cuda else None
     report = {
-        "device": torch.cuda.get_device_name(),
-        "bandwidth_tbs": bw / 1e12,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "bandwidth_tbs": bw / 1e12 if bw else None,
         "command": command_line("benchmarks.bench_sampler"),
-        "vocab": V,
+        "vocab": args.vocab,
+        "logits_dtype": str(dtype).removeprefix("torch."),
+        "all": {k: v for k, v in KINDS["all"].items()} | {"history_tokens": HISTORY, "logit_bias_entries": BIAS},
         "rows": [],
     }
     g = torch.Generator(device=dev).manual_seed(0)
+    gh = torch.Generator().manual_seed(0)
     for lk, b in ((lk, x) for lk in args.logits.split(",") for x in ints(args.batches)):
-        logits = make_logits(b, lk, dev, g)
+        logits = make_logits(b, args.vocab, lk, dev, dtype, g)
+        batches = {k: build_batch(logits, k, gh) for k in KINDS if KINDS[k] is not None}
         best: dict[tuple, float] = {}
-        host: dict[str, float] = {}
         same: dict[str, bool] = {}
-        cases = [(k, i) for k in KINDS for i in (("-",) if KINDS[k] is None else impls)]
+
+        def arms(kind):
+            if KINDS[kind] is None:
+                return ("-",)
+            return tuple(i for i in paths if i != "base" or kind in OLD_KERNEL_KINDS)
+
+        cases = [(k, i) for k in KINDS for i in arms(k)]
         for _ in range(args.repeats):
             for kind, impl in cases:
-                fn, host[kind] = run_kind(logits, kind, paths, impl)
-                fn()
-                ms = do_bench(fn, warmup=5, rep=100, return_mode="median")
-                best[kind, impl] = min(best.get((kind, impl), float("inf")), ms * 1e3)
+                if KINDS[kind] is None:
+                    fn = lambda: logits.argmax(dim=-1)  # noqa: E731
+                else:
+                    fn = (lambda p, bt: lambda: p(logits, bt))(paths[impl], batches[kind][0])
+                us = device_us(fn, cuda)
+                best[kind, impl] = min(best.get((kind, impl), float("inf")), us)
         if args.baseline:  # the arms' tokens, same batch (same u): equal bit for bit?
-            for kind in (k for k in KINDS if KINDS[k] is not None):
-                toks = [run_kind(logits, kind, paths, impl)[0]().clone() for impl in ("triton", "base")]
+            for kind in OLD_KERNEL_KINDS:
+                toks = [paths[i](logits, batches[kind][0]).clone() for i in ("triton", "base")]
                 same[kind] = bool(torch.equal(*toks))
-        floor = logits.numel() * logits.element_size() / bw * 1e6
+        floor = logits.numel() * logits.element_size() / bw * 1e6 if bw else None
         for kind, impl in cases:
             us = best[kind, impl]
             row = dict(
@@ -152,17 +220,18 @@ def main() -> int:
                 kind=kind,
                 impl=impl,
                 device_us=round(us, 1),
-                host_build_us=round(host[kind] * 1e6, 1),
-                floor_us=round(floor, 1),
+                host_build_us=round(batches[kind][1] * 1e6, 1) if kind in batches else 0.0,
+                floor_us=round(floor, 1) if floor else None,
                 vs_greedy=round(us / best["greedy", "-"], 2),
+                vs_plain=round(us / best["plain", impl], 2) if impl in ("triton", "torch") else None,
                 torch_over_triton=round(best[kind, "torch"] / us, 2) if impl == "triton" else None,
             )
-            if impl == "triton" and args.baseline:
+            if impl == "triton" and args.baseline and kind in OLD_KERNEL_KINDS:
                 row.update(base_over_triton=round(best[kind, "base"] / us, 2), same_tokens_as_base=same[kind])
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
-    if args.out:
-        save_report(report, args.out, start)
+        if args.out:
+            save_report(report, args.out, start)
     return 0
 
 

@@ -21,7 +21,16 @@ class SamplingParams:
     """Per-request sampling. temperature 0 = greedy. Random draws depend only on (seed, sample index, position).
 
     n: completions of the prompt (1..MAX_N); sample i draws from its own seed stream (engine/sequence.py
-    `sample_seed`), sample 0 from the request's seed, so it is what the same request with n=1 gives."""
+    `sample_seed`), sample 0 from the request's seed, so it is what the same request with n=1 gives.
+
+    Logits processing, each with the semantics of the system users know it from, in this order on the raw
+    logits (engine/logits_processing.py): `logit_bias` (OpenAI: {token id: bias in [-100, 100]} added),
+    `repetition_penalty` (transformers: over prompt + generated tokens, logit / p if > 0 else logit * p),
+    `frequency_penalty` / `presence_penalty` (OpenAI: logit -= f * count + p * (count > 0), over generated
+    tokens), `min_tokens` (no eos / `stop_token_ids` before that many generated tokens: their logits -inf, as
+    transformers' min_new_tokens and vLLM). Then temperature, top-k, top-p and `min_p` (transformers: keep the
+    tokens whose probability is >= min_p times the top one's). `stop_token_ids` end a completion like eos.
+    """
 
     max_tokens: int = 256
     temperature: float = 0.0
@@ -30,22 +39,25 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id (int or its decimal string) -> bias
+    min_tokens: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
     n: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if (
-            isinstance(self.temperature, bool)
-            or not isinstance(self.temperature, (int, float))
-            or not 0 <= self.temperature < math.inf
-        ):
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        if self.seed is not None and not _is_int(self.seed):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             raise ConfigError(f"n must be an integer in 1..{MAX_N}, got {self.n!r}")
@@ -53,13 +65,81 @@ class SamplingParams:
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ConfigError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ConfigError(f"min_p must be a number in [0, 1], got {self.min_p!r}")
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty < math.inf:
+            raise ConfigError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if not _is_number(v) or not -2 <= v <= 2:
+                raise ConfigError(f"{name} must be a number in [-2, 2], got {v!r}")
+        self.logit_bias = _logit_bias(self.logit_bias)
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ConfigError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            raise ConfigError(f"min_tokens must be <= max_tokens, got {self.min_tokens} > {self.max_tokens}")
+        ids = self.stop_token_ids
+        if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise ConfigError(f"stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
         # below GREEDY_BELOW, logits / T overflows float32 (softmax of inf - inf = NaN): such a T means argmax
         self.temperature = float(self.temperature) if self.temperature >= GREEDY_BELOW else 0.0
         self.top_p = float(self.top_p)
+        self.min_p = float(self.min_p)
+        self.repetition_penalty = float(self.repetition_penalty)
+        self.frequency_penalty = float(self.frequency_penalty)
+        self.presence_penalty = float(self.presence_penalty)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the logits depend on the tokens seen so far (a penalty is on)."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any logits processing may apply (penalties, logit_bias, min_tokens): else the raw logits are
+        sampled as they are."""
+        return self.needs_history or bool(self.logit_bias) or self.min_tokens > 0
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Token ids named by logit_bias and stop_token_ids must be in the model's vocabulary [0, vocab_size)."""
+        for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids)):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ConfigError(
+                    f"{name} names token id {bad[0]}, outside the model's vocabulary (ids 0..{vocab_size - 1})"
+                )
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _logit_bias(bias) -> dict[int, float]:
+    """OpenAI's logit_bias {token id: bias}: keys ints or their decimal strings (JSON object keys are strings),
+    biases finite numbers in [-100, 100] -> {int: float}."""
+    if not isinstance(bias, dict):
+        raise ConfigError(f"logit_bias must be an object mapping token ids to biases, got {bias!r}")
+    out: dict[int, float] = {}
+    for k, v in bias.items():
+        t = k if _is_int(k) else int(k) if isinstance(k, str) and k.isascii() and k.isdigit() else None
+        if t is None or t < 0:
+            raise ConfigError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
+        if not _is_number(v) or not -100 <= v <= 100:
+            raise ConfigError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {k!r}")
+        if t in out:
+            raise ConfigError(f"logit_bias names token {t} twice")
+        out[t] = float(v)
+    return out
 
 
 @dataclass(slots=True)

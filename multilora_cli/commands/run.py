@@ -105,6 +105,46 @@ def command(
     top_k: Optional[int] = _opt(
         None, "--top-k", metavar="K", help="Top-k, 0 = off (a line's own value wins). " + _GEN + "0.", min=0
     ),
+    min_p: Optional[float] = _opt(
+        None,
+        "--min-p",
+        metavar="P",
+        help="Min-p in [0, 1], 0 = off (transformers' MinPLogitsWarper; a line's own value wins). " + _GEN + "0.",
+        min=0,
+        max=1,
+    ),
+    repetition_penalty: Optional[float] = _opt(
+        None,
+        "--repetition-penalty",
+        metavar="R",
+        help="transformers' repetition penalty > 0 over prompt and output, 1 = off (a line's own value wins). "
+        + _GEN
+        + "1.",
+        min=0,
+    ),
+    frequency_penalty: Optional[float] = _opt(
+        None,
+        "--frequency-penalty",
+        metavar="F",
+        help="OpenAI's frequency penalty in [-2, 2] (a line's own value wins). Default: 0.",
+        min=-2,
+        max=2,
+    ),
+    presence_penalty: Optional[float] = _opt(
+        None,
+        "--presence-penalty",
+        metavar="F",
+        help="OpenAI's presence penalty in [-2, 2] (a line's own value wins). Default: 0.",
+        min=-2,
+        max=2,
+    ),
+    min_tokens: Optional[int] = _opt(
+        None,
+        "--min-tokens",
+        metavar="N",
+        help="No eos or stop before N new tokens (a line's own value wins). " + _GEN + "0.",
+        min=0,
+    ),
     seed: Optional[int] = _opt(
         None,
         "--seed",
@@ -197,7 +237,17 @@ def command(
         errors=errors,
         stats=stats,
         resume=resume,
-        sampling=SamplingFlags(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k),
+        sampling=SamplingFlags(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            min_tokens=min_tokens,
+        ),
         seed=seed,
         max_loras=max_loras,
         max_lora_rank=max_lora_rank,

@@ -1,4 +1,5 @@
-"""Output ids -> text, and the decision to stop a sequence (eos, stop strings, max_tokens, max_model_len).
+"""Output ids -> text, and the decision to stop a sequence (eos, stop_token_ids, stop strings, max_tokens,
+max_model_len; none but the lengths before min_tokens tokens, as vLLM).
 
 `IncrementalDecoder` turns a growing list of ids into text a token at a time without decoding the whole
 output each step: it decodes a short window (from `prefix_offset`) and emits the part past the previously
@@ -57,7 +58,10 @@ def find_stop(text: str, stops: list[str], new_from: int) -> int:
 
 class StopChecker:
     """Callable passed to `Scheduler.postprocess`: after a token is appended, returns "stop" / "length" / None
-    and, when the sequence finishes, sets `seq.text` (truncated before a stop string; eos not included)."""
+    and, when the sequence finishes, sets `seq.text` (truncated before a stop string; eos and the stop_token_ids
+    not included, though counted as generated tokens). Before `min_tokens` generated tokens only the lengths
+    stop a sequence (the sampler bans eos and stop_token_ids until then; stop strings are not matched, as in
+    vLLM: one that ends at or after the min_tokens-th token is)."""
 
     def __init__(self, tokenizer=None, eos_token_ids: Iterable[int] = (), max_model_len: int | None = None):
         self.tokenizer = tokenizer
@@ -69,7 +73,9 @@ class StopChecker:
         sp = seq.request.sampling
         ids = seq.token_ids
         tok = ids[-1]
-        if not sp.ignore_eos and tok in self.eos:
+        if sp.min_tokens and len(ids) - len(seq.prompt_token_ids) < sp.min_tokens:
+            return self._length(seq, sp)
+        if (not sp.ignore_eos and tok in self.eos) or tok in sp.stop_token_ids:
             self._set_text(seq, seq.output_token_ids[:-1])
             return "stop"
         if sp.stop and self.tokenizer is not None:
@@ -82,13 +88,25 @@ class StopChecker:
             if len(det.text) > before and (i := find_stop(det.text, sp.stop, before)) >= 0:
                 seq.text = det.text[:i]
                 return "stop"
-        n = len(ids)
+        return self._length(seq, sp)
+
+    def _length(self, seq: Sequence, sp) -> str | None:
+        n = len(seq.token_ids)
         if n - len(seq.prompt_token_ids) >= sp.max_tokens or (
             self.max_model_len is not None and n >= self.max_model_len
         ):
             self._set_text(seq, seq.output_token_ids)
             return "length"
         return None
+
+    def stopped_by_token(self, seq: Sequence) -> bool:
+        """Whether finished `seq` stopped on a token that ends it (eos unless ignore_eos, a stop_token_id): that
+        token is its last, counted in usage but in neither its text nor its result's token ids."""
+        sp = seq.request.sampling
+        if seq.finish_reason != "stop" or seq.num_completion_tokens == 0:
+            return False
+        tok = seq.token_ids[-1]
+        return (not sp.ignore_eos and tok in self.eos) or tok in sp.stop_token_ids
 
     def _set_text(self, seq: Sequence, ids: list[int]) -> None:
         if self.tokenizer is not None:

@@ -68,7 +68,9 @@ class Engine:
         self.default_sampling: dict = dict(gen.sampling)
         eos = [*self.model_config.eos_token_ids, *gen.eos_token_ids, *self.tokenizer.eos_token_ids]
         self.eos_token_ids = list(dict.fromkeys(eos))
-        self.runner = ModelRunner(config, self.model_config, use_lora=bool(self.adapters))
+        self.runner = ModelRunner(
+            config, self.model_config, use_lora=bool(self.adapters), eos_token_ids=self.eos_token_ids
+        )
         self.max_model_len = self.runner.max_model_len
         t0 = time.perf_counter()
         self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
@@ -212,6 +214,10 @@ class Engine:
                 ),
             )
         try:
+            request.sampling.check_token_ids(self.model_config.vocab_size)
+        except ConfigError as e:
+            return self._error(request, RequestError(f"request {request.id}: {e.message}", code="invalid_sampling"))
+        try:
             ids = self.tokenizer.encode_request(request, self.max_model_len)  # refuses huge prompts unencoded
         except MultiloraError as e:
             return self._error(request, e)
@@ -271,7 +277,7 @@ class Engine:
 
     def _sample(self, seq: Sequence) -> Sample:
         ids = seq.output_token_ids
-        if ids and ids[-1] in self.stop.eos and not seq.sampling.ignore_eos:
+        if self.stop.stopped_by_token(seq):  # eos or a stop_token_id: counted in usage, not in text or ids
             ids = ids[:-1]
         return Sample(
             index=seq.sample_index,

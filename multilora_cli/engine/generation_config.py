@@ -1,10 +1,11 @@
 """Read a model's `generation_config.json`: sampling defaults and its end-of-sequence ids.
 
 Only fields the file sets become defaults (like vLLM), and they follow `transformers.generate` semantics:
-`do_sample` false or absent means greedy (temperature / top_p / top_k are then ignored); `max_new_tokens` maps
-to `max_tokens`. transformers' implicit top_k=50 is not applied (vLLM does not either): unset means off.
+`do_sample` false or absent means greedy (temperature / top_p / top_k / min_p are then ignored);
+`max_new_tokens` maps to `max_tokens`, `min_new_tokens` to `min_tokens`; `repetition_penalty` applies to greedy
+and sampled decoding alike. transformers' implicit top_k=50 is not applied (vLLM does not either): unset means off.
 Precedence (the CLI contract): request fields > CLI flags > these defaults > greedy, 256 tokens.
-Fields that would change generation but are not served (`repetition_penalty`, `no_repeat_ngram_size`, ...) are
+Fields that would change generation but are not served (`no_repeat_ngram_size`, `min_length`, ...) are
 not applied, and never silently: `not_applied` lists them, and `run` warns about them at start
 (models/generation_unapplied.py, through adapters/preflight.py).
 """
@@ -61,8 +62,14 @@ def read_generation_config(model_dir: str | Path) -> GenerationDefaults:
     out = GenerationDefaults(eos_token_ids=token_id_list(gc.get("eos_token_id")), not_applied=unapplied(gc))
     s = out.sampling
     mnt = gc.get("max_new_tokens")
-    if isinstance(mnt, int) and not isinstance(mnt, bool) and mnt >= 1:
+    if _is_int(mnt) and mnt >= 1:
         s["max_tokens"] = mnt
+    rp = gc.get("repetition_penalty")
+    if _is_number(rp) and rp > 0:
+        s["repetition_penalty"] = float(rp)
+    mn = gc.get("min_new_tokens")
+    if _is_int(mn) and mn >= 0:
+        s["min_tokens"] = mn
     if "do_sample" not in gc and not any(k in gc for k in ("temperature", "top_p", "top_k")):
         return out
     if not gc.get("do_sample", False):
@@ -77,4 +84,15 @@ def read_generation_config(model_dir: str | Path) -> GenerationDefaults:
     k = gc.get("top_k")
     if isinstance(k, int) and not isinstance(k, bool) and k >= 0:
         s["top_k"] = k
+    mp = gc.get("min_p")
+    if _is_number(mp) and 0 <= mp <= 1:
+        s["min_p"] = float(mp)
     return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -19,6 +19,7 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.cuda_graphs import DecodeGraphs
 from multilora_cli.engine.device import resolve_device
+from multilora_cli.engine.logits_processing import TokenHistory
 from multilora_cli.engine.long_rope import crossings, long_mask, recompute_batches
 from multilora_cli.engine.precompile import precompile
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
@@ -84,7 +85,8 @@ class Launched:
 
 
 def _greedy(seqs) -> bool:
-    return all(s.sampling.greedy or s.sampling.top_k == 1 for s in seqs)
+    """Every row is argmax of its raw logits (no row's logits are processed: see engine/sampler.py)."""
+    return all((s.sampling.greedy or s.sampling.top_k == 1) and not s.sampling.processes_logits for s in seqs)
 
 
 class ModelRunner:
@@ -98,6 +100,7 @@ class ModelRunner:
         *,
         use_lora: bool = True,
         lora_targets: set[str] | None = None,
+        eos_token_ids: tuple[int, ...] | list[int] = (),
     ):
         self.config = config
         self.model_config = model_config
@@ -131,6 +134,9 @@ class ModelRunner:
         self.model.allocate_kv_cache(self.num_blocks, self.block_size)
         self.vocab_size = model_config.vocab_size
         self.sampler = Sampler()
+        self.eos_token_ids = tuple(eos_token_ids)  # what min_tokens bans besides a request's stop_token_ids
+        # per running sequence with a penalty, its token counts on the device (allocated on first use)
+        self.history = TokenHistory(config.max_num_seqs, model_config.vocab_size, self.device)
         max_step_tokens = config.max_num_batched_tokens + config.max_num_seqs
         self._meta_buffers = (
             LoraMetaBuffers(max_step_tokens, self.max_loras, self.device)
@@ -273,7 +279,10 @@ class ModelRunner:
             ids = logits.argmax(dim=-1)
         else:
             # an ahead step samples each sequence's next position: the token before it is not on the host yet
-            ids = self.sampler(logits, SamplingBatch.for_seqs(seqs, logits.shape[-1], self.device, batch.ahead))
+            sb = SamplingBatch.for_seqs(
+                seqs, logits.shape[-1], self.device, batch.ahead, history=self.history, eos_token_ids=self.eos_token_ids
+            )
+            ids = self.sampler(logits, sb)
         if self.device.type != "cuda":
             return Launched(batch, ids, ids, None, t0, graph)
         # the ids come back through page-locked memory, two buffers taking turns (at most two steps in flight)

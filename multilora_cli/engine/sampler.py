@@ -1,15 +1,22 @@
-"""`Sampler`: logits -> next token ids; greedy, temperature, top-k, top-p; batch-composition invariant.
+"""`Sampler`: logits -> next token ids; greedy, temperature, top-k, top-p, min-p, and per-row logits processing
+(logit_bias, penalties, min_tokens: engine/logits_processing.py); batch-composition invariant.
 
 Each sampled row draws ONE uniform number u = hash(seed, position) (SplitMix64, computed on the host; no
 device RNG state) and picks the token by inverse CDF over its kept tokens in vocabulary order: the first token
 whose running sum of weights exceeds u * total. Which tokens are kept is defined by the logits' order, not by a
 sorted copy (kernels/sample.py): top-k keeps the keys >= the k-th largest (ties kept, as transformers'
 warper does), top-p then keeps each token whose strictly larger kept mass is < top_p of the kept total
-(transformers' order: temperature, then top-k, then top-p on the renormalised top-k distribution). On CUDA a
-Triton kernel finds both thresholds by radix search over chunks of each row, with no sort; elsewhere the same
-definition runs as torch ops. So a row's token depends only on its logits, its SamplingParams, its seed and
-its position, never on the other rows. temperature 0 (greedy) and top_k 1 are argmax. The only host sync is
-the caller reading the ids.
+(transformers' order: temperature, then top-k, then top-p on the renormalised top-k distribution), and min-p
+keeps the tokens whose probability is >= min_p times the top one's (transformers' MinPLogitsWarper, after
+top-p). On CUDA a Triton kernel finds both thresholds by radix search over chunks of each row, with no sort;
+elsewhere the same definition runs as torch ops. temperature 0 (greedy) and top_k 1 are argmax.
+
+Rows whose logits are processed this step (a penalty, a logit_bias, or min_tokens still banning a token) are
+gathered into an fp32 copy, processed there and drawn from it; the other rows are drawn from the model's
+logits as they are, and nothing is gathered or processed when no row asks for it. Whether a row is processed
+depends only on its own parameters and position, so a row's token depends only on its logits, its
+SamplingParams, its history, its seed and its position, never on the other rows. The only host sync is the
+caller reading the ids.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from multilora_cli.config import SamplingParams
+from multilora_cli.engine.logits_processing import LogitsProcessing, TokenHistory, banned_now, needs_processing
 from multilora_cli.engine.sequence import Sequence, splitmix64
 from multilora_cli.kernels import use_triton
 from multilora_cli.kernels.sample import sample_rows, sample_rows_torch
@@ -33,18 +41,67 @@ def uniform(seed: int, position: int) -> float:
 
 
 @dataclass(slots=True)
-class SamplingBatch:
-    """Per-row sampling inputs: greedy rows, and the sampled rows with their parameters (on the logits' device)."""
+class Draws:
+    """Rows drawn from one logits tensor: greedy rows, and the sampled rows with their parameters."""
 
     greedy_rows: torch.Tensor  # [G] long: temperature 0 or top_k 1
     rows: torch.Tensor  # [S] long: temperature > 0
     temp: torch.Tensor  # [S] float32
     top_k: torch.Tensor  # [S] long (vocab size when off)
     top_p: torch.Tensor  # [S] float32 (1 when off)
+    min_p: torch.Tensor  # [S] float32 (0 when off)
     u: torch.Tensor  # [S] float64
-    num_rows: int
-    any_top_k: bool = True  # some sampled row filters by top-k / top-p: the kernel's passes for it run
+    any_top_k: bool = True  # some sampled row filters by top-k / top-p / min-p: the kernel's work for it runs
     any_top_p: bool = True
+    any_min_p: bool = True
+
+    @staticmethod
+    def host_lists(params: list[SamplingParams], u: list[float], vocab_size: int) -> tuple[list[list], dict]:
+        """(lists of numbers for the one host->device copy, the flags) for rows with `params` and draws `u`,
+        numbered 0.. in that order."""
+        g, s = [], []
+        for i, sp in enumerate(params):
+            (g if sp.greedy or sp.top_k == 1 else s).append(i)
+        k = [min(params[i].top_k, vocab_size) or vocab_size for i in s]
+        lists = [
+            g,
+            s,
+            [params[i].temperature for i in s],
+            k,
+            [params[i].top_p for i in s],
+            [params[i].min_p for i in s],
+            [u[i] for i in s],
+        ]
+        flags = dict(
+            any_top_k=any(x < vocab_size for x in k),
+            any_top_p=any(params[i].top_p < 1.0 for i in s),
+            any_min_p=any(params[i].min_p > 0.0 for i in s),
+        )
+        return lists, flags
+
+    @classmethod
+    def from_device(cls, parts: list[torch.Tensor], flags: dict) -> Draws:
+        g, s, temp, k, top_p, min_p, u = parts
+        return cls(g.long(), s.long(), temp.float(), k.long(), top_p.float(), min_p.float(), u, **flags)
+
+
+def to_device(lists: list[list], device: torch.device | str) -> list[torch.Tensor]:
+    """Lists of numbers -> float64 tensors on `device`, in ONE host->device copy (exact for these values: ids and
+    counts are integers < 2^53, the float fields round to float32 afterwards as from the Python float)."""
+    host = torch.tensor([v for part in lists for v in part], dtype=torch.float64)
+    return list(host.to(torch.device(device), non_blocking=True).split([len(p) for p in lists]))
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """Per-row sampling inputs on the logits' device: `plain` rows (indices into the logits), and the rows
+    processed this step (`processing`, None when none is), drawn from their processed copy by `processing_draws`
+    (indices into that copy)."""
+
+    plain: Draws
+    num_rows: int
+    processing: LogitsProcessing | None = None
+    processing_draws: Draws | None = None
 
     @classmethod
     def build(
@@ -54,77 +111,118 @@ class SamplingBatch:
         positions: list[int],
         vocab_size: int,
         device: torch.device | str = "cpu",
+        *,
+        history_rows: list[int] | None = None,
+        history: TokenHistory | None = None,
+        eos_token_ids=(),
     ) -> SamplingBatch:
-        """Split rows by kind; every field goes to `device` in ONE float64 copy (exact for these values: ids and
-        top-k are integers < 2^53, temperature and top-p round to float32 as from the Python float)."""
-        g, s = [], []
-        for i, sp in enumerate(params):
-            (g if sp.greedy or sp.top_k == 1 else s).append(i)
-        k = [min(params[i].top_k, vocab_size) or vocab_size for i in s]
-        host = torch.tensor(
-            g
-            + s
-            + [params[i].temperature for i in s]
-            + k
-            + [params[i].top_p for i in s]
-            + [uniform(seeds[i], positions[i]) for i in s],
-            dtype=torch.float64,
-        )
-        dev = host.to(torch.device(device), non_blocking=True)
-        n = len(s)
-        rows, temp, top_k, top_p, u = (dev[len(g) + j * n : len(g) + (j + 1) * n] for j in range(5))
+        """Rows with `params`, each drawing at (seed, position). history_rows: each row's row of `history`
+        (-1: none), required where a row has a penalty; eos_token_ids: what min_tokens bans besides each row's
+        stop_token_ids. Every field goes to `device` in one copy."""
+        u = [0.0 if sp.greedy or sp.top_k == 1 else uniform(sd, pos) for sp, sd, pos in zip(params, seeds, positions)]
+        proc = []
+        if any(sp.processes_logits for sp in params):
+            banned = [banned_now(sp, pos, eos_token_ids) for sp, pos in zip(params, positions)]
+            proc = [i for i, sp in enumerate(params) if needs_processing(sp, banned[i])]
+        if not proc:
+            lists, flags = Draws.host_lists(params, u, vocab_size)
+            return cls(Draws.from_device(to_device(lists, device), flags), len(params))
+        hist = history_rows if history_rows is not None else [-1] * len(params)
+        if any(params[i].needs_history and hist[i] < 0 for i in proc) or (history is None and max(hist) >= 0):
+            raise ValueError("SamplingBatch.build: a row with a penalty needs its token history row")
+        proc.sort(key=lambda i: hist[i] < 0)  # rows with a history first (stable: batch order within each)
+        num_history = sum(hist[i] >= 0 for i in proc)
+        taken = set(proc)
+        plain = [i for i in range(len(params)) if i not in taken]
+        plain_lists, plain_flags = Draws.host_lists([params[i] for i in plain], [u[i] for i in plain], vocab_size)
+        plain_lists[0] = [plain[j] for j in plain_lists[0]]  # greedy and sampled rows: back to logits rows
+        plain_lists[1] = [plain[j] for j in plain_lists[1]]
+        proc_lists, proc_flags = Draws.host_lists([params[i] for i in proc], [u[i] for i in proc], vocab_size)
+        plan_lists = LogitsProcessing.host_lists(params, proc, [hist[i] for i in proc], [banned[i] for i in proc])
+        parts = to_device(plain_lists + proc_lists + plan_lists, device)
+        n, m = len(plain_lists), len(proc_lists)
         return cls(
-            greedy_rows=dev[: len(g)].long(),
-            rows=rows.long(),
-            temp=temp.float(),
-            top_k=top_k.long(),
-            top_p=top_p.float(),
-            u=u,
+            plain=Draws.from_device(parts[:n], plain_flags),
             num_rows=len(params),
-            any_top_k=any(x < vocab_size for x in k),
-            any_top_p=any(params[i].top_p < 1.0 for i in s),
+            processing=LogitsProcessing.from_device(parts[n + m :], num_history, history),
+            processing_draws=Draws.from_device(parts[n : n + m], proc_flags),
         )
 
     @classmethod
     def for_seqs(
-        cls, seqs: list[Sequence], vocab_size: int, device: torch.device | str = "cpu", ahead: bool = False
+        cls,
+        seqs: list[Sequence],
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        ahead: bool = False,
+        *,
+        history: TokenHistory | None = None,
+        eos_token_ids=(),
     ) -> SamplingBatch:
         """Rows = `seqs` (e.g. `ScheduledBatch.sampled_seqs()`), each at its `sample_position`; `ahead`: one
         position further (a step launched before the previous step's token reached the host:
-        `ScheduledBatch.ahead`)."""
+        `ScheduledBatch.ahead`). `history`: the runner's TokenHistory, which gives (and writes, on a sequence's
+        first sampled step) the rows of sequences with a penalty."""
         step = 1 if ahead else 0
+        rows = None
+        if history is not None and any(s.sampling.needs_history for s in seqs):
+            rows = history.rows_for(seqs, ahead)
         return cls.build(
             [s.sampling for s in seqs],
             [s.seed for s in seqs],
             [s.sample_position + step for s in seqs],
             vocab_size,
             device,
+            history_rows=rows,
+            history=history,
+            eos_token_ids=eos_token_ids,
         )
 
 
+def _draw(logits: torch.Tensor, d: Draws, out: torch.Tensor, triton: bool) -> None:
+    """out[r] for the rows of `d`, drawn from `logits` (rows indexed as in `d`)."""
+    if d.greedy_rows.numel():
+        out[d.greedy_rows] = logits[d.greedy_rows].argmax(dim=-1)
+    if d.rows.numel():
+        if triton:
+            sample_rows(
+                logits,
+                d.rows,
+                d.temp,
+                d.top_k,
+                d.top_p,
+                d.u,
+                out,
+                min_p=d.min_p,
+                any_top_k=d.any_top_k,
+                any_top_p=d.any_top_p,
+                any_min_p=d.any_min_p,
+            )
+        else:
+            min_p = d.min_p if d.any_min_p else None
+            out[d.rows] = sample_rows_torch(logits[d.rows], d.temp, d.top_k, d.top_p, d.u, min_p)
+
+
 class Sampler:
-    """Stateless: `sampler(logits, batch) -> LongTensor [B]` of next token ids (on the logits' device)."""
+    """`sampler(logits, batch) -> LongTensor [B]` of next token ids (on the logits' device). Stateless itself: a
+    batch with penalties adds its sampled ids to the token history it carries. `triton`: the Triton kernels
+    (True) or the torch ops (False) whatever the device; None: kernels.use_triton decides (CUDA: Triton)."""
+
+    def __init__(self, triton: bool | None = None):
+        self.triton = triton
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         # logits: [B, V] (any float dtype: the model's is read as it is; weights are computed in float32)
         if logits.shape[0] != batch.num_rows:
             raise ValueError(f"logits have {logits.shape[0]} rows, sampling batch has {batch.num_rows}")
+        triton = use_triton(logits) if self.triton is None else self.triton
         out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        if batch.greedy_rows.numel():
-            out[batch.greedy_rows] = logits[batch.greedy_rows].argmax(dim=-1)
-        if batch.rows.numel():
-            if use_triton(logits):
-                sample_rows(
-                    logits,
-                    batch.rows,
-                    batch.temp,
-                    batch.top_k,
-                    batch.top_p,
-                    batch.u,
-                    out,
-                    any_top_k=batch.any_top_k,
-                    any_top_p=batch.any_top_p,
-                )
-            else:
-                out[batch.rows] = sample_rows_torch(logits[batch.rows], batch.temp, batch.top_k, batch.top_p, batch.u)
+        _draw(logits, batch.plain, out, triton)
+        proc = batch.processing
+        if proc is not None:
+            x = proc.apply(logits, triton)  # [P, V] fp32
+            ids = torch.empty(x.shape[0], dtype=torch.long, device=logits.device)
+            _draw(x, batch.processing_draws, ids, triton)
+            out[proc.plan.rows] = ids
+            proc.record(ids)
         return out

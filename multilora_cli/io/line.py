@@ -15,6 +15,9 @@ SIMPLE = "simple"
 OPENAI = "openai"
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")
+# logits processing (config.SamplingParams says whose semantics each has)
+SAMPLING_FIELDS += ("min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
+SAMPLING_FIELDS += ("min_tokens", "stop_token_ids", "ignore_eos")
 Choice = tuple[str, str | None]  # one of a line's n > 1 samples in its record: (text, finish_reason)
 
 

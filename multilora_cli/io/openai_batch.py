@@ -2,9 +2,11 @@
 
 Input:  {"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
          "body": {"model": <adapter name | base model name | "base">, "prompt" | "messages",
-                  "max_tokens" | "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n"}}
-        Body fields that would change the output but are not served yet (`logit_bias`, penalties, `tools`,
-        `response_format`, `best_of` > n, ...: io/unserved.py) fail the line unless given their no-op value, as do other
+                  "max_tokens" | "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
+                  "frequency_penalty", "presence_penalty", "logit_bias" (OpenAI's), "min_p", "repetition_penalty",
+                  "min_tokens", "stop_token_ids", "ignore_eos" (vLLM's extensions of the same bodies)}}
+        Body fields that would change the output but are not served yet (`tools`, `response_format`, `best_of` > n,
+        ...: io/unserved.py) fail the line unless given their no-op value, as do other
         systems' names (`max_new_tokens`) and near-misses of served ones; OpenAI metadata (`user`, `metadata`,
         `store`, `stream` false, `stream_options`, `service_tier`) and other keys are ignored.
 Output: {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id", "body": <completion>},
@@ -20,15 +22,15 @@ import json
 import time
 from typing import Any
 
-from multilora_cli.io.line import OPENAI, Choice, LineSpec, check_messages, json_type
+from multilora_cli.io.line import OPENAI, SAMPLING_FIELDS, Choice, LineSpec, check_messages, json_type
 from multilora_cli.io.unserved import UNKNOWN, UNSUPPORTED, near_miss, refusal
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 URLS = (COMPLETIONS, CHAT)
 # body fields served (a near-miss of one fails the line) and OpenAI metadata that cannot change the output
-BODY_FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p")
-BODY_FIELDS += ("top_k", "seed", "stop", "n")
+SAMPLING = tuple(f for f in SAMPLING_FIELDS if f != "max_tokens")  # copied as they are; max_tokens has a synonym
+BODY_FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", *SAMPLING)
 METADATA = ("user", "metadata", "store", "stream", "stream_options", "service_tier", "prediction")
 
 
@@ -100,7 +102,7 @@ class OpenAIBatchFormat:
         if mt is not None and mct is not None and mt != mct:
             spec.fail("give max_tokens or max_completion_tokens, not both")
             return
-        s = {k: body[k] for k in ("temperature", "top_p", "top_k", "seed", "stop", "n") if body.get(k) is not None}
+        s = {k: body[k] for k in SAMPLING if body.get(k) is not None}
         if mt is not None or mct is not None:
             s["max_tokens"] = mct if mct is not None else mt
         spec.sampling = s

@@ -11,20 +11,22 @@ from dataclasses import dataclass, fields
 
 from multilora_cli.config import SamplingParams
 from multilora_cli.errors import ConfigError, UsageError
-from multilora_cli.io.line import LineSpec
+from multilora_cli.io.line import SAMPLING_FIELDS, LineSpec
 
-FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+FIELDS = SAMPLING_FIELDS
 FALLBACK = {"max_tokens": 256, "temperature": 0.0}
 
 
 def valid_only(fields: dict) -> dict:
-    """Keep the sampling fields that SamplingParams accepts on their own."""
+    """Keep the sampling fields that SamplingParams accepts on their own (min_tokens whatever max_tokens is: the
+    two are checked together per line)."""
     keep = {}
     for k, v in fields.items():
         if k not in FIELDS:
             continue
         try:
-            SamplingParams(**{k: v})
+            alone = {k: v, "max_tokens": v} if k == "min_tokens" and isinstance(v, int) and v > 0 else {k: v}
+            SamplingParams(**alone)
         except (ConfigError, TypeError):
             continue
         keep[k] = v
@@ -33,17 +35,28 @@ def valid_only(fields: dict) -> dict:
 
 @dataclass(frozen=True, slots=True)
 class SamplingFlags:
-    """The run's sampling flags (--max-tokens, --temperature, --top-p, --top-k); None = not given. Checked once,
-    here, by SamplingParams' own rules: a bad value is a UsageError naming the flag (exit 2), not a line error."""
+    """The run's sampling flags (--max-tokens, --temperature, --top-p, --top-k, --min-p, --repetition-penalty,
+    --frequency-penalty, --presence-penalty, --min-tokens); None = not given. Checked once, here, by
+    SamplingParams' own rules: a bad value is a UsageError naming the flag (exit 2), not a line error.
+    --min-tokens above --max-tokens is one too; above a max_tokens from elsewhere (generation_config.json, the
+    default 256, a line) it fails the lines it applies to."""
 
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    min_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        given = self.given()
+        if self.max_tokens is None and isinstance(self.min_tokens, int) and self.min_tokens > 0:
+            given["max_tokens"] = self.min_tokens  # checked against --max-tokens only (see above)
         try:
-            SamplingParams(**self.given())
+            SamplingParams(**given)
         except ConfigError as e:
             field, _, rest = e.message.partition(" ")  # "temperature must be ...": name the flag the user typed
             raise UsageError(f"--{field.replace('_', '-')} {rest}") from e

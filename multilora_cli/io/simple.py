@@ -1,9 +1,10 @@
 """The simple JSONL format.
 
 Input:  {"id": "a1", "prompt": "..." | "messages": [...], "adapter": "legal" | null | "base",
-         "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n"}
+         "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "min_p", "repetition_penalty",
+         "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens", "stop_token_ids", "ignore_eos"}
         `model` is an alias of `adapter` (the OpenAI habit); both given and different fail the line.
-        Fields that would change the output but are not served yet (penalties, `logit_bias`, `logprobs`,
+        Fields that would change the output but are not served yet (`logprobs`, `response_format`,
         ...: io/unserved.py) fail the line unless given their no-op value; so do other systems' names for served
         fields (`max_new_tokens`, `stop_sequences`, `do_sample`) and near-misses of known names ("temprature"):
         a field must never be silently ignored. Any other field is metadata, ignored.

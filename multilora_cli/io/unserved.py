@@ -2,7 +2,7 @@
 that are: each one fails its line (an error record), because ignoring it would quietly give another output than
 the line asks for, and nobody reads 100,000 outputs by hand.
 
-A field given its no-op value ("echo": false, "frequency_penalty": 0, "logit_bias": {}, "logprobs": false) asks for
+A field given its no-op value ("echo": false, "logprobs": false, "typical_p": 1) asks for
 nothing multilora does not do, so it is accepted; null counts as not given. Keys in neither table are metadata
 and stay ignored (`custom_id`, `meta`, `user`, ...), except near-misses of a known name (`near_miss`).
 """
@@ -30,15 +30,7 @@ NOT_SERVED: dict[str, tuple] = {
     "logprobs": (False,),  # 0 is not a no-op: vLLM / legacy completions then return the sampled tokens' logprobs
     "top_logprobs": (0,),
     "prompt_logprobs": (),
-    # logits processing
-    "repetition_penalty": (1, 1.0),
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
-    "logit_bias": ({},),
-    "min_p": (0,),
-    "min_tokens": (0,),
-    "stop_token_ids": ([],),
-    "ignore_eos": (False,),
+    # logits processing (the penalties, logit_bias, min_p, min_tokens, stop_token_ids and ignore_eos are served)
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
     "allowed_token_ids": (),
@@ -83,8 +75,8 @@ RENAMED: dict[str, tuple[str, str, tuple]] = {
     "max_completion_tokens": ("max_tokens", "max_completion_tokens is the OpenAI chat name: rename the key", ()),
     "stop_sequences": ("stop", "stop_sequences is the TGI / Anthropic name: rename the key", ([],)),
     "num_return_sequences": ("n", "num_return_sequences is the transformers name: rename the key", (1,)),
-    "min_new_tokens": ("min_tokens", "the transformers name, and min_tokens is not supported yet: remove it", (0,)),
-    "min_length": ("min_tokens", "transformers' min_length; min_tokens is not supported yet: remove it", (0,)),
+    "min_new_tokens": ("min_tokens", "min_new_tokens is the transformers name: rename the key", (0,)),
+    "min_length": ("min_tokens", "transformers' min_length counts the prompt too: give the tokens to generate", (0,)),
 }
 # refused or not depending on the rest of the line (`refusal`)
 SPECIAL = ("do_sample", "add_special_tokens", "best_of")

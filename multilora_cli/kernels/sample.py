@@ -1,4 +1,4 @@
-"""Sampling without a sort: temperature, top-k, top-p and the inverse-CDF draw, all rows at once.
+"""Sampling without a sort: temperature, top-k, top-p, min-p and the inverse-CDF draw, all rows at once.
 
 The sampling distribution is defined by an order on the logits, not by a sorted copy of them, so nothing is
 sorted. Each logit gets an integer key whose order is the float order (`order_keys`). Then:
@@ -6,6 +6,9 @@ sorted. Each logit gets an integer key whose order is the float order (`order_ke
   transformers' TopKLogitsWarper);
 - top-p keeps every token for which the top-k-kept mass with a strictly larger key is < top_p of the
   top-k-kept total (the smallest such set, with ties at its boundary kept);
+- min-p keeps every token whose weight exp(logit / T - max) is >= min_p: its probability is >= min_p times the
+  top token's, whatever the normalisation (transformers' MinPLogitsWarper, applied after top-k and top-p there:
+  each of the three keeps a prefix of the same logit order, so the kept set is the intersection);
 - the token is the first one, in vocabulary order, whose running sum of kept weights exceeds u * total.
 Both thresholds are found by a radix search over the keys, 4 bits per pass (16 bins of counts or masses; counts
 by Triton's histogram, masses by a compare per bin; a chunk with nothing under the level's prefix is skipped), and
@@ -141,19 +144,42 @@ def _chunk_live(part_ptr, S, C, i, c, level, prefix):
 
 
 @triton.jit
-def _kept_sum(row, lo, hi, tau, inv_t, m, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+def _kept(raw, ok, tau, inv_t, m, min_p, WITH_MIN_P: tl.constexpr, KEY_BITS: tl.constexpr):
+    """The weights of the kept tokens (top-k and top-p: key >= tau; min-p: weight >= min_p), else 0."""
+    w = _weights(raw, inv_t, m)
+    keep = ok & (_keys(raw, KEY_BITS) >= tau)
+    if WITH_MIN_P:
+        keep = keep & (w >= min_p)
+    return tl.where(keep, w, 0.0)
+
+
+@triton.jit
+def _kept_sum(row, lo, hi, tau, inv_t, m, min_p, WITH_MIN_P: tl.constexpr, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
     tau = _as_key(tau, KEY_BITS)
     acc = tl.zeros((BLOCK,), tl.float32)
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         ok = offs < hi
         raw = tl.load(row + offs, mask=ok, other=0.0)
-        acc += tl.where(ok & (_keys(raw, KEY_BITS) >= tau), _weights(raw, inv_t, m), 0.0)
+        acc += _kept(raw, ok, tau, inv_t, m, min_p, WITH_MIN_P, KEY_BITS)
     return tl.sum(acc, axis=0)
 
 
 @triton.jit
-def _pick(row, lo, hi, tau, inv_t, m, run, target, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+def _pick(
+    row,
+    lo,
+    hi,
+    tau,
+    inv_t,
+    m,
+    min_p,
+    run,
+    target,
+    WITH_MIN_P: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """The first kept token of [lo, hi) where run + the running kept weight exceeds target, else the last one."""
     tau = _as_key(tau, KEY_BITS)
     pick = tl.full((), 2147483647, tl.int32)
@@ -162,7 +188,7 @@ def _pick(row, lo, hi, tau, inv_t, m, run, target, KEY_BITS: tl.constexpr, BLOCK
         offs = start + tl.arange(0, BLOCK)
         ok = offs < hi
         raw = tl.load(row + offs, mask=ok, other=0.0)
-        w = tl.where(ok & (_keys(raw, KEY_BITS) >= tau), _weights(raw, inv_t, m), 0.0)
+        w = _kept(raw, ok, tau, inv_t, m, min_p, WITH_MIN_P, KEY_BITS)
         hit = (w > 0) & (run + tl.cumsum(w, axis=0) > target)
         pick = tl.minimum(pick, tl.min(tl.where(hit, offs, 2147483647), axis=0))
         last = tl.maximum(last, tl.max(tl.where(w > 0, offs, -1), axis=0))
@@ -177,6 +203,7 @@ def _sample_pass(
     temp_ptr,
     top_k_ptr,
     top_p_ptr,
+    min_p_ptr,
     u_ptr,
     out_ptr,
     pmax_ptr,
@@ -189,13 +216,16 @@ def _sample_pass(
     C,
     LEVEL,
     MODE: tl.constexpr,
+    WITH_MIN_P: tl.constexpr,
     KEY_BITS: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
     CB: tl.constexpr,
 ):
     """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
-    (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight. 4: the draw, by the chunk holding it."""
+    (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight (min-p applied from here on: it cuts
+    by weight alone, so the top-p passes before it see the top-k-kept mass, as in transformers). 4: the draw, by
+    the chunk holding it."""
     i = tl.program_id(0)
     c = tl.program_id(1)
     r = tl.load(rows_ptr + i)
@@ -203,6 +233,9 @@ def _sample_pass(
     inv_t = 1.0 / tl.load(temp_ptr + i)
     top_k = tl.load(top_k_ptr + i)
     top_p = tl.load(top_p_ptr + i)
+    min_p = 0.0
+    if WITH_MIN_P:
+        min_p = tl.load(min_p_ptr + i)
     lo = c * CHUNK
     hi = tl.minimum(lo + CHUNK, V)
     cs = tl.arange(0, CB)
@@ -234,7 +267,7 @@ def _sample_pass(
                 tl.store(part_p_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
         elif MODE == 3:
             tau = _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, True, KEY_BITS, CB)
-            tl.store(psum_ptr + i * C + c, _kept_sum(row, lo, hi, tau, inv_t, m, KEY_BITS, BLOCK))
+            tl.store(psum_ptr + i * C + c, _kept_sum(row, lo, hi, tau, inv_t, m, min_p, WITH_MIN_P, KEY_BITS, BLOCK))
         else:
             # chunk c holds the draw if base_c <= target < end_c (ends: running sums of the chunks' kept weights
             # in chunk order); a target at or past the total (rounding) goes to the last non-empty chunk
@@ -249,7 +282,7 @@ def _sample_pass(
             target = (tl.load(u_ptr + i) * total.to(tl.float64)).to(tl.float32)
             inside = (base_c <= target) & (target < end_c)
             if (part_c > 0) & (inside | ((c == last_c) & (target >= end_c))):
-                tok = _pick(row, lo, hi, tau, inv_t, m, base_c, target, KEY_BITS, BLOCK)
+                tok = _pick(row, lo, hi, tau, inv_t, m, min_p, base_c, target, WITH_MIN_P, KEY_BITS, BLOCK)
                 tl.store(out_ptr + r, tok.to(tl.int64))
 
 
@@ -262,8 +295,10 @@ def sample_rows(
     u: torch.Tensor,
     out: torch.Tensor,
     *,
+    min_p: torch.Tensor | None = None,
     any_top_k: bool | None = None,
     any_top_p: bool | None = None,
+    any_min_p: bool | None = None,
     chunk: int | None = None,
     redraws: Iterable[tuple[torch.Tensor, torch.Tensor]] = (),
 ) -> None:
@@ -274,7 +309,9 @@ def sample_rows(
     temp:   [S]     fp32 > 0;  top_k: [S] int64 in [1, V] (V = off);  top_p: [S] fp32 in (0, 1] (1 = off)
     u:      [S]     fp64 in [0, 1), the row's one uniform draw
     out:    [N]     int64, written at `rows` only
-    any_top_k / any_top_p: whether some row has top_k < V / top_p < 1 (None: read off the tensors, a sync)
+    min_p:  [S]     fp32 in [0, 1] (0 = off), or None: off for every row
+    any_top_k / any_top_p / any_min_p: whether some row has top_k < V / top_p < 1 / min_p > 0 (None: read off
+             the tensors, a sync)
     redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
              iterable only once the draw before it was launched (tests bisect on u this way without running the
              filter passes again); the serving path passes none
@@ -283,6 +320,7 @@ def sample_rows(
             s = logits[r] / temp[i];  w = exp(s - max(s));  key = order_keys(logits[r])
             kept = key >= (k-th largest key)                                   # top_k[i] < V
             kept &= [sum(w[kept & (key > key[t])]) < top_p[i] * sum(w[kept]) for t]   # top_p[i] < 1
+            kept &= w >= min_p[i]                                               # min_p[i] > 0
             out[r] = first t in vocabulary order with cumsum(w * kept)[t] > u[i] * sum(w * kept)
 
     Each row is cut into chunks of `chunk` logits (a program each) and a pass is a launch over all (row, chunk):
@@ -300,6 +338,10 @@ def sample_rows(
         any_top_k = bool((top_k < v).any())
     if any_top_p is None:
         any_top_p = bool((top_p < 1.0).any())
+    if any_min_p is None:
+        any_min_p = min_p is not None and bool((min_p > 0.0).any())
+    if min_p is None:
+        min_p = top_p  # not read: WITH_MIN_P is off
     bits = 32 if logits.dtype == torch.float32 else 16
     chunk = chunk or min(CHUNK, triton.next_power_of_2(v))
     block = min(1024, chunk)
@@ -325,6 +367,7 @@ def sample_rows(
             temp,
             top_k,
             top_p,
+            min_p,
             u,
             out,
             pmax,
@@ -337,6 +380,7 @@ def sample_rows(
             c,
             lvl,
             MODE=mode,
+            WITH_MIN_P=bool(any_min_p),
             KEY_BITS=bits,
             CHUNK=chunk,
             BLOCK=block,
@@ -362,8 +406,14 @@ def order_keys(logits: torch.Tensor) -> torch.Tensor:
     return torch.where(b < 0, b ^ 0x7FFF, b) + 32768
 
 
-def kept_weights(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """exp(logits / T - max) where kept by top-k and top-p, else 0: [R, V] fp32 (unnormalised)."""
+def kept_weights(
+    logits: torch.Tensor,
+    temp: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """exp(logits / T - max) where kept by top-k, top-p and min-p, else 0: [R, V] fp32 (unnormalised)."""
     s = logits.float() * (1.0 / temp).unsqueeze(1)  # (times the reciprocal, as the kernel does)
     w = torch.exp2((s - s.max(dim=-1, keepdim=True).values) * LOG2E)
     key = order_keys(logits)
@@ -377,14 +427,22 @@ def kept_weights(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, 
     ok = first & (above < top_p.unsqueeze(1) * w.sum(dim=-1, keepdim=True)) & (sk >= tau_k)
     tau_p = torch.where(ok, sk, torch.iinfo(torch.int64).max).min(dim=-1, keepdim=True).values
     tau_p = torch.where((top_p < 1.0).unsqueeze(1), tau_p, 0)
-    return torch.where(key >= tau_p, w, 0.0)
+    keep = key >= tau_p
+    if min_p is not None:
+        keep &= w >= min_p.unsqueeze(1)
+    return torch.where(keep, w, 0.0)
 
 
 def sample_rows_torch(
-    logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
+    logits: torch.Tensor,
+    temp: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    u: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`sample_rows` for every row of `logits` (its rows argument = all rows), in torch ops: ids [R]."""
-    w = kept_weights(logits, temp, top_k, top_p)
+    w = kept_weights(logits, temp, top_k, top_p, min_p)
     cum = w.cumsum(dim=-1)
     target = (u * cum[:, -1].double()).float().unsqueeze(1)
     hit = (cum > target) & (w > 0)

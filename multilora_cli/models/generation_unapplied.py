@@ -1,7 +1,8 @@
 """The `generation_config.json` defaults multilora does not apply yet, said once at start, never dropped silently.
 
-A model's file may set generation defaults beyond temperature / top_p / top_k / max_new_tokens (Qwen2.5 sets
-`repetition_penalty` 1.05). They are model-level defaults, not a line's request, so the run goes on without them
+A model's file may set generation defaults beyond those multilora applies (temperature, top_p, top_k, min_p,
+max_new_tokens, min_new_tokens, repetition_penalty: engine/generation_config.py), e.g. `no_repeat_ngram_size`.
+They are model-level defaults, not a line's request, so the run goes on without them
 (refusing every line of a run for its model's file would be hostile), but a warning names the file and each field
 (adapters/preflight.py adds it to the run's warnings). transformers' semantics decide what is a no-op: the
 sampling-only ones (`min_p`, `typical_p`, ...) change nothing when `do_sample` is false or absent (greedy).
@@ -17,10 +18,8 @@ FILE = "generation_config.json"
 
 # field -> its no-op values (transformers' defaults); null always is one. Applied by transformers on any decoding:
 ALWAYS: dict[str, tuple] = {
-    "repetition_penalty": (1, 1.0),
     "encoder_repetition_penalty": (1, 1.0),
     "no_repeat_ngram_size": (0,),
-    "min_new_tokens": (0,),
     "min_length": (0,),
     "bad_words_ids": ([],),
     "suppress_tokens": ([],),
@@ -36,7 +35,6 @@ ALWAYS: dict[str, tuple] = {
 }
 # ... and only when do_sample is true
 SAMPLING: dict[str, tuple] = {
-    "min_p": (0,),
     "typical_p": (1, 1.0),
     "epsilon_cutoff": (0,),
     "eta_cutoff": (0,),

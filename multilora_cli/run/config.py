@@ -72,7 +72,7 @@ class RunConfig:
     errors: str | None = None
     stats: str | None = None
     resume: bool = False
-    sampling: SamplingFlags = field(default_factory=SamplingFlags)  # --max-tokens, --temperature, --top-p, --top-k
+    sampling: SamplingFlags = field(default_factory=SamplingFlags)  # --max-tokens, --temperature, ... --min-tokens
     seed: int | None = None  # the run's seed: EngineConfig.seed (the engine derives per-line seeds from it)
     max_loras: int | None = None
     max_lora_rank: int | None = None

@@ -1,4 +1,4 @@
-"""Sampler: greedy, top-k / top-p masks vs transformers' warpers, batch invariance, seeded determinism, and
+"""Sampler: greedy, top-k / top-p / min-p masks vs transformers' warpers, batch invariance, seeded determinism, and
 sampled frequencies matching the target distribution; on both paths (`path`): the torch ops and the Triton
 kernel (run by the interpreter without a GPU)."""
 
@@ -44,8 +44,13 @@ def sample(logits, params, seeds, positions):
 
 
 def hf_probs(row, sp: SamplingParams):
-    """transformers' sampling distribution: temperature, top-k, top-p warpers, then softmax."""
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    """transformers' sampling distribution: temperature, top-k, top-p, min-p warpers (its order), then softmax."""
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     x = row.unsqueeze(0).clone()
     x = TemperatureLogitsWarper(sp.temperature)(None, x)
@@ -53,13 +58,14 @@ def hf_probs(row, sp: SamplingParams):
         x = TopKLogitsWarper(sp.top_k)(None, x)
     if sp.top_p < 1.0:
         x = TopPLogitsWarper(sp.top_p)(None, x)
+    if sp.min_p > 0.0:
+        x = MinPLogitsWarper(sp.min_p)(None, x)
     return torch.softmax(x, dim=-1)[0]
 
 
 def our_probs(row, sp: SamplingParams):
-    w = kept_weights(
-        row.unsqueeze(0), torch.tensor([sp.temperature]), torch.tensor([sp.top_k or V]), torch.tensor([sp.top_p])
-    )[0]
+    t, k, p, m = (torch.tensor([v]) for v in (sp.temperature, sp.top_k or V, sp.top_p, sp.min_p))
+    w = kept_weights(row.unsqueeze(0), t, k, p, m)[0]
     return w / w.sum()
 
 
@@ -79,6 +85,11 @@ def test_greedy_is_argmax_first_on_ties(path):
         SamplingParams(temperature=1.3, top_p=0.7),
         SamplingParams(temperature=0.5, top_k=12, top_p=0.9),
         SamplingParams(temperature=1.0, top_p=0.05),
+        SamplingParams(temperature=1.0, min_p=0.1),
+        SamplingParams(temperature=0.7, min_p=0.3),
+        SamplingParams(temperature=1.5, top_p=0.7, min_p=0.2),  # top-p cuts deeper than min-p on some rows
+        SamplingParams(temperature=1.2, top_p=0.95, min_p=0.05),
+        SamplingParams(temperature=0.9, top_k=10, top_p=0.9, min_p=0.15),
     ],
 )
 def test_masks_match_transformers_warpers(sp):
@@ -96,8 +107,8 @@ def test_batch_invariance_any_composition_and_order(path):
         SamplingParams(temperature=0.6, top_k=8),
         SamplingParams(temperature=1.2, top_p=0.8),
         SamplingParams(temperature=1.0),
-        SamplingParams(temperature=0.7, top_k=20, top_p=0.95),
-        SamplingParams(temperature=2.0),
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.95, min_p=0.1),
+        SamplingParams(temperature=2.0, min_p=0.02),
     ]
     seeds = [11, 22, 33, 44, 55, 66, 77]
     positions = [0, 3, 1, 4, 1, 5, 9]
@@ -129,6 +140,7 @@ def test_draws_depend_on_seed_and_position_only(path):
         SamplingParams(temperature=1.0),
         SamplingParams(temperature=0.7, top_k=6),
         SamplingParams(temperature=1.5, top_p=0.6),
+        SamplingParams(temperature=1.3, top_p=0.9, min_p=0.15),
     ],
 )
 @pytest.mark.parametrize("path", ["torch", pytest.param("triton", marks=pytest.mark.gpu)], indirect=True)
@@ -157,8 +169,8 @@ def test_sequence_seed_from_request_or_engine():
     assert derive_seed(3, 7) != derive_seed(3, 8) != derive_seed(4, 8)
     seqs = [Sequence.from_request(i, r, [1, 2]) for i, r in enumerate([r1, r2, r3])]
     b = SamplingBatch.for_seqs(seqs, V)
-    assert b.num_rows == 3 and b.rows.tolist() == [0, 1, 2] and b.greedy_rows.tolist() == []
-    assert b.u[0].item() == uniform(99, 0)
+    assert b.num_rows == 3 and b.plain.rows.tolist() == [0, 1, 2] and b.plain.greedy_rows.tolist() == []
+    assert b.plain.u[0].item() == uniform(99, 0) and b.processing is None
 
 
 def test_rows_mismatch_is_an_error():

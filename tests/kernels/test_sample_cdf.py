@@ -3,7 +3,7 @@
 The kernel turns the row's uniform u into a token by a monotone inverse CDF: the first kept token, in vocabulary
 order, whose running kept weight exceeds u * total. So the u that give token t form an interval, and its length
 is the probability the kernel gives t. Bisection on u finds the interval ends; their lengths must equal the
-float64 softmax after temperature, top-k and top-p. Logits hold bf16-exact values (as float32 and as bfloat16),
+float64 softmax after temperature, top-k, top-p and min-p. Logits hold bf16-exact values (as float32 and as bfloat16),
 so ties are exact: at the top-k and top-p cutoffs and at the top, and temperatures span 1e-4 to 1e4.
 """
 
@@ -28,21 +28,27 @@ def _random(seed: int) -> list[float]:
     return (torch.randn(V, generator=g) * 2).bfloat16().float().tolist()
 
 
-CASES = {  # name -> (logits, temperature, top_k, top_p)
-    "plain": (_random(1), 1.0, V, 1.0),
-    "top-k cut inside a tie": (TIES, 0.9, 3, 1.0),
-    "top-p cut inside a tie": (TIES, 1.0, V, 0.7),  # mass above the 1.25s is 0.61, above the 0.75 0.84
-    "top-k and top-p": (_random(2), 0.8, 8, 0.9),
-    "small T, tied top": (NEAR_TOP, 2.0**-7, V, 1.0),  # logit gaps of 2^-6 are weight ratios of e^-2
-    "T 1e-4, tied top": (NEAR_TOP, 1e-4, V, 1.0),  # two tokens of 1/2 each, the rest below 1e-60
-    "T 1e4, top-p": (_random(3), 1e4, V, 0.45),  # nearly uniform: the top-p cut falls between 5/12 and 6/12
+CASES = {  # name -> (logits, temperature, top_k, top_p, min_p)
+    "plain": (_random(1), 1.0, V, 1.0, 0.0),
+    "top-k cut inside a tie": (TIES, 0.9, 3, 1.0, 0.0),
+    "top-p cut inside a tie": (TIES, 1.0, V, 0.7, 0.0),  # mass above the 1.25s is 0.61, above the 0.75 0.84
+    "top-k and top-p": (_random(2), 0.8, 8, 0.9, 0.0),
+    "small T, tied top": (NEAR_TOP, 2.0**-7, V, 1.0, 0.0),  # logit gaps of 2^-6 are weight ratios of e^-2
+    "T 1e-4, tied top": (NEAR_TOP, 1e-4, V, 1.0, 0.0),  # two tokens of 1/2 each, the rest below 1e-60
+    "T 1e4, top-p": (_random(3), 1e4, V, 0.45, 0.0),  # nearly uniform: the top-p cut falls between 5/12 and 6/12
+    "min-p cut inside a tie": (TIES, 1.0, V, 1.0, 0.15),  # e^(1.25-3) = 0.17: the three 1.25s kept, 0.75 not
+    "top-p and min-p": (_random(4), 0.9, V, 0.95, 0.08),  # top-p keeps more: min-p decides
+    "min-p and top-p": (_random(5), 2.0, 10, 0.7, 0.02),  # top-p cuts deeper: it decides
 }
 
 
-def reference(logits: list[float], temp: float, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(probabilities [V] float64, top-p margins): softmax(x / T) over the tokens kept by top-k (every logit >= the
-    k-th largest) and then top-p (every token whose kept mass strictly above its logit is < top_p), renormalised.
-    The margins |mass above - top_p| (top-k-kept tokens) say how far each is from flipping in or out."""
+def reference(
+    logits: list[float], temp: float, top_k: int, top_p: float, min_p: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities [V] float64, margins): softmax(x / T) over the tokens kept by top-k (every logit >= the
+    k-th largest), then top-p (every token whose kept mass strictly above its logit is < top_p), then min-p (every
+    token whose weight exp(x / T - max) is >= min_p), renormalised. The margins |mass above - top_p| and
+    |weight - min_p| (top-k-kept tokens) say how far each is from flipping in or out."""
     x = torch.tensor(logits, dtype=torch.float64)
     t = float(torch.tensor(temp, dtype=torch.float32))  # the temperature the kernel reads
     z = x / t
@@ -51,12 +57,16 @@ def reference(logits: list[float], temp: float, top_k: int, top_p: float) -> tup
     prob = w / w.sum()
     above = (prob.unsqueeze(0) * (x.unsqueeze(0) > x.unsqueeze(1))).sum(dim=1)  # [t]: mass of logits above x_t
     margins = torch.where(kept, (above - top_p).abs(), float("inf"))
-    kept &= above < top_p
+    if min_p > 0:
+        margins = torch.minimum(margins, torch.where(kept, (torch.exp(z - z.max()) - min_p).abs(), float("inf")))
+    kept &= (above < top_p) & (torch.exp(z - z.max()) >= min_p)
     w = torch.where(kept, w, 0.0)
     return w / w.sum(), margins
 
 
-def interval_ends(logits: torch.Tensor, temp: float, top_k: int, top_p: float, want: torch.Tensor) -> list[float]:
+def interval_ends(
+    logits: torch.Tensor, temp: float, top_k: int, top_p: float, min_p: float, want: torch.Tensor
+) -> list[float]:
     """Where the kernel's intervals end: b_t = inf{u : token(u) > t} for each token t of `want` > 1e-12 but the
     last (tokens below that mass, down to fp32 underflow, cannot be told apart from their neighbours).
 
@@ -97,6 +107,7 @@ def interval_ends(logits: torch.Tensor, temp: float, top_k: int, top_p: float, w
         torch.tensor([top_p], dtype=torch.float32, device=DEV),
         torch.tensor([0.5], dtype=torch.float64, device=DEV),
         first,
+        min_p=torch.tensor([min_p], dtype=torch.float32, device=DEV),
         redraws=probes(),
     )
     dropped = (seen | {first.item()}) - set((want > 0).nonzero().flatten().tolist())
@@ -108,11 +119,11 @@ def interval_ends(logits: torch.Tensor, temp: float, top_k: int, top_p: float, w
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", list(CASES))
 def test_kernel_probabilities_equal_float64_softmax(case, dtype):
-    logits, temp, top_k, top_p = CASES[case]
-    want, margins = reference(logits, temp, top_k, top_p)
-    if top_p < 1.0:  # fp32 and fp64 agree on the kept set only away from the cut (ties sit exactly on one side)
-        assert margins.min() > 1e-3, "the case puts a token within rounding of the top-p cut"
-    ends = interval_ends(torch.tensor([logits], dtype=dtype), temp, top_k, top_p, want)
+    logits, temp, top_k, top_p, min_p = CASES[case]
+    want, margins = reference(logits, temp, top_k, top_p, min_p)
+    if top_p < 1.0 or min_p > 0:  # fp32 and fp64 agree on the kept set only away from the cuts (ties sit exactly
+        assert margins.min() > 1e-3, "the case puts a token within rounding of a cut"  # on one side)
+    ends = interval_ends(torch.tensor([logits], dtype=dtype), temp, top_k, top_p, min_p, want)
     # interval lengths vs probabilities, each token with the negligible ones (< 1e-12) just before it
     got = torch.tensor([0.0, *ends, 1.0], dtype=torch.float64).diff()
     cdf = want.cumsum(0)

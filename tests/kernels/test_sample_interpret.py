@@ -18,7 +18,8 @@ def _params(r: int, v: int, g: torch.Generator):
     top_k = torch.where(torch.rand(r, generator=g) < 0.5, torch.randint(1, max(2, v // 4), (r,), generator=g), v)
     top_p = torch.where(torch.rand(r, generator=g) < 0.6, torch.rand(r, generator=g) * 0.95 + 0.03, torch.ones(r))
     u = torch.rand(r, generator=g, dtype=torch.float64)
-    return temp, top_k, top_p, u
+    min_p = torch.where(torch.rand(r, generator=g) < 0.5, torch.rand(r, generator=g) * 0.4, torch.zeros(r))
+    return temp, top_k, top_p, u, min_p
 
 
 @pytest.mark.slow  # the interpreter's sweep: its filter passes run tens of ms per program
@@ -32,16 +33,17 @@ def test_kernel_equals_torch_definition(dtype, v, chunk):
     x = (torch.randn(n, v, generator=g) * 3).to(dtype)
     x[2, : v // 2] = x[2, 0]  # a row of many equal logits: ties everywhere
     rows = torch.tensor([7, 0, 2, 5, 3, 8])  # out of order, some rows not sampled
-    temp, top_k, top_p, u = _params(len(rows), v, g)
+    temp, top_k, top_p, u, min_p = _params(len(rows), v, g)
     top_k[2] = max(1, v // 3)  # the k-th key sits inside the run of ties
     top_p[2] = 0.5
     out = torch.full((n,), -7, dtype=torch.long, device=DEV)
-    sample_rows(x.to(DEV), rows.to(DEV), temp.to(DEV), top_k.to(DEV), top_p.to(DEV), u.to(DEV), out, chunk=chunk)
+    args = (x.to(DEV), rows.to(DEV), *(t.to(DEV) for t in (temp, top_k, top_p, u)), out)
+    sample_rows(*args, min_p=min_p.to(DEV), chunk=chunk)
     out = out.cpu()
-    want = sample_rows_torch(x[rows], temp, top_k, top_p, u)
+    want = sample_rows_torch(x[rows], temp, top_k, top_p, u, min_p)
     assert out[rows].tolist() == want.tolist()
     assert out[[1, 4, 6]].tolist() == [-7, -7, -7]  # rows not asked for are untouched
-    kept = kept_weights(x[rows], temp, top_k, top_p) > 0
+    kept = kept_weights(x[rows], temp, top_k, top_p, min_p) > 0
     assert kept.gather(1, want.unsqueeze(1)).all()  # every pick is a kept token
 
 

@@ -29,14 +29,6 @@ ASKING = {
     "logprobs": 0,
     "top_logprobs": 5,
     "prompt_logprobs": 1,
-    "repetition_penalty": 1.1,
-    "frequency_penalty": 0.5,
-    "presence_penalty": -0.5,
-    "logit_bias": {"5": 100},
-    "min_p": 0.05,
-    "min_tokens": 3,
-    "stop_token_ids": [7],
-    "ignore_eos": True,
     "include_stop_str_in_output": True,
     "skip_special_tokens": False,
     "allowed_token_ids": [1, 2],
@@ -110,7 +102,7 @@ def test_no_op_values_are_accepted(field):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("logprobs", 0), ("logit_bias", []), ("repetition_penalty", "1.0"), ("echo", 0)],
+    [("logprobs", 0), ("typical_p", "1.0"), ("echo", 0)],
 )
 def test_values_that_only_look_like_no_ops_are_refused(field, value):
     # JSON true is not 1, 0 is not false (logprobs 0 returns the sampled tokens' logprobs in vLLM / legacy OpenAI)
@@ -218,13 +210,44 @@ def test_model_is_an_alias_of_adapter():
     assert "did you mean 'model'?" in parse({"prompt": "x", "modle": "legal"}).error.message
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("repetition_penalty", 1.1),
+        ("frequency_penalty", 0.5),
+        ("presence_penalty", -0.5),
+        ("logit_bias", {"5": 100}),
+        ("min_p", 0.05),
+        ("min_tokens", 3),
+        ("stop_token_ids", [7]),
+        ("ignore_eos", True),
+    ],
+)
+def test_served_logits_processing_fields_are_accepted(field, value):
+    s = parse({"id": "x", "prompt": "hi", field: value})
+    assert s.error is None and s.sampling == {field: value}
+    o = parse(oai({field: value}), O)
+    assert o.error is None and o.sampling == {field: value}
+    assert field not in NOT_SERVED
+
+
+def test_near_misses_of_served_fields():
+    assert "did you mean 'body.min_tokens'?" in parse(oai({"min_token": 3}), O).error.message
+
+
 def test_refused_lines_in_a_real_run_get_one_record_each(model_dir, tmp_path):
     lines = [
         {"id": "ok", "prompt": "The court held that", "adapter": "legal", "max_tokens": 6},
         {"id": "alias", "prompt": "The court held that", "model": "legal", "max_tokens": 6},
         {"id": "noop", "prompt": "The court held that", "adapter": "legal", "max_tokens": 6, "n": 1, "logit_bias": {}},
-        {"id": "bias", "prompt": "The court held that", "adapter": "legal", "logit_bias": {"5": 100}},
-        {"id": "rep", "prompt": "The court held that", "repetition_penalty": 1.3},
+        {
+            "id": "bias",
+            "prompt": "The court held that",
+            "adapter": "legal",
+            "logit_bias": {"5": 100},
+            "top_logprobs": 2,
+        },
+        {"id": "rep", "prompt": "The court held that", "repetition_penalty": 1.3, "max_tokens": 6},
         {"id": "hf", "prompt": "The court held that", "max_new_tokens": 6},
         {"id": "clash", "prompt": "The court held that", "model": "legal", "adapter": "medical"},
         {"id": "base", "prompt": "The court held that", "max_tokens": 6, "frequency_penalty": 0, "meta": "x"},
@@ -237,9 +260,8 @@ def test_refused_lines_in_a_real_run_get_one_record_each(model_dir, tmp_path):
     recs = {r["id"]: r for r in read_jsonl(out)}
     assert list(recs) == [x["id"] for x in lines]
     codes = {i: r["error"]["code"] for i, r in recs.items() if "error" in r}
-    assert codes == {"bias": "unsupported_field", "rep": "unsupported_field", "hf": "unknown_field"} | {
-        "clash": "invalid_request"
-    }
-    assert recs["bias"]["error"]["message"].startswith(f"line 4: field 'logit_bias' {TAIL}")
+    assert codes == {"bias": "unsupported_field", "hf": "unknown_field", "clash": "invalid_request"}
+    assert recs["bias"]["error"]["message"].startswith(f"line 4: field 'top_logprobs' {TAIL}")
+    assert recs["rep"]["text"] and recs["rep"]["adapter"] is None
     assert recs["ok"]["text"] == recs["alias"]["text"] == recs["noop"]["text"]
     assert recs["alias"]["adapter"] == "legal" and recs["base"]["adapter"] is None

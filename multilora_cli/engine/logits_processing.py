@@ -1,0 +1,197 @@
+"""Logits processing per row, on the device: logit_bias, the penalties, min_tokens (kernels/penalties.py says the
+arithmetic and its order), and the device-side token history the penalties read.
+
+Why the history lives on the device: with run-ahead (EngineConfig.run_ahead) step t+1 is launched before step t's
+ids reach the host, so a penalty computed from host-side token lists would miss the token sampled at step t.
+`TokenHistory` keeps a [max_num_seqs, V] int32 count buffer, allocated the first time a sequence with a penalty
+is sampled (rows without one never touch it). A sequence owns one row from its first sampled step until it stops
+running (its row is taken back when a row is needed and it no longer runs); the row is written at that step from
+its host tokens (its prompt marked with SEEN_IN_PROMPT for repetition_penalty, its generated tokens counted), and
+again at its first sampled step after each preemption (the recompute: all its tokens are on the host then, as
+no step runs ahead across a preemption), and every step adds the token it sampled, on the device, in stream order
+after the step's draw and before the next step's processing. So step t+1 sees step t's token though the host has
+not read it yet, and a row given to another sequence is rewritten after the last update of its previous owner
+(steps run in order on the device).
+A row's draw still depends only on (seed, position): processing changes its logits, never its u.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from multilora_cli.config import SamplingParams
+from multilora_cli.engine.sequence import SeqStatus, Sequence
+from multilora_cli.errors import EngineError
+from multilora_cli.kernels import use_triton
+from multilora_cli.kernels.penalties import SEEN_IN_PROMPT, ProcessPlan, process_rows, process_rows_torch
+
+
+class TokenHistory:
+    """Per running sequence, its token counts on the device (see the module docstring). Not thread-safe: the
+    runner's step loop is its only user."""
+
+    def __init__(self, max_rows: int, vocab_size: int, device: torch.device | str):
+        self.max_rows, self.vocab_size, self.device = max_rows, vocab_size, torch.device(device)
+        self.counts: torch.Tensor | None = None  # [max_rows, V] int32, allocated on first use
+        self._owner: dict[int, tuple[Sequence, int, int]] = {}  # seq_id -> (sequence, row, its preemptions then)
+        self._free = list(range(max_rows - 1, -1, -1))
+
+    @property
+    def rows_in_use(self) -> int:
+        return len(self._owner)
+
+    def rows_for(self, seqs: list[Sequence], ahead: bool = False) -> list[int]:
+        """Each sequence's row (-1 for those without a penalty). A sequence met for the first time, or for the
+        first time since a preemption, gets its row written from its host tokens; `ahead` (the step after one
+        still in flight): every sequence must have its row already, and nothing is written."""
+        out, new = [], []
+        for seq in seqs:
+            if not seq.sampling.needs_history:
+                out.append(-1)
+                continue
+            held = self._owner.get(seq.seq_id)
+            if held is None or held[2] != seq.num_preemptions:
+                if ahead:
+                    raise EngineError(f"internal: {seq} runs ahead without its token history")
+                row = held[1] if held is not None else self._take()
+                held = self._owner[seq.seq_id] = (seq, row, seq.num_preemptions)
+                new.append(held)
+            out.append(held[1])
+        if new:
+            self._write(new)
+        return out
+
+    def _take(self) -> int:
+        if not self._free:  # rows of sequences no longer running (finished, or preempted: rebuilt on return)
+            for sid, (seq, row, _) in list(self._owner.items()):
+                if seq.status is not SeqStatus.RUNNING:
+                    del self._owner[sid]
+                    self._free.append(row)
+        if not self._free:
+            raise EngineError(f"internal: more than {self.max_rows} running sequences need a token history")
+        return self._free.pop()
+
+    def _write(self, new: list[tuple[Sequence, int, int]]) -> None:
+        """Rows of `new` := SEEN_IN_PROMPT at their prompt tokens + the counts of their generated tokens."""
+        if self.counts is None:
+            self.counts = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.int32, device=self.device)
+        rows, pr, pt, gr, gt = [], [], [], [], []
+        for seq, row, _ in new:
+            rows.append(row)
+            prompt = seq.prompt_token_ids
+            pr += [row] * len(prompt)
+            pt += prompt
+            gen = seq.token_ids[len(prompt) :]
+            gr += [row] * len(gen)
+            gt += gen
+        host = torch.tensor(rows + pr + pt + gr + gt, dtype=torch.int64)
+        dev = host.to(self.device, non_blocking=True)
+        rows_d, pr_d, pt_d, gr_d, gt_d = dev.split([len(rows), len(pr), len(pt), len(gr), len(gt)])
+        c = self.counts
+        c.index_fill_(0, rows_d, 0)
+        c.index_put_((pr_d, pt_d), torch.tensor(SEEN_IN_PROMPT, dtype=torch.int32, device=self.device))
+        if gt:
+            c.index_put_((gr_d, gt_d), torch.ones(len(gt), dtype=torch.int32, device=self.device), accumulate=True)
+
+
+def stop_set(sp: SamplingParams, eos_token_ids) -> list[int]:
+    """The tokens that end `sp`'s completion: its stop_token_ids, and eos unless ignore_eos."""
+    ids = list(sp.stop_token_ids)
+    if not sp.ignore_eos:
+        ids += [t for t in eos_token_ids if t not in ids]
+    return ids
+
+
+def banned_now(sp: SamplingParams, position: int, eos_token_ids) -> list[int]:
+    """The tokens min_tokens bans at completion position `position` (tokens generated before it): the stop set
+    while position < min_tokens (transformers' MinNewTokensLengthLogitsProcessor, vLLM's min_tokens)."""
+    return stop_set(sp, eos_token_ids) if position < sp.min_tokens else []
+
+
+def needs_processing(sp: SamplingParams, banned: list[int]) -> bool:
+    """Whether the row's logits change this step (else it is sampled from the raw logits, paying nothing)."""
+    return sp.needs_history or bool(sp.logit_bias) or bool(banned)
+
+
+@dataclass(slots=True)
+class LogitsProcessing:
+    """One step's processed rows: `plan` (kernels/penalties.ProcessPlan, rows with a history first) and the
+    token history the sampled ids are added to (`record`)."""
+
+    plan: ProcessPlan
+    history: TokenHistory | None
+
+    @staticmethod
+    def host_lists(
+        params: list[SamplingParams], rows: list[int], hist: list[int], banned: list[list[int]]
+    ) -> list[list[float]]:
+        """The plan's fields as lists of numbers for ONE host->device copy (`from_device` reads them back):
+        rows[i] is a logits row, hist[i] its history row (-1: none, after all rows with one), banned[i] its
+        banned tokens now."""
+        bias_start, bias_tok, bias_val, bias_row = [0], [], [], []
+        ban_start, ban_tok, ban_row = [0], [], []
+        for i, (j, ban) in enumerate(zip(rows, banned)):
+            bias = sorted(params[j].logit_bias.items())  # each row's entries sorted by token (the kernel's search)
+            bias_tok += [t for t, _ in bias]
+            bias_val += [v for _, v in bias]
+            bias_row += [i] * len(bias)
+            bias_start.append(len(bias_tok))
+            ban = sorted(set(ban))
+            ban_tok += ban
+            ban_row += [i] * len(ban)
+            ban_start.append(len(ban_tok))
+        return [
+            rows,
+            hist,
+            [params[j].repetition_penalty for j in rows],
+            [params[j].frequency_penalty for j in rows],
+            [params[j].presence_penalty for j in rows],
+            bias_start,
+            bias_tok,
+            bias_val,
+            bias_row,
+            ban_start,
+            ban_tok,
+            ban_row,
+        ]
+
+    @classmethod
+    def from_device(cls, parts: list[torch.Tensor], num_history: int, history: TokenHistory | None) -> LogitsProcessing:
+        """`host_lists`' parts, as float64 tensors on the device, -> the plan in its dtypes."""
+        rows, hist, rep, freq, pres, bs, bt, bv, br, ns, nt, nr = parts
+        return cls(
+            plan=ProcessPlan(
+                rows=rows.long(),
+                hist=hist.long(),
+                rep=rep.float(),
+                freq=freq.float(),
+                pres=pres.float(),
+                bias_start=bs.long(),
+                bias_tok=bt.long(),
+                bias_val=bv.float(),
+                bias_row=br.long(),
+                ban_start=ns.long(),
+                ban_tok=nt.long(),
+                ban_row=nr.long(),
+                num_history=num_history,
+                counts=history.counts if num_history else None,
+            ),
+            history=history,
+        )
+
+    def apply(self, logits: torch.Tensor, triton: bool | None = None) -> torch.Tensor:
+        """fp32 [P, V]: the processed rows of `logits` ([N, V], model dtype). triton None: kernels.use_triton."""
+        if use_triton(logits) if triton is None else triton:
+            return process_rows(logits, self.plan)
+        return process_rows_torch(logits, self.plan)
+
+    def record(self, ids: torch.Tensor) -> None:
+        """Add the tokens just sampled for the processed rows (`ids`: [P], in plan order) to their histories, on
+        the device."""
+        h = self.plan.num_history
+        if h:
+            counts = self.plan.counts
+            one = torch.ones(h, dtype=torch.int32, device=counts.device)
+            counts.index_put_((self.plan.hist[:h], ids[:h]), one, accumulate=True)
