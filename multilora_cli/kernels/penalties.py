@@ -26,6 +26,7 @@ from multilora_cli.kernels.launch import launch
 
 SEEN_IN_PROMPT = 1 << 24  # counts[r, t] = generated count of t (< 2^24) + this bit when t is in the prompt
 BLOCK = 2048
+_SEEN = tl.constexpr(SEEN_IN_PROMPT)  # the kernels' copy: a jit function reads only constexpr globals
 
 
 @dataclass(slots=True)
@@ -107,7 +108,7 @@ def _process_kernel(
     if WITH_COUNTS:
         if i < H:
             c = tl.load(counts_ptr + tl.load(hist_ptr + i) * stride_counts + offs, mask=ok, other=0)
-            gen = c & (SEEN_IN_PROMPT - 1)
+            gen = c & (_SEEN - 1)
             rep = tl.load(rep_ptr + i)
             x = tl.where(c != 0, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
             fp = tl.load(freq_ptr + i) * gen.to(tl.float32)

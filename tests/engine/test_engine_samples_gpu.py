@@ -37,7 +37,14 @@ def req(key, ids, adapter=None, **sp) -> Request:
 def engine(setup, eager: bool, **kw) -> Engine:
     base, adapters = setup
     cfg = EngineConfig(
-        model=str(base), device="cuda", dtype="float32", max_loras=3, max_lora_rank=16, enforce_eager=eager, **kw
+        model=str(base),
+        device="cuda",
+        dtype="float32",
+        max_loras=3,
+        max_lora_rank=16,
+        enforce_eager=eager,
+        num_kv_blocks=256,  # not 90% of the card: engines of later GPU tests in this process need it
+        **kw,
     )
     return Engine(cfg, adapters)
 
@@ -61,6 +68,7 @@ def test_samples_on_cuda(setup, eager):
     alone3 = [eng.generate_all([req(3, prompt(24, 4), "all4rs", seed=sample_seed(5, i), **HOT)])[0] for i in range(2)]
     assert [s.token_ids for s in got[3].samples] == [r.token_ids for r in alone3]
     assert eng.generate_all([mix[1]])[0].token_ids == got[1].token_ids
+    eng.close()
     tight = engine(setup, eager, block_size=16, num_kv_blocks=6, max_num_seqs=10)
     again = tight.generate_all([req(k, r.prompt_token_ids, r.adapter, **_sp(r)) for k, r in enumerate(mix)])
     assert [[s.token_ids for s in r.samples] for r in again] == [[s.token_ids for s in r.samples] for r in got]
