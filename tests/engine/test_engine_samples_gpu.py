@@ -43,8 +43,7 @@ def engine(setup, eager: bool, **kw) -> Engine:
         max_loras=3,
         max_lora_rank=16,
         enforce_eager=eager,
-        num_kv_blocks=256,  # not 90% of the card: engines of later GPU tests in this process need it
-        **kw,
+        **{"num_kv_blocks": 256, **kw},  # not 90% of the card: engines of later GPU tests in this process need it
     )
     return Engine(cfg, adapters)
 
@@ -73,6 +72,7 @@ def test_samples_on_cuda(setup, eager):
     again = tight.generate_all([req(k, r.prompt_token_ids, r.adapter, **_sp(r)) for k, r in enumerate(mix)])
     assert [[s.token_ids for s in r.samples] for r in again] == [[s.token_ids for s in r.samples] for r in got]
     assert tight.stats.preemptions > 0 and tight.block_manager.num_free_blocks == 6
+    tight.close()
 
 
 def _sp(r: Request) -> dict:
