@@ -13,6 +13,8 @@ import difflib
 import json
 from typing import Any
 
+from multilora_cli.json_values import is_no_op, same_json
+
 UNSUPPORTED = "unsupported_field"  # error code: a field multilora does not serve yet
 UNKNOWN = "unknown_field"  # error code: a key that is another system's name (or a misspelling) of a served one
 
@@ -86,19 +88,6 @@ SPECIAL = ("do_sample", "add_special_tokens", "best_of")
 SPECIFIC = tuple(n for n in (*NOT_SERVED, *RENAMED, *SPECIAL) if "_" in n) + ("logprobs",)
 
 
-def _same(value: Any, neutral: Any) -> bool:
-    """JSON equality: true is not 1, 1 is 1.0."""
-    if isinstance(value, bool) or isinstance(neutral, bool):
-        return value is neutral
-    if isinstance(value, (int, float)) and isinstance(neutral, (int, float)):
-        return value == neutral
-    return type(value) is type(neutral) and value == neutral
-
-
-def _no_op(value: Any, neutral: tuple) -> bool:
-    return value is None or any(_same(value, n) for n in neutral)
-
-
 def _do_sample(value: Any, container: dict) -> str | None:
     """transformers' do_sample is accepted beside a `temperature` that says the same (true: > 0, false: 0);
     alone it would be ignored and the CLI / generation_config default would decide instead."""
@@ -120,7 +109,7 @@ def _best_of(name: str, value: Any, container: dict, where: str) -> tuple[str, s
     returns every sample drawn; more than n would need a choice multilora does not make."""
     n = container.get("n")
     n = 1 if n is None else n
-    if value is None or _same(value, n):
+    if value is None or same_json(value, n):
         return None
     count = isinstance(value, int) and not isinstance(value, bool)
     if count and isinstance(n, int) and not isinstance(n, bool) and value > n:
@@ -143,19 +132,19 @@ def refusal(key: str, value: Any, container: dict, where: str = "") -> tuple[str
         return f"unknown field {name!r}: did you mean {where + 'temperature'!r}? ({why})", UNKNOWN
     if key == "add_special_tokens":  # the tokenizer's default: on for a prompt, off for rendered chat messages
         neutral = (container.get("messages") is None,)
-        if _no_op(value, neutral):
+        if is_no_op(value, neutral):
             return None
         return _not_served(name, neutral), UNSUPPORTED
     if key == "best_of":
         return _best_of(name, value, container, where)
     if key in RENAMED:
         target, why, neutral = RENAMED[key]
-        if _no_op(value, neutral):
+        if is_no_op(value, neutral):
             return None
         return f"unknown field {name!r}: did you mean {where + target!r}? ({why})", UNKNOWN
     if key in NOT_SERVED:
         neutral = NOT_SERVED[key]
-        return None if _no_op(value, neutral) else (_not_served(name, neutral), UNSUPPORTED)
+        return None if is_no_op(value, neutral) else (_not_served(name, neutral), UNSUPPORTED)
     return None
 
 

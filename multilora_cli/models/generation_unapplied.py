@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+
+from multilora_cli.json_values import is_no_op
 
 FILE = "generation_config.json"
 
@@ -41,23 +42,10 @@ SAMPLING: dict[str, tuple] = {
 }
 
 
-def _same(value: Any, neutral: Any) -> bool:
-    """JSON equality: true is not 1, 1 is 1.0."""
-    if isinstance(value, bool) or isinstance(neutral, bool):
-        return value is neutral
-    if isinstance(value, (int, float)) and isinstance(neutral, (int, float)):
-        return value == neutral
-    return type(value) is type(neutral) and value == neutral
-
-
-def _no_op(value: Any, neutral: tuple) -> bool:
-    return value is None or any(_same(value, n) for n in neutral)
-
-
 def unapplied(gc: dict) -> list[str]:
     """'field=value' for each field of generation-config dict `gc` that would change generation and is not applied."""
     fields = {**ALWAYS, **(SAMPLING if gc.get("do_sample") is True else {})}
-    return [f"{k}={json.dumps(gc[k])}" for k, neutral in fields.items() if k in gc and not _no_op(gc[k], neutral)]
+    return [f"{k}={json.dumps(gc[k])}" for k, neutral in fields.items() if k in gc and not is_no_op(gc[k], neutral)]
 
 
 def unapplied_warning(model_dir: str | Path) -> str | None:
