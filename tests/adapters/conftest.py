@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.adapters.fake_hub import serving
 from tests.adapters.zoo import Zoo
 
 
@@ -45,3 +46,10 @@ def cli(capsys, monkeypatch):
         return exc.value.code, out, err
 
     return run
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, tmp_path):
+    """The Hub client talks to tests/adapters/fake_hub.py's FakeHub on loopback."""
+    with serving(monkeypatch, tmp_path):
+        yield

@@ -7,8 +7,6 @@ local HTTP server that answers like the Hub does (status + X-Error-Code), pointe
 from __future__ import annotations
 
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -133,47 +131,6 @@ def test_inspect_hub_id_offline(cli, good_adapter, llama_base, tmp_path, monkeyp
     rc, out, err = cli("inspect", "org/legal", "--model", "org/base")
     assert rc == 0, err
     assert "servable by multilora: yes" in out and "shapes checked against org/base" in out
-
-
-class FakeHub(BaseHTTPRequestHandler):
-    """Answers /api/models/<org>/<name>/revision/<rev> like the Hub does for missing / gated repos."""
-
-    def do_GET(self):  # noqa: N802 - http.server API
-        if "/gated/" in self.path or self.path.endswith("/gated"):
-            status, code, msg = 403, "GatedRepo", "Access to model org/gated is restricted."
-        elif "/revision/nobranch" in self.path:
-            status, code, msg = 404, "RevisionNotFound", "Invalid rev id: nobranch"
-        else:
-            status, code, msg = 401, "RepoNotFound", "Repository not found"
-        body = f'{{"error": "{msg}"}}'.encode()
-        self.send_response(status)
-        self.send_header("X-Error-Code", code)
-        self.send_header("X-Error-Message", msg)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def fake_hub(monkeypatch, tmp_path):
-    import huggingface_hub.constants as hc
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    yield
-    server.shutdown()
-    server.server_close()
 
 
 def test_hub_unknown_gated_and_bad_revision(fake_hub):

@@ -3,52 +3,10 @@ says both, on one line. A repo the Hub has (gated, or a missing revision) was me
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from multilora_cli.adapters.resolve import resolve
 from multilora_cli.errors import ResolveError
-
-
-class Hub(BaseHTTPRequestHandler):
-    """Answers like the Hub: org/gated is gated, revision 'nobranch' is missing, any other repo does not exist."""
-
-    def do_GET(self):  # noqa: N802 - http.server API
-        if "/gated" in self.path:
-            status, code = 403, "GatedRepo"
-        elif "/revision/nobranch" in self.path:
-            status, code = 404, "RevisionNotFound"
-        else:
-            status, code = 401, "RepoNotFound"
-        body = b'{"error": "x"}'
-        self.send_response(status)
-        self.send_header("X-Error-Code", code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def hub(monkeypatch, tmp_path):
-    import huggingface_hub.constants as hc
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    yield
-    server.shutdown()
-    server.server_close()
 
 
 def test_offline_typo_says_no_such_local_folder(tmp_path, monkeypatch):
@@ -62,7 +20,7 @@ def test_offline_typo_says_no_such_local_folder(tmp_path, monkeypatch):
     assert msg.endswith("for a local folder, check its name and the current directory)"), msg
 
 
-def test_unknown_repo_says_no_such_local_folder(hub, tmp_path, monkeypatch, cli):
+def test_unknown_repo_says_no_such_local_folder(fake_hub, tmp_path, monkeypatch, cli):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ResolveError) as e:
         resolve("some/typo", kind="model")
@@ -76,7 +34,7 @@ def test_unknown_repo_says_no_such_local_folder(hub, tmp_path, monkeypatch, cli)
     assert rc == 1 and "no local folder 'some/typo'" in err and "does not exist or is private" in err
 
 
-def test_repo_the_hub_has_gets_no_folder_talk(hub):
+def test_repo_the_hub_has_gets_no_folder_talk(fake_hub):
     for spec in ("org/gated", "org/legal@nobranch"):
         with pytest.raises(ResolveError) as e:
             resolve(spec)
