@@ -97,6 +97,15 @@ def tiny_config(arch: str = "llama", **overrides):
     return cfg
 
 
+def hf_model(path: Path, dtype: torch.dtype = torch.float32):
+    """The HF reference model at `path` (eval mode) with transformers' eager attention: the reference semantics.
+    transformers before 5.2x defaulted Gemma 2 to SDPA, which drops attention soft-capping without a word (its
+    logits then differ from eager's by ~0.1 on the tiny model); eager applies it everywhere."""
+    import transformers as tf
+
+    return tf.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+
+
 def build_base(path: Path, arch: str = "llama", seed: int = 0, dtype=torch.float32, **overrides) -> Path:
     """Write a random tiny HF model of `arch` to `path` (config.json + model.safetensors)."""
     import transformers as tf
@@ -125,10 +134,9 @@ def build_adapter(
 ) -> Path:
     """Write a real PEFT LoRA adapter for the model at `base_path` with random lora_A and lora_B."""
     import peft
-    import transformers as tf
 
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    model = hf_model(base_path)
     cfg = peft.LoraConfig(
         r=r,
         lora_alpha=alpha,
@@ -225,9 +233,8 @@ def build_mixed(root: Path, arch: str = "llama") -> tuple[Path, dict[str, Path]]
 def load_peft(base: Path, adapters: dict[str, Path]):
     """The HF reference: `base` in fp32 with every adapter of `adapters` loaded into one PeftModel (eval mode)."""
     import peft
-    import transformers as tf
 
-    model = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model = hf_model(base)
     names = list(adapters)
     pm = peft.PeftModel.from_pretrained(model, adapters[names[0]], adapter_name=names[0])
     for n in names[1:]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from multilora_cli.errors import ModelError, UnsupportedModelError
+from multilora_cli.errors import ModelError
 from multilora_cli.layers.linear import FusedLinear
 from multilora_cli.layers.norm import GemmaRMSNorm
 from multilora_cli.models.config import FUSED, ModelConfig
@@ -137,14 +137,6 @@ def load_model(
     load_format "dummy" reads no checkpoint: weights are random (see `init_dummy_weights`, seeded by `seed`),
     for benchmarks and sizing with real shapes from config.json alone.
     """
-    if config.attn_softcap and torch.device(device).type == "cuda":
-        # Gemma 2's soft-capped attention is exact on the CPU (torch path and the Triton kernels interpreted) but
-        # its CUDA logits disagree with transformers (fp32, tiny model): refused until that is found, never
-        # served wrong
-        raise UnsupportedModelError(
-            f"{path}: Gemma 2 (attention logit soft-capping) is not served on a GPU yet",
-            hint="run it with --device cpu",
-        )
     if load_format == "dummy":
         with torch.device(device), _default_dtype(dtype):
             model = LlamaForCausalLM(

@@ -11,33 +11,25 @@ import math
 import pytest
 import torch
 
-from multilora_cli.errors import UnsupportedModelError
 from multilora_cli.kernels.paged_attention import paged_attention_decode
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model
+from tests.builders import hf_model
 from tests.models.helpers import Blocks, check_chunked_prefill, check_generation, prompts, run_prefill
 
 pytestmark = pytest.mark.gpu
 
-# Open in issue 33: Gemma 2 on CUDA disagrees with transformers, so the loader refuses it on a GPU (this case
-# passes once it is served); Phi-3 LongRoPE in bf16 lands further from HF fp32 than the bound.
-GEMMA2_REFUSED = pytest.param(
-    "gemma2", marks=pytest.mark.xfail(raises=UnsupportedModelError, strict=True, reason="refused on CUDA (issue 33)")
-)
+# Open in issue 33: Phi-3 LongRoPE in bf16 lands further from HF fp32 than the bound.
 LONGROPE_BF16 = pytest.param(
     "phi3-longrope", marks=pytest.mark.xfail(strict=False, reason="bf16 LongRoPE error above the bound (issue 33)")
 )
 
 
 def _hf(path, dtype=torch.float32):
-    import transformers as tf
-
-    return tf.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return hf_model(path, dtype)
 
 
-@pytest.mark.parametrize(
-    "arch", ["llama", "mistral", "qwen2", "qwen3", GEMMA2_REFUSED, "gemma3", "phi3", "phi3-longrope"]
-)
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "phi3-longrope"])
 def test_fp32_on_cuda_matches_hf(base_path, arch):
     path = base_path(arch)
     cfg = ModelConfig.from_dir(path)
@@ -46,7 +38,7 @@ def test_fp32_on_cuda_matches_hf(base_path, arch):
     check_chunked_prefill(ours, _hf(path), cfg.vocab_size, atol=1e-3)
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen3", GEMMA2_REFUSED, "gemma3", "phi3", LONGROPE_BF16])
+@pytest.mark.parametrize("arch", ["llama3", "qwen3", "gemma2", "gemma3", "phi3", LONGROPE_BF16])
 def test_bf16_on_cuda_within_hf_bf16_error(base_path, arch):
     path = base_path(arch)
     cfg = ModelConfig.from_dir(path)

@@ -9,7 +9,7 @@ from multilora_cli.adapters.peft import load_adapter
 from multilora_cli.kernels import build_lora_meta
 from multilora_cli.models.config import FUSED_MODULES, ModelConfig
 from multilora_cli.models.loader import load_model
-from tests.builders import build_adapter
+from tests.builders import build_adapter, hf_model
 from tests.models.helpers import Blocks, prompts, run_decode, run_prefill
 
 ATOL = 1e-4
@@ -44,9 +44,8 @@ def adapters(base_path, tmp_path_factory):
 def _peft_reference(base: str, paths: dict) -> dict:
     """{adapter or None: (greedy continuation, logits of the whole sequence)} per batch row."""
     import peft
-    import transformers as tf
 
-    hf = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    hf = hf_model(base)
     names = list(paths)
     pm = peft.PeftModel.from_pretrained(hf, paths[names[0]], adapter_name=names[0])
     for n in names[1:]:

@@ -8,21 +8,20 @@ import torch
 from multilora_cli.layers.attention import Attention
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model
-from tests.builders import ARCHS
+from tests.builders import ARCHS, hf_model
 from tests.devices import needs_interpreter
 from tests.models.helpers import Blocks, check_chunked_prefill, check_generation, prompts, run_prefill
 
 
 def _load(path, triton: bool | None = None):
     """(config, our model, HF's); `triton` set on every Attention module (None: Triton on CUDA tensors only)."""
-    import transformers as tf
 
     cfg = ModelConfig.from_dir(path)
     ours = load_model(path, cfg, dtype=torch.float32, device="cpu")
     for m in ours.modules():
         if isinstance(m, Attention):
             m.use_triton = triton
-    hf = tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf = hf_model(path)
     return cfg, ours, hf
 
 
