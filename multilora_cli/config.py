@@ -160,6 +160,9 @@ class EngineConfig:
     cpu_kv_cache_bytes: int = 1 << 30  # KV budget when running on CPU
     num_kv_blocks: int | None = None  # fixed KV size (tests, benchmarks); None = size from memory
     enforce_eager: bool = False  # no CUDA graphs
+    # most sequences the input can decode at once (io/reader.count_sequences; None = unknown): CUDA graphs are
+    # captured, and their kernels compiled, only for the buckets up to it (a 14-line job needs 5 of 20)
+    max_decode_batch: int | None = None
     seed: int = 0  # default seed for sampled requests without their own
     load_format: str = "auto"  # "dummy": random weights from config.json alone (benchmarks, sizing)
     pinned_arena: bool = True  # CUDA: packed adapters in page-locked host memory registered once (async loads)
@@ -198,6 +201,8 @@ class EngineConfig:
         lo, hi = UTILIZATION_RANGE
         if not lo <= self.gpu_memory_utilization <= hi:
             raise ConfigError(f"gpu_memory_utilization must be in [{lo}, {hi}], got {self.gpu_memory_utilization}")
+        if self.max_decode_batch is not None and self.max_decode_batch < 1:
+            raise ConfigError(f"max_decode_batch must be >= 1, got {self.max_decode_batch}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         pt = self.prefetch_threads

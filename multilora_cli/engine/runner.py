@@ -156,7 +156,7 @@ class ModelRunner:
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(
                 self.model,
-                max_num_seqs=config.max_num_seqs,
+                max_num_seqs=min(config.max_num_seqs, config.max_decode_batch or config.max_num_seqs),
                 max_model_len=self.max_model_len,
                 block_size=self.block_size,
                 lora_buffers=self._meta_buffers,

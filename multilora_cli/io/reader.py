@@ -56,6 +56,42 @@ def count_records(path: str) -> int | None:
         return None
 
 
+def count_sequences(path: str, max_n: int = 128) -> int | None:
+    """Upper bound on the sequences a regular file's lines can run at once: each non-blank line counts its `n`
+    (simple `n`, or OpenAI `body.n`; 1 without one, `max_n` when the line cannot be read far enough to tell).
+    Only lines that mention `"n"` are parsed, so this costs one read of the file. None for stdin, pipes, FIFOs.
+    The engine captures CUDA graphs and compiles kernels only for decode batches up to this bound."""
+    if path == "-":
+        return None
+    try:
+        p = expand_user(path)
+        if not stat.S_ISREG(os.stat(p).st_mode):
+            return None
+        total = 0
+        with open(p, "rb") as f:
+            for line in f:
+                line = _content(line)
+                if line:
+                    total += _line_n(line, max_n) if b'"n"' in line else 1
+        return total
+    except OSError:
+        return None
+
+
+def _line_n(raw: bytes, max_n: int) -> int:
+    """The `n` a line asks for: an int in 1..max_n, 1 when none is given or the line fails (an error record runs
+    nothing), max_n when the JSON cannot be read (the bound must not fall short)."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return max_n
+    if not isinstance(obj, dict):
+        return 1
+    body = obj.get("body")
+    n = obj.get("n", body.get("n") if isinstance(body, dict) else None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= max_n else 1
+
+
 def _content(raw: bytes) -> bytes:
     """The line without a UTF-8 BOM; empty when nothing but whitespace is left (a blank line). A BOM is dropped
     on every line, not only the first: `cat a.jsonl b.jsonl` puts b's BOM at the start of a middle line."""

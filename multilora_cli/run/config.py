@@ -43,8 +43,11 @@ class EngineFlags:
         """Bytes per weight element the run will use, for sizing before the model loads ("auto" loads bf16)."""
         return 4 if self.dtype == "float32" else 2
 
-    def engine_config(self, model: str, *, max_loras: int, max_lora_rank: int, seed: int | None) -> EngineConfig:
-        """The EngineConfig of these flags for base `model` (a local directory) and pre-flight's slot sizes."""
+    def engine_config(
+        self, model: str, *, max_loras: int, max_lora_rank: int, seed: int | None, max_decode_batch: int | None = None
+    ) -> EngineConfig:
+        """The EngineConfig of these flags for base `model` (a local directory), pre-flight's slot sizes and the
+        input's bound on sequences decoding at once (None: unknown, e.g. stdin)."""
         defaulted = {"max_cpu_loras": self.max_cpu_loras, "max_num_seqs": self.max_num_seqs, "seed": seed}
         return EngineConfig(
             model=model,
@@ -56,6 +59,7 @@ class EngineFlags:
             gpu_memory_utilization=self.gpu_memory_utilization,
             pinned_arena=self.pinned_arena,
             load_format=self.load_format,
+            max_decode_batch=max_decode_batch,
             **{k: v for k, v in defaulted.items() if v is not None},  # not given: EngineConfig's default
         )
 

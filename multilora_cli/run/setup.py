@@ -44,9 +44,16 @@ def max_loras(cfg: RunConfig, pf, n_adapters: int) -> int:
 
 
 def engine_config(cfg: RunConfig, pf, good: dict[str, Path]) -> EngineConfig:
-    """The EngineConfig of a run whose adapters `good` passed pre-flight `pf`."""
+    """The EngineConfig of a run whose adapters `good` passed pre-flight `pf`; a file input bounds the decode
+    batches its CUDA graphs cover (io/reader.count_sequences)."""
+    from multilora_cli.io.reader import count_sequences
+
     return cfg.engine.engine_config(
-        str(pf.model_path), max_loras=max_loras(cfg, pf, len(good)), max_lora_rank=pf.max_lora_rank, seed=cfg.seed
+        str(pf.model_path),
+        max_loras=max_loras(cfg, pf, len(good)),
+        max_lora_rank=pf.max_lora_rank,
+        seed=cfg.seed,
+        max_decode_batch=count_sequences(cfg.input),
     )
 
 

@@ -37,3 +37,26 @@ def test_default_kv_sizing_leaves_room_for_the_precompile(tmp_path):
         del engine
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def test_graphs_cover_only_the_buckets_the_input_can_reach(tmp_path):
+    """max_decode_batch (a run's input bound) caps the captured buckets; tokens equal an unbounded engine's."""
+    model_dir = write_model_dir("tiny", tmp_path / "model")
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    reqs = [Request(key=i, id=str(i), prompt_token_ids=[5 + i, 9, 11], sampling=sp) for i in range(3)]
+    got = {}
+    for bound in (None, 3):
+        cfg = EngineConfig(
+            model=str(model_dir), device="cuda", load_format="dummy", num_kv_blocks=64, max_decode_batch=bound
+        )
+        engine = Engine(cfg)
+        try:
+            sizes = engine.runner.graphs.sizes
+            assert sizes == [1, 2, 3] if bound else max(sizes) == cfg.max_num_seqs
+            got[bound] = [r.token_ids for r in engine.generate_all(reqs)]
+        finally:
+            engine.close()
+            del engine
+            gc.collect()
+            torch.cuda.empty_cache()
+    assert got[3] == got[None]

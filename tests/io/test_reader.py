@@ -10,7 +10,7 @@ import pytest
 
 from multilora_cli.errors import InputError
 from multilora_cli.io.line import OPENAI, SIMPLE
-from multilora_cli.io.reader import InputReader, count_records, open_input
+from multilora_cli.io.reader import InputReader, count_records, count_sequences, open_input
 
 
 class CountingStream(io.RawIOBase):
@@ -98,6 +98,24 @@ def test_count_records(tmp_path):
     p.write_bytes(b'\xef\xbb\xbf\n{"prompt":"a"}\n\n{"prompt":"b"}\n  \n{"prompt":"c"}')
     assert count_records(str(p)) == 3  # the progress total counts what the reader yields: a BOM line is blank
     assert count_records("-") is None
+
+
+def test_count_sequences_bounds_what_the_lines_can_decode_at_once(tmp_path):
+    p = tmp_path / "in.jsonl"
+    lines = [
+        '{"prompt": "a"}',
+        '{"prompt": "b", "n": 4}',
+        '{"custom_id": "c", "body": {"model": "x", "prompt": "c", "n": 3}}',
+        '{"prompt": "d", "n": 0}',  # an invalid n fails its line: it decodes nothing, counted as one
+        '{"prompt": "e", "n": true}',
+        '{"prompt": "f", "stop": "\\"n\\""}',  # mentions "n" without asking for samples
+        '{"prompt": "g", "n": 5',  # unreadable: the bound must not fall short
+        "",
+    ]
+    p.write_text("\n".join(lines) + "\n")
+    assert count_sequences(str(p)) == 1 + 4 + 3 + 1 + 1 + 1 + 128
+    assert count_sequences("-") is None
+    assert count_sequences(str(tmp_path / "missing.jsonl")) is None
 
 
 @pytest.mark.parametrize(

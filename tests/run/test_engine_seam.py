@@ -64,3 +64,25 @@ def test_signal_after_reads_its_env(monkeypatch):
     monkeypatch.setenv(TEST_SIGNAL_ENV, "SIGTERM:3")
     hook = SignalAfter.from_env()
     assert hook == SignalAfter(signal.SIGTERM, 3) and not hook.due(2) and hook.due(3) and hook.due(7)
+
+
+def test_the_plan_bounds_decode_batches_by_the_input(tmp_path):
+    """A file input's lines (and their n) bound the decode batches the engine prepares CUDA graphs for; stdin
+    leaves it unbounded (io/reader.count_sequences)."""
+    from multilora_cli.run.config import EngineFlags, RunConfig
+    from multilora_cli.run.job import RunJob, local_engine
+    from tests.run.helpers import build_model_dir, write_jsonl
+
+    root = build_model_dir(tmp_path)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "the court", "max_tokens": 2}, {"prompt": "x", "n": 3}])
+    seen = []
+
+    def factory(plan: EnginePlan):
+        seen.append(plan.config.max_decode_batch)
+        return local_engine(plan)
+
+    cfg = RunConfig(
+        input=str(src), model=str(root / "base"), output=str(tmp_path / "out.jsonl"), engine=EngineFlags(device="cpu")
+    )
+    assert RunJob(cfg, engine_factory=factory).run() == 0
+    assert seen == [4]
