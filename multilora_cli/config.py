@@ -163,6 +163,9 @@ class EngineConfig:
     # most sequences the input can decode at once (io/reader.count_sequences; None = unknown): CUDA graphs are
     # captured, and their kernels compiled, only for the buckets up to it (a 14-line job needs 5 of 20)
     max_decode_batch: int | None = None
+    # capture each decode graph at the first step of its bucket instead of all at start: the first token comes
+    # sooner and a run captures only what it reaches (benchmarks capture at start to time steady steps)
+    lazy_capture: bool = True
     seed: int = 0  # default seed for sampled requests without their own
     load_format: str = "auto"  # "dummy": random weights from config.json alone (benchmarks, sizing)
     pinned_arena: bool = True  # CUDA: packed adapters in page-locked host memory registered once (async loads)
@@ -208,5 +211,7 @@ class EngineConfig:
         pt = self.prefetch_threads
         if isinstance(pt, bool) or not isinstance(pt, int) or pt < 0:
             raise ConfigError(f"prefetch_threads must be an integer >= 0, got {pt!r}")
+        if not isinstance(self.lazy_capture, bool):
+            raise ConfigError(f"lazy_capture must be true or false, got {self.lazy_capture!r}")
         if not isinstance(self.run_ahead, bool):
             raise ConfigError(f"run_ahead must be true or false, got {self.run_ahead!r}")

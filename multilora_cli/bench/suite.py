@@ -69,6 +69,7 @@ def engine_config(
         num_kv_blocks=work.max_num_seqs * per_seq,
         load_format="dummy",
         enforce_eager=enforce_eager,
+        lazy_capture=False,  # every decode graph captured before the timed run: rows time steady steps
         seed=work.seed,
     )
 

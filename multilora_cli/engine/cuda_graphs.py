@@ -7,9 +7,16 @@ Rows B..bucket-1 are padding: KV slot -1 (nothing stored), context length 0 (att
 LoRA slot -1 (no adapter). The attention split is sized for `max_model_len` at capture, so any later context
 fits. Graphs are captured largest first into one shared memory pool; the LM head and sampling run eagerly on
 the B real rows.
+
+Lazy capture (`lazy=True`, the engine's default): nothing is captured at start; a bucket's graph is captured the
+first time a decode step needs it (warm-up forward, capture, then the replay), so start-up pays for no graph
+and a run captures only the buckets it reaches. A capture synchronizes the device first (torch.cuda.graph does),
+so a step still in flight has finished before the static buffers are rewritten for the warm-up.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -43,6 +50,7 @@ class DecodeGraphs:
         block_size: int,
         lora_buffers: LoraMetaBuffers | None,
         device: torch.device,
+        lazy: bool = False,
     ):
         self.model = model
         self.device = device
@@ -65,6 +73,8 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # [bucket, hidden] final-normed hidden states
         self.pool = None
+        self.lazy = lazy
+        self.capture_seconds = 0.0  # spent capturing so far (at start, or inside steps when lazy)
 
     # --- buffers ---------------------------------------------------------------------------------------------
     def _views(self, bs: int) -> tuple[torch.Tensor, ...]:
@@ -121,16 +131,23 @@ class DecodeGraphs:
 
     # --- capture / replay ------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Capture one graph per bucket, largest first (smaller ones reuse the pool's memory)."""
+    def capture(self, sizes: list[int] | None = None) -> None:
+        """Capture one graph per bucket of `sizes` (default: every bucket) not captured yet, largest first
+        (smaller ones reuse the pool's memory)."""
+        todo = [bs for bs in reversed(sizes or self.sizes) if bs not in self.graphs]
+        if not todo:
+            return
+        t0 = time.perf_counter()
+        self._copied.synchronize()  # the last step's buffer copy has left the staging buffer
         o = self._off
         self._np[:] = 0
         self._np[o[2] : o[3]] = -1  # padding rows: store nothing
         self._np[o[3] : o[4]] = 1  # warm-up attention reads one (garbage) cached token per row
+        torch.cuda.synchronize(self.device)  # no step in flight reads the static buffers any more
         self._dev.copy_(self._host)
         torch.cuda.synchronize(self.device)
         try:
-            for bs in reversed(self.sizes):
+            for bs in todo:
                 ids, pos = self._views(bs)[:2]
                 set_context(self._context(bs, self._warm_lora(bs)))
                 self.model(ids, pos)  # warm-up: compiles what engine/precompile.py did not, grows the allocator
@@ -146,6 +163,7 @@ class DecodeGraphs:
             reset_context()
             self.lora_key = None
         torch.cuda.synchronize(self.device)
+        self.capture_seconds += time.perf_counter() - t0
 
     def _warm_lora(self, bs: int):
         # every row on slot 0 so the LoRA kernels take their adapted path (an empty slot has rank 0: the kernels
@@ -172,6 +190,8 @@ class DecodeGraphs:
         ids: [B] token ids on the device for an `ahead` batch (see `_fill`)."""
         B = batch.num_seqs
         bs = self.bucket(B)
+        if bs not in self.graphs:  # lazy: this bucket's first step (before _fill: the warm-up rewrites buffers)
+            self.capture([bs])
         self._fill(batch, bs, ids)
         if self.lora_buffers is not None:
             slots = list(token_slots) if token_slots is not None else [-1] * B

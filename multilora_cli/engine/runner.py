@@ -152,7 +152,6 @@ class ModelRunner:
             else []
         )
         self.graphs: DecodeGraphs | None = None
-        self.capture_seconds = 0.0
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(
                 self.model,
@@ -161,6 +160,7 @@ class ModelRunner:
                 block_size=self.block_size,
                 lora_buffers=self._meta_buffers,
                 device=self.device,
+                lazy=config.lazy_capture,
             )
         # every Triton kernel the run will launch, compiled in parallel now (a cold cache compiled them one by
         # one inside the graph warm-ups and the first prefill steps)
@@ -173,10 +173,13 @@ class ModelRunner:
             block_size=self.block_size,
             device=self.device,
         )
-        if self.graphs is not None:
-            t0 = time.perf_counter()
+        if self.graphs is not None and not self.graphs.lazy:
             self.graphs.capture()
-            self.capture_seconds = time.perf_counter() - t0
+
+    @property
+    def capture_seconds(self) -> float:
+        """Seconds spent capturing decode graphs so far (at start; inside the steps with lazy capture)."""
+        return self.graphs.capture_seconds if self.graphs is not None else 0.0
 
     # --- sizing ----------------------------------------------------------------------------------------------
     def _size_kv_cache(self) -> int:

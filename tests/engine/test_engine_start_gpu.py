@@ -60,3 +60,37 @@ def test_graphs_cover_only_the_buckets_the_input_can_reach(tmp_path):
             gc.collect()
             torch.cuda.empty_cache()
     assert got[3] == got[None]
+
+
+def test_lazy_capture_gives_the_eager_capture_tokens(tmp_path):
+    """Lazy capture (the default) captures a bucket at its first decode step, mid-run with run-ahead on: the
+    tokens equal those of an engine that captured every bucket at start, and only the reached buckets exist."""
+    model_dir = write_model_dir("tiny", tmp_path / "model")
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    # staggered lengths: the decode batch shrinks 5 -> 1 through buckets 8, 4, 2, 1
+    reqs = [
+        Request(key=i, id=str(i), prompt_token_ids=[5 + i, 9, 11], sampling=SamplingParams(max_tokens=4 + 2 * i))
+        for i in range(5)
+    ] + [Request(key=9, id="9", prompt_token_ids=[3, 4], sampling=sp)]
+    got, captured = {}, {}
+    for lazy in (False, True):
+        cfg = EngineConfig(
+            model=str(model_dir),
+            device="cuda",
+            load_format="dummy",
+            num_kv_blocks=64,
+            max_num_seqs=32,
+            lazy_capture=lazy,
+        )
+        engine = Engine(cfg)
+        try:
+            assert bool(engine.runner.graphs.graphs) is not lazy  # lazy: nothing captured at start
+            got[lazy] = [r.token_ids for r in engine.generate_all(reqs)]
+            captured[lazy] = sorted(engine.runner.graphs.graphs)
+        finally:
+            engine.close()
+            del engine
+            gc.collect()
+            torch.cuda.empty_cache()
+    assert got[True] == got[False]
+    assert captured[True] and set(captured[True]) < set(captured[False]) and max(captured[True]) <= 8
