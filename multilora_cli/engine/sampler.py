@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from multilora_cli.config import SamplingParams
+from multilora_cli.engine.grammar.rows import GrammarMask
 from multilora_cli.engine.logits_processing import LogitsProcessing, TokenHistory, banned_now, needs_processing
 from multilora_cli.engine.sequence import Sequence, splitmix64
 from multilora_cli.kernels import use_triton
@@ -102,6 +103,7 @@ class SamplingBatch:
     num_rows: int
     processing: LogitsProcessing | None = None
     processing_draws: Draws | None = None
+    grammar: GrammarMask | None = None  # structured output: the constrained rows' token mask (engine/grammar/)
 
     @classmethod
     def build(
@@ -216,6 +218,8 @@ class Sampler:
         if logits.shape[0] != batch.num_rows:
             raise ValueError(f"logits have {logits.shape[0]} rows, sampling batch has {batch.num_rows}")
         triton = use_triton(logits) if self.triton is None else self.triton
+        if batch.grammar is not None:  # draws from a masked copy; `logits` stay the raw model's (logprobs)
+            logits = batch.grammar.apply(logits, triton)
         out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
         _draw(logits, batch.plain, out, triton)
         proc = batch.processing
