@@ -31,6 +31,8 @@ from multilora_cli.io.line import (
 from multilora_cli.io.unserved import UNKNOWN, near_miss, refusal
 
 FIELDS = ("id", "prompt", "messages", "adapter", "model", *SAMPLING_FIELDS, *CONSTRAINT_FIELDS)
+# names a key may be a near-miss of: not "choice", whose neighbour "choices" is a likely metadata key
+NEAR = tuple(f for f in FIELDS if f != "choice")
 
 
 class SimpleFormat:
@@ -62,7 +64,7 @@ class SimpleFormat:
                 continue
             if (refused := refusal(k, v, obj)) is not None:
                 return spec.fail(*refused)
-            if (known := near_miss(k, FIELDS)) is not None:
+            if (known := near_miss(k, NEAR)) is not None:
                 return spec.fail(
                     f"unknown field {k!r}: did you mean {known!r}? (fix the key; fields that are not "
                     "near-misses of a known one are ignored)",
