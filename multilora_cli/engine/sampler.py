@@ -17,6 +17,10 @@ logits as they are, and nothing is gathered or processed when no row asks for it
 depends only on its own parameters and position, so a row's token depends only on its logits, its
 SamplingParams, its history, its seed and its position, never on the other rows. The only host sync is the
 caller reading the ids.
+
+Structured output: a batch carrying a `grammar` mask (engine/grammar/rows.py) draws from a copy of the logits
+whose constrained rows have -inf at every token their grammar disallows (kernels/bitmask.py), before any other
+processing; the logits passed in stay the raw model's.
 """
 
 from __future__ import annotations

@@ -64,14 +64,17 @@ REGEXES = (r"[0-9]{3}-[a-z]{2,4}", r"(yes|no), [a-z ]{1,10}\.", r"[A-Z][a-z]{0,6
 CHOICES = (["yes", "no", "maybe so"], ["legal", "medical", "code"])
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """The demo (tiny training budget: a few seconds), its base and the three adapters."""
-    out = tmp_path_factory.mktemp("grammar") / "demo"
+def build(out):
+    """The demo (tiny training budget: a few seconds) in `out`: its base and the three adapters."""
     build_demo(
         out, spec=DemoSpec(base_steps=3, adapter_steps=2, lines_per_domain=40, chats_per_domain=12, vocab_size=512)
     )
     return out / "base", {n: out / n for n in ADAPTERS if n}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("grammar") / "demo")
 
 
 def engine(demo, **kw) -> Engine:

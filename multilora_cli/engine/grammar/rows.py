@@ -17,6 +17,7 @@ with "stop" without sampling eos (`GrammarStop`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -71,6 +72,11 @@ class GrammarRows:
         # two host buffers taking turns, as the runner's ids do (at most two steps in flight)
         self._host = [torch.empty(max_rows, self.words, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self._turn = 0
+        # host seconds (benchmarks): the worker's mask fills, and how long the step waited for them after queueing
+        # the forward (0 when the fill hid behind it)
+        self.fill_seconds = 0.0
+        self.wait_seconds = 0.0
+        self.masks = 0
 
     def _row(self, seq: Sequence) -> _Row:
         row = self._rows.get(seq.seq_id)
@@ -104,6 +110,7 @@ class GrammarRows:
 
     def _fill(self, seqs: list[Sequence], rows: list[int], prev_ids, host: torch.Tensor):
         ids = prev_ids() if prev_ids is not None else None
+        t0 = time.perf_counter()  # (after the wait for the previous step's ids: that is not mask work)
         work = []
         for k, (seq, i) in enumerate(zip(seqs, rows)):
             m = self.advance(seq, None if ids is None else ids[i])
@@ -116,11 +123,15 @@ class GrammarRows:
             work.append((m, k))
         if work:
             self._executor.unsafe_compute_mask_ptr(work, host.data_ptr(), self.words * 4, host.shape[0])
+        self.fill_seconds += time.perf_counter() - t0
         return rows, host
 
     def finish(self, fut: Future) -> GrammarMask:
         """Wait for `begin`'s mask; on the device."""
+        t0 = time.perf_counter()
         rows, host = fut.result()
+        self.wait_seconds += time.perf_counter() - t0
+        self.masks += 1
         return GrammarMask(
             torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True),
             host.to(self.device, non_blocking=True),
