@@ -222,13 +222,13 @@ class Sampler:
         if logits.shape[0] != batch.num_rows:
             raise ValueError(f"logits have {logits.shape[0]} rows, sampling batch has {batch.num_rows}")
         triton = use_triton(logits) if self.triton is None else self.triton
-        if batch.grammar is not None:  # draws from a masked copy; `logits` stay the raw model's (logprobs)
-            logits = batch.grammar.apply(logits, triton)
+        # structured output: draws from a masked copy; `logits` stay the raw model's (what logprobs report)
+        drawn = logits if batch.grammar is None else batch.grammar.apply(logits, triton)
         out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        _draw(logits, batch.plain, out, triton)
+        _draw(drawn, batch.plain, out, triton)
         proc = batch.processing
         if proc is not None:
-            x = proc.apply(logits, triton)  # [P, V] fp32
+            x = proc.apply(drawn, triton)  # [P, V] fp32
             ids = torch.empty(x.shape[0], dtype=torch.long, device=logits.device)
             _draw(x, batch.processing_draws, ids, triton)
             out[proc.plan.rows] = ids
