@@ -89,3 +89,21 @@ def test_openai_bodies_with_response_format(model_dir, tmp_path, url):
     jsonschema.validate(json.loads(text(by["schema"])), SCHEMA)
     assert text(by["object"]).startswith("{")
     assert by["regex"]["error"]["code"] == "unsupported_field"
+
+
+def test_resume_completes_constrained_lines_to_the_uninterrupted_output(model_dir, tmp_path):
+    lines = [
+        {"id": "a", "adapter": "legal", "prompt": PROMPT, "response_format": RF, "max_tokens": 40},
+        {"id": "b", "prompt": PROMPT, "regex": "[0-9]{2}-[a-f]{3}", "temperature": 1.0},
+        {"id": "c", "prompt": PROMPT, "choice": ["affirmed", "reversed"]},
+    ]
+    inp = write_jsonl(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    base = [*args(model_dir, inp)[1:], "-q", "-o", str(out)]
+    assert run_cli(["run", *base])[0] == 0
+    whole = out.read_bytes()
+    kept = whole.splitlines(keepends=True)
+    out.write_bytes(kept[0] + kept[1][:9])  # a kill mid-record
+    rc, _, err = run_cli(["run", *base, "--resume"])
+    assert rc == 0, err
+    assert out.read_bytes() == whole
