@@ -64,8 +64,9 @@ class GrammarCompiler:
 
     @classmethod
     def for_tokenizer(cls, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> GrammarCompiler:
-        """From an engine/tokenizer.Tokenizer (its `tokenizers` backend)."""
-        return cls(tokenizer.backend.to_str(), vocab_size, eos_token_ids)
+        """From an engine/tokenizer.Tokenizer (its `tokenizers` backend). `vocab_size`: the logits' width; a
+        tokenizer with more ids than that widens the mask (ids past the logits are never drawn)."""
+        return cls(tokenizer.backend.to_str(), max(vocab_size, tokenizer.vocab_size), eos_token_ids)
 
     def check(self, c: Constraint, request_id: str = "") -> None:
         """Compile `c` (cached); raise RequestError(code="invalid_constraint") if it does not compile."""
