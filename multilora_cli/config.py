@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from multilora_cli.constraint import Constraint
 from multilora_cli.errors import ConfigError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -47,8 +48,11 @@ class SamplingParams:
     min_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     n: int = 1
+    constraint: Constraint | None = None  # structured output (constraint.py; engine/grammar/)
 
     def __post_init__(self) -> None:
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ConfigError(f"constraint must be a Constraint, got {self.constraint!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:

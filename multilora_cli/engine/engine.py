@@ -17,6 +17,8 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
+from multilora_cli.engine.grammar.compiler import GrammarCompiler
+from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
 from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
 from multilora_cli.engine.request import EngineStats, Request, Result, Sample
 from multilora_cli.engine.runner import ModelRunner
@@ -95,6 +97,7 @@ class Engine:
             private_prompts_upto=self.runner.model.long_rope_from,
         )
         self.stop = StopChecker(self.tokenizer, self.eos_token_ids, self.max_model_len)
+        self.grammar: GrammarRows | None = None  # structured output, made at the first constrained request
         self.stats = EngineStats(
             model=str(config.model),
             device=device_label(self.runner.device),
@@ -218,6 +221,8 @@ class Engine:
         except ConfigError as e:
             return self._error(request, RequestError(f"request {request.id}: {e.message}", code="invalid_sampling"))
         try:
+            if request.sampling.constraint is not None:
+                self._grammar().compiler.check(request.sampling.constraint, request.id)
             ids = self.tokenizer.encode_request(request, self.max_model_len)  # refuses huge prompts unencoded
         except MultiloraError as e:
             return self._error(request, e)
@@ -225,6 +230,15 @@ class Engine:
         self._next_seq_id += request.sampling.n  # the ids of its samples (Sequence.fork)
         self.scheduler.add(seq)
         return None
+
+    def _grammar(self) -> GrammarRows:
+        """The constrained rows' matchers (engine/grammar/), made once: the tokenizer's info is built then."""
+        if self.grammar is None:
+            compiler = GrammarCompiler.for_tokenizer(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+            self.grammar = GrammarRows(compiler, self.config.max_num_seqs, self.runner.device)
+            self.runner.grammar = self.grammar
+            self.stop = GrammarStop(self.stop, self.grammar, self.tokenizer)
+        return self.grammar
 
     def _error(self, request: Request, error: MultiloraError) -> Result:
         self.stats.requests += 1
@@ -234,6 +248,8 @@ class Engine:
     def _finished(self, seq: Sequence) -> Result | None:
         """The request's Result once `seq` was its last sample to finish (or its sample 0 failed before the
         others forked); None while samples are still running."""
+        if self.grammar is not None:
+            self.grammar.drop(seq)
         n = seq.sampling.n
         if n == 1:
             return self._result([seq])
@@ -361,6 +377,8 @@ class Engine:
     def close(self) -> None:
         """Stop background adapter reads; unpin the host arena."""
         self.slots.close()
+        if self.grammar is not None:
+            self.grammar.close()
         if self.arena is not None:
             self.arena.close()
 

@@ -143,6 +143,7 @@ class ModelRunner:
             if self.device.type == "cuda" and self.max_loras
             else None
         )
+        self.grammar = None  # engine/grammar/rows.GrammarRows, set by the engine at its first constrained request
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
         self._last_done = 0.0  # when the last step's ids were read (step times, `_log`)
         self._turn = 0
@@ -254,6 +255,11 @@ class ModelRunner:
             if prev is None or prev.ids is None or prev.ids.shape[0] != batch.num_seqs:
                 raise EngineError("internal: an ahead step needs the ids of the step before it")
             feed = prev.ids
+        # the constrained rows' mask, computed on a worker thread while the forward is queued (engine/grammar/)
+        mask = None
+        if self.grammar is not None:
+            read_prev = (lambda: self._read_ids(prev)) if batch.ahead else None
+            mask = self.grammar.begin(batch.sampled_seqs(), read_prev)
         long_from = self.model.long_rope_from
         for i in crossings(batch, long_from):  # LongRoPE: recompute a sequence's KV long as it passes long_from
             for chunk in recompute_batches(batch, i, long_from, self.config.max_num_batched_tokens):
@@ -270,13 +276,13 @@ class ModelRunner:
         else:
             hidden, inputs = self._forward_eager(batch, rope_long, feed)
             if inputs.num_logits == 0:
-                return Launched(batch, None, None, None, t0, graph)
+                return Launched(batch, None, None, None, t0, graph)  # (nothing sampled: no mask was begun)
             hidden = hidden.index_select(0, inputs.logits_rows)
         seqs = batch.sampled_seqs()
         if not seqs:
             return Launched(batch, None, None, None, t0, graph)
         logits = self.model.compute_logits(hidden, upcast=False)  # [N, V] model dtype
-        if _greedy(seqs):
+        if mask is None and _greedy(seqs):
             # the sampler's greedy rows without its bookkeeping; argmax over the model-dtype logits picks the
             # index an fp32 copy would (the upcast is exact) and skips a [N, V] fp32 write (256 x 128k: ~50 us)
             ids = logits.argmax(dim=-1)
@@ -285,6 +291,8 @@ class ModelRunner:
             sb = SamplingBatch.for_seqs(
                 seqs, logits.shape[-1], self.device, batch.ahead, history=self.history, eos_token_ids=self.eos_token_ids
             )
+            if mask is not None:
+                sb.grammar = self.grammar.finish(mask)
             ids = self.sampler(logits, sb)
         if self.device.type != "cuda":
             return Launched(batch, ids, ids, None, t0, graph)
@@ -320,11 +328,16 @@ class ModelRunner:
         finally:
             reset_context()
 
-    def collect(self, launched: Launched) -> list[int]:
-        """Wait for a launched step; its sampled ids (one per `batch.sampled_seqs()`)."""
+    @staticmethod
+    def _read_ids(launched: Launched) -> list[int]:
+        """A launched step's sampled ids, once they reached the host."""
         if launched.done is not None:
             launched.done.synchronize()
-        out = launched.host.tolist() if launched.host is not None else []
+        return launched.host.tolist() if launched.host is not None else []
+
+    def collect(self, launched: Launched) -> list[int]:
+        """Wait for a launched step; its sampled ids (one per `batch.sampled_seqs()`)."""
+        out = self._read_ids(launched)
         self._log(launched)
         return out
 

@@ -17,6 +17,10 @@ logits as they are, and nothing is gathered or processed when no row asks for it
 depends only on its own parameters and position, so a row's token depends only on its logits, its
 SamplingParams, its history, its seed and its position, never on the other rows. The only host sync is the
 caller reading the ids.
+
+Structured output: a batch carrying a `grammar` mask (engine/grammar/rows.py) draws from a copy of the logits
+whose constrained rows have -inf at every token their grammar disallows (kernels/bitmask.py), before any other
+processing; the logits passed in stay the raw model's.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from multilora_cli.config import SamplingParams
+from multilora_cli.engine.grammar.rows import GrammarMask
 from multilora_cli.engine.logits_processing import LogitsProcessing, TokenHistory, banned_now, needs_processing
 from multilora_cli.engine.sequence import Sequence, splitmix64
 from multilora_cli.kernels import use_triton
@@ -102,6 +107,7 @@ class SamplingBatch:
     num_rows: int
     processing: LogitsProcessing | None = None
     processing_draws: Draws | None = None
+    grammar: GrammarMask | None = None  # structured output: the constrained rows' token mask (engine/grammar/)
 
     @classmethod
     def build(
@@ -216,11 +222,13 @@ class Sampler:
         if logits.shape[0] != batch.num_rows:
             raise ValueError(f"logits have {logits.shape[0]} rows, sampling batch has {batch.num_rows}")
         triton = use_triton(logits) if self.triton is None else self.triton
+        # structured output: draws from a masked copy; `logits` stay the raw model's (what logprobs report)
+        drawn = logits if batch.grammar is None else batch.grammar.apply(logits, triton)
         out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        _draw(logits, batch.plain, out, triton)
+        _draw(drawn, batch.plain, out, triton)
         proc = batch.processing
         if proc is not None:
-            x = proc.apply(logits, triton)  # [P, V] fp32
+            x = proc.apply(drawn, triton)  # [P, V] fp32
             ids = torch.empty(x.shape[0], dtype=torch.long, device=logits.device)
             _draw(x, batch.processing_draws, ids, triton)
             out[proc.plan.rows] = ids

@@ -18,6 +18,8 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
 # logits processing (config.SamplingParams says whose semantics each has)
 SAMPLING_FIELDS += ("min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
 SAMPLING_FIELDS += ("min_tokens", "stop_token_ids", "ignore_eos")
+# structured output (constraint.py): the simple format takes all three, an OpenAI body response_format only
+CONSTRAINT_FIELDS = ("response_format", "regex", "choice")
 Choice = tuple[str, str | None]  # one of a line's n > 1 samples in its record: (text, finish_reason)
 
 

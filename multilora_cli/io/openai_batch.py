@@ -4,8 +4,9 @@ Input:  {"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/com
          "body": {"model": <adapter name | base model name | "base">, "prompt" | "messages",
                   "max_tokens" | "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
                   "frequency_penalty", "presence_penalty", "logit_bias" (OpenAI's), "min_p", "repetition_penalty",
-                  "min_tokens", "stop_token_ids", "ignore_eos" (vLLM's extensions of the same bodies)}}
-        Body fields that would change the output but are not served yet (`tools`, `response_format`, `best_of` > n,
+                  "min_tokens", "stop_token_ids", "ignore_eos" (vLLM's extensions of the same bodies),
+                  "response_format" (json_object, json_schema: constraint.py)}}
+        Body fields that would change the output but are not served yet (`tools`, `regex`, `best_of` > n,
         ...: io/unserved.py) fail the line unless given their no-op value, as do other
         systems' names (`max_new_tokens`) and near-misses of served ones; OpenAI metadata (`user`, `metadata`,
         `store`, `stream` false, `stream_options`, `service_tier`) and other keys are ignored.
@@ -29,7 +30,10 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 URLS = (COMPLETIONS, CHAT)
 # body fields served (a near-miss of one fails the line) and OpenAI metadata that cannot change the output
-SAMPLING = tuple(f for f in SAMPLING_FIELDS if f != "max_tokens")  # copied as they are; max_tokens has a synonym
+SAMPLING = (
+    *(f for f in SAMPLING_FIELDS if f != "max_tokens"),
+    "response_format",
+)  # copied as they are; max_tokens has a synonym
 BODY_FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", *SAMPLING)
 METADATA = ("user", "metadata", "store", "stream", "stream_options", "service_tier", "prediction")
 

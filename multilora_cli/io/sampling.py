@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from multilora_cli.config import SamplingParams
+from multilora_cli.constraint import FIELDS as CONSTRAINT_FIELDS
+from multilora_cli.constraint import parse_constraint
 from multilora_cli.errors import ConfigError, UsageError
 from multilora_cli.io.line import SAMPLING_FIELDS, LineSpec
 
@@ -80,8 +82,9 @@ class SamplingResolver:
 
     def resolve(self, spec: LineSpec) -> SamplingParams | None:
         """SamplingParams for the line, or None with `spec.error` set."""
+        own = {k: v for k, v in spec.sampling.items() if k not in CONSTRAINT_FIELDS}
         try:
-            params = SamplingParams(**{**self.base, **spec.sampling})
+            params = SamplingParams(**{**self.base, **own}, constraint=parse_constraint(spec.sampling))
         except ConfigError as e:
             spec.fail(e.message, "invalid_sampling")
             return None

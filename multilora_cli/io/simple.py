@@ -2,9 +2,10 @@
 
 Input:  {"id": "a1", "prompt": "..." | "messages": [...], "adapter": "legal" | null | "base",
          "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "min_p", "repetition_penalty",
-         "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens", "stop_token_ids", "ignore_eos"}
+         "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens", "stop_token_ids", "ignore_eos",
+         "response_format" (OpenAI's object), "regex", "choice" (one of the three: constraint.py)}
         `model` is an alias of `adapter` (the OpenAI habit); both given and different fail the line.
-        Fields that would change the output but are not served yet (`logprobs`, `response_format`,
+        Fields that would change the output but are not served yet (`logprobs`, `tools`,
         ...: io/unserved.py) fail the line unless given their no-op value; so do other systems' names for served
         fields (`max_new_tokens`, `stop_sequences`, `do_sample`) and near-misses of known names ("temprature"):
         a field must never be silently ignored. Any other field is metadata, ignored.
@@ -18,10 +19,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from multilora_cli.io.line import SAMPLING_FIELDS, SIMPLE, Choice, LineSpec, check_messages, json_type
+from multilora_cli.io.line import (
+    CONSTRAINT_FIELDS,
+    SAMPLING_FIELDS,
+    SIMPLE,
+    Choice,
+    LineSpec,
+    check_messages,
+    json_type,
+)
 from multilora_cli.io.unserved import UNKNOWN, near_miss, refusal
 
-FIELDS = ("id", "prompt", "messages", "adapter", "model", *SAMPLING_FIELDS)
+FIELDS = ("id", "prompt", "messages", "adapter", "model", *SAMPLING_FIELDS, *CONSTRAINT_FIELDS)
+# names a key may be a near-miss of: not "choice", whose neighbour "choices" is a likely metadata key
+NEAR = tuple(f for f in FIELDS if f != "choice")
 
 
 class SimpleFormat:
@@ -53,7 +64,7 @@ class SimpleFormat:
                 continue
             if (refused := refusal(k, v, obj)) is not None:
                 return spec.fail(*refused)
-            if (known := near_miss(k, FIELDS)) is not None:
+            if (known := near_miss(k, NEAR)) is not None:
                 return spec.fail(
                     f"unknown field {k!r}: did you mean {known!r}? (fix the key; fields that are not "
                     "near-misses of a known one are ignored)",
@@ -72,7 +83,7 @@ class SimpleFormat:
             spec.prompt = obj["prompt"]
         else:
             spec.messages = check_messages(spec, obj["messages"])
-        spec.sampling = {k: obj[k] for k in SAMPLING_FIELDS if obj.get(k) is not None}
+        spec.sampling = {k: obj[k] for k in (*SAMPLING_FIELDS, *CONSTRAINT_FIELDS) if obj.get(k) is not None}
         return spec
 
     def ok_record(

@@ -43,8 +43,8 @@ NOT_SERVED: dict[str, tuple] = {
     "epsilon_cutoff": (0,),
     "eta_cutoff": (0,),
     "truncate_prompt_tokens": (),
-    # structured output, tools
-    "response_format": ({"type": "text"},),
+    # structured output (response_format is served in both formats; regex and choice in the simple one, whose
+    # own fields are read before this table: refused here in an OpenAI body), tools
     "regex": (),
     "choice": (),
     "grammar": (),
