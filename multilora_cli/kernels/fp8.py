@@ -24,14 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
+from multilora_cli.config import FP8_SMALL_M
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # floor of a scale: an all-zero row quantizes to zeros, never to nan
 ACTIVATIONS = ("dynamic", "static", "none")
-# Below this many tokens the Triton kernel, from it cuBLAS _scaled_mm. H200, torch 2.11, one Llama-3-8B layer's four
-# GEMMs: _scaled_mm 122 vs bf16 116 us at M=1, 110 vs 127 at M=64 (issue 32); `python -m benchmarks.bench_gemm --fp8`
-# measures the crossing against this kernel
-DEFAULT_SMALL_M = 32
+DEFAULT_SMALL_M = FP8_SMALL_M  # below this many tokens the Triton kernel, from it cuBLAS (measured: config.py)
 
 
 @dataclass(frozen=True, slots=True)
