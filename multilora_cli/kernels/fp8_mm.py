@@ -36,10 +36,13 @@ def _dequant_mm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        a = tl.load(a_ptr + rm[:, None] * stride_am + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0)
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0)
-        # e4m3 -> COMPUTE in registers (exact in bf16 / fp16 / fp32); fp32 accumulation
-        acc += tl.dot(a.to(COMPUTE), tl.trans(w.to(COMPUTE)), out_dtype=tl.float32)
+        a_mask = (rm[:, None] < M) & (kk[None, :] < K)
+        w_mask = (rn[:, None] < N) & (kk[None, :] < K)
+        # e4m3 -> COMPUTE in registers (exact in bf16 / fp16 / fp32), masked lanes zeroed after the cast (an fp8
+        # load's `other` does not cast under the interpreter); fp32 accumulation
+        a = tl.where(a_mask, tl.load(a_ptr + rm[:, None] * stride_am + kk[None, :], mask=a_mask).to(COMPUTE), 0.0)
+        w = tl.where(w_mask, tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask).to(COMPUTE), 0.0)
+        acc += tl.dot(a, tl.trans(w), input_precision="ieee", out_dtype=tl.float32)  # ieee: fp32 is not tf32
     acc = acc * tl.load(ws_ptr + rn, mask=rn < N, other=0.0)[None, :]
     if HAS_ASCALE:
         acc = acc * tl.load(as_ptr + rm, mask=rm < M, other=0.0)[:, None]
