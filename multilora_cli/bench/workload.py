@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from multilora_cli.bench.model_dir import PRESETS
-from multilora_cli.config import MAX_N, SamplingParams
+from multilora_cli.config import MAX_N, QUANTIZATIONS, SamplingParams
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.sequence import sample_seed
 from multilora_cli.errors import ConfigError
@@ -28,6 +28,7 @@ FLAGS = {
     "max_num_seqs": "--max-num-seqs",
     "temperature": "--temperature",
     "top_p": "--top-p",
+    "quantization": "--quantization",
 }
 
 
@@ -65,12 +66,17 @@ class Workload:
     top_p: float = 1.0
     n: int = 1
     separate_n: bool = False
+    quantization: str = "none"  # "fp8": the base's decoder projections in FP8 (random weights drawn FP8)
 
     def __post_init__(self) -> None:
         if self.preset.strip().lower() not in PRESETS:  # before anything sizes a model or picks a device
             raise ConfigError(
                 f"{flag('preset')} {self.preset!r} is not a known model shape",
                 hint=f"choose one of {', '.join(sorted(PRESETS))}",
+            )
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                f"{flag('quantization')} must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
             )
         if self.distribution not in DISTRIBUTIONS:
             raise ConfigError(

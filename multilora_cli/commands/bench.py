@@ -46,6 +46,12 @@ def command(
         help="Advanced: row specs instead of the flags above, e.g. "
         "64,base,hf64,256/64,64z (see multilora_cli/bench/plan.py).",
     ),
+    quantization: str = typer.Option(
+        "none",
+        "--quantization",
+        help="none | fp8, or both (none,fp8): every row once per value, side by side in one process; fp8 runs the "
+        "base's decoder projections in FP8 (random weights drawn FP8: a 70B base never exists in bf16).",
+    ),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu (cpu: use --preset tiny)."),
     json_path: str | None = typer.Option(None, "--json", help="Also write the full report (JSON) here."),
     plot: str | None = typer.Option(
@@ -61,6 +67,7 @@ def command(
     Under the table, one sparkline per curve: tokens/s, decode step and roofline per row."""
     import math
     import tempfile
+    from dataclasses import replace
     from pathlib import Path
 
     import torch
@@ -70,7 +77,7 @@ def command(
     from multilora_cli.bench.report import format_table, write_json
     from multilora_cli.bench.suite import run_suite
     from multilora_cli.bench.workload import Workload
-    from multilora_cli.config import DEVICES
+    from multilora_cli.config import DEVICES, QUANTIZATIONS
     from multilora_cli.engine.device import resolve_device
     from multilora_cli.errors import MultiloraError, UsageError
     from multilora_cli.paths import expand_user
@@ -142,7 +149,19 @@ def command(
         if base is not False:  # default: yes
             specs.append("base")
         rows = ",".join(specs)
-    plan = parse_rows(rows, work)
+    quants = [q.strip() for q in quantization.split(",") if q.strip()]
+    bad = [q for q in quants if q not in QUANTIZATIONS]
+    if bad or not quants or len(set(quants)) < len(quants):
+        raise UsageError(
+            f"--quantization takes {', '.join(QUANTIZATIONS)} (comma-separated for both), got {quantization!r}"
+        )
+    # HF + PEFT rows run the bf16 base only: once, not once per quantization
+    plan = [
+        (kind, w)
+        for i, q in enumerate(quants)
+        for kind, w in parse_rows(rows, replace(work, quantization=q))
+        if kind != "hf" or q == "none" or (i == 0 and "none" not in quants)
+    ]
     device = resolve_device(device)
     if device == "cpu" and work.preset.strip().lower() != "tiny":
         raise UsageError(

@@ -88,6 +88,23 @@ class Fp8Format:
 
 
 ONLINE = Fp8Format("fp8")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def projection_params(config) -> int:
+    """Parameters of every decoder projection (what an FP8 base stores in one byte each); config: ModelConfig."""
+    return config.num_hidden_layers * sum(i * o for i, o in map(config.linear_shape, PROJECTIONS))
+
+
+def base_bytes(config, itemsize: int, fp8: bool) -> int:
+    """Bytes of the base's parameters (config.num_params(): embeddings, norms, LM head included) at `itemsize`,
+    the decoder projections at 1 byte + an fp32 scale per output channel when `fp8`."""
+    total = config.num_params() * itemsize
+    if not fp8:
+        return total
+    proj = projection_params(config)
+    channels = config.num_hidden_layers * sum(o for _, o in map(config.linear_shape, PROJECTIONS))
+    return total - proj * itemsize + proj + 4 * channels
 
 
 def quant_method(cfg: dict) -> str | None:
