@@ -7,6 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.launch import launch
+
 
 @triton.jit
 def _dequant_mm_kernel(
@@ -80,7 +82,9 @@ def weight_dequant_mm(
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     block_n = 32 if N <= 8192 else 64
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-    _dequant_mm_kernel[grid](
+    launch(  # through kernels/launch.py: engine/precompile.py's dry runs record and compile it ahead
+        _dequant_mm_kernel,
+        grid,
         a,
         wq,
         w_scale,
