@@ -64,3 +64,12 @@ def test_bench_runs_both_quantizations_side_by_side(tmp_path):
     assert rc == 0, err
     systems = [r["system"] for r in json.loads(out.read_text())["rows"]]
     assert systems == ["multilora", "multilora-base", "multilora-fp8", "multilora-base-fp8"]
+
+
+def test_run_slot_sizing_counts_fp8_weights():
+    """run's default slot count (engine/slot_budget.py) is sized beside the FP8 weights: a 70B base leaves room."""
+    from multilora_cli.engine.slot_budget import weight_bytes
+
+    cfg = resolve_model("llama-3-70b").config
+    assert weight_bytes(cfg, 2, fp8=True) == weight_bytes(cfg, 2) - projection_params(cfg)
+    assert weight_bytes(cfg, 2, fp8=True) < 0.9 * 141e9 < weight_bytes(cfg, 2)
