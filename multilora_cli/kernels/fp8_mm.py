@@ -27,6 +27,7 @@ def _dequant_mm_kernel(
     HAS_ASCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     COMPUTE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -44,7 +45,7 @@ def _dequant_mm_kernel(
         # load's `other` does not cast under the interpreter); fp32 accumulation
         a = tl.where(a_mask, tl.load(a_ptr + rm[:, None] * stride_am + kk[None, :], mask=a_mask).to(COMPUTE), 0.0)
         w = tl.where(w_mask, tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask).to(COMPUTE), 0.0)
-        acc += tl.dot(a, tl.trans(w), input_precision="ieee", out_dtype=tl.float32)  # ieee: fp32 is not tf32
+        acc += tl.dot(a, tl.trans(w), input_precision=DOT_PREC, out_dtype=tl.float32)
     acc = acc * tl.load(ws_ptr + rn, mask=rn < N, other=0.0)[None, :]
     if HAS_ASCALE:
         acc = acc * tl.load(as_ptr + rm, mask=rm < M, other=0.0)[:, None]
@@ -100,6 +101,7 @@ def weight_dequant_mm(
         HAS_ASCALE=a_scale is not None,
         HAS_BIAS=bias is not None,
         COMPUTE=_COMPUTE[out_dtype],
+        DOT_PREC="ieee" if out_dtype == torch.float32 else "tf32",  # fp32: exact products, not tf32's (as sgmv_*)
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=128,
