@@ -186,3 +186,13 @@ def test_inspect_and_economics_say_why(cli, fp8_base, good_adapter, tmp_path):
     assert err.startswith(f"error: adapter '{own}': its base model") and len(err.strip().splitlines()) == 1
     rc, out, err = cli("economics", "--tenants", "4", "--model", fp8_base)
     assert rc == 1 and "is quantized (compressed-tensors" in err
+
+
+def test_gguf_is_refused_naming_it(tmp_path, cli):
+    (tmp_path / "model-Q4_K_M.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    with pytest.raises(UnsupportedModelError, match=r"a GGUF \(llama.cpp\) model, which multilora does not serve"):
+        ModelConfig.from_dir(tmp_path)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"prompt": "hello"}\n')
+    rc, out, err = cli("run", inp, "--model", tmp_path, "--device", "cpu")
+    assert rc == 1 and "GGUF" in err and len(err.strip().splitlines()) == 1
