@@ -250,12 +250,13 @@ class ModelConfig:
         `run`'s flags; commands with other flags pass their own). A checkpoint whose safetensors headers show
         quantized weights without a quantization_config saying how to read them is refused (UnsupportedModelError)."""
         p = Path(path) / "config.json"
-        if (Path(path).is_file() and Path(path).suffix == ".gguf") or any(Path(path).glob("*.gguf")):
-            raise UnsupportedModelError(
-                f"{path}: a GGUF (llama.cpp) model, which multilora does not serve",
-                hint="use the Hugging Face safetensors checkpoint of this model (FP8 ones are served too)",
-            )
         if not p.is_file():
+            # GGUF (llama.cpp) only: a repo shipping safetensors beside GGUF files is served from the safetensors
+            if (Path(path).is_file() and Path(path).suffix == ".gguf") or any(Path(path).glob("*.gguf")):
+                raise UnsupportedModelError(
+                    f"{path}: a GGUF (llama.cpp) model, which multilora does not serve",
+                    hint="use the Hugging Face safetensors checkpoint of this model (FP8 ones are served too)",
+                )
             if (Path(path) / "adapter_config.json").is_file():
                 raise ModelError(
                     f"{path}: this is a LoRA adapter folder (adapter_config.json), not a base model", hint=adapter_hint
