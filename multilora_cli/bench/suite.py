@@ -71,6 +71,7 @@ def engine_config(
         enforce_eager=enforce_eager,
         seed=work.seed,
         quantization=work.quantization,
+        fp8_small_m=work.fp8_small_m,
     )
 
 

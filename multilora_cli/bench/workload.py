@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from multilora_cli.bench.model_dir import PRESETS
-from multilora_cli.config import MAX_N, QUANTIZATIONS, SamplingParams
+from multilora_cli.config import FP8_SMALL_M, MAX_N, QUANTIZATIONS, SamplingParams
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.sequence import sample_seed
 from multilora_cli.errors import ConfigError
@@ -29,6 +29,7 @@ FLAGS = {
     "temperature": "--temperature",
     "top_p": "--top-p",
     "quantization": "--quantization",
+    "fp8_small_m": "--fp8-small-m",
 }
 
 
@@ -67,6 +68,7 @@ class Workload:
     n: int = 1
     separate_n: bool = False
     quantization: str = "none"  # "fp8": the base's decoder projections in FP8 (random weights drawn FP8)
+    fp8_small_m: int = FP8_SMALL_M  # FP8: tokens from which cuBLAS _scaled_mm serves a step (EngineConfig's)
 
     def __post_init__(self) -> None:
         if self.preset.strip().lower() not in PRESETS:  # before anything sizes a model or picks a device
@@ -78,6 +80,8 @@ class Workload:
             raise ConfigError(
                 f"{flag('quantization')} must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
             )
+        if self.fp8_small_m < 0:
+            raise ConfigError(f"{flag('fp8_small_m')} must be >= 0, got {self.fp8_small_m}")
         if self.distribution not in DISTRIBUTIONS:
             raise ConfigError(
                 f"{flag('distribution')} must be one of {', '.join(DISTRIBUTIONS)}, got {self.distribution!r}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from multilora_cli.config import FP8_SMALL_M
+
 
 def command(
     preset: str = typer.Option(
@@ -51,6 +53,12 @@ def command(
         "--quantization",
         help="none | fp8, or both (none,fp8): every row once per value, side by side in one process; fp8 runs the "
         "base's decoder projections in FP8 (random weights drawn FP8: a 70B base never exists in bf16).",
+    ),
+    fp8_small_m: int = typer.Option(
+        FP8_SMALL_M,
+        "--fp8-small-m",
+        help="Advanced, FP8: steps of at least this many tokens run cuBLAS _scaled_mm, smaller ones the Triton "
+        "kernel (python -m benchmarks.bench_gemm --fp8 measures the crossing).",
     ),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu (cpu: use --preset tiny)."),
     json_path: str | None = typer.Option(None, "--json", help="Also write the full report (JSON) here."),
@@ -119,6 +127,7 @@ def command(
         distribution=distribution,
         temperature=temperature,
         top_p=top_p,
+        fp8_small_m=fp8_small_m,
     )
     shape = PRESETS[work.preset.strip().lower()]
     if prompt_len + output_len > shape.get("max_position_embeddings", 2048):  # else every row fails after the load
