@@ -22,8 +22,9 @@ def test_fp32_on_cuda_matches_hf_quantizing_the_same_way(fp8_dir, kind):  # noqa
     cfg = ModelConfig.from_dir(path)
     ours = load_model(path, cfg, dtype=torch.float32, device="cuda")
     hf = hf_reference(path.parent / "dequantized", ours.fp8, path)
-    # an activation on a rounding boundary may round the other way under another summation order: 1e-3
-    check_generation(ours, hf, cfg.vocab_size, [7, 13, 3], block_size=16, atol=1e-3)
+    # an activation within float rounding of an e4m3 rounding boundary may round the other way under another
+    # summation order, moving logits (about +-1.5) by ~1e-3: 1e-2, far below what a wrong scale or layout gives
+    check_generation(ours, hf, cfg.vocab_size, [7, 13, 3], block_size=16, atol=1e-2)
 
 
 @pytest.mark.parametrize("small_m", [0, 10_000])  # cuBLAS for every step / Triton for every step
