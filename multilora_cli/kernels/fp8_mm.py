@@ -43,8 +43,10 @@ def _dequant_mm_kernel(
         w_mask = (rn[:, None] < N) & (kk[None, :] < K)
         # e4m3 -> COMPUTE in registers (exact in bf16 / fp16 / fp32), masked lanes zeroed after the cast (an fp8
         # load's `other` does not cast under the interpreter); fp32 accumulation
-        a = tl.where(a_mask, tl.load(a_ptr + rm[:, None] * stride_am + kk[None, :], mask=a_mask).to(COMPUTE), 0.0)
-        w = tl.where(w_mask, tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask).to(COMPUTE), 0.0)
+        a = tl.load(a_ptr + rm[:, None] * stride_am + kk[None, :], mask=a_mask)
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=w_mask)
+        a = tl.where(a_mask, a.to(COMPUTE), 0.0).to(COMPUTE)  # the cast again: the scalar must not promote
+        w = tl.where(w_mask, w.to(COMPUTE), 0.0).to(COMPUTE)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PREC, out_dtype=tl.float32)
     acc = acc * tl.load(ws_ptr + rn, mask=rn < N, other=0.0)[None, :]
     if HAS_ASCALE:
