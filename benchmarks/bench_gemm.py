@@ -9,6 +9,16 @@ the weight stored transposed, Wt [in, out] contiguous (cuBLAS picks other kernel
 timing is the median of CUDA-graph replays over 3 copies of the weight (each >= 32 MB, so a copy is not in
 L2 when its turn comes). Floors: FLOPs / the bf16 rate of an 8192^3 matmul and bytes (W + x + y) / copy
 bandwidth, both measured in this run; per decode step = 32 layers + the LM head.
+
+    python -m benchmarks.bench_gemm --fp8 --out $OUT/gemm-fp8-h200.json
+
+FP8 (issue 32): per token count M and projection (qkv, o, gate_up, down; the LM head stays bf16), arms
+"bf16" = F.linear on the bf16 weight, "scaled_mm" = kernels/fp8.linear taking cuBLAS (per-token activation
+quantization + torch._scaled_mm, row-wise scales), "triton" = kernels/fp8.linear taking the Triton kernel
+(quantization + fp8_mm.weight_dequant_mm), "w8a16" = the Triton kernel on the bf16 activations (weight-only). Each
+row also carries each FP8 arm's relative error ||y - y_bf16|| / ||y_bf16|| against the bf16 layer. Per M, one
+layer's four GEMMs summed; `fp8_small_m` = the smallest M from which scaled_mm beats triton at every larger M
+measured: the value for EngineConfig.fp8_small_m (config.FP8_SMALL_M).
 """
 
 from __future__ import annotations
@@ -41,12 +51,68 @@ LAYERS = 32
 COPIES = 3
 
 
+FP8_TOKENS = "1,2,4,8,16,24,32,48,64,96,128,256,1024,8192"
+FP8_ARMS = ("bf16", "scaled_mm", "triton", "w8a16")
+
+
+def fp8_main(args) -> int:
+    from multilora_cli.kernels import fp8
+    from multilora_cli.kernels.fp8 import Fp8Scheme
+    from multilora_cli.kernels.fp8_mm import weight_dequant_mm
+
+    start = time.time()
+    bw = copy_bandwidth()
+    report = dict(**device_header("benchmarks.bench_gemm", bw), fp8=True, rows=[], layers=[])
+    cublas, triton_ = Fp8Scheme("dynamic", small_m=0), Fp8Scheme("dynamic", small_m=1 << 30)
+    tokens = ints(args.tokens if args.tokens != "64,128,256,512" else FP8_TOKENS)
+    for name, (k, n) in SHAPES.items():
+        if name == "lm_head":
+            continue
+        w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(COPIES)]
+        q = [fp8.quantize_rows(x) for x in w]  # (wq [n, k] e4m3, scale [n] fp32)
+        for m in tokens:
+            x = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+            arms = {
+                "bf16": lambda i, x=x, w=w: F.linear(x[i], w[i]),
+                "scaled_mm": lambda i, x=x, q=q: fp8.linear(x[i], *q[i], None, cublas),
+                "triton": lambda i, x=x, q=q: fp8.linear(x[i], *q[i], None, triton_),
+                "w8a16": lambda i, x=x, q=q: weight_dequant_mm(x[i], *q[i], None, None, out_dtype=torch.bfloat16),
+            }
+            ref = arms["bf16"](0).float()
+            err = {a: ((arms[a](0).float() - ref).norm() / ref.norm()).item() for a in FP8_ARMS[1:]}
+            timers = {a: lambda fn=fn: graph_time_us(fn, COPIES, 60) for a, fn in arms.items()}
+            best = interleaved_min(timers, args.repeats)
+            row = dict(module=name, tokens=m, **{f"{a}_us": round(v, 2) for a, v in best.items()})
+            row.update({f"{a}_rel_err": round(v, 5) for a, v in err.items()})
+            report["rows"].append(row)
+            print(json.dumps(row), flush=True)
+        del w, q
+    for m in tokens:
+        rows = [r for r in report["rows"] if r["tokens"] == m]
+        layer = {f"{a}_us": round(sum(r[f"{a}_us"] for r in rows), 2) for a in FP8_ARMS}
+        layer["fp8_vs_bf16"] = round(layer["bf16_us"] / min(layer["scaled_mm_us"], layer["triton_us"]), 3)
+        report["layers"].append(dict(tokens=m, **layer))
+        print(json.dumps(report["layers"][-1]), flush=True)
+    small_m = tokens[-1] + 1
+    for lay in reversed(report["layers"]):  # from the largest M down, while cuBLAS keeps winning
+        if lay["scaled_mm_us"] > lay["triton_us"]:
+            break
+        small_m = lay["tokens"]
+    report["fp8_small_m"] = small_m
+    print(json.dumps({"fp8_small_m": small_m}), flush=True)
+    save_report(report, args.out, start)
+    return 0
+
+
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--tokens", default="64,128,256,512")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--fp8", action="store_true", help="bf16 vs FP8 (cuBLAS _scaled_mm, Triton) per token count")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    if args.fp8:
+        return fp8_main(args)
     start = time.time()
     bw, flops = copy_bandwidth(), matmul_rate()
     report = dict(**device_header("benchmarks.bench_gemm", bw), matmul_flops=round(flops), rows=[], steps=[])

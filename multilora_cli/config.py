@@ -11,6 +11,13 @@ from multilora_cli.errors import ConfigError
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
 LOAD_FORMATS = ("auto", "dummy")  # dummy = random weights of the config's shapes (benchmarks), no checkpoint read
+# --quantization: "fp8" quantizes a bf16 / fp16 / fp32 base's decoder projections to FP8 while loading (an FP8
+# checkpoint is FP8 whatever the flag says)
+QUANTIZATIONS = ("none", "fp8")
+# FP8 layers: from this many tokens in a step cuBLAS _scaled_mm, below it the Triton weight-dequantizing kernel
+# (kernels/fp8.py). H200, torch 2.11, one Llama-3-8B layer's four GEMMs (issue 32): _scaled_mm 122 vs bf16 116 us at
+# M=1, 110 vs 127 at M=64; `python -m benchmarks.bench_gemm --fp8` measures the crossing on the GPU at hand
+FP8_SMALL_M = 32
 GPU_MEMORY_UTILIZATION = 0.90  # default share of the GPU a run may use
 UTILIZATION_RANGE = (0.05, 0.99)
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy (as in vLLM)
@@ -181,10 +188,16 @@ class EngineConfig:
     # launch the next decode step before reading this one's ids back (Scheduler.schedule_ahead), so the host's
     # bookkeeping between steps overlaps the device's work; False = one step at a time (same tokens, slower)
     run_ahead: bool = True
+    quantization: str = "none"  # one of QUANTIZATIONS
+    fp8_small_m: int = FP8_SMALL_M  # FP8 bases: tokens from which a step's GEMMs run in cuBLAS _scaled_mm
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("a base model is required (--model)")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if isinstance(self.fp8_small_m, bool) or not isinstance(self.fp8_small_m, int) or self.fp8_small_m < 0:
+            raise ConfigError(f"fp8_small_m must be an integer >= 0, got {self.fp8_small_m!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.load_format not in LOAD_FORMATS:

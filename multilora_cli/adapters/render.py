@@ -62,6 +62,8 @@ def render(rep: InspectReport, console=None) -> None:
         else f"shapes not checked ({rep.check_note + '; ' if rep.check_note else ''}pass --model to check)"
     )
     add("base model", f"{base}; {check}")
+    if rep.base_quantization:
+        add("base weights", f"{rep.base_quantization}; the adapter runs in the compute dtype on top")
     add("type", rep.peft_type + (f", task {rep.task_type}" if rep.task_type else ""))
     add("rank", _span(rep.rank, "rank_pattern"))
     add("alpha", _span(rep.alpha, "alpha_pattern"))

@@ -58,6 +58,7 @@ class InspectReport:
     servable: bool
     reason: str | None
     error: MultiloraError | None = field(default=None, repr=False)  # AdapterError, or the base's UnsupportedModelError
+    base_quantization: str | None = None  # the checked base's FP8 format (models/quantization.py); None: unquantized
 
     def to_json(self) -> dict:
         """A JSON-ready dict (the error object left out; its message is `reason`)."""
@@ -149,6 +150,7 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         servable=unservable is None,
         reason=None if unservable is None else unservable.one_line(),
         error=unservable,
+        base_quantization=model_config.quantization.describe() if model_config and model_config.quantization else None,
     )
 
 

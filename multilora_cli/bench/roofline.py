@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from multilora_cli.models.config import ModelConfig
+from multilora_cli.models.quantization import base_bytes
 
 
 def measure_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 20) -> float:
@@ -83,14 +84,23 @@ class Roofline:
 
     @classmethod
     def for_model(
-        cls, cfg: ModelConfig, dtype_bytes: int, adapter_bytes: int, bandwidth: float, flops: float = 0.0
+        cls,
+        cfg: ModelConfig,
+        dtype_bytes: int,
+        adapter_bytes: int,
+        bandwidth: float,
+        flops: float = 0.0,
+        *,
+        fp8: bool = False,
     ) -> Roofline:
+        """fp8: the decoder projections are read at 1 byte each (models/quantization.base_bytes); the FLOP floor
+        stays the bf16 rate's (a conservative floor for FP8 tensor cores)."""
         # embeddings: a step reads only its T rows; the LM head is read whole (tied or not)
         emb = cfg.vocab_size * cfg.hidden_size
         params = cfg.num_params() - (0 if cfg.tie_word_embeddings else emb)
         return cls(
             bandwidth=bandwidth,
-            weight_bytes=params * dtype_bytes,
+            weight_bytes=base_bytes(cfg, dtype_bytes, fp8) - (0 if cfg.tie_word_embeddings else emb * dtype_bytes),
             kv_bytes_per_token=cfg.kv_bytes_per_token(dtype_bytes),
             adapter_bytes=adapter_bytes,
             flops=flops,

@@ -71,6 +71,8 @@ def engine_config(
         enforce_eager=enforce_eager,
         lazy_capture=False,  # every decode graph captured before the timed run: rows time steady steps
         seed=work.seed,
+        quantization=work.quantization,
+        fp8_small_m=work.fp8_small_m,
     )
 
 
@@ -138,8 +140,10 @@ def run_multilora_row(
         out_tokens = sum(r.completion_tokens for r in results)
         sequences = sum(max(1, len(r.samples)) for r in results)
         dtype_bytes = torch.tensor([], dtype=engine.runner.dtype).element_size()
-        roof = Roofline.for_model(cfg, dtype_bytes, source.nbytes if source else 0, bandwidth, flops)
-        system = ("multilora-base" if base_only else "multilora") + ("-eager" if enforce_eager else "")
+        fp8 = work.quantization == "fp8"
+        roof = Roofline.for_model(cfg, dtype_bytes, source.nbytes if source else 0, bandwidth, flops, fp8=fp8)
+        system = ("multilora-base" if base_only else "multilora") + ("-fp8" if fp8 else "")
+        system += "-eager" if enforce_eager else ""
         row = _summarise(work, steps, roof, system, out_tokens, wall)
         fed = sum(s.tokens for s in steps)
         # every generated token but each sequence's last is fed back once; the rest of what was fed is prompt

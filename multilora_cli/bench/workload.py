@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from multilora_cli.bench.model_dir import PRESETS
-from multilora_cli.config import MAX_N, SamplingParams
+from multilora_cli.config import FP8_SMALL_M, MAX_N, QUANTIZATIONS, SamplingParams
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.sequence import sample_seed
 from multilora_cli.errors import ConfigError
@@ -28,6 +28,8 @@ FLAGS = {
     "max_num_seqs": "--max-num-seqs",
     "temperature": "--temperature",
     "top_p": "--top-p",
+    "quantization": "--quantization",
+    "fp8_small_m": "--fp8-small-m",
 }
 
 
@@ -65,6 +67,8 @@ class Workload:
     top_p: float = 1.0
     n: int = 1
     separate_n: bool = False
+    quantization: str = "none"  # "fp8": the base's decoder projections in FP8 (random weights drawn FP8)
+    fp8_small_m: int = FP8_SMALL_M  # FP8: tokens from which cuBLAS _scaled_mm serves a step (EngineConfig's)
 
     def __post_init__(self) -> None:
         if self.preset.strip().lower() not in PRESETS:  # before anything sizes a model or picks a device
@@ -72,6 +76,12 @@ class Workload:
                 f"{flag('preset')} {self.preset!r} is not a known model shape",
                 hint=f"choose one of {', '.join(sorted(PRESETS))}",
             )
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                f"{flag('quantization')} must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
+            )
+        if self.fp8_small_m < 0:
+            raise ConfigError(f"{flag('fp8_small_m')} must be >= 0, got {self.fp8_small_m}")
         if self.distribution not in DISTRIBUTIONS:
             raise ConfigError(
                 f"{flag('distribution')} must be one of {', '.join(DISTRIBUTIONS)}, got {self.distribution!r}"

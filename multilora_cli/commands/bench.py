@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from multilora_cli.config import FP8_SMALL_M
+
 
 def command(
     preset: str = typer.Option(
@@ -46,6 +48,18 @@ def command(
         help="Advanced: row specs instead of the flags above, e.g. "
         "64,base,hf64,256/64,64z (see multilora_cli/bench/plan.py).",
     ),
+    quantization: str = typer.Option(
+        "none",
+        "--quantization",
+        help="none | fp8, or both (none,fp8): every row once per value, side by side in one process; fp8 runs the "
+        "base's decoder projections in FP8 (random weights drawn FP8: a 70B base never exists in bf16).",
+    ),
+    fp8_small_m: int = typer.Option(
+        FP8_SMALL_M,
+        "--fp8-small-m",
+        help="Advanced, FP8: steps of at least this many tokens run cuBLAS _scaled_mm, smaller ones the Triton "
+        "kernel (python -m benchmarks.bench_gemm --fp8 measures the crossing).",
+    ),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu (cpu: use --preset tiny)."),
     json_path: str | None = typer.Option(None, "--json", help="Also write the full report (JSON) here."),
     plot: str | None = typer.Option(
@@ -61,6 +75,7 @@ def command(
     Under the table, one sparkline per curve: tokens/s, decode step and roofline per row."""
     import math
     import tempfile
+    from dataclasses import replace
     from pathlib import Path
 
     import torch
@@ -70,7 +85,7 @@ def command(
     from multilora_cli.bench.report import format_table, write_json
     from multilora_cli.bench.suite import run_suite
     from multilora_cli.bench.workload import Workload
-    from multilora_cli.config import DEVICES
+    from multilora_cli.config import DEVICES, QUANTIZATIONS
     from multilora_cli.engine.device import resolve_device
     from multilora_cli.errors import MultiloraError, UsageError
     from multilora_cli.paths import expand_user
@@ -112,6 +127,7 @@ def command(
         distribution=distribution,
         temperature=temperature,
         top_p=top_p,
+        fp8_small_m=fp8_small_m,
     )
     shape = PRESETS[work.preset.strip().lower()]
     if prompt_len + output_len > shape.get("max_position_embeddings", 2048):  # else every row fails after the load
@@ -142,7 +158,19 @@ def command(
         if base is not False:  # default: yes
             specs.append("base")
         rows = ",".join(specs)
-    plan = parse_rows(rows, work)
+    quants = [q.strip() for q in quantization.split(",") if q.strip()]
+    bad = [q for q in quants if q not in QUANTIZATIONS]
+    if bad or not quants or len(set(quants)) < len(quants):
+        raise UsageError(
+            f"--quantization takes {', '.join(QUANTIZATIONS)} (comma-separated for both), got {quantization!r}"
+        )
+    # HF + PEFT rows run the bf16 base only: once, not once per quantization
+    plan = [
+        (kind, w)
+        for i, q in enumerate(quants)
+        for kind, w in parse_rows(rows, replace(work, quantization=q))
+        if kind != "hf" or q == "none" or (i == 0 and "none" not in quants)
+    ]
     device = resolve_device(device)
     if device == "cpu" and work.preset.strip().lower() != "tiny":
         raise UsageError(

@@ -26,6 +26,12 @@ def command(
     ),
     adapter: str | None = typer.Option(None, "--adapter", help="Take the adapter shape from a real PEFT adapter."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 | float16 | float32."),
+    quantization: str = typer.Option(
+        "none",
+        "--quantization",
+        help="none | fp8: the base's decoder projections in FP8, 1 byte each (as `run --quantization fp8`; an FP8 "
+        "checkpoint counts as FP8 without it).",
+    ),
     gpu: str = typer.Option("h100-sxm", "--gpu", help="h100-sxm | h200 | a100-80gb | a100-40gb | l40s | a10g."),
     gpu_memory_gb: float | None = typer.Option(None, "--gpu-memory-gb", help="Override the preset's memory (GB)."),
     gpu_bandwidth_tbs: float | None = typer.Option(None, "--gpu-bandwidth-tbs", help="Override HBM TB/s."),
@@ -89,6 +95,7 @@ def command(
         targets=targets,
         adapter=adapter,
         dtype=dtype,
+        quantization=quantization,
         gpu=gpu,
         gpu_memory_gb=gpu_memory_gb,
         gpu_bandwidth_tbs=gpu_bandwidth_tbs,

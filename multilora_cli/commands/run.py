@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from multilora_cli.config import DEVICES, DTYPES, GPU_MEMORY_UTILIZATION
+from multilora_cli.config import DEVICES, DTYPES, GPU_MEMORY_UTILIZATION, QUANTIZATIONS
 
 if TYPE_CHECKING:
     from multilora_cli.run.config import RunConfig
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 # Typer checks these choices (exit 2 with its usage message); members are named and valued as the strings
 Dtype = Enum("Dtype", [(d, d) for d in DTYPES], type=str)
 Device = Enum("Device", [(d, d) for d in DEVICES], type=str)
+Quantization = Enum("Quantization", [(q, q) for q in QUANTIZATIONS], type=str)
 
 
 def split_items(values: list[str] | None) -> list[str]:
@@ -202,6 +203,14 @@ def command(
     ),
     dtype: Dtype = _opt(Dtype.auto, "--dtype", metavar="DTYPE", help=f"One of {', '.join(DTYPES)}."),
     device: Device = _opt(Device.auto, "--device", metavar="DEVICE", help=f"One of {', '.join(DEVICES)}."),
+    quantization: Quantization = _opt(
+        Quantization.none,
+        "--quantization",
+        metavar="Q",
+        help="fp8: run the base's decoder projections in FP8 (e4m3, per-channel scales, dynamic per-token "
+        "activations), quantized while loading; LoRA stays in the compute dtype. FP8 checkpoints "
+        "(compressed-tensors, fbgemm_fp8) are FP8 without it.",
+    ),
     gpu_hour_usd: Optional[float] = _opt(
         None,
         "--gpu-hour-usd",
@@ -261,6 +270,7 @@ def command(
             max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,
             pinned_arena=pinned_arena,
+            quantization=quantization.value,
         ),
         data_parallel=data_parallel,
     )

@@ -13,6 +13,7 @@ from multilora_cli.economics.report import Report, Section
 from multilora_cli.economics.scenario import Resolved, Scenario, resolve
 from multilora_cli.economics.slots import expected_distinct, lru_hit_rate, popularity
 from multilora_cli.economics.units import n, pct, seconds, size, usd
+from multilora_cli.models.quantization import base_bytes, projection_params
 
 
 def compute(s: Scenario) -> Report:
@@ -60,7 +61,13 @@ def analyze(r: Resolved) -> Report:
         f"{cfg.num_hidden_layers} layers × (7 linears + norms) + embeddings "
         f"{cfg.vocab_size}×{cfg.hidden_size}{' (tied)' if cfg.tie_word_embeddings else ' ×2 (lm_head)'}",
     )
-    copy = sc.add("copy_bytes", "bytes per full copy", b_params * db, size(b_params * db), f"{n(b_params)} × {db} B")
+    if r.fp8:  # decoder projections 1 B + an fp32 scale per output channel; embeddings, norms, LM head at db
+        proj = projection_params(cfg)
+        copy_b = base_bytes(cfg, db, True)
+        how = f"{n(proj)} projection params × 1 B (fp8) + {n(b_params - proj)} × {db} B + scales"
+    else:
+        copy_b, how = b_params * db, f"{n(b_params)} × {db} B"
+    copy = sc.add("copy_bytes", "bytes per full copy", copy_b, size(copy_b), how)
     shrink = sc.add(
         "shrink_factor", "shrink factor", copy / a_bytes, f"{copy / a_bytes:,.1f}×", f"{size(copy)} / {size(a_bytes)}"
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from multilora_cli.config import GPU_MEMORY_UTILIZATION
+from multilora_cli.config import GPU_MEMORY_UTILIZATION, QUANTIZATIONS
 from multilora_cli.economics.comparable import Comparability, compare
 from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, HOURS_PER_MONTH, GpuSpec
 from multilora_cli.economics.shapes import DEFAULT_RANK, AdapterShape, parse_targets, shape_from_flags
@@ -22,8 +22,9 @@ from multilora_cli.economics.sources import (
     load_stats,
     resolve_model,
 )
-from multilora_cli.engine.slot_budget import MAX_AUTO_LORAS, SLOT_SHARE, auto_max_loras, slot_bytes, weight_bytes
+from multilora_cli.engine.slot_budget import MAX_AUTO_LORAS, SLOT_SHARE, auto_max_loras, slot_bytes
 from multilora_cli.errors import ResolveError, UsageError
+from multilora_cli.models.quantization import base_bytes
 
 # The slot arithmetic holds one float per tenant (slots.py): 10M tenants is 80 MB and a second; 1e9 exhausted memory.
 MAX_TENANTS = 10_000_000
@@ -39,6 +40,7 @@ class Scenario:
     targets: str | None = None
     adapter: str | None = None
     dtype: str = "bfloat16"
+    quantization: str = "none"  # "fp8": the base's decoder projections in FP8 (an FP8 checkpoint is FP8 anyway)
     gpu: str = "h100-sxm"
     gpu_memory_gb: float | None = None
     gpu_bandwidth_tbs: float | None = None
@@ -65,6 +67,12 @@ class Scenario:
         need(self.tenants <= MAX_TENANTS, "--tenants", f"at most {MAX_TENANTS:,}", f"{self.tenants:,}")
         need(self.rank is None or self.rank >= 1, "--rank", "a positive integer", self.rank)
         need(self.dtype in DTYPE_BYTES, "--dtype", f"one of {', '.join(DTYPE_BYTES)}", self.dtype)
+        need(
+            self.quantization in QUANTIZATIONS,
+            "--quantization",
+            f"one of {', '.join(QUANTIZATIONS)}",
+            self.quantization,
+        )
         need(self.gpu.lower() in GPU_PRESETS, "--gpu", f"one of {', '.join(GPU_PRESETS)}", repr(self.gpu))
         # (flag, value, lowest, whether the lowest itself is allowed, highest). The highest values lie far past
         # any real GPU or workload; beyond them the arithmetic overflows to inf / NaN or divides by zero. inf and
@@ -120,16 +128,18 @@ class Resolved:
     requests_per_step: float | None  # None: derived later from the batch that fits
     comparable: Comparability | None = None  # with stats: may their tokens/s and step time size the fleet
     max_loras: int = 1  # GPU adapter slots: --max-loras, else run's default on this GPU
+    fp8: bool = False  # the base's decoder projections are FP8 (--quantization fp8 or an FP8 checkpoint)
     assumptions: list[Assumption] = field(default_factory=list)
 
     def add(self, key: str, label: str, value, unit: str, source: str, note: str = "") -> None:
         self.assumptions.append(Assumption(key, label, value, unit, source, note))
 
 
-def default_slots(tenants: int, adapter: AdapterShape, gpu: GpuSpec, cfg, dtype_bytes: int) -> int:
+def default_slots(tenants: int, adapter: AdapterShape, gpu: GpuSpec, cfg, dtype_bytes: int, fp8: bool = False) -> int:
     """The slots `multilora run` would allocate for `tenants` adapters of this shape on one such GPU (its slots
-    hold all seven projections at the adapter's largest rank, whatever the adapter targets)."""
-    spare = gpu.memory_gb * 1e9 * GPU_MEMORY_UTILIZATION - weight_bytes(cfg, dtype_bytes)
+    hold all seven projections at the adapter's largest rank, whatever the adapter targets; FP8 bases leave more
+    room beside them)."""
+    spare = gpu.memory_gb * 1e9 * GPU_MEMORY_UTILIZATION - base_bytes(cfg, dtype_bytes, fp8)
     return auto_max_loras(tenants, slot_bytes(cfg, adapter.max_rank, dtype_bytes), int(spare))
 
 
@@ -166,6 +176,7 @@ def resolve(s: Scenario) -> Resolved:
     out_tokens = s.output_tokens or measured_out or 256.0
     comparable = compare(stats, model, gpu, s.dtype) if stats else None
     r = Resolved(s, model, adapter, gpu, stats, DTYPE_BYTES[s.dtype], out_tokens, s.requests_per_step, comparable)
+    r.fp8 = s.quantization == "fp8" or model.config.quantization is not None
 
     def src(given, default: str = "default") -> str:
         return "flag" if given is not None else default
@@ -191,6 +202,14 @@ def resolve(s: Scenario) -> Resolved:
         f"{r.dtype_bytes} B/param",
         src(None),
         "adapters are cast to the base dtype when loaded into slots",
+    )
+    r.add(
+        "quantization",
+        "base weights",
+        model.config.quantization.describe() if model.config.quantization else "fp8" if r.fp8 else "unquantized",
+        "1 B/param (decoder projections)" if r.fp8 else f"{r.dtype_bytes} B/param",
+        "checkpoint" if model.config.quantization else src(None if s.quantization == "none" else s.quantization),
+        "embeddings, norms, LM head and adapters stay in the serving dtype" if r.fp8 else "",
     )
     r.add(
         "adapter",
@@ -252,7 +271,9 @@ def resolve(s: Scenario) -> Resolved:
         "tok/s",
         "default" if s.tokens_per_tenant_per_s == 50.0 else "flag",
     )
-    r.max_loras = s.max_loras if s.max_loras is not None else default_slots(s.tenants, adapter, gpu, cfg, r.dtype_bytes)
+    r.max_loras = (
+        s.max_loras if s.max_loras is not None else default_slots(s.tenants, adapter, gpu, cfg, r.dtype_bytes, r.fp8)
+    )
     r.add(
         "max_loras",
         "GPU adapter slots (--max-loras)",

@@ -31,6 +31,7 @@ from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta
 from multilora_cli.layers.context import reset_context, set_context
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model, resolve_dtype
+from multilora_cli.models.quantization import ONLINE
 
 # device copies of packed adapters made ahead of their slot loads (engine/staging.py): at most 8, within 1 GiB of
 # GPU memory, at least 2. 8 buffers let more loads find their copy made (H200, Llama-3-8B rank 16: 11,440 vs
@@ -117,6 +118,8 @@ class ModelRunner:
             lora_targets=lora_targets,
             load_format=config.load_format,
             seed=config.seed,
+            quantization=model_config.quantization or (ONLINE if config.quantization == "fp8" else None),
+            fp8_small_m=config.fp8_small_m,
         )
         self._lora_modules = self.model.lora_modules()
         self._slot_writer = SlotWriter(self._lora_modules, self.device)

@@ -27,11 +27,12 @@ def slot_bytes(config: ModelConfig, max_rank: int, itemsize: int) -> int:
     return per_layer * config.num_hidden_layers * itemsize
 
 
-def weight_bytes(config: ModelConfig, itemsize: int) -> int:
-    """Bytes of the base model's matrices (embeddings, projections, LM head; norms and biases are noise)."""
+def weight_bytes(config: ModelConfig, itemsize: int, fp8: bool = False) -> int:
+    """Bytes of the base model's matrices (embeddings, projections, LM head; norms and biases are noise); `fp8`:
+    the decoder projections at 1 byte each (models/quantization.py)."""
     per_layer = sum(i * o for i, o in map(config.linear_shape, PROJECTIONS))
     embed = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
-    return (per_layer * config.num_hidden_layers + embed) * itemsize
+    return per_layer * config.num_hidden_layers * (1 if fp8 else itemsize) + embed * itemsize
 
 
 def auto_max_loras(n_adapters: int, one_slot: int, spare: int | None) -> int:
@@ -44,7 +45,9 @@ def auto_max_loras(n_adapters: int, one_slot: int, spare: int | None) -> int:
     return max(1, min(n, MAX_AUTO_LORAS, fit))
 
 
-def spare_gpu_bytes(device: str, config: ModelConfig, itemsize: int, utilization: float) -> int | None:
+def spare_gpu_bytes(
+    device: str, config: ModelConfig, itemsize: int, utilization: float, fp8: bool = False
+) -> int | None:
     """GPU bytes the engine may use (total x `utilization`) less the base weights, on the GPU a run on `device`
     ("auto" | "cuda" | "cpu", engine/device.resolve_device) would use; None when it runs on CPU."""
     import torch
@@ -54,4 +57,4 @@ def spare_gpu_bytes(device: str, config: ModelConfig, itemsize: int, utilization
     if resolve_device(device) == "cpu":
         return None
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    return int(total * utilization) - weight_bytes(config, itemsize)
+    return int(total * utilization) - weight_bytes(config, itemsize, fp8)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from multilora_cli import kernels
+from multilora_cli.kernels.fp8 import Fp8Scheme
 from multilora_cli.layers.context import get_context
 from multilora_cli.layers.linear import FusedLinear
 
@@ -27,14 +27,20 @@ class LoRALinear(FusedLinear):
         *,
         max_loras: int,
         max_rank: int,
+        fp8: Fp8Scheme | None = None,
     ):
-        super().__init__(in_features, slice_sizes, bias)
+        super().__init__(in_features, slice_sizes, bias, fp8)
         self.lora = kernels.LoraWeights.empty(
-            max_loras, max_rank, in_features, list(self.slice_sizes), dtype=self.weight.dtype, device=self.weight.device
+            max_loras,
+            max_rank,
+            in_features,
+            list(self.slice_sizes),
+            dtype=self.compute_dtype,
+            device=self.weight.device,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)  # [T, out]
+        y = self.base_forward(x)  # [T, out] (FP8 bases too: the delta reads x and adds into y, both bf16)
         ctx = get_context()
         # Eager steps without adapted tokens skip the call; static (CUDA-graph) metadata always calls, since
         # the captured graph must contain the kernels whatever the batch at capture time was.
@@ -46,7 +52,7 @@ class LoRALinear(FusedLinear):
         """silu(gate) * up of this [gate | up] layer's output with each token's LoRA delta: [T, I]. With adapted
         tokens (or graph metadata) the delta and the activation are one kernel (kernels.add_lora_silu_mul), so
         the [T, 2I] output is read once and never rewritten. For the fused-elementwise path (CUDA)."""
-        y = F.linear(x, self.weight, self.bias)  # [T, 2I]
+        y = self.base_forward(x)  # [T, 2I]
         ctx = get_context()
         if ctx is not None and ctx.lora is not None and (ctx.lora.segments or getattr(ctx.lora, "static", False)):
             return kernels.add_lora_silu_mul(y, x, self.lora, ctx.lora)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from multilora_cli.errors import ModelError, UnsupportedModelError
 from multilora_cli.models import hf_config
-from multilora_cli.models.quantization import refuse_quantized_config, refuse_quantized_weights
+from multilora_cli.models.quantization import Fp8Format, parse_quantization, refuse_quantized_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 
@@ -93,6 +93,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     name_or_path: str = ""
+    quantization: Fp8Format | None = None  # an FP8 checkpoint (models/quantization.py); None: unquantized weights
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -211,11 +212,11 @@ class ModelConfig:
         """Parse a HF config dict (transformers v4 or v5 layout). An architecture or a quantization multilora does
         not serve raises UnsupportedModelError (before any field is read: a gpt2 config lacks Llama's names)."""
         where = name_or_path or "config.json"
-        refuse_quantized_config(cfg, where)
+        quantization = parse_quantization(cfg, where)
         outer = cfg.get("model_type")
         if "text_config" in cfg and "hidden_size" not in cfg:
             cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
-            refuse_quantized_config(cfg, where)
+            quantization = parse_quantization(cfg, where) or quantization
         mt = cfg.get("model_type")
         if mt is None:
             raise ModelError(f"{where}: no model_type in config.json")
@@ -236,7 +237,8 @@ class ModelConfig:
                 fields = hf_config.phi3_fields(cfg, where)
             else:
                 fields = hf_config.llama_fields(mt, cfg, where)
-            return cls(model_type=mt, **fields, name_or_path=name_or_path or cfg.get("_name_or_path", ""))
+            name = name_or_path or cfg.get("_name_or_path", "")
+            return cls(model_type=mt, **fields, name_or_path=name, quantization=quantization)
         except KeyError as e:
             raise ModelError(f"{where}: config.json lacks {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
@@ -246,9 +248,15 @@ class ModelConfig:
     def from_dir(cls, path: str | Path, adapter_hint: str = RUN_ADAPTER_HINT) -> ModelConfig:
         """Read `<path>/config.json`. adapter_hint: what to do when `path` is an adapter folder (the default names
         `run`'s flags; commands with other flags pass their own). A checkpoint whose safetensors headers show
-        quantized weights is refused like a declared quantization (UnsupportedModelError)."""
+        quantized weights without a quantization_config saying how to read them is refused (UnsupportedModelError)."""
         p = Path(path) / "config.json"
         if not p.is_file():
+            # GGUF (llama.cpp) only: a repo shipping safetensors beside GGUF files is served from the safetensors
+            if (Path(path).is_file() and Path(path).suffix == ".gguf") or any(Path(path).glob("*.gguf")):
+                raise UnsupportedModelError(
+                    f"{path}: a GGUF (llama.cpp) model, which multilora does not serve",
+                    hint="use the Hugging Face safetensors checkpoint of this model (FP8 ones are served too)",
+                )
             if (Path(path) / "adapter_config.json").is_file():
                 raise ModelError(
                     f"{path}: this is a LoRA adapter folder (adapter_config.json), not a base model", hint=adapter_hint
@@ -261,5 +269,6 @@ class ModelConfig:
         except (OSError, ValueError) as e:
             raise ModelError(f"{p}: unreadable config.json: {e}") from None
         config = cls.from_dict(cfg, name_or_path=str(path))
-        refuse_quantized_weights(path)
+        if config.quantization is None:
+            refuse_quantized_weights(path)
         return config

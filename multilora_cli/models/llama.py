@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from multilora_cli.kernels.fp8 import Fp8Scheme
 from multilora_cli.layers.attention import Attention
 from multilora_cli.layers.context import get_context
 from multilora_cli.layers.linear import FusedLinear
@@ -26,15 +27,16 @@ from multilora_cli.models.config import FUSED_MODULES, ModelConfig
 
 
 class _LinearFactory:
-    """Builds a plain `FusedLinear` or, for targeted modules when LoRA is on, a `LoRALinear`."""
+    """Builds a plain `FusedLinear` or, for targeted modules when LoRA is on, a `LoRALinear`; FP8 ones when the
+    base is FP8 (`fp8`: every decoder projection; embeddings, norms and lm_head stay in the compute dtype)."""
 
-    def __init__(self, max_loras: int, max_rank: int, targets: set[str]):
-        self.max_loras, self.max_rank, self.targets = max_loras, max_rank, targets
+    def __init__(self, max_loras: int, max_rank: int, targets: set[str], fp8: Fp8Scheme | None = None):
+        self.max_loras, self.max_rank, self.targets, self.fp8 = max_loras, max_rank, targets, fp8
 
     def __call__(self, name: str, in_features: int, slices: list[int], bias: bool) -> FusedLinear:
         if self.max_loras > 0 and name in self.targets:
-            return LoRALinear(in_features, slices, bias, max_loras=self.max_loras, max_rank=self.max_rank)
-        return FusedLinear(in_features, slices, bias)
+            return LoRALinear(in_features, slices, bias, max_loras=self.max_loras, max_rank=self.max_rank, fp8=self.fp8)
+        return FusedLinear(in_features, slices, bias, fp8=self.fp8)
 
 
 def norm_class(cfg: ModelConfig) -> type[RMSNorm]:
@@ -176,7 +178,13 @@ class LlamaForCausalLM(nn.Module):
     """
 
     def __init__(
-        self, config: ModelConfig, *, max_loras: int = 0, max_lora_rank: int = 0, lora_targets: set[str] | None = None
+        self,
+        config: ModelConfig,
+        *,
+        max_loras: int = 0,
+        max_lora_rank: int = 0,
+        lora_targets: set[str] | None = None,
+        fp8: Fp8Scheme | None = None,
     ):
         super().__init__()
         targets = set(FUSED_MODULES if lora_targets is None else lora_targets)
@@ -187,7 +195,8 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError("max_lora_rank must be positive when max_loras > 0")
         self.config = config
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
-        self.model = LlamaModel(config, _LinearFactory(max_loras, max_lora_rank, targets))
+        self.fp8 = fp8  # how the decoder projections run when the base is FP8 (kernels/fp8.py); None: not FP8
+        self.model = LlamaModel(config, _LinearFactory(max_loras, max_lora_rank, targets, fp8))
         self.lm_head = FusedLinear(config.hidden_size, [config.vocab_size])
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

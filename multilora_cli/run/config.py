@@ -32,6 +32,7 @@ class EngineFlags:
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     pinned_arena: bool = True
     load_format: str = "auto"  # no flag: benchmarks run the real `run` path on "dummy" weights
+    quantization: str = "none"  # one of config.QUANTIZATIONS
 
     def __post_init__(self) -> None:
         lo, hi = UTILIZATION_RANGE  # also refuses nan, which a Typer float range lets through
@@ -60,6 +61,7 @@ class EngineFlags:
             pinned_arena=self.pinned_arena,
             load_format=self.load_format,
             max_decode_batch=max_decode_batch,
+            quantization=self.quantization,
             **{k: v for k, v in defaulted.items() if v is not None},  # not given: EngineConfig's default
         )
 

@@ -63,6 +63,8 @@ class RunLedger:
             "max_model_len": engine_cfg.max_model_len,
             "seed": engine_cfg.seed,
             "sampling": sampling,
+            # only when on: ledgers written before the flag existed keep their fingerprint
+            **({"quantization": engine_cfg.quantization} if engine_cfg.quantization != "none" else {}),
         }
 
     def note_line(self, key: int, raw: bytes) -> None:

@@ -37,7 +37,8 @@ def max_loras(cfg: RunConfig, pf, n_adapters: int) -> int:
     if cfg.max_loras is not None:
         return pf.max_loras
     eng = cfg.engine
-    spare = spare_gpu_bytes(eng.device, pf.model_config, eng.itemsize, eng.gpu_memory_utilization)
+    fp8 = eng.quantization == "fp8" or pf.model_config.quantization is not None  # FP8 base: more room for slots
+    spare = spare_gpu_bytes(eng.device, pf.model_config, eng.itemsize, eng.gpu_memory_utilization, fp8=fp8)
     if spare is None:
         return pf.max_loras
     return auto_max_loras(n_adapters, slot_bytes(pf.model_config, pf.max_lora_rank, eng.itemsize), spare)

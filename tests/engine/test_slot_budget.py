@@ -84,9 +84,9 @@ def test_a_run_picks_the_gpu_default_unless_told(monkeypatch):
     pf = SimpleNamespace(max_loras=CPU_MAX_LORAS, max_lora_rank=16, model_config=LLAMA3_8B)
     asked = []
 
-    def fake_spare(device, config, itemsize, utilization):
+    def fake_spare(device, config, itemsize, utilization, fp8=False):
         asked.append((device, itemsize, utilization))
-        return None if device == "cpu" else int(141 * GB * utilization) - weight_bytes(config, itemsize)
+        return None if device == "cpu" else int(141 * GB * utilization) - weight_bytes(config, itemsize, fp8)
 
     monkeypatch.setattr(slot_budget, "spare_gpu_bytes", fake_spare)
     run = RunConfig("in.jsonl", adapters=["x"], engine=EngineFlags(gpu_memory_utilization=0.5))
