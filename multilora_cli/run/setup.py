@@ -4,6 +4,7 @@ engine config it implies (the GPU slot count when --max-loras is not given: engi
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from multilora_cli.config import EngineConfig
@@ -29,25 +30,38 @@ def preflight_run(cfg: RunConfig):
     return pf
 
 
-def max_loras(cfg: RunConfig, pf, n_adapters: int) -> int:
-    """--max-loras, else on a GPU one slot per adapter within a share of the memory beside the weights;
-    pre-flight's default is the CPU one."""
-    from multilora_cli.engine.slot_budget import auto_max_loras, slot_bytes, spare_gpu_bytes
+def slot_choice(cfg: RunConfig, pf, n_adapters: int, econf: EngineConfig):
+    """engine/slot_budget.SlotChoice of the run: --max-loras, else the memory and input rule on a GPU (slots of
+    pre-flight's largest rank, a KV reserve for `econf`'s max_num_seqs at its max_model_len capped), the CPU
+    default on CPU."""
+    from multilora_cli.engine.slot_budget import (
+        SlotInputs,
+        choose_max_loras,
+        reserve_context,
+        slot_bytes,
+        spare_gpu_bytes,
+    )
 
     if cfg.max_loras is not None:
-        return pf.max_loras
-    eng = cfg.engine
-    spare = spare_gpu_bytes(eng.device, pf.model_config, eng.itemsize, eng.gpu_memory_utilization)
-    if spare is None:
-        return pf.max_loras
-    return auto_max_loras(n_adapters, slot_bytes(pf.model_config, pf.max_lora_rank, eng.itemsize), spare)
-
-
-def engine_config(cfg: RunConfig, pf, good: dict[str, Path]) -> EngineConfig:
-    """The EngineConfig of a run whose adapters `good` passed pre-flight `pf`."""
-    return cfg.engine.engine_config(
-        str(pf.model_path), max_loras=max_loras(cfg, pf, len(good)), max_lora_rank=pf.max_lora_rank, seed=cfg.seed
+        return choose_max_loras(SlotInputs(n_adapters, 0, None), given=pf.max_loras)
+    eng, mc = cfg.engine, pf.model_config
+    return choose_max_loras(
+        SlotInputs(
+            adapters=n_adapters,
+            one_slot=slot_bytes(mc, pf.max_lora_rank, eng.itemsize),
+            spare=spare_gpu_bytes(eng.device, mc, eng.itemsize, eng.gpu_memory_utilization),
+            max_num_seqs=econf.max_num_seqs,
+            context=reserve_context(econf.max_model_len, mc.max_position_embeddings),
+            kv_token=mc.kv_bytes_per_token(eng.itemsize),
+        )
     )
+
+
+def engine_config(cfg: RunConfig, pf, good: dict[str, Path]):
+    """(EngineConfig, SlotChoice) of a run whose adapters `good` passed pre-flight `pf`."""
+    econf = cfg.engine.engine_config(str(pf.model_path), max_loras=1, max_lora_rank=pf.max_lora_rank, seed=cfg.seed)
+    slots = slot_choice(cfg, pf, len(good), econf)
+    return replace(econf, max_loras=slots.max_loras), slots
 
 
 def why(name: str, err) -> str:
