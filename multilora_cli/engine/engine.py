@@ -85,6 +85,7 @@ class Engine:
             prefetch_threads=config.prefetch_threads if self.adapters else 0,
             stage=self.runner.stage_adapter,
             stage_ahead=self.runner.staging_buffers,
+            read_ahead=config.max_num_seqs,  # one wave of admissions, however large the pool
         )
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(
