@@ -117,6 +117,13 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
         "a server that preloaded its adapters; default: they are read during the timed run",
     )
     ap.add_argument("--note", default="", help="free text stored in the report (e.g. which A/B arm this is)")
+    ap.add_argument(
+        "--distinct-weights",
+        type=int,
+        default=64,
+        help="distinct adapter weight files written; the other adapters hard-link them round-robin (each is still "
+        "read, validated and packed into its own host cache block, but from the OS page cache)",
+    )
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -130,6 +137,7 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
         max_num_batched_tokens=args.max_num_batched_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
+        distinct_weights=args.distinct_weights,
     )
     plan = with_n(parse_rows(args.rows, base), args.n)
     slug = device_slug(device_info(device)["name"])

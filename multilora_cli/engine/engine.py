@@ -189,14 +189,15 @@ class Engine:
             sizes = [self._adapter_nbytes(n) for n in self.adapters]
         except MultiloraError:
             return None, cfg.max_cpu_loras  # the load reports it, per request
-        nbytes = arena_bytes(sizes, cfg.max_cpu_loras, cfg.max_loras)
+        in_flight = min(cfg.max_loras, cfg.max_num_seqs)  # reads a wave ahead (SlotManager.read_ahead)
+        nbytes = arena_bytes(sizes, cfg.max_cpu_loras, in_flight)
         try:
             arena = PinnedArena(nbytes, cuda=True) if nbytes else None
         except (RuntimeError, AttributeError):  # registration refused (locked-memory limit, old CUDA runtime)
             return None, cfg.max_cpu_loras
         if arena is None:
             return None, cfg.max_cpu_loras
-        return arena, host_cache_capacity(arena.nbytes, max(sizes), cfg.max_cpu_loras, cfg.max_loras)
+        return arena, host_cache_capacity(arena.nbytes, max(sizes), cfg.max_cpu_loras, in_flight)
 
     # --- generation -------------------------------------------------------------------------------------------
     def _admit(self, request: Request) -> Result | None:

@@ -51,9 +51,13 @@ class SlotChoice:
 
     max_loras: int
     reason: str
+    host_cache: str = ""  # the host cache's size and why (engine/host_budget.py), when the run sized it
 
     def to_dict(self) -> dict:
-        return {"max_loras": self.max_loras, "reason": self.reason}
+        d = {"max_loras": self.max_loras, "reason": self.reason}
+        if self.host_cache:
+            d["host_cache"] = self.host_cache
+        return d
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,10 +58,31 @@ def slot_choice(cfg: RunConfig, pf, n_adapters: int, econf: EngineConfig):
 
 
 def engine_config(cfg: RunConfig, pf, good: dict[str, Path]):
-    """(EngineConfig, SlotChoice) of a run whose adapters `good` passed pre-flight `pf`."""
+    """(EngineConfig, SlotChoice) of a run whose adapters `good` passed pre-flight `pf`; the host cache sized by
+    engine/host_budget.py (a warning on stderr when the adapters, or --max-cpu-loras, do not fit)."""
+    from multilora_cli.engine.host_budget import choose_max_cpu_loras
+
     econf = cfg.engine.engine_config(str(pf.model_path), max_loras=1, max_lora_rank=pf.max_lora_rank, seed=cfg.seed)
     slots = slot_choice(cfg, pf, len(good), econf)
-    return replace(econf, max_loras=slots.max_loras), slots
+    sizes = packed_sizes(pf, good, cfg.engine.itemsize)
+    if not sizes:  # no adapter (a base-only run): nothing to cache
+        return replace(econf, max_loras=slots.max_loras), slots
+    in_flight = min(slots.max_loras, econf.max_num_seqs)  # reads a wave ahead (SlotManager.read_ahead)
+    host = choose_max_cpu_loras(sizes, in_flight, cfg.engine.max_cpu_loras)
+    if host.warning:
+        note(f"warning: {host.warning}", cfg.quiet)
+    econf = replace(econf, max_loras=slots.max_loras, max_cpu_loras=max(host.max_cpu_loras, slots.max_loras))
+    return econf, replace(slots, host_cache=host.reason)
+
+
+def packed_sizes(pf, good: dict[str, Path], itemsize: int) -> list[int]:
+    """Bytes of each good adapter packed in the run dtype, from pre-flight's header scans (no tensor read)."""
+    out = []
+    for name in good:
+        scan = getattr(pf, "scans", {}).get(name)
+        if scan is not None and scan.stored_dtype is not None:
+            out.append(scan.stored_nbytes // scan.stored_dtype.itemsize * itemsize)
+    return out
 
 
 def why(name: str, err) -> str:

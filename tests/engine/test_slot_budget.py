@@ -128,7 +128,7 @@ def test_a_run_picks_the_gpu_default_unless_told(monkeypatch):
     from multilora_cli.run.config import EngineFlags, RunConfig
     from multilora_cli.run.setup import engine_config
 
-    pf = SimpleNamespace(max_loras=CPU_MAX_LORAS, max_lora_rank=16, model_config=LLAMA3_8B, model_path="/m")
+    pf = SimpleNamespace(max_loras=CPU_MAX_LORAS, max_lora_rank=16, model_config=LLAMA3_8B, model_path="/m", scans={})
     asked = []
 
     def fake_spare(device, config, itemsize, utilization):
