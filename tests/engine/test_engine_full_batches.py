@@ -94,3 +94,31 @@ def test_per_step_host_work_does_not_grow_with_the_pool():
     assert longest[64] == longest[1000] == 32  # one wave of seats, however many slots
     sizes = {pool: LoraMetaBuffers(512, pool, "cpu")._host.numel() for pool in (512, 1000, 4096)}
     assert len(set(sizes.values())) == 1, sizes
+
+
+@pytest.mark.slow
+def test_single_request_adapters_through_few_slots_match_hf_peft(tmp_path):
+    """The real engine (tiny Llama, fp32 CPU): 12 adapters of one request each and 2 base requests through 3 slots
+    and 6 seats give HF + PEFT's greedy tokens, the same as 12 slots; each step holds at most 3 adapters, and the
+    base rows fill seats beside them."""
+    from multilora_cli.engine.engine import Engine
+    from tests.builders import build_mixed
+    from tests.engine.test_engine_generate import _hf_greedy, _many_adapters, _prompts, _requests
+
+    base, adapters = build_mixed(tmp_path / "m", "llama")
+    many = _many_adapters(tmp_path, adapters["all4rs"], 12)
+    plan = [f"ad{i}" for i in range(12)] + [None, None]
+    prompts = _prompts(len(plan), seed=4)
+    want = _hf_greedy(base, many, prompts, plan)
+    got = {}
+    for slots in (3, 12):
+        cfg = EngineConfig(model=str(base), device="cpu", max_loras=slots, max_lora_rank=8, max_num_seqs=6)
+        engine = Engine(cfg, many)
+        engine.runner.step_log = []
+        got[slots] = [r.token_ids for r in engine.generate_all(_requests(prompts, plan))]
+        log = engine.runner.step_log
+        assert max(s.adapters for s in log) == min(slots, 6)
+        if slots == 3:
+            assert max(s.seqs for s in log) == 5  # 3 adapters + the 2 base rows
+        engine.close()
+    assert got[3] == got[12] == want
