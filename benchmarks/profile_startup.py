@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--distinct-weights", type=int, default=1000)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=None)
+    p.add_argument("--no-host-cache", action="store_true", help="skip reading every adapter (large shapes on CPU)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     import tempfile
@@ -69,10 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     engine = SyntheticEngine(econf, source, cfg)
     phases["engine_s"] = time.perf_counter() - t
     try:
-        t = time.perf_counter()
-        for name in work.adapter_names:
-            engine.slots.warm(name)
-        phases["host_cache_s"] = time.perf_counter() - t
+        if not args.no_host_cache:
+            t = time.perf_counter()
+            for name in work.adapter_names:
+                engine.slots.warm(name)
+            phases["host_cache_s"] = time.perf_counter() - t
     finally:
         engine.close()
     report = {
