@@ -4,12 +4,16 @@
     python -m benchmarks.bench_e2e --preset llama-3.2-1b --rows 64,base --requests 256
     python -m benchmarks.bench_e2e --rows 64,base,hf64,256/64 --budget-s 420
     python -m benchmarks.bench_e2e --rows 64 --n 8 --temperature 1.0   # n=8 vs 8 separate requests a prompt
+    # issue 38: 1,000 adapters, the default slots (a row without /SLOTS) against a --max-loras sweep
+    python -m benchmarks.bench_e2e --preset llama-3.2-1b --requests 2048 --distinct-weights 256 \
+        --rows 64,1000,1000/64,1000/256,1000/512,1000/1000 --budget-s 420
 
 Rows run in the order given (see multilora_cli/bench/plan.py); with --budget-s, rows that would start after
 the budget is spent are recorded as not run. With --n N, every multilora row runs twice in this process: each
 prompt as ONE request with n=N (its prefill shared by the N samples), then as N separate requests (the same
 texts); --requests counts completions in both. The report's "n_vs_separate" holds their tokens/s ratio (target
->= 1.5 at N=8) and the prompt tokens each fed. Writes benchmarks/results/e2e-<device>.json (after every row)
+>= 1.5 at N=8) and the prompt tokens each fed. "slot_sweep" judges each workload's default-slots row against the
+best row of its sweep (bench/sweep.py). Writes benchmarks/results/e2e-<device>.json (after every row)
 and prints a markdown table. Needs no CLI libraries (typer/rich), only torch, triton, transformers, peft.
 """
 
@@ -117,6 +121,13 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
         "a server that preloaded its adapters; default: they are read during the timed run",
     )
     ap.add_argument("--note", default="", help="free text stored in the report (e.g. which A/B arm this is)")
+    ap.add_argument(
+        "--distinct-weights",
+        type=int,
+        default=64,
+        help="distinct adapter weight files written; the other adapters hard-link them round-robin (each is still "
+        "read, validated and packed into its own host cache block, but from the OS page cache)",
+    )
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -130,6 +141,7 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
         max_num_batched_tokens=args.max_num_batched_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
+        distinct_weights=args.distinct_weights,
     )
     plan = with_n(parse_rows(args.rows, base), args.n)
     slug = device_slug(device_info(device)["name"])

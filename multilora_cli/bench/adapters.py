@@ -46,6 +46,7 @@ class SyntheticAdapters:
         self.max_distinct = max(1, max_distinct)
         self._banks: list[dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]] = []
         self._cache: dict[str, LoraAdapter] = {}
+        self._index = {n: i for i, n in enumerate(self.names)}  # names.index per load was O(adapters)
         self.paths: dict[str, Path] = {}  # name -> PEFT folder, once `prepare` wrote them
 
     @property
@@ -156,7 +157,7 @@ class SyntheticAdapters:
             return self._cache[name]
         if not self._banks:
             raise RuntimeError("SyntheticAdapters.prepare() was not called")
-        i = self.names.index(name)
+        i = self._index[name]
         bank = self._banks[i % len(self._banks)]
         scaling = self._scaling(i)
         modules = {}

@@ -1,6 +1,6 @@
 """Row specs for the benchmark command and script: a short string per row.
 
-64        multilora, 64 adapters, uniform, min(64, N) slots
+64        multilora, 64 adapters, uniform, multilora run's default slots (engine/slot_budget.py)
 256/64    multilora, 256 adapters through 64 slots
 64z       the same with a zipf spread over adapters
 base      multilora, base model only (no LoRA layers)
@@ -40,6 +40,8 @@ def parse_rows(spec: str, base: Workload) -> list[tuple[str, Workload]]:
         slots = int(m.group(3)) if m.group(3) else None
         if slots == 0:  # the spec's own words, not Workload's "--max-loras" (a row may not come from that flag)
             raise UsageError(f"bad benchmark row {item!r}: 0 slots", hint="N/SLOTS needs SLOTS >= 1, e.g. 256/64")
+        if kind == "hf":  # HF + PEFT holds every adapter: no slots
+            slots = max(1, n)
         w = replace(base, num_adapters=n, max_loras=slots, distribution="zipf" if m.group(4) else "uniform")
         plan.append((kind, w))
     if not plan:

@@ -98,6 +98,9 @@ def format_table(report: dict) -> str:
             lines.append(
                 f"| {name} | {_f(ratios.get(name), '.2f')} | {'>=' if kind == 'min' else '<='} {limit} | {v[name]} |"
             )
+    from multilora_cli.bench.sweep import slot_sweep, sweep_lines
+
+    lines += sweep_lines(slot_sweep(report["rows"]))
     for f in report.get("failed", []):
         lines.append(f"\nFAILED {f['kind']} {f['workload']['num_adapters']} adapters: {f['error']}")
     return "\n".join(lines)

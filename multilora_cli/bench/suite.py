@@ -19,7 +19,8 @@ import torch
 from multilora_cli.bench.adapters import SyntheticAdapters, SyntheticEngine
 from multilora_cli.bench.roofline import Roofline, measure_bandwidth, measure_matmul_flops
 from multilora_cli.bench.workload import Workload
-from multilora_cli.config import EngineConfig
+from multilora_cli.config import GPU_MEMORY_UTILIZATION, EngineConfig
+from multilora_cli.engine.slot_budget import SlotChoice, SlotInputs, choose_max_loras, slot_bytes, spare_gpu_bytes
 from multilora_cli.models.config import ModelConfig
 
 
@@ -76,6 +77,25 @@ def engine_config(
     )
 
 
+def resolve_slots(work: Workload, cfg: ModelConfig, device: torch.device) -> tuple[Workload, SlotChoice]:
+    """The row's slots: its own, else `multilora run`'s default on this device (engine/slot_budget.py), for the
+    KV the row allocates (max_num_seqs sequences of prompt + output tokens)."""
+    if work.max_loras is not None:
+        return work, SlotChoice(work.max_loras, f"--max-loras {work.max_loras}")
+    itemsize = 2 if device.type == "cuda" else 4  # engine_config: bfloat16 on a GPU, float32 on CPU
+    choice = choose_max_loras(
+        SlotInputs(
+            adapters=work.num_adapters,
+            one_slot=slot_bytes(cfg, max(16, work.rank), itemsize),
+            spare=spare_gpu_bytes(device.type, cfg, itemsize, GPU_MEMORY_UTILIZATION),
+            max_num_seqs=work.max_num_seqs,
+            context=work.prompt_len + work.output_len,
+            kv_token=cfg.kv_bytes_per_token(itemsize),
+        )
+    )
+    return replace(work, max_loras=choice.max_loras), choice
+
+
 def run_multilora_row(
     work: Workload,
     model_dir: Path,
@@ -91,11 +111,16 @@ def run_multilora_row(
 ) -> BenchRow:
     """Time one multilora configuration (`base_only`: no adapters, no LoRA layers at all)."""
     cfg = ModelConfig.from_dir(model_dir)
+    work, slots = resolve_slots(work, cfg, device)
     econf = engine_config(work, model_dir, device, enforce_eager=enforce_eager)
     source = None
+    n_warm = max(min(work.num_requests, 2 * work.max_num_seqs), work.n)  # warm-up requests
+    warm_slots = min(work.max_loras, n_warm)  # warm adapters: no more than the warm-up can use
     if not base_only and work.num_adapters:
-        warm_names = [f"warm{i}" for i in range(work.max_loras)]
-        source = SyntheticAdapters(cfg, work.adapter_names + warm_names, work.rank, seed=work.seed)
+        warm_names = [f"warm{i}" for i in range(warm_slots)]
+        source = SyntheticAdapters(
+            cfg, work.adapter_names + warm_names, work.rank, seed=work.seed, max_distinct=work.distinct_weights
+        )
     if source is not None:  # PEFT folders on disk before the engine starts (not timed)
         source.prepare(getattr(torch, econf.dtype), device)
     t0 = time.perf_counter()
@@ -103,14 +128,14 @@ def run_multilora_row(
     startup = time.perf_counter() - t0
     try:
         if warmup:
-            n = max(min(work.num_requests, 2 * work.max_num_seqs), work.n)
+            n = n_warm
             # long enough that sequences finish in waves and mixed prefill/decode steps of many sizes occur:
             # Triton specialises kernels on step sizes, and a compile inside the timed run costs seconds
             ww = replace(work, num_requests=n, output_len=min(work.output_len, 32), seed=work.seed + 7)
             reqs = ww.requests(cfg.vocab_size)
             if source is not None:  # other adapters: the timed run starts with its own adapters cold
                 for i, r in enumerate(reqs):
-                    r.adapter = f"warm{i % work.max_loras}"
+                    r.adapter = f"warm{i % warm_slots}"
             elif base_only:
                 for r in reqs:
                     r.adapter = None
@@ -167,6 +192,7 @@ def run_multilora_row(
             arena_s=engine.arena_seconds,
             schedule_s=engine.schedule_seconds - sched0,
             read_wait_s=engine.slots.read_wait_seconds - wait0,
+            slots=slots.to_dict(),
         )
         log(
             f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
@@ -307,6 +333,7 @@ def run_suite(
     each row, so a partial report survives a later failure or time limit; with `budget_s`, rows that would
     start after that many seconds are listed under "not_run" instead."""
     from multilora_cli.bench.report import target_ratios
+    from multilora_cli.bench.sweep import slot_sweep
 
     t_start = time.perf_counter()
     bw = measure_bandwidth(device)
@@ -351,7 +378,9 @@ def run_suite(
             report["failed"].append({"kind": kind, "workload": work.to_dict(), "error": f"{type(e).__name__}: {e}"})
             _free(device)
         report["targets"] = target_ratios(report["rows"])
+        report["slot_sweep"] = slot_sweep(report["rows"])
         if on_row is not None:
             on_row(report)
     report["targets"] = target_ratios(report["rows"])
+    report["slot_sweep"] = slot_sweep(report["rows"])
     return report

@@ -30,6 +30,7 @@ FLAGS = {
     "top_p": "--top-p",
     "quantization": "--quantization",
     "fp8_small_m": "--fp8-small-m",
+    "distinct_weights": "--distinct-weights",
 }
 
 
@@ -43,7 +44,7 @@ class Workload:
     """One row's workload. num_adapters 0 = base model only (every request adapter-less).
 
     preset: model shape (bench.model_dir.PRESETS), rank: LoRA rank on all 7 projections, max_loras: GPU slots
-    (None = min(num_adapters, 64)), distribution: how requests spread over adapters (zipf exponent zipf_s),
+    (None = multilora run's default, sized from the device's memory and num_adapters), distribution: how requests spread over adapters (zipf exponent zipf_s),
     temperature / top_p: 0 = greedy, else seeded sampling (request i draws with seed `seed + i`).
     n: samples per prompt; num_requests counts completions, so there are num_requests // n prompts (adapters are
     drawn per prompt), each one request with n samples, or with `separate_n` n separate requests of the same
@@ -69,6 +70,9 @@ class Workload:
     separate_n: bool = False
     quantization: str = "none"  # "fp8": the base's decoder projections in FP8 (random weights drawn FP8)
     fp8_small_m: int = FP8_SMALL_M  # FP8: tokens from which cuBLAS _scaled_mm serves a step (EngineConfig's)
+    # distinct weight files the synthetic adapters are written from (bench/adapters.py); the others hard-link one
+    # round-robin, so the OS page cache serves their reads (each is still packed into its own host cache block)
+    distinct_weights: int = 64
 
     def __post_init__(self) -> None:
         if self.preset.strip().lower() not in PRESETS:  # before anything sizes a model or picks a device
@@ -93,13 +97,15 @@ class Workload:
             raise ConfigError(f"n must be in 1..{MAX_N} and at most {flag('num_requests')}, got {self.n}")
         if self.num_adapters < 0:
             raise ConfigError(f"{flag('num_adapters')} must be >= 0, got {self.num_adapters}")
-        if self.max_loras is None:  # None only: an explicit 0 is an error, not "unset"
-            self.max_loras = max(1, min(self.num_adapters, 64))
-        if self.max_loras < 1:
+        # None: `multilora run`'s default (engine/slot_budget.choose_max_loras), resolved on the device by
+        # bench/suite.resolve_slots; an explicit 0 is an error, not "unset"
+        if self.max_loras is not None and self.max_loras < 1:
             raise ConfigError(
                 f"{flag('max_loras')} must be >= 1 (GPU adapter slots), got {self.max_loras}",
-                hint="leave it out for min(adapters, 64)",
+                hint="leave it out for multilora run's default (sized from memory and the adapters)",
             )
+        if self.distinct_weights < 1:
+            raise ConfigError(f"{flag('distinct_weights')} must be >= 1, got {self.distinct_weights}")
         try:
             SamplingParams(temperature=self.temperature, top_p=self.top_p)  # the same checks as a request's
         except ConfigError as e:  # its messages start with the field name: "top_p must be ..."

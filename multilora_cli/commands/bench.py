@@ -19,7 +19,14 @@ def command(
     num_adapters: str | None = typer.Option(
         None, "--num-adapters", help="Adapter counts to run, comma-separated (8,64). Default 64."
     ),
-    max_loras: int | None = typer.Option(None, "--max-loras", help="GPU slots, >= 1 (default min(adapters, 64))."),
+    max_loras: int | None = typer.Option(
+        None, "--max-loras", help="GPU slots, >= 1 (default: multilora run's, sized from GPU memory and the adapters)."
+    ),
+    distinct_weights: int = typer.Option(
+        64,
+        "--distinct-weights",
+        help="Distinct adapter files written; the others hard-link them (read from the OS page cache).",
+    ),
     rank: int = typer.Option(16, "--rank", help="LoRA rank, on all 7 projections."),
     distribution: str | None = typer.Option(
         None, "--distribution", help="uniform (default) | zipf spread over adapters."
@@ -128,6 +135,7 @@ def command(
         temperature=temperature,
         top_p=top_p,
         fp8_small_m=fp8_small_m,
+        distinct_weights=distinct_weights,
     )
     shape = PRESETS[work.preset.strip().lower()]
     if prompt_len + output_len > shape.get("max_position_embeddings", 2048):  # else every row fails after the load

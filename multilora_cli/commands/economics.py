@@ -48,8 +48,8 @@ def command(
         None,
         "--max-loras",
         help="GPU adapter slots. Default: what `multilora "
-        "run` allocates: one per tenant, at most 64, within 10% of the memory "
-        "beside the weights.",
+        "run` allocates (engine/slot_budget.py): one per tenant while they fit half "
+        "the memory left after the weights and the KV of --batch-size x --context-len.",
     ),
     popularity: str = typer.Option("uniform", "--popularity", help="uniform | zipf."),
     zipf_s: float = typer.Option(1.0, "--zipf-s", help="Zipf exponent s (with --popularity zipf)."),

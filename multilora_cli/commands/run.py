@@ -157,8 +157,8 @@ def command(
         "--max-loras",
         metavar="N",
         help="Adapters resident in GPU slots at once. Default: on a GPU one per "
-        "adapter (at most 64, within 10% of the memory beside the weights); on "
-        "CPU at most 8.",
+        "adapter while they fit half the memory left after the weights and a KV "
+        "reserve for --max-num-seqs (the summary says why); on CPU at most 8.",
         min=1,
     ),
     max_lora_rank: Optional[int] = _opt(
@@ -172,7 +172,7 @@ def command(
         None,
         "--max-cpu-loras",
         metavar="N",
-        help="Adapters cached in host memory. Default: 64 (at least --max-loras).",
+        help="Adapters cached in host memory. Default: all that fit a quarter of host memory (at least --max-loras).",
         min=1,
     ),
     max_num_seqs: Optional[int] = _opt(

@@ -22,7 +22,7 @@ from multilora_cli.economics.sources import (
     load_stats,
     resolve_model,
 )
-from multilora_cli.engine.slot_budget import MAX_AUTO_LORAS, SLOT_SHARE, auto_max_loras, slot_bytes
+from multilora_cli.engine.slot_budget import SlotChoice, SlotInputs, choose_max_loras, slot_bytes
 from multilora_cli.errors import ResolveError, UsageError
 from multilora_cli.models.quantization import base_bytes
 
@@ -135,12 +135,24 @@ class Resolved:
         self.assumptions.append(Assumption(key, label, value, unit, source, note))
 
 
-def default_slots(tenants: int, adapter: AdapterShape, gpu: GpuSpec, cfg, dtype_bytes: int, fp8: bool = False) -> int:
-    """The slots `multilora run` would allocate for `tenants` adapters of this shape on one such GPU (its slots
-    hold all seven projections at the adapter's largest rank, whatever the adapter targets; FP8 bases leave more
-    room beside them)."""
+def default_slots(
+    s: Scenario, adapter: AdapterShape, gpu: GpuSpec, cfg, dtype_bytes: int, fp8: bool = False
+) -> SlotChoice:
+    """The slots `multilora run` would allocate for `s.tenants` adapters of this shape on one such GPU, by the
+    run's own rule (engine/slot_budget.choose_max_loras), with the scenario's batch and context as the workload
+    (its slots hold all seven projections at the adapter's largest rank, whatever the adapter targets; FP8 bases
+    leave more room beside them)."""
     spare = gpu.memory_gb * 1e9 * GPU_MEMORY_UTILIZATION - base_bytes(cfg, dtype_bytes, fp8)
-    return auto_max_loras(tenants, slot_bytes(cfg, adapter.max_rank, dtype_bytes), int(spare))
+    return choose_max_loras(
+        SlotInputs(
+            adapters=s.tenants,
+            one_slot=slot_bytes(cfg, adapter.max_rank, dtype_bytes),
+            spare=int(spare),
+            max_num_seqs=s.batch_size,
+            context=s.context_len,
+            kv_token=cfg.kv_bytes_per_token(dtype_bytes),
+        )
+    )
 
 
 def resolve(s: Scenario) -> Resolved:
@@ -271,9 +283,8 @@ def resolve(s: Scenario) -> Resolved:
         "tok/s",
         "default" if s.tokens_per_tenant_per_s == 50.0 else "flag",
     )
-    r.max_loras = (
-        s.max_loras if s.max_loras is not None else default_slots(s.tenants, adapter, gpu, cfg, r.dtype_bytes, r.fp8)
-    )
+    auto = default_slots(s, adapter, gpu, cfg, r.dtype_bytes, r.fp8) if s.max_loras is None else None
+    r.max_loras = s.max_loras if auto is None else auto.max_loras
     r.add(
         "max_loras",
         "GPU adapter slots (--max-loras)",
@@ -283,9 +294,8 @@ def resolve(s: Scenario) -> Resolved:
         "distinct adapters one step may use"
         + (
             ""
-            if s.max_loras is not None
-            else f"; multilora run's default: one per tenant, at most {MAX_AUTO_LORAS}, within {SLOT_SHARE:.0%} of "
-            f"{GPU_MEMORY_UTILIZATION:g} x GPU memory less the base weights"
+            if auto is None
+            else f"; multilora run's default ({GPU_MEMORY_UTILIZATION:g} x GPU memory): {auto.reason}"
         ),
     )
     r.add(

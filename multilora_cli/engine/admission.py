@@ -3,7 +3,7 @@
 Grouped policy: adapters pinned by running sequences (and the base model) first, then adapters resident in a
 slot (`WaitingQueues.group_key`), then adapters to load, picked by `LoadPicker` so that the free seats and the
 free slots run out together. A request whose adapter cannot get a slot is deferred, not a barrier; one deferred
-past `defer_limit` admissions drains the slots. `fifo` is the baseline: strict arrival order across adapters.
+past `defer_limit` admissions goes first, and drains the slots while it has none. `fifo` is the baseline: strict arrival order across adapters.
 Mixed into `Scheduler`, whose state it uses.
 
 Why the load order matters: a slot stays pinned until the last request of its adapter finishes, so with requests
@@ -33,7 +33,7 @@ class LoadPicker:
     large queues are not all left for the end, where they would overflow the last wave. With three slots or
     fewer left, a queue that leaves the remaining seats exactly fillable by the remaining slots is preferred.
     Adapters are bucketed by queue size, so a pick costs the number of distinct sizes, not of adapters (the
-    scheduler asks for up to `max_loras` picks a step to order prefetches).
+    scheduler asks for up to `SlotManager.read_ahead` picks a step to order prefetches).
     """
 
     def __init__(self, sizes: dict, seats_per_slot: float):
@@ -130,13 +130,23 @@ class Admission:
             return  # the cache is short: admitting now would only preempt again
         if self.num_seats >= self.max_num_seqs or plan.budget <= 0:
             return  # no seat or token budget: skip the ordering work (steady decode with a queue)
-        adapters = w.adapters()
         oldest = w.oldest()
         if oldest.adapter is not None and self._admissions - oldest.enqueued_at > self.defer_limit:
-            # deferred too long: drain, only its adapter (and base, which needs no slot) may start
-            adapters = [a for a in adapters if a == oldest.adapter or a is None]
+            # deferred too long: its queue goes first. Once it is in, the others fill the seats left (draining
+            # them too would idle seats while slots are free); while it has no slot, drain: only its adapter and
+            # base (which needs no slot) may start, so the next slot that frees is its
+            if self._admit_queue(plan, oldest.adapter) == _STOP:
+                return
+            if oldest.adapter in w:
+                adapters = [a for a in w.adapters() if a is None]
+                return self._admit_fifo(plan, adapters) if self.policy != "group" else self._admit_group(plan, adapters)
+        adapters = w.adapters()
         if self.policy != "group":
             return self._admit_fifo(plan, adapters)
+        self._admit_group(plan, adapters)
+
+    def _admit_group(self, plan: StepPlan, adapters: list[str | None]) -> None:
+        w = self._waiting
         loads = [a for a in adapters if not self.slots.is_resident(a)]
         cheap = [a for a in adapters if self.slots.is_resident(a)]  # base, pinned or resident: no load
         cheap.sort(key=lambda a: w.group_key(a, self.slots))

@@ -87,6 +87,7 @@ class Engine:
             prefetch_threads=config.prefetch_threads if self.adapters else 0,
             stage=self.runner.stage_adapter,
             stage_ahead=self.runner.staging_buffers,
+            read_ahead=config.max_num_seqs,  # one wave of admissions, however large the pool
         )
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(
@@ -191,14 +192,15 @@ class Engine:
             sizes = [self._adapter_nbytes(n) for n in self.adapters]
         except MultiloraError:
             return None, cfg.max_cpu_loras  # the load reports it, per request
-        nbytes = arena_bytes(sizes, cfg.max_cpu_loras, cfg.max_loras)
+        in_flight = min(cfg.max_loras, cfg.max_num_seqs)  # reads a wave ahead (SlotManager.read_ahead)
+        nbytes = arena_bytes(sizes, cfg.max_cpu_loras, in_flight)
         try:
             arena = PinnedArena(nbytes, cuda=True) if nbytes else None
         except (RuntimeError, AttributeError):  # registration refused (locked-memory limit, old CUDA runtime)
             return None, cfg.max_cpu_loras
         if arena is None:
             return None, cfg.max_cpu_loras
-        return arena, host_cache_capacity(arena.nbytes, max(sizes), cfg.max_cpu_loras, cfg.max_loras)
+        return arena, host_cache_capacity(arena.nbytes, max(sizes), cfg.max_cpu_loras, in_flight)
 
     # --- generation -------------------------------------------------------------------------------------------
     def _admit(self, request: Request) -> Result | None:

@@ -185,12 +185,12 @@ def host_buffer(nbytes: int, *, prefault: bool) -> tuple[torch.Tensor, mmap.mmap
 PINNED_HOST_FRACTION = 0.25  # at most this share of physical host memory is page-locked
 
 
-def arena_bytes(adapter_bytes: list[int], max_cpu_loras: int, max_loras: int) -> int:
+def arena_bytes(adapter_bytes: list[int], max_cpu_loras: int, in_flight: int) -> int:
     """Size of the arena for adapters of these packed sizes: the host cache (`max_cpu_loras`) plus the reads
-    that may be in flight (`max_loras`) of the largest ones, within PINNED_HOST_FRACTION of host memory."""
+    that may be in flight (`in_flight`) of the largest ones, within PINNED_HOST_FRACTION of host memory."""
     if not adapter_bytes:
         return 0
-    n = min(len(adapter_bytes), max_cpu_loras + max_loras)
+    n = min(len(adapter_bytes), max_cpu_loras + in_flight)
     want = sum(-(-b // ALIGN) * ALIGN for b in sorted(adapter_bytes, reverse=True)[:n])
     try:
         phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -199,10 +199,10 @@ def arena_bytes(adapter_bytes: list[int], max_cpu_loras: int, max_loras: int) ->
     return int(min(want, PINNED_HOST_FRACTION * phys))
 
 
-def host_cache_capacity(arena_nbytes: int, adapter_bytes: int, max_cpu_loras: int, max_loras: int) -> int:
+def host_cache_capacity(arena_nbytes: int, adapter_bytes: int, max_cpu_loras: int, in_flight: int) -> int:
     """Adapters the host cache may keep when packed adapters of `adapter_bytes` (the largest) live in an arena of
     `arena_nbytes`: `max_cpu_loras`, unless the arena was capped below what the cache and the reads in flight
-    need. Then the cache gives way, keeping half the blocks (up to `max_loras`) for the reads in flight.
+    need. Then the cache gives way, keeping half the blocks (up to `in_flight`) for the reads in flight.
 
     Why: an adapter that finds the arena full is packed into pageable memory instead, and those loads are slow
     (a synchronous copy, the pack on the caller's thread). A run with many slots filled the arena with adapters
@@ -210,6 +210,6 @@ def host_cache_capacity(arena_nbytes: int, adapter_bytes: int, max_cpu_loras: in
     5,401 tok/s against 12,000 in 64 slots."""
     size = -(-max(adapter_bytes, 1) // ALIGN) * ALIGN
     blocks = arena_nbytes // size
-    if blocks >= max_cpu_loras + max_loras:
+    if blocks >= max_cpu_loras + in_flight:
         return max_cpu_loras
-    return max(1, min(max_cpu_loras, blocks - min(max_loras, blocks // 2)))
+    return max(1, min(max_cpu_loras, blocks - min(in_flight, blocks // 2)))

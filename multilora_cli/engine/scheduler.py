@@ -217,10 +217,12 @@ class Scheduler(Admission, Forking):
 
     def _prefetch_order(self) -> list[str]:
         """`upcoming_adapters`, recomputed only when queues, seats or slots moved: in steady decode it would be
-        the same list every step (0.2-0.4 ms of Python per step in the 64- and 256-adapter bench rows)."""
+        the same list every step (0.2-0.4 ms of Python per step in the 64- and 256-adapter bench rows). At most
+        `read_ahead` (one wave of seats) long, not the pool's size: with 1,000 slots and adapters of a request
+        or two, the key moves every step and 1,000 replayed picks a step would grow with the pool."""
         key = (self._waiting.version, len(self.running), self.slots.num_pinned, self.slots.loads)
         if key != self._upcoming[0]:
-            self._upcoming = (key, self.upcoming_adapters(self.slots.max_loras))
+            self._upcoming = (key, self.upcoming_adapters(self.slots.read_ahead))
         return self._upcoming[1]
 
     def postprocess(

@@ -1,19 +1,30 @@
-"""How many GPU adapter slots a run gets when `--max-loras` is not given.
+"""How many GPU adapter slots a run gets when `--max-loras` is not given: `choose_max_loras`, the one rule that
+`multilora run`, `multilora bench` and `multilora economics` share.
 
-More slots than the run has adapters buy nothing; fewer make adapters queue for slots and reload. On an H200,
-Llama-3-8B shapes, 64 rank-16 adapters, 1024 requests:
-64 slots 14,074 tok/s, 16 slots 12,528 (0.89x), 8 slots 11,001 (0.78x); and 8 adapters ran as fast in 64 slots
-as in 8 (14,633 vs 14,073 tok/s). So on a GPU the default is one slot per adapter, as long as the slots take at
-most SLOT_SHARE of the memory the KV cache could otherwise use (what is left beside the base weights). On CPU
-no kernel gains from slots and they cost host memory: the default stays small.
+Why this rule: a step holds at most `max_loras` distinct adapters (engine/scheduler.py), so with many adapters of
+few requests each the slots, not `max_num_seqs`, cap the decode batch. On an H100, Llama-3.2-1B shapes, 1,000
+rank-16 adapters, 2,048 requests: 64 slots ran a decode batch of 64 and 19.2k tok/s, 256 slots batch 256 and
+28.6k tok/s (issue 38). Slots cost only memory, so the default takes as many as fit beside what the run needs:
+
+    left    = spare - kv_reserve          spare: GPU memory x utilization - base weights
+    kv_reserve = max_num_seqs x context x KV bytes per token   (keeps max_num_seqs sequences resident)
+    context = min(max_model_len, KV_RESERVE_CONTEXT)
+    budget  = max(SLOT_SHARE x left, FLOOR_SHARE x spare)      (the floor: a KV-heavy model still gets slots)
+    slots   = clamp(budget // slot bytes, 1, distinct adapters)
+
+More slots than the run has adapters buy nothing. The rest of `left` goes to the KV cache (longer prompts,
+prefix reuse). On CPU no kernel gains from slots and they cost host memory: the default stays small.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from multilora_cli.models.config import ModelConfig
 
-SLOT_SHARE = 0.10  # of the GPU memory left beside the weights (Llama-3-8B bf16, rank 16: 80 GB -> 64 slots)
-MAX_AUTO_LORAS = 64  # the default never allocates more (decode graphs and metadata are sized by the slot count)
+SLOT_SHARE = 0.5  # of the GPU memory left after the base weights and the KV reserve
+FLOOR_SHARE = 0.10  # slots may always take this share of the memory beside the weights (the rule before issue 38)
+KV_RESERVE_CONTEXT = 2048  # tokens per sequence the KV reserve holds (max_model_len when smaller)
 CPU_MAX_LORAS = 8  # the default on CPU (vLLM's --max-loras default is 1)
 
 # the PEFT projections behind the engine's fused LoRA modules (models/config.FUSED_MODULES); every one gets slots
@@ -35,14 +46,67 @@ def weight_bytes(config: ModelConfig, itemsize: int, fp8: bool = False) -> int:
     return per_layer * config.num_hidden_layers * (1 if fp8 else itemsize) + embed * itemsize
 
 
-def auto_max_loras(n_adapters: int, one_slot: int, spare: int | None) -> int:
-    """Slots for a run of `n_adapters` when the user gave none. `spare`: GPU bytes left beside the weights
-    (None on CPU). At least 1; never more than the adapters, MAX_AUTO_LORAS, or SLOT_SHARE of `spare`."""
-    n = max(1, n_adapters)
-    if spare is None:
-        return min(n, CPU_MAX_LORAS)
-    fit = int(SLOT_SHARE * max(spare, 0) // max(one_slot, 1))
-    return max(1, min(n, MAX_AUTO_LORAS, fit))
+@dataclass(frozen=True, slots=True)
+class SlotChoice:
+    """The slot count a run uses and why, as the summary and the stats JSON (`"slots"`) show it."""
+
+    max_loras: int
+    reason: str
+    host_cache: str = ""  # the host cache's size and why (engine/host_budget.py), when the run sized it
+
+    def to_dict(self) -> dict:
+        d = {"max_loras": self.max_loras, "reason": self.reason}
+        if self.host_cache:
+            d["host_cache"] = self.host_cache
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInputs:
+    """What the rule reads. spare: GPU bytes beside the weights (None: the run is on CPU); kv_token: KV bytes of
+    one token (all layers); context: tokens per sequence the reserve holds (already capped)."""
+
+    adapters: int  # distinct adapters the run may name (pre-flight's good ones)
+    one_slot: int  # slot_bytes(...)
+    spare: int | None
+    max_num_seqs: int = 256
+    context: int = KV_RESERVE_CONTEXT
+    kv_token: int = 0
+
+    @property
+    def kv_reserve(self) -> int:
+        return self.max_num_seqs * self.context * self.kv_token
+
+
+def choose_max_loras(x: SlotInputs, given: int | None = None) -> SlotChoice:
+    """The rule in the module docstring; `given` (--max-loras) wins."""
+    n = max(1, x.adapters)
+    if given is not None:
+        return SlotChoice(given, f"--max-loras {given}")
+    if x.spare is None:
+        k = min(n, CPU_MAX_LORAS)
+        return SlotChoice(k, f"CPU default: min({x.adapters} adapters, {CPU_MAX_LORAS})")
+    spare = max(x.spare, 0)
+    left = max(spare - x.kv_reserve, 0)
+    budget = max(SLOT_SHARE * left, FLOOR_SHARE * spare)
+    fit = int(budget // max(x.one_slot, 1))
+    k = max(1, min(n, fit))
+    why = "every adapter has one" if k == n and fit >= n else f"{fit} fit"
+    return SlotChoice(
+        k,
+        f"{why}: {x.adapters} adapters, slots of {_gb(x.one_slot)} within "
+        f"max({SLOT_SHARE:.0%} of {_gb(left)} left after the base and a KV reserve of {_gb(x.kv_reserve)} "
+        f"({x.max_num_seqs} seqs x {x.context} tokens), {FLOOR_SHARE:.0%} of {_gb(spare)} beside the base)",
+    )
+
+
+def reserve_context(max_model_len: int | None, model_max: int) -> int:
+    """Tokens per sequence the KV reserve holds: max_model_len (else the model's), at most KV_RESERVE_CONTEXT."""
+    return max(1, min(max_model_len or model_max, KV_RESERVE_CONTEXT))
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 def spare_gpu_bytes(

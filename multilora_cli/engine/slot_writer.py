@@ -50,8 +50,9 @@ class SlotWriter:
         self._dst: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]] = {}
         self._src: dict[tuple, list[torch.Tensor]] = {}
         self.stager: DeviceStager | None = None  # set by the runner on CUDA: device copies made ahead of loads
-        # CUDA: one scatter launch per load (kernels/scatter.py), its plan cached per (slot, layout); offsets are
-        # taken from the first module's A tensor
+        # CUDA: one scatter launch per load (kernels/scatter.py), its plan cached per layout (built for slot 0 and
+        # shifted by the slot at launch, so a pool of 1,000 slots builds one plan, not 1,000); offsets are taken
+        # from the first module's A tensor
         self._plans: dict[tuple, torch.Tensor] = {}
         self._dst_base = self.modules[0][1].lora.a if self.modules else None
 
@@ -128,7 +129,7 @@ class SlotWriter:
         else:
             base = flat
         if self.cuda and self.modules:  # one launch for every A/B block of the adapter
-            scatter_blocks(base, self._dst_base, self._plan((slot, p.layout), slot, groups, base))
+            scatter_blocks(base, self._dst_base, self._plan(p.layout, groups, base), shift=slot)
         else:
             dst, src = self._packed_views(slot, groups, base)
             if dst:
@@ -141,14 +142,26 @@ class SlotWriter:
         torch._foreach_copy_(rank_dst, self._rank_src)
         torch._foreach_copy_(scale_dst, self._scale_src)
 
-    def _plan(self, key: tuple, slot: int, groups, base: torch.Tensor) -> torch.Tensor:
-        """The scatter plan of (slot, layout), cached. Offsets are relative to `base`, so one plan serves every
-        staging buffer. Packed adapters come in the slots' dtype (Engine._pack, direct_read); another dtype is a
-        ValueError (scatter_plan)."""
+    def _plan(self, key, groups, base: torch.Tensor) -> torch.Tensor:
+        """The scatter plan of a layout, cached: slot 0's destinations with each one's slot stride (the launch
+        shifts them to the slot). Offsets are relative to `base`, so one plan serves every staging buffer. Packed
+        adapters come in the slots' dtype (Engine._pack, direct_read); another dtype is a ValueError."""
         if key not in self._plans:
-            dst, src = self._packed_views(slot, groups, base)
-            self._plans[key] = scatter_plan(dst, src, base, self._dst_base)
+            dst, src = self._packed_views(0, groups, base)
+            self._plans[key] = scatter_plan(dst, src, base, self._dst_base, self._slot_steps(groups))
         return self._plans[key]
+
+    def _slot_steps(self, groups) -> list[int]:
+        """Per destination of `_packed_views`, in its order: the element stride from one slot to the next."""
+        steps = []
+        for key, module in self.modules:
+            g = groups.get(key)
+            if g is None:
+                continue
+            w = module.lora
+            n = 1 if g.uniform else sum(offs is not None for offs in g.slice_offs)
+            steps += [w.a.stride(0), w.b.stride(0)] * n
+        return steps
 
     def _packed_views(self, slot: int, groups, base: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(slot views, views of `base` laid out as packed.py describes), checked against each module's shape."""

@@ -38,16 +38,23 @@ class SlotManager:
         prefetch_threads: int = 0,
         stage: Callable[[object], bool] | None = None,
         stage_ahead: int = 0,
+        read_ahead: int | None = None,
     ):
         if max_loras < 1 or max_cpu_loras < 0:
             raise ValueError(f"max_loras must be >= 1 and max_cpu_loras >= 0, got {max_loras}, {max_cpu_loras}")
         self.max_loras = max_loras
         self.max_cpu_loras = max_cpu_loras
+        # background reads in flight at most: the next wave's adapters (the engine passes max_num_seqs), not the
+        # pool: with 1,000 slots, 1,000 queued reads put the next admission's adapter behind reads for later ones
+        self.read_ahead = max(1, min(max_loras, read_ahead if read_ahead is not None else max_loras))
         self._load_cpu = load_cpu
         self._install = install
         self._evict = evict
         self._slot_of: dict[str, int] = {}
         self._lru: OrderedDict[str, None] = OrderedDict()  # resident adapters, least recently used first
+        # the unpinned ones among them, in the same order: a miss finds its victim here without walking the pinned
+        # (O(1) but for skipped `keep` adapters, instead of O(resident) per miss)
+        self._idle: OrderedDict[str, None] = OrderedDict()
         self._free_slots: list[int] = list(range(max_loras - 1, -1, -1))  # pop() hands out slot 0 first
         self._refs: dict[str, int] = {}  # running sequences per adapter (pins)
         self._cpu: OrderedDict[str, object] = OrderedDict()  # host cache, least recently used first
@@ -116,6 +123,8 @@ class SlotManager:
         if name in self._slot_of:
             self.hits += 1
             self._lru.move_to_end(name)
+            if name in self._idle:
+                self._idle.move_to_end(name)
             if name in self._cpu:
                 self._cpu.move_to_end(name)
             return self._slot_of[name]
@@ -128,10 +137,10 @@ class SlotManager:
         if self._free_slots:
             slot = self._free_slots.pop()
         else:
-            unpinned = [n for n in self._lru if self._refs.get(n, 0) == 0]
-            victim = next((n for n in unpinned if n not in keep), unpinned[0])
+            victim = next((n for n in self._idle if n not in keep), None) or next(iter(self._idle))
             slot = self._slot_of.pop(victim)
             del self._lru[victim]
+            del self._idle[victim]
             self.evictions += 1
             if self._evict is not None:
                 self._evict(slot, victim)
@@ -143,6 +152,7 @@ class SlotManager:
         self._staging.pop(name, None)
         self._slot_of[name] = slot
         self._lru[name] = None
+        self._idle[name] = None
         self.loads += 1
         self.adapter_loads[name] = self.adapter_loads.get(name, 0) + 1
         return slot
@@ -156,7 +166,7 @@ class SlotManager:
             if fut is None:
                 self.prefetch([name])
                 fut = self._inflight.get(name)
-            # not started (max_loras reads already in flight): read it now, on the caller's thread. Deferring it
+            # not started (read_ahead reads already in flight): read it now, on the caller's thread. Deferring it
             # as well was measured worse (admissions spread over more eager mixed steps)
             if fut is not None and not fut.done():
                 return False
@@ -169,7 +179,10 @@ class SlotManager:
             return
         if name not in self._slot_of:
             raise RuntimeError(f"retain({name!r}): adapter is not in a slot (acquire it first)")
-        self._refs[name] = self._refs.get(name, 0) + 1
+        n = self._refs.get(name, 0)
+        if n == 0:
+            self._idle.pop(name, None)
+        self._refs[name] = n + 1
 
     def release(self, name: str | None) -> None:
         """Drop one pin; an adapter with no pins stays resident (and becomes the most recently used)."""
@@ -180,6 +193,8 @@ class SlotManager:
             raise RuntimeError(f"release({name!r}) without a matching retain")
         if n == 1:
             del self._refs[name]
+            if name in self._lru:
+                self._idle[name] = None  # now evictable, the most recently used
         else:
             self._refs[name] = n - 1
         if name in self._lru:
@@ -198,7 +213,7 @@ class SlotManager:
 
     def prefetch(self, names: Iterable[str]) -> None:
         """Start background reads of adapters that are neither resident, cached nor already being read (at
-        most `max_loras` in flight), and device copies of the first `stage_ahead` of `names` (the next loads)
+        most `read_ahead` in flight), and device copies of the first `stage_ahead` of `names` (the next loads)
         once they are read. A no-op without prefetch threads."""
         if self._pool is None:
             return
@@ -207,7 +222,7 @@ class SlotManager:
             if name is None or name in self._slot_of:
                 continue
             if name not in self._cpu and name not in self._inflight:
-                if len(self._inflight) >= self.max_loras:
+                if len(self._inflight) >= self.read_ahead:
                     break
                 self._inflight[name] = self._pool.submit(self._load_cpu, name)
                 self.prefetches += 1

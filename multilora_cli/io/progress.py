@@ -121,6 +121,10 @@ def print_summary(stats: dict, console=None) -> None:
         f"{stats['slot_loads']} loads, {stats['slot_evictions']} evictions, "
         f"{stats['slot_hits']} hits (max_loras {stats['max_loras']})",
     )
+    if stats.get("slots"):  # how the slot count was chosen (engine/slot_budget.py)
+        t.add_row("slot count", f"{stats['slots']['max_loras']}: {stats['slots']['reason']}")
+        if stats["slots"].get("host_cache"):
+            t.add_row("host cache", stats["slots"]["host_cache"])
     c = stats.get("cost")
     if c:
         per = f", ${c['usd_per_1m_tokens']:.4f} per 1M tokens" if c.get("usd_per_1m_tokens") is not None else ""

@@ -139,10 +139,13 @@ class LoraMetaBuffers:
             raise ValueError(f"LoraMetaBuffers needs max_tokens >= 1 and max_loras >= 1, got {max_tokens}, {max_loras}")
         self.max_tokens, self.max_loras = max_tokens, max_loras
         self.device = torch.device(device)
-        self.cap = tile_capacity(max_tokens, max_loras)
+        # a step has at most min(slots, tokens) segments: past max_tokens slots, the buffers (and the one copy a
+        # step makes of them) no longer grow with the pool
+        segs = min(max_loras, max_tokens)
+        self.cap = tile_capacity(max_tokens, segs)
         # flat layout: token_slot | sorted_idx | seg_start | seg_slot | num_adapted | tiles
-        self._off = [0, max_tokens, 2 * max_tokens, 2 * max_tokens + max_loras + 1]
-        self._off.append(self._off[-1] + max_loras)
+        self._off = [0, max_tokens, 2 * max_tokens, 2 * max_tokens + segs + 1]
+        self._off.append(self._off[-1] + segs)
         self._off.append(self._off[-1] + 1)
         total = self._off[-1] + len(TILE_BLOCKS) * 3 * self.cap
         pin = self.device.type == "cuda"

@@ -6,9 +6,12 @@ kernel and ~5-10 us of host time per view; here the views are described once in 
 adapter layout) and one launch copies them all.
 
 A plan is a device int64 table, one row per CHUNK-element piece of a block:
-    (src_off, first, n, dst_off, cols, dst_stride_row, dst_stride_col)
+    (src_off, first, n, dst_off, cols, dst_stride_row, dst_stride_col, dst_step)
 where the block is a row-major [rows, cols] source at element `src_off - first` of `src`, and its element
-e = first + j (j < n) goes to dst_base + dst_off + (e // cols) * dst_stride_row + (e % cols) * dst_stride_col.
+e = first + j (j < n) goes to dst_base + dst_off + shift * dst_step + (e // cols) * dst_stride_row
++ (e % cols) * dst_stride_col. `shift` is a launch argument: with dst_step = the slot stride of each destination
+tensor, one plan built for slot 0 serves every slot (cached per layout, not per (slot, layout): a pool of 1,000
+slots would otherwise build and keep 1,000 plans, one per slot's first load).
 Destination offsets are element distances from `dst_base`, which may lie in other allocations of the same
 device and dtype (an address difference, so any layout of the slot tensors works).
 """
@@ -24,12 +27,12 @@ from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.meta import expand_counts
 
 CHUNK = 4096
-_COLS = 7
+_COLS = 8
 
 
-@triton.jit
-def _scatter_kernel(src_ptr, dst_ptr, plan_ptr, CHUNK: tl.constexpr):
-    row = plan_ptr + tl.program_id(0) * 7
+@triton.jit(do_not_specialize=["shift"])  # one compile for every slot
+def _scatter_kernel(src_ptr, dst_ptr, plan_ptr, shift, CHUNK: tl.constexpr):
+    row = plan_ptr + tl.program_id(0) * 8
     src_off = tl.load(row)
     first = tl.load(row + 1)
     n = tl.load(row + 2)
@@ -37,6 +40,8 @@ def _scatter_kernel(src_ptr, dst_ptr, plan_ptr, CHUNK: tl.constexpr):
     cols = tl.load(row + 4)
     s_row = tl.load(row + 5)
     s_col = tl.load(row + 6)
+    step = tl.load(row + 7)
+    dst_off += shift * step
     j = tl.arange(0, CHUNK)
     ok = j < n
     e = first + j  # element index within the block
@@ -45,16 +50,24 @@ def _scatter_kernel(src_ptr, dst_ptr, plan_ptr, CHUNK: tl.constexpr):
 
 
 def scatter_plan(
-    dst: list[torch.Tensor], src: list[torch.Tensor], src_base: torch.Tensor, dst_base: torch.Tensor
+    dst: list[torch.Tensor],
+    src: list[torch.Tensor],
+    src_base: torch.Tensor,
+    dst_base: torch.Tensor,
+    steps: list[int] | None = None,
 ) -> torch.Tensor:
-    """The plan table (int64, on dst_base's device) for copying src[i] -> dst[i].
+    """The plan table (int64, on dst_base's device) for copying src[i] -> dst[i] (shifted by `shift` x steps[i]
+    elements at launch; steps default to 0).
 
     src[i]: a contiguous view of the 1-D `src_base`; dst[i]: a view of the same shape (2-D, or 3-D whose leading
     dimension is split into 2-D blocks), same dtype as dst_base, on dst_base's device.
     """
-    blocks: list[tuple[int, ...]] = []  # (src off, numel, dst off, cols, row stride, col stride)
+    steps = [0] * len(dst) if steps is None else steps
+    if len(steps) != len(dst):
+        raise ValueError(f"scatter_plan: {len(steps)} steps for {len(dst)} destinations")
+    blocks: list[tuple[int, ...]] = []  # (src off, numel, dst off, cols, row stride, col stride, step)
     isz = dst_base.element_size()
-    for d, s in zip(dst, src):
+    for d, s, step in zip(dst, src, steps):
         if d.shape != s.shape or not s.is_contiguous() or d.dtype != dst_base.dtype:
             raise ValueError(
                 f"scatter_plan: dst {tuple(d.shape)} {d.dtype} / src {tuple(s.shape)} contiguous="
@@ -70,6 +83,7 @@ def scatter_plan(
                     c,
                     db.stride(0),
                     db.stride(1),
+                    step,
                 )
             )
     if not blocks:
@@ -88,21 +102,22 @@ def scatter_plan(
             b[which, 3],
             b[which, 4],
             b[which, 5],
+            b[which, 6],
         ],
         axis=1,
     )
     return torch.from_numpy(np.ascontiguousarray(plan)).to(dst_base.device)
 
 
-def scatter_blocks(src_base: torch.Tensor, dst_base: torch.Tensor, plan: torch.Tensor) -> None:
+def scatter_blocks(src_base: torch.Tensor, dst_base: torch.Tensor, plan: torch.Tensor, shift: int = 0) -> None:
     """Run a plan from `scatter_plan`: one launch, stream-ordered, no host sync.
 
     src_base: [N] any dtype equal to dst_base's; dst_base: any tensor of the destination allocations' dtype;
-    plan: [P, 7] int64 on the same device.
+    plan: [P, 8] int64 on the same device; shift: int (the slot, for a plan built for slot 0 with slot strides).
 
-        for (src_off, first, n, dst_off, cols, sr, sc) in plan, for j < n:
+        for (src_off, first, n, dst_off, cols, sr, sc, step) in plan, for j < n:
             e = first + j
-            dst_base.flat[dst_off + (e // cols) * sr + (e % cols) * sc] = src_base[src_off + j]
+            dst_base.flat[dst_off + shift * step + (e // cols) * sr + (e % cols) * sc] = src_base[src_off + j]
     """
     if src_base.dtype != dst_base.dtype or src_base.device != dst_base.device or plan.device != dst_base.device:
         raise ValueError(
@@ -112,7 +127,7 @@ def scatter_blocks(src_base: torch.Tensor, dst_base: torch.Tensor, plan: torch.T
     if plan.dtype != torch.int64 or plan.dim() != 2 or plan.shape[1] != _COLS:
         raise ValueError(f"scatter_blocks: plan must be int64 [P, {_COLS}], got {plan.dtype} {tuple(plan.shape)}")
     if plan.shape[0]:
-        launch(_scatter_kernel, (plan.shape[0],), src_base, dst_base, plan, CHUNK=CHUNK)
+        launch(_scatter_kernel, (plan.shape[0],), src_base, dst_base, plan, int(shift), CHUNK=CHUNK)
 
 
 def scatter_reference(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:

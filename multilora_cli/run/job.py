@@ -205,7 +205,7 @@ class RunJob:
             self._pf = pf = preflight_run(cfg)
             self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
             self._base_names = base_aliases([cfg.model, pf.model], Path(pf.model_path), [*pf.adapters, *pf.errors])
-            engine_cfg = engine_config(cfg, pf, self._good)
+            engine_cfg, self._slots = engine_config(cfg, pf, self._good)
             if cfg.output not in (None, "-"):
                 self._ledger = RunLedger(cfg, engine_cfg, Path(pf.model_path), self._good, pf.errors, self._base_names)
             if cfg.input == "-" and sys.stdin.isatty():  # `multilora run -` typed alone waits here, silently
@@ -289,6 +289,7 @@ class RunJob:
             format=self._fmt.name,
             **info,
         )
+        stats["slots"] = self._slots.to_dict()  # the slot count and why (engine/slot_budget.py)
         if engine_stats is not None:
             self.engine.annotate_stats(stats)  # e.g. a data-parallel run's per-worker section
         if cfg.stats:

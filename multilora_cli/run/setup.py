@@ -4,6 +4,7 @@ engine config it implies (the GPU slot count when --max-loras is not given: engi
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from multilora_cli.config import EngineConfig
@@ -29,33 +30,68 @@ def preflight_run(cfg: RunConfig):
     return pf
 
 
-def max_loras(cfg: RunConfig, pf, n_adapters: int) -> int:
-    """--max-loras, else on a GPU one slot per adapter within a share of the memory beside the weights;
-    pre-flight's default is the CPU one."""
-    from multilora_cli.engine.slot_budget import auto_max_loras, slot_bytes, spare_gpu_bytes
+def slot_choice(cfg: RunConfig, pf, n_adapters: int, econf: EngineConfig):
+    """engine/slot_budget.SlotChoice of the run: --max-loras, else the memory and input rule on a GPU (slots of
+    pre-flight's largest rank, a KV reserve for `econf`'s max_num_seqs at its max_model_len capped), the CPU
+    default on CPU."""
+    from multilora_cli.engine.slot_budget import (
+        SlotInputs,
+        choose_max_loras,
+        reserve_context,
+        slot_bytes,
+        spare_gpu_bytes,
+    )
 
     if cfg.max_loras is not None:
-        return pf.max_loras
-    eng = cfg.engine
-    fp8 = eng.quantization == "fp8" or pf.model_config.quantization is not None  # FP8 base: more room for slots
-    spare = spare_gpu_bytes(eng.device, pf.model_config, eng.itemsize, eng.gpu_memory_utilization, fp8=fp8)
-    if spare is None:
-        return pf.max_loras
-    return auto_max_loras(n_adapters, slot_bytes(pf.model_config, pf.max_lora_rank, eng.itemsize), spare)
+        return choose_max_loras(SlotInputs(n_adapters, 0, None), given=pf.max_loras)
+    eng, mc = cfg.engine, pf.model_config
+    fp8 = eng.quantization == "fp8" or mc.quantization is not None  # FP8 base: more room for slots
+    return choose_max_loras(
+        SlotInputs(
+            adapters=n_adapters,
+            one_slot=slot_bytes(mc, pf.max_lora_rank, eng.itemsize),
+            spare=spare_gpu_bytes(eng.device, mc, eng.itemsize, eng.gpu_memory_utilization, fp8=fp8),
+            max_num_seqs=econf.max_num_seqs,
+            context=reserve_context(econf.max_model_len, mc.max_position_embeddings),
+            kv_token=mc.kv_bytes_per_token(eng.itemsize),
+        )
+    )
 
 
-def engine_config(cfg: RunConfig, pf, good: dict[str, Path]) -> EngineConfig:
-    """The EngineConfig of a run whose adapters `good` passed pre-flight `pf`; a file input bounds the decode
-    batches its CUDA graphs cover (io/reader.count_sequences)."""
+def engine_config(cfg: RunConfig, pf, good: dict[str, Path]):
+    """(EngineConfig, SlotChoice) of a run whose adapters `good` passed pre-flight `pf`; the host cache sized by
+    engine/host_budget.py (a warning on stderr when the adapters, or --max-cpu-loras, do not fit); a file input
+    bounds the decode batches its CUDA graphs cover (io/reader.count_sequences)."""
+    from multilora_cli.engine.host_budget import choose_max_cpu_loras
     from multilora_cli.io.reader import count_sequences
 
-    return cfg.engine.engine_config(
+    econf = cfg.engine.engine_config(
         str(pf.model_path),
-        max_loras=max_loras(cfg, pf, len(good)),
+        max_loras=1,
         max_lora_rank=pf.max_lora_rank,
         seed=cfg.seed,
         max_decode_batch=count_sequences(cfg.input),
     )
+    slots = slot_choice(cfg, pf, len(good), econf)
+    sizes = packed_sizes(pf, good, cfg.engine.itemsize)
+    if not sizes:  # no adapter (a base-only run): nothing to cache
+        return replace(econf, max_loras=slots.max_loras), slots
+    in_flight = min(slots.max_loras, econf.max_num_seqs)  # reads a wave ahead (SlotManager.read_ahead)
+    host = choose_max_cpu_loras(sizes, in_flight, cfg.engine.max_cpu_loras)
+    if host.warning:
+        note(f"warning: {host.warning}", cfg.quiet)
+    econf = replace(econf, max_loras=slots.max_loras, max_cpu_loras=max(host.max_cpu_loras, slots.max_loras))
+    return econf, replace(slots, host_cache=host.reason)
+
+
+def packed_sizes(pf, good: dict[str, Path], itemsize: int) -> list[int]:
+    """Bytes of each good adapter packed in the run dtype, from pre-flight's header scans (no tensor read)."""
+    out = []
+    for name in good:
+        scan = getattr(pf, "scans", {}).get(name)
+        if scan is not None and scan.stored_dtype is not None:
+            out.append(scan.stored_nbytes // scan.stored_dtype.itemsize * itemsize)
+    return out
 
 
 def why(name: str, err) -> str:

@@ -39,7 +39,7 @@ def test_workload_requests_and_spread():
     assert [(r.sampling.temperature, r.sampling.top_p, r.sampling.seed) for r in hot] == [
         (0.7, 0.9, s) for s in (5, 6, 7)
     ]
-    assert Workload(num_adapters=256).max_loras == 64 and Workload(num_adapters=8).max_loras == 8
+    assert Workload(num_adapters=256).max_loras is None  # multilora run's default, resolved on the device
     with pytest.raises(ConfigError):
         Workload(distribution="pareto")
     with pytest.raises(ConfigError, match="--top-p"):
@@ -50,12 +50,12 @@ def test_row_specs():
     plan = parse_rows("64, base,hf64,256/64,8z,eager4", BASE)
     kinds = [(k, w.num_adapters, w.max_loras, w.distribution) for k, w in plan]
     assert kinds == [
-        ("multilora", 64, 64, "uniform"),
+        ("multilora", 64, None, "uniform"),  # None: multilora run's default slots (bench/suite.resolve_slots)
         ("base", 0, 1, "uniform"),
         ("hf", 64, 64, "uniform"),
         ("multilora", 256, 64, "uniform"),
-        ("multilora", 8, 8, "zipf"),
-        ("eager", 4, 4, "uniform"),
+        ("multilora", 8, None, "zipf"),
+        ("eager", 4, None, "uniform"),
     ]
     with pytest.raises(UsageError, match="bad benchmark row"):
         parse_rows("64,lots", BASE)
@@ -104,6 +104,9 @@ def test_suite_on_cpu(tmp_path):
     drawn = {n: len(set(w.assignment())) for k, w in plan if k == "multilora" for n in [w.num_adapters]}
     assert x["slot_loads"] == drawn[4]  # the warm-up used other adapters: every timed adapter loads once
     assert rows[("multilora", 6)]["extra"]["slot_loads"] >= drawn[6] > 2  # through 2 slots
+    # the row without slots got multilora run's default (CPU: min(adapters, 8)) and says why
+    assert ours["workload"]["max_loras"] == 4 and x["slots"]["reason"].startswith("CPU default")
+    assert rows[("multilora", 6)]["extra"]["slots"] == {"max_loras": 2, "reason": "--max-loras 2"}
     assert rows[("multilora-base", 0)]["extra"]["slot_loads"] == 0
     hf = rows[("hf-peft", 4)]
     assert hf["extra"]["extrapolated"] and hf["extra"]["batch_sizes"][0]["batch_size"] == 4
@@ -267,3 +270,29 @@ def test_suite_on_cpu_new_families(tmp_path, monkeypatch, family):
     assert report["failed"] == [] and report["not_run"] == []
     ours = next(r for r in report["rows"] if r["system"] == "multilora")
     assert ours["output_tokens"] == 10 * 4 and ours["extra"]["slot_loads"] == 3
+
+
+def test_slot_sweep_judges_the_default_against_the_best():
+    from multilora_cli.bench.sweep import slot_sweep, sweep_lines
+
+    def row(n, slots, tps, reason=None, dist="uniform"):
+        return {
+            "system": "multilora",
+            "tokens_per_s": tps,
+            "workload": {"preset": "p", "num_adapters": n, "max_loras": slots, "distribution": dist, "num_requests": 8},
+            "extra": {"slots": {"max_loras": slots, "reason": reason or f"--max-loras {slots}"}},
+        }
+
+    rows = [
+        row(64, 64, 1000.0, reason="every adapter has one"),
+        row(1000, 1000, 700.0, reason="every adapter has one"),
+        row(1000, 256, 720.0),
+        row(1000, 64, 400.0),
+        row(1000, 1000, 500.0, reason="every adapter has one", dist="zipf"),
+        row(1000, 256, 600.0, dist="zipf"),
+    ]
+    uni, zipf = slot_sweep(rows)
+    assert (uni["default_slots"], uni["best_slots"], uni["swept"]) == (1000, 256, [64, 256, 1000])
+    assert uni["default_vs_best"] == 700 / 720 and uni["vs_64"] == 0.7 and uni["met"]
+    assert zipf["vs_64"] is None and zipf["default_vs_best"] == 500 / 600 and not zipf["met"]
+    assert "| p 1000 zipf x8 | 1000 |" in "\n".join(sweep_lines([uni, zipf]))

@@ -48,18 +48,25 @@ def test_default_llama2_fleet_by_hand():
 
 
 def test_default_slots_are_what_run_allocates():
-    # multilora run without --max-loras: one slot per adapter, <= 64, <= 10% of (0.9 x memory - weights), where
-    # run's slots hold all 7 projections at the adapter's rank whatever it targets
+    # multilora run without --max-loras (engine/slot_budget.py): one slot per adapter while they fit half of what
+    # is left of (0.9 x memory - weights) after a KV reserve for the batch at its context, and at least 10% of it;
+    # run's slots hold all 7 projections at the adapter's rank whatever it targets. The scenario's batch (64) and
+    # context (1024) are the workload.
     slot = 32 * 16 * (2 * (4096 + 4096) + 2 * (4096 + 1024)) * 2  # the default q,k,v,o rank-16 shape, llama-3-8b
     run_slot = 32 * 16 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 14336)) * 2  # all 7: 84 MB
-    spare = 80 * GB * 0.9 - 8_029_995_008 * 2  # the matrices of llama-3-8b (norms left out)
-    assert math.floor(0.1 * spare / run_slot) == 66
-    rep = compute(Scenario(tenants=100, model="llama-3-8b"))
-    assert rep.section("memory")["slot_bytes"] == 64 * slot
-    assert compute(Scenario(tenants=10, model="llama-3-8b")).section("memory")["slot_bytes"] == 10 * slot
+    spare = int(80 * GB * 0.9) - 8_029_995_008 * 2  # the matrices of llama-3-8b (norms left out)
+    kv = 64 * 1024 * 2 * 32 * 8 * 128 * 2  # 64 sequences x 1024 tokens x K+V of 32 layers, 8 kv heads, bf16
+    fit = math.floor(0.5 * (spare - kv) / run_slot)
+    assert fit == 282
+    rep = compute(Scenario(tenants=1000, model="llama-3-8b"))
+    assert rep.section("memory")["slot_bytes"] == fit * slot
+    assert compute(Scenario(tenants=100, model="llama-3-8b")).section("memory")["slot_bytes"] == 100 * slot
+    # a KV reserve that leaves nothing: the floor, 10% of the memory beside the weights
+    long = compute(Scenario(tenants=1000, model="llama-3-8b", batch_size=256, context_len=4096))
+    assert long.section("memory")["slot_bytes"] == math.floor(0.1 * spare / run_slot) * slot
     big = 32 * 256 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 14336)) * 2  # rank 256, all 7
-    fit = compute(Scenario(tenants=100, model="llama-3-8b", rank=256, targets="all"))
-    assert fit.section("memory")["slot_bytes"] == math.floor(0.1 * spare / big) * big
+    wide = compute(Scenario(tenants=100, model="llama-3-8b", rank=256, targets="all"))
+    assert wide.section("memory")["slot_bytes"] == math.floor(0.5 * (spare - kv) / big) * big
     assert compute(Scenario(tenants=100, model="llama-3-8b", max_loras=8)).section("memory")["slot_bytes"] == 8 * slot
 
 

@@ -90,9 +90,9 @@ def test_thrash_warning_when_loads_outrun_the_step():
 
 
 def test_popular_tenants_hit_more_often():
-    uni = compute(Scenario(tenants=200, model="llama-3-8b", requests_per_step=2)).section("slots")
+    uni = compute(Scenario(tenants=200, model="llama-3-8b", max_loras=64, requests_per_step=2)).section("slots")
     zipf = compute(
-        Scenario(tenants=200, model="llama-3-8b", requests_per_step=2, popularity="zipf", zipf_s=1.2)
+        Scenario(tenants=200, model="llama-3-8b", max_loras=64, requests_per_step=2, popularity="zipf", zipf_s=1.2)
     ).section("slots")
     assert zipf["hit_rate"] > uni["hit_rate"]
     assert zipf["loads_per_step"] < uni["loads_per_step"]

@@ -90,6 +90,7 @@ class Sim:
             install,
             evict,
             prefetch_threads=self.prefetch_threads,
+            read_ahead=self.config.max_num_seqs,  # as the engine sets it
         )
         self.sched = Scheduler(self.config, self.bm, self.slots, **self.scheduler_kw)
         self.kv: dict[int, tuple[int, int, int]] = {}  # cache slot -> (seq_id, position, token)

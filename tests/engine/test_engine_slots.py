@@ -237,3 +237,36 @@ def test_scheduler_keeps_running_other_work_while_an_adapter_loads():
     finally:
         gate.set()
         sim.slots.close()
+
+
+def test_pool_size_does_not_grow_reads_ahead_or_victim_search():
+    """Issue 38: what a step does for prefetching and eviction is bounded by the wave (read_ahead), not the pool."""
+    import threading
+
+    gate = threading.Event()
+    reads = []
+
+    def load(name):
+        reads.append(name)
+        assert gate.wait(30)
+        return name
+
+    for pool in (8, 1000):
+        m = SlotManager(pool, pool, load, lambda *a: None, prefetch_threads=1, read_ahead=4)
+        m.prefetch([f"a{i}" for i in range(50)])
+        assert len(m._inflight) == min(pool, 4) == m.read_ahead
+        gate.set()
+        m.close()
+        gate.clear()
+    # eviction: the least recently used unpinned adapter, found without walking the pinned ones
+    m = SlotManager(3, 3, lambda n: n, lambda *a: None)
+    for n in ("a", "b", "c"):
+        m.acquire(n)
+        m.retain(n)
+    m.release("b")
+    m.release("a")  # a is now the most recently used of the unpinned
+    assert list(m._idle) == ["b", "a"]
+    m.acquire("d")
+    assert set(m.resident) == {"a", "c", "d"} and m.is_pinned("c")
+    m.acquire("e", keep={"a"})  # d is newer than a, but a has queued work
+    assert set(m.resident) == {"a", "c", "e"}

@@ -58,3 +58,20 @@ def test_plan_rejects_mismatched_pairs():
     dst, src, src_base, bufs = _case(torch.float32)
     with pytest.raises(ValueError):
         scatter_plan([dst[0]], [src[1]], src_base, bufs[0])
+
+
+@pytest.mark.parametrize("slot", [0, 2])
+def test_one_plan_serves_every_slot(slot):
+    """A plan built on slot 0's views with each tensor's slot stride as its step, launched with shift=slot, writes
+    exactly slot `slot` (what the slot writer caches once per layout, whatever the pool's size)."""
+    dst, src, src_base, (a, b_store, small) = _case(torch.float32)
+    b = b_store.transpose(1, 2)
+    zero = [a[0, :, :9], b[0, :, :9]]
+    plan = scatter_plan(zero, src[:2], src_base, a, steps=[a.stride(0), b.stride(0)])
+    want_a, want_b = a.clone(), b_store.clone()
+    scatter_reference([want_a[slot, :, :9], want_b.transpose(1, 2)[slot, :, :9]], src[:2])
+    scatter_blocks(src_base, a, plan, shift=slot)
+    for got, exp in ((a, want_a), (b_store, want_b)):
+        assert torch.equal(torch.nan_to_num(got, nan=7.0), torch.nan_to_num(exp, nan=7.0))
+    with pytest.raises(ValueError):
+        scatter_plan(zero, src[:2], src_base, a, steps=[1])

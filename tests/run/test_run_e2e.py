@@ -134,6 +134,8 @@ def test_every_bad_line_gets_one_error_record_and_no_good_line_is_lost(model_dir
     s = json.loads(stats.read_text())
     assert s["records"] == len(codes) and s["errors"] == len(codes) - len(GOOD)
     assert s["ok"] == len(GOOD)
+    # the slot count and why (engine/slot_budget.py): the CPU default, one per good adapter up to 8
+    assert s["slots"]["max_loras"] == s["max_loras"] and s["slots"]["reason"].startswith("CPU default")
     assert s["completion_tokens"] == sum(r["usage"]["completion_tokens"] for r in ok.values())
     assert s["per_adapter"]["legal"]["completion_tokens"] == sum(
         r["usage"]["completion_tokens"] for r in ok.values() if r["adapter"] == "legal"
