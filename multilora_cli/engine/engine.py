@@ -18,9 +18,10 @@ from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
-from multilora_cli.engine.request import EngineStats, Request, Result, Sample
+from multilora_cli.engine.request import EngineStats, Request, Result, Sample, TokenLogprob
 from multilora_cli.engine.runner import ModelRunner
 from multilora_cli.engine.scheduler import Scheduler
+from multilora_cli.engine.scoring import score_of, scoring_ids
 from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.slots import SlotManager
 from multilora_cli.engine.tokenizer import Tokenizer
@@ -103,6 +104,7 @@ class Engine:
             max_lora_rank=config.max_lora_rank,
         )
         self._next_seq_id = 0
+        self._token_texts: dict[int, str] = {}  # token id -> its text, for logprobs
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
 
@@ -217,11 +219,17 @@ class Engine:
             request.sampling.check_token_ids(self.model_config.vocab_size)
         except ConfigError as e:
             return self._error(request, RequestError(f"request {request.id}: {e.message}", code="invalid_sampling"))
+        context_len = None
         try:
-            ids = self.tokenizer.encode_request(request, self.max_model_len)  # refuses huge prompts unencoded
+            if request.is_scoring:
+                ids, context_len = scoring_ids(self.tokenizer, request)
+            else:
+                ids = self.tokenizer.encode_request(request, self.max_model_len)  # refuses huge prompts unencoded
         except MultiloraError as e:
             return self._error(request, e)
-        seq = Sequence.from_request(self._next_seq_id, request, ids, engine_seed=self.config.seed)
+        seq = Sequence.from_request(
+            self._next_seq_id, request, ids, engine_seed=self.config.seed, context_len=context_len
+        )
         self._next_seq_id += request.sampling.n  # the ids of its samples (Sequence.fork)
         self.scheduler.add(seq)
         return None
@@ -258,6 +266,17 @@ class Engine:
                 error=failed.error,
                 prompt_tokens=first.num_prompt_tokens,
             )
+        if first.prefill_only:
+            st.adapter(first.adapter).add_ok(first.num_prompt_tokens, 0)
+            st.prompt_tokens += first.num_prompt_tokens
+            return Result(
+                key=first.request.key,
+                id=first.request.id,
+                adapter=first.adapter,
+                finish_reason=first.finish_reason,
+                prompt_tokens=first.num_prompt_tokens,
+                score=score_of(first),
+            )
         samples = [self._sample(s) for s in seqs]
         completion = sum(s.completion_tokens for s in samples)
         st.adapter(first.adapter).add_ok(first.num_prompt_tokens, completion)
@@ -273,18 +292,43 @@ class Engine:
             prompt_tokens=first.num_prompt_tokens,
             completion_tokens=completion,
             samples=samples,
+            prompt_logprobs=self._prompt_logprobs(first),
         )
+
+    def _token_text(self, token_id: int) -> str:
+        """A token's own text (decoded alone, special tokens kept), cached per id."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def _entry(self, token_id: int, row: tuple) -> TokenLogprob:
+        """A raw logprob row (engine/logprobs.py) of `token_id` -> TokenLogprob with token texts."""
+        lp, _, top_ids, top_lps = row
+        top = [(t, self._token_text(t), v) for t, v in zip(top_ids, top_lps)]
+        return TokenLogprob(id=token_id, logprob=lp, top=top, token=self._token_text(token_id))
+
+    def _prompt_logprobs(self, seq: Sequence) -> list[TokenLogprob | None] | None:
+        """One entry per prompt token, None for the first (nothing predicts it); None when not asked."""
+        if seq.prompt_lp is None:
+            return None
+        ids = seq.prompt_token_ids
+        return [None, *(self._entry(t, row) for t, row in zip(ids[1:], seq.prompt_lp))]
 
     def _sample(self, seq: Sequence) -> Sample:
         ids = seq.output_token_ids
         if self.stop.stopped_by_token(seq):  # eos or a stop_token_id: counted in usage, not in text or ids
             ids = ids[:-1]
+        logprobs = None
+        if seq.logprobs is not None:  # one per token id (a stop token's is dropped with it)
+            logprobs = [self._entry(t, row) for t, row in zip(ids, seq.logprobs)]
         return Sample(
             index=seq.sample_index,
             text=seq.text,
             token_ids=ids,
             finish_reason=seq.finish_reason,
             completion_tokens=seq.num_completion_tokens,
+            logprobs=logprobs,
         )
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:

@@ -1,0 +1,168 @@
+"""Logprobs, prompt logprobs and scoring (engine/logprobs.py, engine/scoring.py) equal HF transformers + PEFT.
+
+One mixed-adapter batch (base + the three PEFT adapters of tests/builders.py: q/v r8, all-linear rsLoRA,
+rank_pattern) on the CPU in fp32: every completion logprob, top-k set and prompt logprob equals log_softmax of
+HF's logits for that row to 1e-4, the same row alone gives the same numbers, and scoring's logprob / is_greedy
+are HF's. A small token budget splits the prompts into several prefill chunks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multilora_cli.config import EngineConfig, SamplingParams
+from multilora_cli.engine.engine import Engine
+from multilora_cli.engine.request import Request
+from multilora_cli.engine.scoring import encode_pair
+from tests.builders import build_mixed, load_peft
+
+PLAN = ["qv8", None, "all4rs", "mlp16", "all4rs", None]
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    base, adapters = build_mixed(tmp_path_factory.mktemp("lp"))
+    cfg = EngineConfig(model=str(base), device="cpu", max_loras=4, max_lora_rank=16, max_num_batched_tokens=16)
+    engine = Engine(cfg, adapters)
+    yield engine, load_peft(base, adapters)
+    engine.close()
+
+
+def _hf_logprobs(pm, adapter, ids) -> torch.Tensor:
+    """[len(ids), V] fp32 log_softmax of HF + PEFT logits over `ids` (row j predicts ids[j + 1])."""
+    with torch.no_grad():
+        if adapter is None:
+            with pm.disable_adapter():
+                logits = pm(input_ids=torch.tensor([ids])).logits[0]
+        else:
+            pm.set_adapter(adapter)
+            logits = pm(input_ids=torch.tensor([ids])).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def _check_entry(entry, lp_row: torch.Tensor, token: int, k: int) -> None:
+    assert entry.id == token
+    assert abs(entry.logprob - lp_row[token].item()) < TOL
+    top = torch.topk(lp_row, k)
+    assert [t for t, _, _ in entry.top] == top.indices.tolist()
+    assert all(abs(v - w) < TOL for (_, _, v), w in zip(entry.top, top.values.tolist()))
+
+
+def _requests(k: int = 3):
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i, a in enumerate(PLAN):
+        prompt = torch.randint(3, 256, (5 + 3 * i,), generator=g).tolist()
+        sp = dict(max_tokens=4, ignore_eos=True, logprobs=k, prompt_logprobs=k - 1)
+        if i % 3 == 2:  # sampled rows: logprobs stay the raw model's, whatever the temperature and top-k
+            sp.update(temperature=0.8, top_k=20, seed=i)
+        out.append(Request(key=i, id=str(i), adapter=a, prompt_token_ids=prompt, sampling=SamplingParams(**sp)))
+    return out
+
+
+def test_completion_and_prompt_logprobs_match_hf(setup):
+    engine, pm = setup
+    reqs = _requests()
+    got = engine.generate_all(reqs)
+    for req, res in zip(reqs, got):
+        assert res.error is None
+        prompt, out = req.prompt_token_ids, res.token_ids
+        lp = _hf_logprobs(pm, req.adapter, prompt + out)
+        entries = res.samples[0].logprobs
+        assert len(entries) == len(out) == 4
+        for i, e in enumerate(entries):
+            _check_entry(e, lp[len(prompt) - 1 + i], out[i], 3)
+        assert res.prompt_logprobs[0] is None and len(res.prompt_logprobs) == len(prompt)
+        for j, e in enumerate(res.prompt_logprobs[1:], start=1):
+            _check_entry(e, lp[j - 1], prompt[j], 2)
+
+
+def test_row_alone_gives_the_same_numbers(setup):
+    engine, _ = setup
+    reqs = _requests()
+    together = engine.generate_all(reqs)
+    for req, res in zip(reqs, together):
+        alone = engine.generate_all([req])[0]
+        assert alone.token_ids == res.token_ids
+        for a, b in zip(
+            alone.samples[0].logprobs + alone.prompt_logprobs[1:], res.samples[0].logprobs + res.prompt_logprobs[1:]
+        ):
+            assert abs(a.logprob - b.logprob) < TOL and [t for t, _, _ in a.top] == [t for t, _, _ in b.top]
+
+
+def test_rows_without_logprobs_get_none(setup):
+    engine, _ = setup
+    req = Request(key=0, id="0", prompt_token_ids=[4, 5, 6], sampling=SamplingParams(max_tokens=2))
+    res = engine.generate_all([req])[0]
+    assert res.samples[0].logprobs is None and res.prompt_logprobs is None and res.score is None
+
+
+def test_n_samples_each_get_their_logprobs(setup):
+    engine, pm = setup
+    sp = SamplingParams(max_tokens=3, ignore_eos=True, n=3, temperature=1.0, seed=5, logprobs=1)
+    req = Request(key=0, id="0", adapter="mlp16", prompt_token_ids=[7, 8, 9, 10, 11], sampling=sp)
+    res = engine.generate_all([req])[0]
+    assert len(res.samples) == 3
+    for s in res.samples:
+        lp = _hf_logprobs(pm, "mlp16", [7, 8, 9, 10, 11] + s.token_ids)
+        for i, e in enumerate(s.logprobs):
+            _check_entry(e, lp[4 + i], s.token_ids[i], 1)
+
+
+def test_scoring_matches_hf_in_a_mixed_batch(setup):
+    engine, pm = setup
+    pairs = [("w1 w2 w3", " w4 w5"), ("w9 w8 w7 w6 w5 w4 w3 w2 w1 w0", " w11"), ("w3 ", "w3 w3 w3"), ("", "w5 w6")]
+    reqs = []
+    for i, (ctx, cont) in enumerate(pairs):
+        reqs.append(Request(key=2 * i, id=f"s{i}", adapter=PLAN[i], prompt=ctx, continuation=cont))
+        # a generation line beside each scoring line
+        gen = SamplingParams(max_tokens=2, ignore_eos=True, logprobs=1)
+        reqs.append(Request(key=2 * i + 1, id=f"g{i}", adapter=PLAN[i + 1], prompt=ctx + cont, sampling=gen))
+    got = engine.generate_all(reqs)
+    for req, res in zip(reqs[::2], got[::2]):
+        assert res.error is None and res.token_ids == [] and res.completion_tokens == 0
+        whole, n_ctx = encode_pair(engine.tokenizer, req.prompt, req.continuation)
+        lp = _hf_logprobs(pm, req.adapter, whole[:-1])
+        want = [lp[n_ctx - 1 + j, t].item() for j, t in enumerate(whole[n_ctx:])]
+        greedy = bool((lp[n_ctx - 1 :].argmax(-1) == torch.tensor(whole[n_ctx:])).all())
+        assert res.score.num_tokens == len(want) == len(res.score.token_logprobs)
+        assert all(abs(a - b) < TOL for a, b in zip(res.score.token_logprobs, want))
+        assert abs(res.score.logprob - sum(want)) < TOL and res.score.is_greedy == greedy
+        assert res.prompt_tokens == len(whole)
+    assert all(r.error is None and len(r.samples[0].logprobs) == 2 for r in got[1::2])
+
+
+def test_greedy_continuation_is_greedy(setup):
+    """A continuation made of the model's own greedy tokens scores is_greedy true (and a changed one false)."""
+    engine, _ = setup
+    ctx = "w10 w20 w30"
+    gen = engine.generate_all(
+        [Request(key=0, id="g", prompt=ctx, sampling=SamplingParams(max_tokens=3, ignore_eos=True))]
+    )[0]
+    cont = engine.tokenizer.decode(gen.token_ids)
+    res = engine.generate_all([Request(key=0, id="s", prompt=ctx, continuation=" " + cont)])[0]
+    whole, n_ctx = encode_pair(engine.tokenizer, ctx, " " + cont)
+    if whole[n_ctx:] == gen.token_ids:  # (the tokenizer round-trips this text)
+        assert res.score.is_greedy
+
+
+def test_scoring_errors(setup):
+    engine, _ = setup
+    bad = [
+        Request(key=0, id="a", prompt="w1 w2", continuation=""),
+        Request(key=1, id="b", messages=[{"role": "user", "content": "x"}], continuation="w3"),
+        Request(key=2, id="c", prompt="w1", continuation="w2", sampling=SamplingParams(n=2, temperature=1.0)),
+    ]
+    got = engine.generate_all(bad)
+    assert [r.error.code for r in got] == ["empty_continuation", "invalid_request", "invalid_request"]
+
+
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+@pytest.mark.parametrize("value", [-1, 21, 1.5, True])
+def test_k_out_of_range_is_refused(field, value):
+    from multilora_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        SamplingParams(**{field: value})
