@@ -105,6 +105,7 @@ class Engine:
         )
         self._next_seq_id = 0
         self._token_texts: dict[int, str] = {}  # token id -> its text, for logprobs
+        self._anchor: tuple[int, str] | None = None  # (token id, its text) that _token_text decodes after
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
 
@@ -266,7 +267,7 @@ class Engine:
                 error=failed.error,
                 prompt_tokens=first.num_prompt_tokens,
             )
-        if first.prefill_only:
+        if first.request.is_scoring:
             st.adapter(first.adapter).add_ok(first.num_prompt_tokens, 0)
             st.prompt_tokens += first.num_prompt_tokens
             return Result(
@@ -293,13 +294,31 @@ class Engine:
             completion_tokens=completion,
             samples=samples,
             prompt_logprobs=self._prompt_logprobs(first),
+            echo_text=self._echo(first),
         )
 
+    def _echo(self, seq: Sequence) -> str | None:
+        req = seq.request
+        if not req.echo:
+            return None
+        return req.prompt if req.prompt is not None else self.tokenizer.decode(seq.prompt_token_ids)
+
     def _token_text(self, token_id: int) -> str:
-        """A token's own text (decoded alone, special tokens kept), cached per id."""
+        """A token's text as it reads after another token (special tokens kept), cached per id: decoded after an
+        anchor token and the anchor's text cut off, so a SentencePiece word token keeps its leading space as it
+        has in the completion's text (decoded alone, "▁word" loses it). A special token is its own text."""
         text = self._token_texts.get(token_id)
         if text is None:
-            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            tok = self.tokenizer
+            if self._anchor is None:
+                ids = tok.encode("a", add_special_tokens=False)
+                self._anchor = (ids[0], tok.decode(ids[:1], skip_special_tokens=False)) if ids else (-1, "")
+            a, a_text = self._anchor
+            text = tok.decode([token_id], skip_special_tokens=False)
+            if a >= 0 and tok.decode([token_id]):  # (a special token, e.g. BOS, stays as it is)
+                both = tok.decode([a, token_id], skip_special_tokens=False)
+                text = both[len(a_text) :] if both.startswith(a_text) else text
+            self._token_texts[token_id] = text
         return text
 
     def _entry(self, token_id: int, row: tuple) -> TokenLogprob:
@@ -309,13 +328,16 @@ class Engine:
         return TokenLogprob(id=token_id, logprob=lp, top=top, token=self._token_text(token_id))
 
     def _prompt_logprobs(self, seq: Sequence) -> list[TokenLogprob | None] | None:
-        """One entry per prompt token, None for the first (nothing predicts it); None when not asked."""
+        """One entry per prompt token, the first without a logprob (nothing predicts it); None when not asked."""
         if seq.prompt_lp is None:
             return None
         ids = seq.prompt_token_ids
-        return [None, *(self._entry(t, row) for t, row in zip(ids[1:], seq.prompt_lp))]
+        first = TokenLogprob(id=ids[0], logprob=None, token=self._token_text(ids[0]))
+        return [first, *(self._entry(t, row) for t, row in zip(ids[1:], seq.prompt_lp))]
 
     def _sample(self, seq: Sequence) -> Sample:
+        if seq.prefill_only:  # generate False: nothing generated, as OpenAI's max_tokens 0
+            return Sample(index=0, finish_reason="length", logprobs=[] if seq.logprobs is not None else None)
         ids = seq.output_token_ids
         if self.stop.stopped_by_token(seq):  # eos or a stop_token_id: counted in usage, not in text or ids
             ids = ids[:-1]

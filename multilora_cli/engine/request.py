@@ -25,11 +25,18 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # a scoring request (no generation): the text whose tokens after `prompt` are scored (engine/scoring.py)
     continuation: str | None = None
+    generate: bool = True  # False: prefill only (OpenAI `echo` with max_tokens 0)
+    echo: bool = False  # the Result carries the prompt's text (OpenAI completions' `echo`)
 
     @property
     def is_scoring(self) -> bool:
-        """Prefill only: the continuation's logprobs, no token sampled."""
+        """A scoring request: the continuation's logprobs, no token sampled."""
         return self.continuation is not None
+
+    @property
+    def prefill_only(self) -> bool:
+        """Runs its prompt and samples nothing (scoring, or generate False)."""
+        return self.continuation is not None or not self.generate
 
     @property
     def needs_prompt_logits(self) -> bool:
@@ -44,7 +51,7 @@ class TokenLogprob:
     likely tokens at that position as (id, token text, logprob), most likely first. `token`: the id's text."""
 
     id: int
-    logprob: float
+    logprob: float | None
     top: list[tuple[int, str, float]] = field(default_factory=list)
     token: str = ""
 
@@ -94,7 +101,9 @@ class Result:
     completion_tokens: int = 0
     error: MultiloraError | None = None
     samples: list[Sample] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token, the first None
+    # one per prompt token; the first has no logprob (nothing predicts it): logprob None, no top
+    prompt_logprobs: list[TokenLogprob] | None = None
+    echo_text: str | None = None  # the prompt's text, when the request asked for `echo`
     score: Score | None = None  # a scoring request's
 
 

@@ -244,7 +244,7 @@ class Scheduler(Admission, Forking):
             seq.num_computed_tokens += n
             if not smp:
                 if seq.prefill_only and seq.num_computed_tokens == len(seq.token_ids):  # scored: done
-                    self._finish(seq, reason="scored")
+                    self._finish(seq, reason="length")
                     any_done = True
                 continue
             seq.token_ids.append(int(next(it)))  # Sequence.append_token, inline: once per sequence a step

@@ -180,8 +180,8 @@ class Sequence:
 
     @property
     def prefill_only(self) -> bool:
-        """A scoring sequence: it finishes once its prompt is computed, sampling nothing."""
-        return self.request.continuation is not None
+        """A scoring (or generate False) sequence: it finishes once its prompt is computed, sampling nothing."""
+        return self.request.prefill_only
 
     def prompt_logit_positions(self, start: int, n: int) -> range:
         """Positions among start .. start + n - 1 whose logits this sequence still needs (each gives the logprob

@@ -22,7 +22,9 @@ import json
 import time
 from typing import Any
 
-from multilora_cli.io.line import OPENAI, SAMPLING_FIELDS, Choice, LineSpec, check_messages, json_type
+from multilora_cli.io.line import OPENAI, SAMPLING_FIELDS, Choice, LineLogprobs, LineSpec, check_messages, json_type
+from multilora_cli.io.logprob_records import chat as chat_logprobs
+from multilora_cli.io.logprob_records import legacy, simple_prompt
 from multilora_cli.io.unserved import UNKNOWN, UNSUPPORTED, near_miss, refusal
 
 COMPLETIONS = "/v1/completions"
@@ -30,7 +32,7 @@ CHAT = "/v1/chat/completions"
 URLS = (COMPLETIONS, CHAT)
 # body fields served (a near-miss of one fails the line) and OpenAI metadata that cannot change the output
 SAMPLING = tuple(f for f in SAMPLING_FIELDS if f != "max_tokens")  # copied as they are; max_tokens has a synonym
-BODY_FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", *SAMPLING)
+BODY_FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "echo", "top_logprobs", *SAMPLING)
 METADATA = ("user", "metadata", "store", "stream", "stream_options", "service_tier", "prediction")
 
 
@@ -66,6 +68,7 @@ class OpenAIBatchFormat:
         spec.meta["model"] = model
         if url == COMPLETIONS:
             self._prompt(spec, body)
+            spec.meta["prompt_chars"] = len(spec.prompt or "")
         else:
             if body.get("prompt") is not None:
                 return spec.fail(f"{CHAT} takes 'messages', not 'prompt' (use {COMPLETIONS} for a prompt)")
@@ -106,6 +109,12 @@ class OpenAIBatchFormat:
         if mt is not None or mct is not None:
             s["max_tokens"] = mct if mct is not None else mt
         spec.sampling = s
+        if spec.meta.get("url") == CHAT:
+            OpenAIBatchFormat._chat_logprobs(spec, body)
+        else:
+            OpenAIBatchFormat._completion_logprobs(spec, body)
+        if spec.error is not None:
+            return
         if body.get("stream") not in (None, False):
             spec.fail(
                 f"field 'body.stream' {json.dumps(body['stream'])} is not supported: a batch line cannot stream "
@@ -127,6 +136,42 @@ class OpenAIBatchFormat:
                 )
                 return
 
+    @staticmethod
+    def _chat_logprobs(spec: LineSpec, body: dict) -> None:
+        """Chat: `logprobs` true/false, `top_logprobs` k (0..20) only beside logprobs true; no `echo`."""
+        s, lp, top = spec.sampling, body.get("logprobs"), body.get("top_logprobs")
+        s.pop("logprobs", None)
+        if body.get("echo") not in (None, False):
+            spec.fail(f"field 'body.echo' is not a {CHAT} field (use {COMPLETIONS} to echo a prompt)", UNSUPPORTED)
+        elif lp not in (None, True, False):
+            spec.fail(f"body.logprobs must be true or false for {CHAT}, got {json.dumps(lp)}", "invalid_sampling")
+        elif lp is True:
+            s["logprobs"] = 0 if top is None else top
+        elif top not in (None, 0):
+            spec.fail("body.top_logprobs needs body.logprobs true", "invalid_sampling")
+
+    @staticmethod
+    def _completion_logprobs(spec: LineSpec, body: dict) -> None:
+        """Completions: `logprobs` k; `echo` true puts the prompt (and, with logprobs, its tokens' logprobs) in
+        front of the completion; max_tokens 0 with echo generates nothing (scoring, as lm-evaluation-harness
+        asks for it)."""
+        s, echo = spec.sampling, body.get("echo")
+        if body.get("top_logprobs") not in (None, 0):
+            spec.fail(f"body.top_logprobs is a {CHAT} field: {COMPLETIONS} takes logprobs k", UNKNOWN)
+            return
+        if echo not in (None, True, False):
+            spec.fail(f"body.echo must be true or false, got {json.dumps(echo)}")
+            return
+        if not echo:
+            return
+        spec.echo = True
+        spec.meta["echo"] = True
+        if s.get("logprobs") is not None and "prompt_logprobs" not in s:
+            s["prompt_logprobs"] = s["logprobs"]
+        if s.get("max_tokens") == 0:
+            spec.generate = False
+            del s["max_tokens"]
+
     # -- records --------------------------------------------------------------------------------------------
     @staticmethod
     def _hash(spec: LineSpec) -> str:
@@ -140,6 +185,7 @@ class OpenAIBatchFormat:
         prompt_tokens: int,
         completion_tokens: int,
         choices: list[Choice] | None = None,
+        logprobs: LineLogprobs | None = None,
     ) -> dict:
         h = self._hash(spec)
         chat = spec.meta.get("url") == CHAT
@@ -148,13 +194,24 @@ class OpenAIBatchFormat:
         else:
             body_id, obj = f"cmpl-{h[:24]}", "text_completion"
         listed = []
+        lp = logprobs or LineLogprobs()
+        echo = lp.echo if lp.echo is not None else ""
         for i, (t, f) in enumerate(choices if choices is not None else [(text, finish_reason)]):
             choice: dict = {"index": i}
+            entries = lp.choices[i] if lp.choices is not None else None
             if chat:
                 choice["message"] = {"role": "assistant", "content": t}
+                choice["logprobs"] = None if entries is None else chat_logprobs(entries)
             else:
-                choice["text"] = t
-            choice["logprobs"] = None
+                choice["text"] = echo + t
+                shown = entries
+                if lp.echo is not None and lp.prompt is not None:
+                    shown = [*lp.prompt, *(entries or [])]
+                # echo: the prompt's tokens first, offsets from the prompt's start; else from its end
+                start = 0 if lp.echo is not None else spec.meta.get("prompt_chars", 0)
+                choice["logprobs"] = None if shown is None else legacy(shown, start)
+            if lp.prompt is not None and lp.echo is None and i == 0:  # vLLM's prompt_logprobs extension
+                choice["prompt_logprobs"] = simple_prompt(lp.prompt)
             choice["finish_reason"] = f
             listed.append(choice)
         body = {
@@ -175,6 +232,9 @@ class OpenAIBatchFormat:
             "response": {"status_code": 200, "request_id": f"req_{h[32:56]}", "body": body},
             "error": None,
         }
+
+    def score_record(self, spec: LineSpec, logprob: float, is_greedy: bool, token_logprobs: list[float]) -> dict:
+        raise TypeError("OpenAI batch lines score through echo + max_tokens 0: `continuation` is refused")
 
     def error_record(self, spec: LineSpec, code: str, message: str) -> dict:
         return {

@@ -74,7 +74,9 @@ def test_completion_and_prompt_logprobs_match_hf(setup):
         assert len(entries) == len(out) == 4
         for i, e in enumerate(entries):
             _check_entry(e, lp[len(prompt) - 1 + i], out[i], 3)
-        assert res.prompt_logprobs[0] is None and len(res.prompt_logprobs) == len(prompt)
+        first = res.prompt_logprobs[0]
+        assert (first.id, first.logprob, first.top) == (prompt[0], None, [])
+        assert len(res.prompt_logprobs) == len(prompt)
         for j, e in enumerate(res.prompt_logprobs[1:], start=1):
             _check_entry(e, lp[j - 1], prompt[j], 2)
 
@@ -146,6 +148,20 @@ def test_greedy_continuation_is_greedy(setup):
     whole, n_ctx = encode_pair(engine.tokenizer, ctx, " " + cont)
     if whole[n_ctx:] == gen.token_ids:  # (the tokenizer round-trips this text)
         assert res.score.is_greedy
+
+
+def test_generate_false_runs_the_prompt_only(setup):
+    """OpenAI's echo with max_tokens 0: prompt logprobs, nothing generated, the prompt's text echoed."""
+    engine, pm = setup
+    sp = SamplingParams(prompt_logprobs=2)
+    req = Request(key=0, id="e", adapter="qv8", prompt="w1 w2 w3", sampling=sp, generate=False, echo=True)
+    res = engine.generate_all([req])[0]
+    assert res.error is None and res.completion_tokens == 0 and res.samples[0].token_ids == []
+    assert res.echo_text == "w1 w2 w3"
+    ids = [e.id for e in res.prompt_logprobs]
+    lp = _hf_logprobs(pm, "qv8", ids)
+    for j, e in enumerate(res.prompt_logprobs[1:], start=1):
+        _check_entry(e, lp[j - 1], ids[j], 2)
 
 
 def test_scoring_errors(setup):
