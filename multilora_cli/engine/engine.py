@@ -17,6 +17,7 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
+from multilora_cli.engine.logprobs import unpack
 from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
 from multilora_cli.engine.request import EngineStats, Request, Result, Sample, TokenLogprob
 from multilora_cli.engine.runner import ModelRunner
@@ -323,8 +324,8 @@ class Engine:
 
     def _entry(self, token_id: int, row: tuple) -> TokenLogprob:
         """A raw logprob row (engine/logprobs.py) of `token_id` -> TokenLogprob with token texts."""
-        lp, _, top_ids, top_lps = row
-        top = [(t, self._token_text(t), v) for t, v in zip(top_ids, top_lps)]
+        lp, _, pairs = row
+        top = [(t, self._token_text(t), v) for t, v in pairs]
         return TokenLogprob(id=token_id, logprob=lp, top=top, token=self._token_text(token_id))
 
     def _prompt_logprobs(self, seq: Sequence) -> list[TokenLogprob | None] | None:
@@ -333,7 +334,7 @@ class Engine:
             return None
         ids = seq.prompt_token_ids
         first = TokenLogprob(id=ids[0], logprob=None, token=self._token_text(ids[0]))
-        return [first, *(self._entry(t, row) for t, row in zip(ids[1:], seq.prompt_lp))]
+        return [first, *(self._entry(t, row) for t, row in zip(ids[1:], unpack(seq.prompt_lp)))]
 
     def _sample(self, seq: Sequence) -> Sample:
         if seq.prefill_only:  # generate False: nothing generated, as OpenAI's max_tokens 0
@@ -343,7 +344,7 @@ class Engine:
             ids = ids[:-1]
         logprobs = None
         if seq.logprobs is not None:  # one per token id (a stop token's is dropped with it)
-            logprobs = [self._entry(t, row) for t, row in zip(ids, seq.logprobs)]
+            logprobs = [self._entry(t, row) for t, row in zip(ids, unpack(seq.logprobs))]
         return Sample(
             index=seq.sample_index,
             text=seq.text,

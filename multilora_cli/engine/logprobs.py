@@ -10,8 +10,10 @@ Two kinds of rows (each row is one position of one sequence, scoring the token t
   whole step is ever made (only a chunk's: `CHUNK_ELEMS`).
 
 Per row the device computes, in fp32: lp = x[target] - logsumexp(x), argmax(x), top-k of x minus logsumexp;
-packed into ONE fp32 tensor [R, 2 + 2k] (token ids < 2^24 are exact in fp32) that reaches the host with the
-step's sampled ids. A step whose rows ask for nothing builds and computes nothing.
+packed into ONE fp32 tensor [R, 2 + 2k] = (lp, argmax, id_1, lp_1, ..., id_k, lp_k) (token ids < 2^24 are exact in
+fp32; a row's own k <= k is the prefix of its row) that reaches the host with the step's sampled ids. On the host
+each sequence keeps numpy views of its rows and turns them into entries once, when its result is built (a few
+microseconds a token, off the step loop). A step whose rows ask for nothing builds and computes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from multilora_cli.engine.batch import ScheduledBatch
@@ -28,7 +31,7 @@ CHUNK_ELEMS = 1 << 25  # fp32 logits of one chunk of rows: 128 MiB (256 rows of 
 
 
 def logprob_rows(chunk: Callable[[int, int], torch.Tensor], num_rows: int, vocab: int, targets: torch.Tensor, k: int):
-    """[R, 2 + 2k] fp32: per row (logprob of targets[r], argmax, top-k ids, top-k logprobs), most likely first.
+    """[R, 2 + 2k] fp32: per row (logprob of targets[r], argmax, then k (id, logprob) pairs, most likely first).
 
     chunk(lo, hi) -> the fp32 logits [hi - lo, V] of rows lo .. hi - 1; targets: [R] long on their device."""
     step = max(1, CHUNK_ELEMS // max(vocab, 1))
@@ -40,13 +43,16 @@ def logprob_rows(chunk: Callable[[int, int], torch.Tensor], num_rows: int, vocab
         cols = [x.gather(1, targets[lo:hi, None]) - lse, x.argmax(dim=-1, keepdim=True).float()]
         if k:
             top = torch.topk(x, k, dim=-1)
-            cols += [top.indices.float(), top.values - lse]
+            cols.append(torch.stack([top.indices.float(), top.values - lse], dim=-1).flatten(1))  # [c, 2k]
         parts.append(torch.cat(cols, dim=1))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
-def sampled_logprobs(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor, k: int) -> torch.Tensor:
-    """logits: [N, V] (model dtype); rows: [R] long rows of `logits`; chosen: [R] long the sampled ids -> [R, 2 + 2k]."""
+def sampled_logprobs(logits: torch.Tensor, rows: torch.Tensor | None, chosen: torch.Tensor, k: int) -> torch.Tensor:
+    """logits: [N, V] (model dtype); rows: [R] long rows of `logits` (None: all N); chosen: [R] long the sampled
+    ids -> [R, 2 + 2k]."""
+    if rows is None:
+        return logprob_rows(lambda lo, hi: logits[lo:hi].float(), logits.shape[0], logits.shape[-1], chosen, k)
     return logprob_rows(lambda lo, hi: logits[rows[lo:hi]].float(), rows.shape[0], logits.shape[-1], chosen, k)
 
 
@@ -105,24 +111,28 @@ class StepLogprobs:
             self.prompt = self.prompt.to("cpu", non_blocking=True)
 
     def attach(self) -> None:
-        """Append each row to its sequence (after the step's done event): a sampled row to `seq.logprobs`
-        (skipped for a sequence that stopped at the step before this `ahead` one: its token is dropped too), a
-        prompt row to `seq.prompt_lp`."""
+        """Append each row (a numpy view, cut to the row's own k) to its sequence, after the step's done event:
+        a sampled row to `seq.logprobs` (skipped for a sequence that stopped at the step before this `ahead`
+        one: its token is dropped too), a prompt row to `seq.prompt_lp`."""
         if self.sampled is not None:
-            for seq, k, row in zip(self.sampled_owners, self.sampled_ks, self.sampled.tolist()):
+            rows = self.sampled.numpy()
+            for i, (seq, k) in enumerate(zip(self.sampled_owners, self.sampled_ks)):
                 if seq.status is SeqStatus.RUNNING:
-                    seq.logprobs.append(_entry(row, k))
+                    seq.logprobs.append(rows[i, : 2 + 2 * k])
         if self.prompt is not None:
-            pr = self.prompt_rows
-            for seq, k, row in zip(pr.owners, pr.ks, self.prompt.tolist()):
-                seq.prompt_lp.append(_entry(row, k))
+            pr, rows = self.prompt_rows, self.prompt.numpy()
+            for i, (seq, k) in enumerate(zip(pr.owners, pr.ks)):
+                seq.prompt_lp.append(rows[i, : 2 + 2 * k])
 
 
-def _entry(row: list[float], k: int) -> tuple:
-    """A packed row -> (logprob, argmax id, top ids, top logprobs) trimmed to the row's own k (the token id is the
-    sequence's token, known on the host)."""
-    kmax = (len(row) - 2) // 2
-    return (row[0], int(row[1]), [int(t) for t in row[2 : 2 + k]], row[2 + kmax : 2 + kmax + k])
+def unpack(rows: list) -> list[tuple[float, int, list[tuple[int, float]]]]:
+    """A sequence's kept rows (numpy [2 + 2k] each, one k) -> (logprob, argmax id, [(id, logprob)] * k) each."""
+    if not rows:
+        return []
+    out = []
+    for r in np.stack(rows).tolist():
+        out.append((r[0], int(r[1]), [(int(r[j]), r[j + 1]) for j in range(2, len(r), 2)]))
+    return out
 
 
 def sampled_plan(seqs: list[Sequence]) -> tuple[list[int], list[Sequence], list[int]] | None:

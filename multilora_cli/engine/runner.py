@@ -292,9 +292,13 @@ class ModelRunner:
             ids = self.sampler(logits, sb)
         if (plan := sampled_plan(seqs)) is not None:  # the raw logprobs of the chosen tokens, rows that ask only
             rows, owners, ks = plan
-            at = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
             lp = lp or StepLogprobs()
-            lp.sampled, lp.sampled_owners, lp.sampled_ks = sampled_logprobs(logits, at, ids[at], max(ks)), owners, ks
+            if len(rows) == len(seqs):  # every row asks: no gather
+                lp.sampled = sampled_logprobs(logits, None, ids, max(ks))
+            else:
+                at = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+                lp.sampled = sampled_logprobs(logits, at, ids[at], max(ks))
+            lp.sampled_owners, lp.sampled_ks = owners, ks
         if self.device.type != "cuda":
             return Launched(batch, ids, ids, None, t0, graph, lp)
         # the ids come back through page-locked memory, two buffers taking turns (at most two steps in flight)

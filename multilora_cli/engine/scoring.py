@@ -11,6 +11,7 @@ continuation token j comes from position len(context_enc) - 1 + j.
 
 from __future__ import annotations
 
+from multilora_cli.engine.logprobs import unpack
 from multilora_cli.engine.request import Request, Score
 from multilora_cli.engine.sequence import Sequence
 from multilora_cli.errors import RequestError
@@ -53,6 +54,7 @@ def scoring_ids(tokenizer, request: Request) -> tuple[list[int], int]:
 
 def score_of(seq: Sequence) -> Score:
     """The Score of a finished scoring sequence: its prompt_lp rows are the continuation's tokens, in order."""
-    lps = [row[0] for row in seq.prompt_lp]
-    greedy = all(row[1] == t for row, t in zip(seq.prompt_lp, seq.prompt_token_ids[seq.prompt_logits_from + 1 :]))
+    rows = unpack(seq.prompt_lp)
+    lps = [row[0] for row in rows]
+    greedy = all(row[1] == t for row, t in zip(rows, seq.prompt_token_ids[seq.prompt_logits_from + 1 :]))
     return Score(logprob=sum(lps), is_greedy=greedy, token_logprobs=lps)
