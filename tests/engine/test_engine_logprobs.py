@@ -101,6 +101,33 @@ def test_rows_without_logprobs_get_none(setup):
     assert res.samples[0].logprobs is None and res.prompt_logprobs is None and res.score is None
 
 
+def test_a_stop_token_drops_its_logprob_with_it(setup):
+    """One entry per returned token id: a stop token (not in the ids) takes its entry along, also when a step was
+    launched ahead past it (EngineConfig.run_ahead)."""
+    engine, _ = setup
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13]]
+    plain = engine.generate_all(
+        [
+            Request(key=i, id=str(i), prompt_token_ids=p, sampling=SamplingParams(max_tokens=6, ignore_eos=True))
+            for i, p in enumerate(prompts)
+        ]
+    )
+    stops = [r.token_ids[2] for r in plain]
+    reqs = [
+        Request(
+            key=i,
+            id=str(i),
+            prompt_token_ids=p,
+            sampling=SamplingParams(max_tokens=6, ignore_eos=True, stop_token_ids=[stops[i]], logprobs=1),
+        )
+        for i, p in enumerate(prompts)
+    ]
+    for r, ref, stop in zip(engine.generate_all(reqs), plain, stops):
+        cut = ref.token_ids.index(stop)  # (the stop token may come before position 2 too)
+        assert r.token_ids == ref.token_ids[:cut] and r.finish_reason == "stop"
+        assert [e.id for e in r.samples[0].logprobs] == r.token_ids
+
+
 def test_n_samples_each_get_their_logprobs(setup):
     engine, pm = setup
     sp = SamplingParams(max_tokens=3, ignore_eos=True, n=3, temperature=1.0, seed=5, logprobs=1)
