@@ -169,6 +169,9 @@ class OpenAIBatchFormat:
         if s.get("logprobs") is not None and "prompt_logprobs" not in s:
             s["prompt_logprobs"] = s["logprobs"]
         if s.get("max_tokens") == 0:
+            if s.get("n", 1) != 1:
+                spec.fail("echo with max_tokens 0 generates nothing: give no n (or 1)", "invalid_sampling")
+                return
             spec.generate = False
             del s["max_tokens"]
 

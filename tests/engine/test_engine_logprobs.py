@@ -128,6 +128,34 @@ def test_a_stop_token_drops_its_logprob_with_it(setup):
         assert [e.id for e in r.samples[0].logprobs] == r.token_ids
 
 
+def test_preemption_keeps_one_entry_per_token(setup, tmp_path):
+    """A KV cache too small for every row at once: preempted rows recompute prompt + output, and their prompt
+    and completion logprobs are each position's once, equal to an unconstrained run's."""
+    engine, _ = setup
+    cfg = engine.config
+    small = Engine(
+        EngineConfig(model=cfg.model, device="cpu", max_loras=4, max_lora_rank=16, num_kv_blocks=8, block_size=4),
+        engine.adapters,
+    )
+    try:
+        sp = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+        reqs = [
+            Request(key=i, id=str(i), adapter=a, prompt_token_ids=list(range(20 + i, 30 + i)), sampling=sp)
+            for i, a in enumerate(PLAN)
+        ]
+        got = small.generate_all(reqs)
+        assert small.stats.preemptions > 0
+    finally:
+        small.close()
+    want = engine.generate_all(reqs)
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids and len(a.prompt_logprobs) == len(b.prompt_logprobs) == 10
+        pa = a.samples[0].logprobs + a.prompt_logprobs[1:]
+        pb = b.samples[0].logprobs + b.prompt_logprobs[1:]
+        assert [e.id for e in pa] == [e.id for e in pb]
+        assert all(abs(x.logprob - y.logprob) < TOL for x, y in zip(pa, pb))
+
+
 def test_n_samples_each_get_their_logprobs(setup):
     engine, pm = setup
     sp = SamplingParams(max_tokens=3, ignore_eos=True, n=3, temperature=1.0, seed=5, logprobs=1)
