@@ -192,17 +192,24 @@ def test_scoring_matches_hf_in_a_mixed_batch(setup):
 
 
 def test_greedy_continuation_is_greedy(setup):
-    """A continuation made of the model's own greedy tokens scores is_greedy true (and a changed one false)."""
+    """A continuation made of the model's own greedy tokens scores is_greedy true; one token changed, false."""
     engine, _ = setup
     ctx = "w10 w20 w30"
     gen = engine.generate_all(
         [Request(key=0, id="g", prompt=ctx, sampling=SamplingParams(max_tokens=3, ignore_eos=True))]
     )[0]
-    cont = engine.tokenizer.decode(gen.token_ids)
-    res = engine.generate_all([Request(key=0, id="s", prompt=ctx, continuation=" " + cont)])[0]
-    whole, n_ctx = encode_pair(engine.tokenizer, ctx, " " + cont)
-    if whole[n_ctx:] == gen.token_ids:  # (the tokenizer round-trips this text)
-        assert res.score.is_greedy
+    other = [gen.token_ids[0], gen.token_ids[1], gen.token_ids[2] + 1]
+    cont, changed = (" " + engine.tokenizer.decode(ids) for ids in (gen.token_ids, other))
+    whole, n_ctx = encode_pair(engine.tokenizer, ctx, cont)
+    assert whole[n_ctx:] == gen.token_ids  # (the test tokenizer round-trips these words)
+    res = engine.generate_all(
+        [
+            Request(key=0, id="s", prompt=ctx, continuation=cont),
+            Request(key=1, id="t", prompt=ctx, continuation=changed),
+        ]
+    )
+    assert res[0].score.is_greedy and not res[1].score.is_greedy
+    assert res[0].score.num_tokens == res[1].score.num_tokens == 3
 
 
 def test_generate_false_runs_the_prompt_only(setup):
