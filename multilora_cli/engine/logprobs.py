@@ -30,11 +30,19 @@ from multilora_cli.engine.sequence import SeqStatus, Sequence
 CHUNK_ELEMS = 1 << 25  # fp32 logits of one chunk of rows: 128 MiB (256 rows of a 128k vocabulary)
 
 
-def logprob_rows(chunk: Callable[[int, int], torch.Tensor], num_rows: int, vocab: int, targets: torch.Tensor, k: int):
+def logprob_rows(
+    chunk: Callable[[int, int], torch.Tensor],
+    num_rows: int,
+    vocab: int,
+    targets: torch.Tensor,
+    k: int,
+    chunk_elems: int = CHUNK_ELEMS,
+) -> torch.Tensor:
     """[R, 2 + 2k] fp32: per row (logprob of targets[r], argmax, then k (id, logprob) pairs, most likely first).
 
-    chunk(lo, hi) -> the fp32 logits [hi - lo, V] of rows lo .. hi - 1; targets: [R] long on their device."""
-    step = max(1, CHUNK_ELEMS // max(vocab, 1))
+    chunk(lo, hi) -> the fp32 logits [hi - lo, V] of rows lo .. hi - 1, asked for at most chunk_elems // V rows
+    at a time; targets: [R] long on their device. Reference: torch.log_softmax(x, -1) gathered and top-k'd."""
+    step = max(1, chunk_elems // max(vocab, 1))
     parts = []
     for lo in range(0, num_rows, step):
         hi = min(num_rows, lo + step)
