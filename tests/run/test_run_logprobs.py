@@ -93,6 +93,10 @@ def test_openai_shapes_and_echo_scores_like_a_scoring_line(model_dir, tmp_path):
     assert list(lp) == ["tokens", "token_logprobs", "top_logprobs", "text_offset"]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"])
     assert lp["text_offset"][0] == len(CTX) and all(len(t) <= 2 for t in lp["top_logprobs"])
+    assert "".join(lp["tokens"]) == c["text"]  # each token's text as it reads in the completion
+    assert [o - len(CTX) for o in lp["text_offset"]] == [
+        len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))
+    ]
     assert e["text"] == CTX + CONT and e["finish_reason"] == "length"
     assert recs[1]["response"]["body"]["usage"]["completion_tokens"] == 0
     elp = e["logprobs"]
