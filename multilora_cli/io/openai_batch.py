@@ -4,13 +4,16 @@ Input:  {"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/com
          "body": {"model": <adapter name | base model name | "base">, "prompt" | "messages",
                   "max_tokens" | "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
                   "frequency_penalty", "presence_penalty", "logit_bias" (OpenAI's), "min_p", "repetition_penalty",
-                  "min_tokens", "stop_token_ids", "ignore_eos" (vLLM's extensions of the same bodies)}}
+                  "min_tokens", "stop_token_ids", "ignore_eos", "prompt_logprobs" (vLLM's extensions of the same
+                  bodies), completions: "logprobs" k, "echo" (with max_tokens 0: score the prompt, generate
+                  nothing); chat: "logprobs" true/false, "top_logprobs" k}}
         Body fields that would change the output but are not served yet (`tools`, `response_format`, `best_of` > n,
         ...: io/unserved.py) fail the line unless given their no-op value, as do other
         systems' names (`max_new_tokens`) and near-misses of served ones; OpenAI metadata (`user`, `metadata`,
         `store`, `stream` false, `stream_options`, `service_tier`) and other keys are ignored.
 Output: {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id", "body": <completion>},
-         "error": null} (<completion>: OpenAI's, with n choices, index 0 .. n-1, and usage over all of them);  failure: {"id", "custom_id", "response": null, "error": {"code", "message"}}
+         "error": null} (<completion>: OpenAI's, with n choices, index 0 .. n-1, and usage over all of them;
+         each choice's "logprobs" in OpenAI's shape for its endpoint: io/logprob_records.py);  failure: {"id", "custom_id", "response": null, "error": {"code", "message"}}
 
 Record ids are derived from (line number, custom_id), so a resumed run writes the same ids as an uninterrupted one.
 """
