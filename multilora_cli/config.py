@@ -21,6 +21,7 @@ FP8_SMALL_M = 32
 GPU_MEMORY_UTILIZATION = 0.90  # default share of the GPU a run may use
 UTILIZATION_RANGE = (0.05, 0.99)
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy (as in vLLM)
+MAX_LOGPROBS = 20  # most alternatives per token (`logprobs`, `prompt_logprobs`; OpenAI allows 20 too)
 MAX_N = 128  # completions of one prompt (`n`), as OpenAI's limit
 
 
@@ -56,6 +57,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     n: int = 1
     constraint: Constraint | None = None  # structured output (constraint.py; engine/grammar/)
+    # the model's own log-softmax (fp32, raw logits: before logits processing, temperature, top-k/p), vLLM's
+    # default: `logprobs` k -> each generated token's logprob and the k most likely; `prompt_logprobs` k -> the
+    # same for every prompt token after the first (engine/logprobs.py). None = not asked (nothing is computed)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
@@ -94,6 +100,10 @@ class SamplingParams:
         ids = self.stop_token_ids
         if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
             raise ConfigError(f"stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
+                raise ConfigError(f"{name} must be an integer in 0..{MAX_LOGPROBS}, got {v!r}")
         # below GREEDY_BELOW, logits / T overflows float32 (softmax of inf - inf = NaN): such a T means argmax
         self.temperature = float(self.temperature) if self.temperature >= GREEDY_BELOW else 0.0
         self.top_p = float(self.top_p)

@@ -13,8 +13,9 @@ worker -> rank 0 (up channel):
 
 Results travel as tuples, not Result objects: a MultiloraError does not survive pickling with its `code`
 and `hint`, so an error travels as (code, one-line message) and comes back as a RequestError. A request with
-n > 1 carries its samples as (text, token_ids, finish_reason, completion_tokens) tuples in index order; for n=1
-the top-level fields are its one sample (nothing more travels).
+n > 1 carries its samples as (text, token_ids, finish_reason, completion_tokens, logprobs) tuples in index order;
+for n=1 the top-level fields are its one sample (and its logprobs). Logprobs, prompt logprobs and a scoring
+line's Score travel as the engine's own dataclasses (plain values), None when not asked.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def pack_result(r: Result) -> tuple:
     err = None if r.error is None else (r.error.code, r.error.one_line())
     samples = None
     if len(r.samples) > 1:
-        samples = [(s.text, s.token_ids, s.finish_reason, s.completion_tokens) for s in r.samples]
+        samples = [(s.text, s.token_ids, s.finish_reason, s.completion_tokens, s.logprobs) for s in r.samples]
     return (
         r.key,
         r.id,
@@ -46,16 +47,20 @@ def pack_result(r: Result) -> tuple:
         r.completion_tokens,
         err,
         samples,
+        r.samples[0].logprobs if len(r.samples) == 1 else None,
+        r.prompt_logprobs,
+        r.score,
+        r.echo_text,
     )
 
 
 def unpack_result(t: tuple) -> Result:
-    key, rid, adapter, text, token_ids, finish, pt, ct, err, packed = t
+    key, rid, adapter, text, token_ids, finish, pt, ct, err, packed, logprobs, prompt_lp, score, echo = t
     error = None if err is None else RequestError(err[1], code=err[0])
     if packed is not None:
         samples = [Sample(i, *s) for i, s in enumerate(packed)]
-    elif error is None:
-        samples = [Sample(0, text, token_ids, finish, ct)]
+    elif error is None and score is None:
+        samples = [Sample(0, text, token_ids, finish, ct, logprobs)]
     else:
         samples = []
     return Result(
@@ -69,6 +74,9 @@ def unpack_result(t: tuple) -> Result:
         completion_tokens=ct,
         error=error,
         samples=samples,
+        prompt_logprobs=prompt_lp,
+        score=score,
+        echo_text=echo,
     )
 
 

@@ -144,7 +144,8 @@ class StepPlan:
             num_new_tokens=n_new,
             start=start,
             slots=[s.slot for s in seqs],
-            sample=[st + n == len(s.token_ids) for s, st, n in zip(seqs, start, n_new)],
+            # a scoring sequence samples nothing: its last chunk finishes it (Scheduler.postprocess)
+            sample=[st + n == len(s.token_ids) and not s.prefill_only for s, st, n in zip(seqs, start, n_new)],
             num_decodes=len(seqs) - self.num_prefills,
             block_size=block_size,
             preempted=self.preempted,

@@ -19,10 +19,12 @@ from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
+from multilora_cli.engine.logprobs import unpack
 from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
-from multilora_cli.engine.request import EngineStats, Request, Result, Sample
+from multilora_cli.engine.request import EngineStats, Request, Result, Sample, TokenLogprob
 from multilora_cli.engine.runner import ModelRunner
 from multilora_cli.engine.scheduler import Scheduler
+from multilora_cli.engine.scoring import score_of, scoring_ids
 from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.slots import SlotManager
 from multilora_cli.engine.tokenizer import Tokenizer
@@ -107,6 +109,8 @@ class Engine:
             max_lora_rank=config.max_lora_rank,
         )
         self._next_seq_id = 0
+        self._token_texts: dict[int, str] = {}  # token id -> its text, for logprobs
+        self._anchor: tuple[int, str] | None = None  # (token id, its text) that _token_text decodes after
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
 
@@ -222,13 +226,19 @@ class Engine:
             request.sampling.check_token_ids(self.model_config.vocab_size)
         except ConfigError as e:
             return self._error(request, RequestError(f"request {request.id}: {e.message}", code="invalid_sampling"))
+        context_len = None
         try:
             if request.sampling.constraint is not None:
                 self._grammar().compiler.check(request.sampling.constraint, request.id)
-            ids = self.tokenizer.encode_request(request, self.max_model_len)  # refuses huge prompts unencoded
+            if request.is_scoring:
+                ids, context_len = scoring_ids(self.tokenizer, request)
+            else:
+                ids = self.tokenizer.encode_request(request, self.max_model_len)  # refuses huge prompts unencoded
         except MultiloraError as e:
             return self._error(request, e)
-        seq = Sequence.from_request(self._next_seq_id, request, ids, engine_seed=self.config.seed)
+        seq = Sequence.from_request(
+            self._next_seq_id, request, ids, engine_seed=self.config.seed, context_len=context_len
+        )
         self._next_seq_id += request.sampling.n  # the ids of its samples (Sequence.fork)
         self.scheduler.add(seq)
         return None
@@ -276,6 +286,17 @@ class Engine:
                 error=failed.error,
                 prompt_tokens=first.num_prompt_tokens,
             )
+        if first.request.is_scoring:
+            st.adapter(first.adapter).add_ok(first.num_prompt_tokens, 0)
+            st.prompt_tokens += first.num_prompt_tokens
+            return Result(
+                key=first.request.key,
+                id=first.request.id,
+                adapter=first.adapter,
+                finish_reason=first.finish_reason,
+                prompt_tokens=first.num_prompt_tokens,
+                score=score_of(first),
+            )
         samples = [self._sample(s) for s in seqs]
         completion = sum(s.completion_tokens for s in samples)
         st.adapter(first.adapter).add_ok(first.num_prompt_tokens, completion)
@@ -291,18 +312,64 @@ class Engine:
             prompt_tokens=first.num_prompt_tokens,
             completion_tokens=completion,
             samples=samples,
+            prompt_logprobs=self._prompt_logprobs(first),
+            echo_text=self._echo(first),
         )
 
+    def _echo(self, seq: Sequence) -> str | None:
+        req = seq.request
+        if not req.echo:
+            return None
+        return req.prompt if req.prompt is not None else self.tokenizer.decode(seq.prompt_token_ids)
+
+    def _token_text(self, token_id: int) -> str:
+        """A token's text as it reads after another token (special tokens kept), cached per id: decoded after an
+        anchor token and the anchor's text cut off, so a SentencePiece word token keeps its leading space as it
+        has in the completion's text (decoded alone, "▁word" loses it). A special token is its own text."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            tok = self.tokenizer
+            if self._anchor is None:
+                ids = tok.encode("a", add_special_tokens=False)
+                self._anchor = (ids[0], tok.decode(ids[:1], skip_special_tokens=False)) if ids else (-1, "")
+            a, a_text = self._anchor
+            text = tok.decode([token_id], skip_special_tokens=False)
+            if a >= 0 and tok.decode([token_id]):  # (a special token, e.g. BOS, stays as it is)
+                both = tok.decode([a, token_id], skip_special_tokens=False)
+                text = both[len(a_text) :] if both.startswith(a_text) else text
+            self._token_texts[token_id] = text
+        return text
+
+    def _entry(self, token_id: int, row: tuple) -> TokenLogprob:
+        """A raw logprob row (engine/logprobs.py) of `token_id` -> TokenLogprob with token texts."""
+        lp, _, pairs = row
+        top = [(t, self._token_text(t), v) for t, v in pairs]
+        return TokenLogprob(id=token_id, logprob=lp, top=top, token=self._token_text(token_id))
+
+    def _prompt_logprobs(self, seq: Sequence) -> list[TokenLogprob | None] | None:
+        """One entry per prompt token, the first without a logprob (nothing predicts it); None when not asked."""
+        if seq.prompt_lp is None:
+            return None
+        ids = seq.prompt_token_ids
+        first = TokenLogprob(id=ids[0], logprob=None, token=self._token_text(ids[0]))
+        return [first, *(self._entry(t, row) for t, row in zip(ids[1:], unpack(seq.prompt_lp)))]
+
     def _sample(self, seq: Sequence) -> Sample:
+        if seq.prefill_only:  # generate False: nothing generated, as OpenAI's max_tokens 0
+            return Sample(index=0, finish_reason="length", logprobs=[] if seq.logprobs is not None else None)
         ids = seq.output_token_ids
         if self.stop.stopped_by_token(seq):  # eos or a stop_token_id: counted in usage, not in text or ids
             ids = ids[:-1]
+        logprobs = None
+        if seq.logprobs is not None:  # one per token id (a stop token's is dropped with it)
+            logprobs = [self._entry(t, row) for t, row in zip(ids, unpack(seq.logprobs))]
         return Sample(
             index=seq.sample_index,
             text=seq.text,
             token_ids=ids,
             finish_reason=seq.finish_reason,
             completion_tokens=seq.num_completion_tokens,
+            logprobs=logprobs,
         )
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:

@@ -23,6 +23,51 @@ class Request:
     messages: list[dict] | None = None
     prompt_token_ids: list[int] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # a scoring request (no generation): the text whose tokens after `prompt` are scored (engine/scoring.py)
+    continuation: str | None = None
+    generate: bool = True  # False: prefill only (OpenAI `echo` with max_tokens 0)
+    echo: bool = False  # the Result carries the prompt's text (OpenAI completions' `echo`)
+
+    @property
+    def is_scoring(self) -> bool:
+        """A scoring request: the continuation's logprobs, no token sampled."""
+        return self.continuation is not None
+
+    @property
+    def prefill_only(self) -> bool:
+        """Runs its prompt and samples nothing (scoring, or generate False)."""
+        return self.continuation is not None or not self.generate
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Whether the logits of prompt positions are needed (prompt_logprobs, scoring): such a request must
+        compute every prompt position itself (a prefix-cache hit would skip positions whose logits it needs)."""
+        return self.continuation is not None or self.sampling.prompt_logprobs is not None
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One token's log-probability under the model (fp32 log-softmax of the raw logits) and the `top` k most
+    likely tokens at that position as (id, token text, logprob), most likely first. `token`: the id's text."""
+
+    id: int
+    logprob: float | None
+    top: list[tuple[int, str, float]] = field(default_factory=list)
+    token: str = ""
+
+
+@dataclass(slots=True)
+class Score:
+    """A scoring request's outcome: the continuation's tokens' logprobs (`token_logprobs`), their sum
+    (`logprob`), and whether every one of them is the argmax of its position (`is_greedy`)."""
+
+    logprob: float
+    is_greedy: bool
+    token_logprobs: list[float]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_logprobs)
 
 
 @dataclass(slots=True)
@@ -34,6 +79,7 @@ class Sample:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length"
     completion_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per token id (sampling.logprobs set), else None
 
 
 @dataclass(slots=True)
@@ -42,7 +88,8 @@ class Result:
     samples did) and the other outputs are empty.
 
     `samples` holds every completion in index order (one for n=1); `text`, `token_ids` and `finish_reason` are
-    sample 0's, `completion_tokens` the sum over the samples, `prompt_tokens` the prompt's (prefilled once)."""
+    sample 0's, `completion_tokens` the sum over the samples, `prompt_tokens` the prompt's (prefilled once).
+    A scoring request has `score` and no samples."""
 
     key: int
     id: str
@@ -54,6 +101,10 @@ class Result:
     completion_tokens: int = 0
     error: MultiloraError | None = None
     samples: list[Sample] = field(default_factory=list)
+    # one per prompt token; the first has no logprob (nothing predicts it): logprob None, no top
+    prompt_logprobs: list[TokenLogprob] | None = None
+    echo_text: str | None = None  # the prompt's text, when the request asked for `echo`
+    score: Score | None = None  # a scoring request's
 
 
 @dataclass(slots=True)

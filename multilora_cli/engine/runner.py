@@ -20,6 +20,7 @@ from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.cuda_graphs import DecodeGraphs
 from multilora_cli.engine.device import resolve_device
 from multilora_cli.engine.logits_processing import TokenHistory
+from multilora_cli.engine.logprobs import PromptRows, StepLogprobs, prompt_logprobs, sampled_logprobs, sampled_plan
 from multilora_cli.engine.long_rope import crossings, long_mask, recompute_batches
 from multilora_cli.engine.precompile import precompile
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
@@ -83,6 +84,7 @@ class Launched:
     done: torch.cuda.Event | None
     t0: float
     graph: bool
+    logprobs: StepLogprobs | None = None  # rows that asked for logprobs (engine/logprobs.py), None: none did
 
 
 def _greedy(seqs) -> bool:
@@ -268,7 +270,10 @@ class ModelRunner:
             for chunk in recompute_batches(batch, i, long_from, self.config.max_num_batched_tokens):
                 self._forward_eager(chunk, np.ones(chunk.num_tokens, dtype=bool))
         rope_long = long_mask(batch, long_from)
-        graph = self.graphs is not None and rope_long is None and self.graphs.can_run(batch)
+        # prompt positions whose logits a sequence needs (prompt_logprobs, scoring): eager steps only
+        prows = PromptRows.of(batch) if any(s.prompt_lp is not None for s in batch.seqs) else None
+        lp = None
+        graph = self.graphs is not None and rope_long is None and prows is None and self.graphs.can_run(batch)
         if graph:
             adapted = self.max_loras > 0 and any(s >= 0 for s in batch.slots)
             token_slots = batch.token_lora_slots() if adapted else None
@@ -278,12 +283,14 @@ class ModelRunner:
                 hidden = hidden.index_select(0, keep.to(self.device, non_blocking=True))
         else:
             hidden, inputs = self._forward_eager(batch, rope_long, feed)
+            if prows is not None:
+                lp = StepLogprobs(prompt=self._prompt_logprobs(hidden, prows), prompt_rows=prows)
             if inputs.num_logits == 0:
-                return Launched(batch, None, None, None, t0, graph)  # (nothing sampled: no mask was begun)
+                return self._done(Launched(batch, None, None, None, t0, graph, lp))  # (no mask was begun)
             hidden = hidden.index_select(0, inputs.logits_rows)
         seqs = batch.sampled_seqs()
         if not seqs:
-            return Launched(batch, None, None, None, t0, graph)
+            return self._done(Launched(batch, None, None, None, t0, graph, lp))
         logits = self.model.compute_logits(hidden, upcast=False)  # [N, V] model dtype
         if mask is None and _greedy(seqs):
             # the sampler's greedy rows without its bookkeeping; argmax over the model-dtype logits picks the
@@ -297,15 +304,44 @@ class ModelRunner:
             if mask is not None:
                 sb.grammar = self.grammar.finish(mask)
             ids = self.sampler(logits, sb)
+        if (plan := sampled_plan(seqs)) is not None:  # the raw logprobs of the chosen tokens, rows that ask only
+            rows, owners, ks = plan
+            lp = lp or StepLogprobs()
+            if len(rows) == len(seqs):  # every row asks: no gather
+                lp.sampled = sampled_logprobs(logits, None, ids, max(ks))
+            else:
+                at = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+                lp.sampled = sampled_logprobs(logits, at, ids[at], max(ks))
+            lp.sampled_owners, lp.sampled_ks = owners, ks
         if self.device.type != "cuda":
-            return Launched(batch, ids, ids, None, t0, graph)
+            return Launched(batch, ids, ids, None, t0, graph, lp)
         # the ids come back through page-locked memory, two buffers taking turns (at most two steps in flight)
         self._turn ^= 1
         host = self._host_ids[self._turn][: ids.shape[0]]
         host.copy_(ids, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        return Launched(batch, ids, host, done, t0, graph)
+        return self._done(Launched(batch, ids, host, None, t0, graph, lp))
+
+    def _done(self, launched: Launched) -> Launched:
+        """Queue the logprobs' copies to the host and, on CUDA, record the event `collect` waits for."""
+        if launched.logprobs is not None:
+            launched.logprobs.to_host()
+        if self.device.type == "cuda" and (launched.host is not None or launched.logprobs is not None):
+            launched.done = torch.cuda.Event()
+            launched.done.record()
+        return launched
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, prows: PromptRows) -> torch.Tensor:
+        """hidden: [T, H] of the step -> [R, 2 + 2k] for its prompt rows (engine/logprobs.py)."""
+        n = len(prows.rows)
+        both = torch.tensor(prows.rows + prows.targets, dtype=torch.long).to(self.device, non_blocking=True)
+        return prompt_logprobs(
+            lambda h: self.model.compute_logits(h, upcast=True),
+            hidden,
+            both[:n],
+            both[n:],
+            max(prows.ks),
+            self.vocab_size,
+        )
 
     def _forward_eager(self, batch: ScheduledBatch, rope_long: np.ndarray | None = None, feed=None):
         """One eager forward of `batch`: (hidden [T, H], its StepInputs). `rope_long`: LongRoPE's per-token
@@ -339,8 +375,11 @@ class ModelRunner:
         return launched.host.tolist() if launched.host is not None else []
 
     def collect(self, launched: Launched) -> list[int]:
-        """Wait for a launched step; its sampled ids (one per `batch.sampled_seqs()`)."""
+        """Wait for a launched step; its sampled ids (one per `batch.sampled_seqs()`), its logprobs attached to
+        their sequences (not in `_read_ids`: the grammar's worker reads the previous step's ids through it)."""
         out = self._read_ids(launched)
+        if launched.logprobs is not None:
+            launched.logprobs.attach()
         self._log(launched)
         return out
 

@@ -107,7 +107,7 @@ class Scheduler(Admission, Forking):
         """Queue a new sequence. One that can never run fails at once (see `pop_finished`)."""
         n = seq.num_tokens
         limit = self.max_model_len
-        if limit is not None and n >= limit:
+        if limit is not None and n >= limit + seq.prefill_only:  # (a scoring prompt may fill max_model_len)
             return self._fail(
                 seq,
                 RequestError(
@@ -116,7 +116,7 @@ class Scheduler(Admission, Forking):
                     hint=PROMPT_TOO_LONG_HINT,
                 ),
             )
-        need_tokens = n + seq.sampling.max_tokens - seq.num_completion_tokens
+        need_tokens = n if seq.prefill_only else n + seq.sampling.max_tokens - seq.num_completion_tokens
         if limit is not None:
             need_tokens = min(need_tokens, limit)
         need = self.bm.blocks_for(need_tokens)
@@ -245,6 +245,9 @@ class Scheduler(Admission, Forking):
                 continue
             seq.num_computed_tokens += n
             if not smp:
+                if seq.prefill_only and seq.num_computed_tokens == len(seq.token_ids):  # scored: done
+                    self._finish(seq, reason="length")
+                    any_done = True
                 continue
             seq.token_ids.append(int(next(it)))  # Sequence.append_token, inline: once per sequence a step
             if seq.pending_forks:  # before the stop check: a sample that stops at once still leaves its prompt

@@ -79,12 +79,18 @@ class Sequence:
     sample_index: int = 0  # which of the request's n samples this is
     pending_forks: int = 0  # samples still to fork from this one (n - 1 until its first token, then 0)
     reserved_seats: int = 0  # seats held for those forks while RUNNING (Scheduler: max_num_seqs counts them)
+    # logprobs (engine/logprobs.py): packed rows (numpy [2 + 2k] views), turned into entries with the result
+    logprobs: list | None = None  # one per generated token when sampling.logprobs is set
+    prompt_lp: list | None = None  # positions prompt_logits_from .. , each for the token after it
+    prompt_logits_from: int = -1  # first prompt position whose logits are kept (-1: none)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError("a sequence needs at least one prompt token")
         self.prompt_token_ids = list(self.prompt_token_ids)
         self.token_ids = list(self.prompt_token_ids)
+        if self.request.sampling.logprobs is not None:
+            self.logprobs = []
 
     @classmethod
     def from_request(
@@ -94,12 +100,14 @@ class Sequence:
         prompt_token_ids: list[int],
         engine_seed: int = 0,
         adapter: str | None = None,
+        context_len: int | None = None,
     ) -> Sequence:
-        """Build a sequence; the seed is the request's own or derived from (engine_seed, request.key)."""
+        """Build a sequence; the seed is the request's own or derived from (engine_seed, request.key).
+        context_len: a scoring request's context tokens (the rest of the prompt is its continuation)."""
         seed = request.sampling.seed
         if seed is None:
             seed = derive_seed(engine_seed, request.key)
-        return cls(
+        seq = cls(
             seq_id=seq_id,
             request=request,
             prompt_token_ids=prompt_token_ids,
@@ -107,6 +115,13 @@ class Sequence:
             seed=seed,
             pending_forks=request.sampling.n - 1,
         )
+        if request.is_scoring:
+            if context_len is None or not 0 < context_len < len(prompt_token_ids):
+                raise ValueError("a scoring sequence needs 1 .. len(prompt) - 1 context tokens")
+            seq.prompt_logits_from, seq.prompt_lp = context_len - 1, []
+        elif request.sampling.prompt_logprobs is not None:
+            seq.prompt_logits_from, seq.prompt_lp = 0, []  # (forks never: sample 0 gives the request's)
+        return seq
 
     def fork(self, index: int, num_computed_tokens: int) -> Sequence:
         """Sample `index` of this sequence's request (seq_id + index), its prompt's first `num_computed_tokens`
@@ -162,6 +177,19 @@ class Sequence:
         """Index (within the completion) of the next token to sample: the sampler's noise counter. It does not
         change when the sequence is preempted and recomputed, so preemption never changes the text."""
         return self.num_completion_tokens
+
+    @property
+    def prefill_only(self) -> bool:
+        """A scoring (or generate False) sequence: it finishes once its prompt is computed, sampling nothing."""
+        return self.request.prefill_only
+
+    def prompt_logit_positions(self, start: int, n: int) -> range:
+        """Positions among start .. start + n - 1 whose logits this sequence still needs (each gives the logprob
+        of the prompt token after it); a recompute after preemption skips those it already has."""
+        if self.prompt_lp is None:
+            return range(0)
+        lo = max(start, self.prompt_logits_from + len(self.prompt_lp))
+        return range(lo, min(start + n, len(self.prompt_token_ids) - 1))
 
     @property
     def is_finished(self) -> bool:

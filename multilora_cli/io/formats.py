@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from multilora_cli.io.line import OPENAI, SIMPLE, Choice, LineSpec, json_type
+from multilora_cli.io.line import OPENAI, SIMPLE, Choice, LineLogprobs, LineSpec, json_type
 from multilora_cli.io.openai_batch import OpenAIBatchFormat
 from multilora_cli.io.simple import SimpleFormat
 
@@ -36,9 +36,15 @@ class Format(Protocol):
         prompt_tokens: int,
         completion_tokens: int,
         choices: list[Choice] | None = None,
+        logprobs: LineLogprobs | None = None,
     ) -> dict:
         """The record of a line that ran. `choices`: a line with n > 1, every sample's (text, finish_reason) in
-        index order (`text` / `finish_reason` are then ignored, `completion_tokens` is the sum)."""
+        index order (`text` / `finish_reason` are then ignored, `completion_tokens` is the sum). `logprobs`: what
+        the line asked for of logprobs, prompt logprobs and echo (None: nothing)."""
+        ...
+
+    def score_record(self, spec: LineSpec, logprob: float, is_greedy: bool, token_logprobs: list[float]) -> dict:
+        """The record of a scoring line (simple format: OpenAI lines score through echo + max_tokens 0)."""
         ...
 
     def error_record(self, spec: LineSpec, code: str, message: str) -> dict: ...

@@ -18,9 +18,24 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
 # logits processing (config.SamplingParams says whose semantics each has)
 SAMPLING_FIELDS += ("min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
 SAMPLING_FIELDS += ("min_tokens", "stop_token_ids", "ignore_eos")
+SAMPLING_FIELDS += ("logprobs", "prompt_logprobs")  # the model's raw log-softmax (engine/logprobs.py)
 # structured output (constraint.py): the simple format takes all three, an OpenAI body response_format only
 CONSTRAINT_FIELDS = ("response_format", "regex", "choice")
 Choice = tuple[str, str | None]  # one of a line's n > 1 samples in its record: (text, finish_reason)
+
+
+@dataclass(slots=True)
+class LineLogprobs:
+    """The logprobs a line's record shows, as plain entries {"id", "token", "logprob", "top_logprobs": [{"id",
+    "token", "logprob"}, ...]} (io/logprob_records.py shapes them per format).
+
+    choices: per sample (index order), one entry per generated token; None where the line did not ask.
+    prompt: one entry per prompt token, the first with logprob None (nothing predicts it); None: not asked.
+    echo: the prompt's text, for OpenAI completions' `echo`."""
+
+    choices: list[list[dict] | None] | None = None
+    prompt: list[dict] | None = None
+    echo: str | None = None
 
 
 @dataclass(slots=True)
@@ -38,6 +53,9 @@ class LineSpec:
     prompt: str | None = None
     messages: list[dict] | None = None
     prompt_token_ids: list[int] | None = None
+    continuation: str | None = None  # a scoring line's text to score after the prompt (no generation)
+    echo: bool = False  # OpenAI completions: the record's text starts with the prompt
+    generate: bool = True  # False: OpenAI echo with max_tokens 0 (prompt logprobs only)
     sampling: dict = field(default_factory=dict)  # the line's own sampling fields, validated later
     meta: dict = field(default_factory=dict)  # format specifics echoed in the record (OpenAI url, model)
     error: RequestError | None = None

@@ -4,14 +4,17 @@ Input:  {"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/com
          "body": {"model": <adapter name | base model name | "base">, "prompt" | "messages",
                   "max_tokens" | "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
                   "frequency_penalty", "presence_penalty", "logit_bias" (OpenAI's), "min_p", "repetition_penalty",
-                  "min_tokens", "stop_token_ids", "ignore_eos" (vLLM's extensions of the same bodies),
-                  "response_format" (json_object, json_schema: constraint.py)}}
+                  "min_tokens", "stop_token_ids", "ignore_eos", "prompt_logprobs" (vLLM's extensions of the same
+                  bodies), "response_format" (json_object, json_schema: constraint.py), completions: "logprobs" k,
+                  "echo" (with max_tokens 0: score the prompt, generate nothing); chat: "logprobs" true/false,
+                  "top_logprobs" k}}
         Body fields that would change the output but are not served yet (`tools`, `regex`, `best_of` > n,
         ...: io/unserved.py) fail the line unless given their no-op value, as do other
         systems' names (`max_new_tokens`) and near-misses of served ones; OpenAI metadata (`user`, `metadata`,
         `store`, `stream` false, `stream_options`, `service_tier`) and other keys are ignored.
 Output: {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id", "body": <completion>},
-         "error": null} (<completion>: OpenAI's, with n choices, index 0 .. n-1, and usage over all of them);  failure: {"id", "custom_id", "response": null, "error": {"code", "message"}}
+         "error": null} (<completion>: OpenAI's, with n choices, index 0 .. n-1, and usage over all of them;
+         each choice's "logprobs" in OpenAI's shape for its endpoint: io/logprob_records.py);  failure: {"id", "custom_id", "response": null, "error": {"code", "message"}}
 
 Record ids are derived from (line number, custom_id), so a resumed run writes the same ids as an uninterrupted one.
 """
@@ -23,7 +26,9 @@ import json
 import time
 from typing import Any
 
-from multilora_cli.io.line import OPENAI, SAMPLING_FIELDS, Choice, LineSpec, check_messages, json_type
+from multilora_cli.io.line import OPENAI, SAMPLING_FIELDS, Choice, LineLogprobs, LineSpec, check_messages, json_type
+from multilora_cli.io.logprob_records import chat as chat_logprobs
+from multilora_cli.io.logprob_records import legacy, simple_prompt
 from multilora_cli.io.unserved import UNKNOWN, UNSUPPORTED, near_miss, refusal
 
 COMPLETIONS = "/v1/completions"
@@ -34,7 +39,7 @@ SAMPLING = (
     *(f for f in SAMPLING_FIELDS if f != "max_tokens"),
     "response_format",
 )  # copied as they are; max_tokens has a synonym
-BODY_FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", *SAMPLING)
+BODY_FIELDS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "echo", "top_logprobs", *SAMPLING)
 METADATA = ("user", "metadata", "store", "stream", "stream_options", "service_tier", "prediction")
 
 
@@ -70,6 +75,7 @@ class OpenAIBatchFormat:
         spec.meta["model"] = model
         if url == COMPLETIONS:
             self._prompt(spec, body)
+            spec.meta["prompt_chars"] = len(spec.prompt or "")
         else:
             if body.get("prompt") is not None:
                 return spec.fail(f"{CHAT} takes 'messages', not 'prompt' (use {COMPLETIONS} for a prompt)")
@@ -110,6 +116,12 @@ class OpenAIBatchFormat:
         if mt is not None or mct is not None:
             s["max_tokens"] = mct if mct is not None else mt
         spec.sampling = s
+        if spec.meta.get("url") == CHAT:
+            OpenAIBatchFormat._chat_logprobs(spec, body)
+        else:
+            OpenAIBatchFormat._completion_logprobs(spec, body)
+        if spec.error is not None:
+            return
         if body.get("stream") not in (None, False):
             spec.fail(
                 f"field 'body.stream' {json.dumps(body['stream'])} is not supported: a batch line cannot stream "
@@ -131,6 +143,45 @@ class OpenAIBatchFormat:
                 )
                 return
 
+    @staticmethod
+    def _chat_logprobs(spec: LineSpec, body: dict) -> None:
+        """Chat: `logprobs` true/false, `top_logprobs` k (0..20) only beside logprobs true; no `echo`."""
+        s, lp, top = spec.sampling, body.get("logprobs"), body.get("top_logprobs")
+        s.pop("logprobs", None)
+        if body.get("echo") not in (None, False):
+            spec.fail(f"field 'body.echo' is not a {CHAT} field (use {COMPLETIONS} to echo a prompt)", UNSUPPORTED)
+        elif lp not in (None, True, False):
+            spec.fail(f"body.logprobs must be true or false for {CHAT}, got {json.dumps(lp)}", "invalid_sampling")
+        elif lp is True:
+            s["logprobs"] = 0 if top is None else top
+        elif top not in (None, 0):
+            spec.fail("body.top_logprobs needs body.logprobs true", "invalid_sampling")
+
+    @staticmethod
+    def _completion_logprobs(spec: LineSpec, body: dict) -> None:
+        """Completions: `logprobs` k; `echo` true puts the prompt (and, with logprobs, its tokens' logprobs) in
+        front of the completion; max_tokens 0 with echo generates nothing (scoring, as lm-evaluation-harness
+        asks for it)."""
+        s, echo = spec.sampling, body.get("echo")
+        if body.get("top_logprobs") not in (None, 0):
+            spec.fail(f"body.top_logprobs is a {CHAT} field: {COMPLETIONS} takes logprobs k", UNKNOWN)
+            return
+        if echo not in (None, True, False):
+            spec.fail(f"body.echo must be true or false, got {json.dumps(echo)}")
+            return
+        if not echo:
+            return
+        spec.echo = True
+        spec.meta["echo"] = True
+        if s.get("logprobs") is not None and "prompt_logprobs" not in s:
+            s["prompt_logprobs"] = s["logprobs"]
+        if s.get("max_tokens") == 0:
+            if s.get("n", 1) != 1:
+                spec.fail("echo with max_tokens 0 generates nothing: give no n (or 1)", "invalid_sampling")
+                return
+            spec.generate = False
+            del s["max_tokens"]
+
     # -- records --------------------------------------------------------------------------------------------
     @staticmethod
     def _hash(spec: LineSpec) -> str:
@@ -144,6 +195,7 @@ class OpenAIBatchFormat:
         prompt_tokens: int,
         completion_tokens: int,
         choices: list[Choice] | None = None,
+        logprobs: LineLogprobs | None = None,
     ) -> dict:
         h = self._hash(spec)
         chat = spec.meta.get("url") == CHAT
@@ -152,13 +204,24 @@ class OpenAIBatchFormat:
         else:
             body_id, obj = f"cmpl-{h[:24]}", "text_completion"
         listed = []
+        lp = logprobs or LineLogprobs()
+        echo = lp.echo if lp.echo is not None else ""
         for i, (t, f) in enumerate(choices if choices is not None else [(text, finish_reason)]):
             choice: dict = {"index": i}
+            entries = lp.choices[i] if lp.choices is not None else None
             if chat:
                 choice["message"] = {"role": "assistant", "content": t}
+                choice["logprobs"] = None if entries is None else chat_logprobs(entries)
             else:
-                choice["text"] = t
-            choice["logprobs"] = None
+                choice["text"] = echo + t
+                shown = entries
+                if lp.echo is not None and lp.prompt is not None:
+                    shown = [*lp.prompt, *(entries or [])]
+                # echo: the prompt's tokens first, offsets from the prompt's start; else from its end
+                start = 0 if lp.echo is not None else spec.meta.get("prompt_chars", 0)
+                choice["logprobs"] = None if shown is None else legacy(shown, start)
+            if lp.prompt is not None and lp.echo is None and i == 0:  # vLLM's prompt_logprobs extension
+                choice["prompt_logprobs"] = simple_prompt(lp.prompt)
             choice["finish_reason"] = f
             listed.append(choice)
         body = {
@@ -179,6 +242,9 @@ class OpenAIBatchFormat:
             "response": {"status_code": 200, "request_id": f"req_{h[32:56]}", "body": body},
             "error": None,
         }
+
+    def score_record(self, spec: LineSpec, logprob: float, is_greedy: bool, token_logprobs: list[float]) -> dict:
+        raise TypeError("OpenAI batch lines score through echo + max_tokens 0: `continuation` is refused")
 
     def error_record(self, spec: LineSpec, code: str, message: str) -> dict:
         return {

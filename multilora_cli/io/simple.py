@@ -3,7 +3,9 @@
 Input:  {"id": "a1", "prompt": "..." | "messages": [...], "adapter": "legal" | null | "base",
          "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "min_p", "repetition_penalty",
          "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens", "stop_token_ids", "ignore_eos",
-         "response_format" (OpenAI's object), "regex", "choice" (one of the three: constraint.py)}
+         "response_format" (OpenAI's object), "regex", "choice" (one of the three: constraint.py),
+         "logprobs": k, "prompt_logprobs": k (0..20)}
+        Scoring line: {"id", "prompt": CONTEXT, "continuation": TEXT, "adapter"}: nothing is generated.
         `model` is an alias of `adapter` (the OpenAI habit); both given and different fail the line.
         Fields that would change the output but are not served yet (`logprobs`, `tools`,
         ...: io/unserved.py) fail the line unless given their no-op value; so do other systems' names for served
@@ -12,6 +14,10 @@ Input:  {"id": "a1", "prompt": "..." | "messages": [...], "adapter": "legal" | n
 Output: {"id", "adapter", "text", "finish_reason", "usage": {"prompt_tokens", "completion_tokens"}}
         n > 1: {"id", "adapter", "choices": [{"index", "text", "finish_reason"}, ...],
                 "usage": {"prompt_tokens", "completion_tokens" (all samples)}}
+        logprobs k: "logprobs": [{"id", "token", "logprob", "top_logprobs": [{"id", "token", "logprob"}] (k)}]
+                one per generated token (in each choice with n > 1); prompt_logprobs k: "prompt_logprobs":
+                [null, {...}, ...] one per prompt token
+        scoring: {"id", "adapter", "logprob", "is_greedy", "num_tokens", "token_logprobs": [float, ...]}
 Error:  {"id", "adapter", "error": {"code", "message"}}
 """
 
@@ -24,15 +30,19 @@ from multilora_cli.io.line import (
     SAMPLING_FIELDS,
     SIMPLE,
     Choice,
+    LineLogprobs,
     LineSpec,
     check_messages,
     json_type,
 )
+from multilora_cli.io.logprob_records import simple_prompt
 from multilora_cli.io.unserved import UNKNOWN, near_miss, refusal
 
-FIELDS = ("id", "prompt", "messages", "adapter", "model", *SAMPLING_FIELDS, *CONSTRAINT_FIELDS)
+FIELDS = ("id", "prompt", "messages", "adapter", "model", "continuation", *SAMPLING_FIELDS, *CONSTRAINT_FIELDS)
 # names a key may be a near-miss of: not "choice", whose neighbour "choices" is a likely metadata key
 NEAR = tuple(f for f in FIELDS if f != "choice")
+# a scoring line's result is fixed: nothing that shapes a generation goes with it
+NOT_WITH_SCORING = ("messages", "logprobs", "prompt_logprobs", "n", *CONSTRAINT_FIELDS)
 
 
 class SimpleFormat:
@@ -84,7 +94,26 @@ class SimpleFormat:
         else:
             spec.messages = check_messages(spec, obj["messages"])
         spec.sampling = {k: obj[k] for k in (*SAMPLING_FIELDS, *CONSTRAINT_FIELDS) if obj.get(k) is not None}
+        if spec.sampling.get("logprobs") is False:  # (the no-op value other systems accept)
+            del spec.sampling["logprobs"]
+        if obj.get("continuation") is not None:
+            self._continuation(spec, obj)
         return spec
+
+    @staticmethod
+    def _continuation(spec: LineSpec, obj: dict) -> None:
+        cont = obj["continuation"]
+        if not isinstance(cont, str):
+            spec.fail(f"continuation must be a string, got {json_type(cont)}")
+        elif not cont:
+            spec.fail("continuation is empty: a scoring line scores at least one token", "empty_continuation")
+        elif (other := next((k for k in NOT_WITH_SCORING if obj.get(k) not in (None, False, 1)), None)) is not None:
+            spec.fail(
+                f"a scoring line (prompt + continuation) takes no {other!r}: it generates nothing and its record "
+                "is the continuation's logprobs (use prompt_logprobs on a generation line for the prompt's)"
+            )
+        else:
+            spec.continuation = cont
 
     def ok_record(
         self,
@@ -94,17 +123,34 @@ class SimpleFormat:
         prompt_tokens: int,
         completion_tokens: int,
         choices: list[Choice] | None = None,
+        logprobs: LineLogprobs | None = None,
     ) -> dict:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+        lps = logprobs.choices if logprobs is not None and logprobs.choices is not None else None
         if choices is not None:
             listed = [{"index": i, "text": t, "finish_reason": f} for i, (t, f) in enumerate(choices)]
-            return {"id": spec.id, "adapter": self._adapter(spec), "choices": listed, "usage": usage}
+            for c, entries in zip(listed, lps or []):
+                if entries is not None:
+                    c["logprobs"] = entries
+            rec = {"id": spec.id, "adapter": self._adapter(spec), "choices": listed}
+        else:
+            rec = {"id": spec.id, "adapter": self._adapter(spec), "text": text, "finish_reason": finish_reason}
+            if lps and lps[0] is not None:
+                rec["logprobs"] = lps[0]
+        if logprobs is not None and logprobs.prompt is not None:
+            rec["prompt_logprobs"] = simple_prompt(logprobs.prompt)
+        rec["usage"] = usage
+        return rec
+
+    def score_record(self, spec: LineSpec, logprob: float, is_greedy: bool, token_logprobs: list[float]) -> dict:
+        """A scoring line's record: the continuation's summed logprob, whether each token is the argmax."""
         return {
             "id": spec.id,
             "adapter": self._adapter(spec),
-            "text": text,
-            "finish_reason": finish_reason,
-            "usage": usage,
+            "logprob": logprob,
+            "is_greedy": is_greedy,
+            "num_tokens": len(token_logprobs),
+            "token_logprobs": token_logprobs,
         }
 
     def error_record(self, spec: LineSpec, code: str, message: str) -> dict:
@@ -117,7 +163,7 @@ class SimpleFormat:
         return record.get("error") is not None
 
     def looks_like_record(self, record: dict) -> bool:
-        shaped = "text" in record or "choices" in record or "error" in record
+        shaped = "text" in record or "choices" in record or "error" in record or "is_greedy" in record
         return "id" in record and shaped and "custom_id" not in record
 
     @staticmethod

@@ -2,7 +2,7 @@
 that are: each one fails its line (an error record), because ignoring it would quietly give another output than
 the line asks for, and nobody reads 100,000 outputs by hand.
 
-A field given its no-op value ("echo": false, "logprobs": false, "typical_p": 1) asks for
+A field given its no-op value ("suffix": "", "typical_p": 1) asks for
 nothing multilora does not do, so it is accepted; null counts as not given. Keys in neither table are metadata
 and stay ignored (`custom_id`, `meta`, `user`, ...), except near-misses of a known name (`near_miss`).
 """
@@ -25,13 +25,12 @@ NOT_SERVED: dict[str, tuple] = {
     "use_beam_search": (False,),
     "num_beams": (1,),
     "length_penalty": (1, 1.0),
-    "continuation": (),  # scoring a given continuation
+    # served by one format only: `continuation` by simple lines (OpenAI's scoring is echo + max_tokens 0), `echo`
+    # by /v1/completions bodies and `top_logprobs` by /v1/chat/completions bodies (io/openai_batch.py)
+    "continuation": (),
     "echo": (False,),
-    "suffix": ("",),
-    # logprobs
-    "logprobs": (False,),  # 0 is not a no-op: vLLM / legacy completions then return the sampled tokens' logprobs
     "top_logprobs": (0,),
-    "prompt_logprobs": (),
+    "suffix": ("",),
     # logits processing (the penalties, logit_bias, min_p, min_tokens, stop_token_ids and ignore_eos are served)
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),

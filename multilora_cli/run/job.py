@@ -31,6 +31,7 @@ from multilora_cli.io.writer import refuse_clobbering
 from multilora_cli.run.config import RunConfig, base_aliases
 from multilora_cli.run.engine_api import EngineFactory, JobEngine
 from multilora_cli.run.ledger import RunLedger, check_ledger_clash
+from multilora_cli.run.logprobs import line_logprobs
 from multilora_cli.run.outputs import RunOutputs
 from multilora_cli.run.plan import EnginePlan
 from multilora_cli.run.setup import engine_config, note, preflight_run, why
@@ -134,6 +135,9 @@ class RunJob:
                 messages=spec.messages,
                 prompt_token_ids=spec.prompt_token_ids,
                 sampling=params,
+                continuation=spec.continuation,
+                generate=spec.generate,
+                echo=spec.echo,
             )
             spec.prompt = spec.messages = spec.prompt_token_ids = None  # the engine holds them now
             with self._lock:
@@ -183,11 +187,21 @@ class RunJob:
             msg = res.error.one_line().removeprefix(f"request {res.id}: ")
             self._emit_error(spec, res.error.code, f"line {spec.lineno}: {msg}", adapter)
             return
-        # n > 1: every sample's choice, in index order (one record per line, completion tokens summed)
-        choices = [(s.text, s.finish_reason) for s in res.samples] if len(res.samples) > 1 else None
-        record = self._fmt.ok_record(
-            spec, res.text, res.finish_reason, res.prompt_tokens, res.completion_tokens, choices
-        )
+        if res.score is not None:  # a scoring line (simple format only)
+            sc = res.score
+            record = self._fmt.score_record(spec, sc.logprob, sc.is_greedy, sc.token_logprobs)
+        else:
+            # n > 1: every sample's choice, in index order (one record per line, completion tokens summed)
+            choices = [(s.text, s.finish_reason) for s in res.samples] if len(res.samples) > 1 else None
+            record = self._fmt.ok_record(
+                spec,
+                res.text,
+                res.finish_reason,
+                res.prompt_tokens,
+                res.completion_tokens,
+                choices,
+                logprobs=line_logprobs(res),
+            )
         with self._lock:
             self.stats.add_ok(adapter, res.prompt_tokens, res.completion_tokens)
             self.writer.put(spec.key, record, tag=self._tag(spec.key))

@@ -1,0 +1,202 @@
+"""Scoring and logprobs benchmark: multilora vs HF transformers + PEFT forward, in the same process.
+
+    python -m benchmarks.bench_scoring                                   # Llama-3-8B shapes, 64 adapters (GPU)
+    python -m benchmarks.bench_scoring --preset tiny --requests 24 --context-len 32 --continuation-len 4 \\
+        --gen-requests 8 --output-len 4 --prompt-len 16 --adapters 4 --hf-batch 4 --hf-batches 2   # CPU smoke
+
+(a) scoring: `--requests` scoring requests (`--context-len` context tokens + `--continuation-len` continuation
+    tokens, adapters drawn uniformly from `--adapters` synthetic rank-`--rank` adapters on all 7 projections),
+    prefill only, the LM head at the continuation's positions: prompt tokens/s. Baseline: HF + PEFT forward of
+    the same rows in batches of `--hf-batch` with mixed `adapter_names` (PEFT's mixed-batch LoRA), full logits
+    and an fp32 log_softmax at the continuation's positions (lm-evaluation-harness' HF path), timed over
+    `--hf-batches` batches after one warm-up: prompt tokens/s. Target: multilora >= 10x.
+(b) generation with `logprobs: 5` vs without: `--gen-requests` greedy requests of `--prompt-len` + `--output-len`
+    tokens over the same adapters, the two arms interleaved `--repeats` times on one engine (best of each):
+    generated tokens/s ratio. Target >= 0.9x.
+Writes benchmarks/results/scoring-<device>.json and prints both ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.timing import command_line, parser
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SCORING_TARGET, LOGPROBS_TARGET = 10.0, 0.9
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def scoring_rows(n: int, ctx: int, cont: int, vocab: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(context ids, continuation ids) per request, ids in [10, vocab): the word-level bench tokenizer maps
+    "w{id}" to id, so the texts below tokenize back to exactly these ids."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(10, vocab, (n, ctx + cont)).tolist()
+    return [(row[:ctx], row[ctx:]) for row in ids]
+
+
+def scoring_requests(rows, adapters: list[str | None]):
+    from multilora_cli.engine.request import Request
+
+    def text(ids):
+        return " ".join(f"w{t}" for t in ids)
+
+    return [
+        Request(key=i, id=str(i), adapter=a, prompt=text(c), continuation=" " + text(x))
+        for i, ((c, x), a) in enumerate(zip(rows, adapters))
+    ]
+
+
+def time_engine_scoring(engine, reqs, device) -> tuple[float, int]:
+    _sync(device)
+    t0 = time.perf_counter()
+    res = list(engine.generate(reqs))
+    _sync(device)
+    wall = time.perf_counter() - t0
+    bad = [r for r in res if r.error is not None or r.score is None]
+    if bad:
+        raise RuntimeError(f"{len(bad)} scoring requests failed: {bad[0].error}")
+    return wall, sum(r.prompt_tokens for r in res)
+
+
+def time_hf_scoring(model, rows, adapters, batch: int, batches: int, device) -> dict:
+    """HF + PEFT forward over whole = context + continuation[:-1], logprobs of the continuation's tokens."""
+    ctx = len(rows[0][0])
+
+    def run(lo: int) -> int:
+        part = rows[lo : lo + batch]
+        ids = torch.tensor([c + x for c, x in part], device=device)
+        names = [a if a is not None else "__base__" for a in adapters[lo : lo + batch]]
+        with torch.inference_mode():
+            logits = model(input_ids=ids[:, :-1], adapter_names=names).logits  # [B, T - 1, V]
+            lp = torch.log_softmax(logits[:, ctx - 1 :].float(), dim=-1)
+            lp.gather(-1, ids[:, ctx:, None]).sum()
+        return ids.numel()
+
+    run(0)  # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    tokens = sum(run((i * batch) % max(1, len(rows) - batch + 1)) for i in range(batches))
+    _sync(device)
+    wall = time.perf_counter() - t0
+    return dict(batch=batch, batches=batches, seconds=wall, prompt_tokens=tokens, tokens_per_s=tokens / wall)
+
+
+def time_generation(engine, reqs, repeats: int, device) -> dict:
+    """Interleaved arms (plain, logprobs 5) on one engine: best generated tokens/s of each."""
+    arms = {"plain": reqs, "logprobs5": [replace(r, sampling=replace(r.sampling, logprobs=5)) for r in reqs]}
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        for name, rs in arms.items():
+            fresh = [replace(r) for r in rs]  # (requests are not mutated, but keep runs independent)
+            _sync(device)
+            t0 = time.perf_counter()
+            res = list(engine.generate(fresh))
+            _sync(device)
+            wall = time.perf_counter() - t0
+            toks = sum(r.completion_tokens for r in res)
+            if name == "logprobs5" and any(len(r.samples[0].logprobs) != len(r.token_ids) for r in res):
+                raise RuntimeError("a logprobs request came back without one entry per token")
+            best[name] = max(best.get(name, 0.0), toks / wall)
+    return dict(tokens_per_s=best, ratio=best["logprobs5"] / best["plain"], target=LOGPROBS_TARGET)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from multilora_cli.bench.adapters import SyntheticAdapters, SyntheticEngine
+    from multilora_cli.bench.hf_peft import build_hf_peft
+    from multilora_cli.bench.model_dir import write_model_dir
+    from multilora_cli.bench.suite import device_info, engine_config
+    from multilora_cli.bench.workload import Workload
+    from multilora_cli.models.config import ModelConfig
+
+    ap = parser(__doc__)
+    ap.add_argument("--preset", default="llama-3-8b")
+    ap.add_argument("--adapters", type=int, default=64)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=1024)
+    ap.add_argument("--context-len", type=int, default=512)
+    ap.add_argument("--continuation-len", type=int, default=16)
+    ap.add_argument("--hf-batch", type=int, default=16)
+    ap.add_argument("--hf-batches", type=int, default=4)
+    ap.add_argument("--gen-requests", type=int, default=512)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--skip-hf", action="store_true", help="no HF + PEFT baseline (scoring ratio not computed)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    info = device_info(device)
+    log = print
+    report: dict = {"command": command_line("benchmarks.bench_scoring", argv), "device": info, "args": dict(vars(args))}
+    report["args"]["out"] = str(args.out) if args.out else None
+    seq_len = args.context_len + args.continuation_len
+    work = Workload(
+        preset=args.preset,
+        num_adapters=args.adapters,
+        rank=args.rank,
+        num_requests=args.gen_requests,
+        prompt_len=max(args.prompt_len, seq_len),  # (sizes the engine: max_model_len, KV blocks)
+        output_len=args.output_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    gen_work = replace(work, prompt_len=args.prompt_len)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model_dir(args.preset, Path(tmp) / args.preset)
+        cfg = ModelConfig.from_dir(model_dir)
+        econf = engine_config(work, model_dir, device)
+        source = SyntheticAdapters(cfg, work.adapter_names, work.rank, seed=work.seed) if args.adapters else None
+        if source is not None:
+            source.prepare(getattr(torch, econf.dtype), device)
+        assign = Workload.assignment(replace(work, num_requests=args.requests))
+        rows = scoring_rows(args.requests, args.context_len, args.continuation_len, cfg.vocab_size, seed=1)
+        engine = SyntheticEngine(econf, source, cfg)
+        try:
+            warm = scoring_rows(min(args.requests, 64), args.context_len, args.continuation_len, cfg.vocab_size, 2)
+            time_engine_scoring(engine, scoring_requests(warm, assign[: len(warm)]), device)  # compile, load
+            wall, tokens = time_engine_scoring(engine, scoring_requests(rows, assign), device)
+            report["scoring_multilora"] = dict(seconds=wall, prompt_tokens=tokens, tokens_per_s=tokens / wall)
+            log(f"scoring multilora: {tokens / wall:,.0f} prompt tok/s ({args.requests} requests, {wall:.2f} s)")
+            engine.generate_all(gen_work.requests(cfg.vocab_size)[: min(64, args.gen_requests)])  # warm-up
+            gen = time_generation(engine, gen_work.requests(cfg.vocab_size), args.repeats, device)
+            report["generation_logprobs"] = gen
+            log(
+                f"generation: {gen['tokens_per_s']['logprobs5']:,.0f} tok/s with logprobs 5 vs "
+                f"{gen['tokens_per_s']['plain']:,.0f} without = {gen['ratio']:.3f}x (target >= {LOGPROBS_TARGET})"
+            )
+        finally:
+            engine.close()
+            del engine
+        if not args.skip_hf:
+            dtype = getattr(torch, econf.dtype)
+            model = build_hf_peft(model_dir, work, device, dtype)
+            hf = time_hf_scoring(model, rows, assign, args.hf_batch, args.hf_batches, device)
+            report["scoring_hf_peft"] = hf
+            ratio = report["scoring_multilora"]["tokens_per_s"] / hf["tokens_per_s"]
+            report["scoring_ratio"] = dict(ratio=ratio, target=SCORING_TARGET, met=ratio >= SCORING_TARGET)
+            log(f"scoring hf-peft: {hf['tokens_per_s']:,.0f} prompt tok/s -> multilora {ratio:.1f}x (target >= 10)")
+    slug = "".join(c if c.isalnum() else "-" for c in info["name"].lower()).strip("-")[:40] or "device"
+    out = args.out or RESULTS_DIR / f"scoring-{slug}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    log(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""Logprobs of a step, on the device, for only the rows that ask: the model's own log-softmax in fp32.
+
+Two kinds of rows (each row is one position of one sequence, scoring the token that follows it):
+- sampled rows: a sequence with `sampling.logprobs` k gets, per generated token, the logprob of the token the
+  sampler chose and the k most likely tokens, from the step's logits [N, V] as the model gave them (before
+  logits processing, temperature, top-k/top-p: vLLM's default "raw" logprobs);
+- prompt rows: a sequence whose prompt positions' logits are needed (`prompt_logprobs` k, or a scoring
+  request's continuation) gets, per position p, the logprob of prompt token p + 1, the position's argmax and top
+  k. Their hidden states go through the LM head here, in chunks of rows, so no [tokens, vocab] fp32 tensor of a
+  whole step is ever made (only a chunk's: `CHUNK_ELEMS`).
+
+Per row the device computes, in fp32: lp = x[target] - logsumexp(x), argmax(x), top-k of x minus logsumexp;
+packed into ONE fp32 tensor [R, 2 + 2k] = (lp, argmax, id_1, lp_1, ..., id_k, lp_k) (token ids < 2^24 are exact in
+fp32; a row's own k <= k is the prefix of its row) that reaches the host with the step's sampled ids. On the host
+each sequence keeps numpy views of its rows and turns them into entries once, when its result is built (a few
+microseconds a token, off the step loop). A step whose rows ask for nothing builds and computes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from multilora_cli.engine.batch import ScheduledBatch
+from multilora_cli.engine.sequence import SeqStatus, Sequence
+
+CHUNK_ELEMS = 1 << 25  # fp32 logits of one chunk of rows: 128 MiB (256 rows of a 128k vocabulary)
+
+
+def logprob_rows(
+    chunk: Callable[[int, int], torch.Tensor],
+    num_rows: int,
+    vocab: int,
+    targets: torch.Tensor,
+    k: int,
+    chunk_elems: int = CHUNK_ELEMS,
+) -> torch.Tensor:
+    """[R, 2 + 2k] fp32: per row (logprob of targets[r], argmax, then k (id, logprob) pairs, most likely first).
+
+    chunk(lo, hi) -> the fp32 logits [hi - lo, V] of rows lo .. hi - 1, asked for at most chunk_elems // V rows
+    at a time; targets: [R] long on their device. Reference: torch.log_softmax(x, -1) gathered and top-k'd."""
+    step = max(1, chunk_elems // max(vocab, 1))
+    parts = []
+    for lo in range(0, num_rows, step):
+        hi = min(num_rows, lo + step)
+        x = chunk(lo, hi)  # [c, V] fp32
+        lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [c, 1]
+        cols = [x.gather(1, targets[lo:hi, None]) - lse, x.argmax(dim=-1, keepdim=True).float()]
+        if k:
+            top = torch.topk(x, k, dim=-1)
+            cols.append(torch.stack([top.indices.float(), top.values - lse], dim=-1).flatten(1))  # [c, 2k]
+        parts.append(torch.cat(cols, dim=1))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def sampled_logprobs(logits: torch.Tensor, rows: torch.Tensor | None, chosen: torch.Tensor, k: int) -> torch.Tensor:
+    """logits: [N, V] (model dtype); rows: [R] long rows of `logits` (None: all N); chosen: [R] long the sampled
+    ids -> [R, 2 + 2k]."""
+    if rows is None:
+        return logprob_rows(lambda lo, hi: logits[lo:hi].float(), logits.shape[0], logits.shape[-1], chosen, k)
+    return logprob_rows(lambda lo, hi: logits[rows[lo:hi]].float(), rows.shape[0], logits.shape[-1], chosen, k)
+
+
+def prompt_logprobs(
+    lm_head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, rows: torch.Tensor, targets, k: int, vocab
+) -> torch.Tensor:
+    """hidden: [T, H] of a step; rows: [R] long token rows; lm_head: hidden [c, H] -> fp32 logits [c, V]."""
+    return logprob_rows(lambda lo, hi: lm_head(hidden[rows[lo:hi]]), rows.shape[0], vocab, targets, k)
+
+
+@dataclass(slots=True)
+class PromptRows:
+    """A step's prompt rows: flat token rows and next-token targets, the sequence and k of each row."""
+
+    rows: list[int]
+    targets: list[int]
+    owners: list[Sequence]
+    ks: list[int]
+
+    @classmethod
+    def of(cls, batch: ScheduledBatch) -> PromptRows | None:
+        """None when no sequence of `batch` needs a prompt position's logits this step (the common case)."""
+        out = None
+        flat = 0
+        for seq, s, n in zip(batch.seqs, batch.start, batch.num_new_tokens):
+            if seq.prompt_lp is not None:
+                positions = seq.prompt_logit_positions(s, n)
+                if positions:
+                    out = out or cls([], [], [], [])
+                    k = seq.sampling.prompt_logprobs or 0  # (a scoring row: its logprob and argmax only)
+                    for p in positions:
+                        out.rows.append(flat + p - s)
+                        out.targets.append(seq.token_ids[p + 1])
+                        out.owners.append(seq)
+                        out.ks.append(k)
+            flat += n
+        return out
+
+
+@dataclass(slots=True)
+class StepLogprobs:
+    """What a step computed for its logprob rows: packed [R, 2 + 2k] tensors (sampled, prompt) and whom each row
+    belongs to; `attach` hands each row to its sequence once the step's ids are on the host."""
+
+    sampled: torch.Tensor | None = None
+    sampled_owners: list[Sequence] | None = None
+    sampled_ks: list[int] | None = None
+    prompt: torch.Tensor | None = None
+    prompt_rows: PromptRows | None = None
+
+    def to_host(self) -> None:
+        """Queue the copies to the host (call before the step's done event is recorded)."""
+        if self.sampled is not None:
+            self.sampled = self.sampled.to("cpu", non_blocking=True)
+        if self.prompt is not None:
+            self.prompt = self.prompt.to("cpu", non_blocking=True)
+
+    def attach(self) -> None:
+        """Append each row (a numpy view, cut to the row's own k) to its sequence, after the step's done event:
+        a sampled row to `seq.logprobs` (skipped for a sequence that stopped at the step before this `ahead`
+        one: its token is dropped too), a prompt row to `seq.prompt_lp`."""
+        if self.sampled is not None:
+            rows = self.sampled.numpy()
+            for i, (seq, k) in enumerate(zip(self.sampled_owners, self.sampled_ks)):
+                if seq.status is SeqStatus.RUNNING:
+                    seq.logprobs.append(rows[i, : 2 + 2 * k])
+        if self.prompt is not None:
+            pr, rows = self.prompt_rows, self.prompt.numpy()
+            for i, (seq, k) in enumerate(zip(pr.owners, pr.ks)):
+                seq.prompt_lp.append(rows[i, : 2 + 2 * k])
+
+
+def unpack(rows: list) -> list[tuple[float, int, list[tuple[int, float]]]]:
+    """A sequence's kept rows (numpy [2 + 2k] each, one k) -> (logprob, argmax id, [(id, logprob)] * k) each."""
+    if not rows:
+        return []
+    out = []
+    for r in np.stack(rows).tolist():
+        out.append((r[0], int(r[1]), [(int(r[j]), r[j + 1]) for j in range(2, len(r), 2)]))
+    return out
+
+
+def sampled_plan(seqs: list[Sequence]) -> tuple[list[int], list[Sequence], list[int]] | None:
+    """(rows among `seqs`, their sequences, their k) of the sampled sequences asking for logprobs; None if none."""
+    rows = [i for i, s in enumerate(seqs) if s.logprobs is not None]
+    if not rows:
+        return None
+    return rows, [seqs[i] for i in rows], [seqs[i].sampling.logprobs for i in rows]

@@ -1,0 +1,48 @@
+"""engine/logprobs.py's device op against its reference: torch.log_softmax of the fp32 logits, gathered at the
+targets, argmax and top-k, for any chunking of the rows; and the packed rows as each sequence keeps them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from multilora_cli.engine.logprobs import logprob_rows, sampled_logprobs, unpack
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 64])
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_rows_equal_log_softmax_reference(chunk_rows, k):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 50, generator=g) * 4  # [R, V]
+    targets = torch.randint(0, 50, (10,), generator=g)
+    asked = []
+
+    def chunk(lo, hi):
+        asked.append(hi - lo)
+        return x[lo:hi]
+
+    out = logprob_rows(chunk, 10, 50, targets, k, chunk_elems=chunk_rows * 50)
+    assert max(asked) <= chunk_rows and sum(asked) == 10  # never more rows' logits at once than the chunk
+    ref = torch.log_softmax(x, dim=-1)
+    assert out.shape == (10, 2 + 2 * k)
+    torch.testing.assert_close(out[:, 0], ref.gather(1, targets[:, None])[:, 0])
+    assert out[:, 1].long().tolist() == ref.argmax(-1).tolist()
+    top = ref.topk(k, dim=-1) if k else None
+    for r, (lp, am, pairs) in enumerate(unpack(list(out.numpy()))):
+        assert am == int(ref[r].argmax()) and abs(lp - ref[r, targets[r]].item()) < 1e-5
+        if k:
+            assert [t for t, _ in pairs] == top.indices[r].tolist()
+            np.testing.assert_allclose([v for _, v in pairs], top.values[r].numpy(), atol=1e-5)
+
+
+def test_sampled_rows_subset_equals_all_rows():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, 40, generator=g).to(torch.bfloat16)  # the model's dtype: upcast inside
+    chosen = torch.randint(0, 40, (6,), generator=g)
+    every = sampled_logprobs(logits, None, chosen, 3)
+    rows = torch.tensor([1, 4])
+    some = sampled_logprobs(logits, rows, chosen[rows], 3)
+    torch.testing.assert_close(some, every[rows])
+    ref = torch.log_softmax(logits.float(), -1).gather(1, chosen[:, None])[:, 0]
+    torch.testing.assert_close(every[:, 0], ref)
