@@ -171,6 +171,9 @@ class EngineConfig:
     # launch the next decode step before reading this one's ids back (Scheduler.schedule_ahead), so the host's
     # bookkeeping between steps overlaps the device's work; False = one step at a time (same tokens, slower)
     run_ahead: bool = True
+    # reuse the KV of full prompt blocks already computed under the same adapter (engine/prefix_cache.py) and
+    # order each adapter's queue by shared prefix; False = every prompt computed in full, queues in arrival order
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -205,3 +208,5 @@ class EngineConfig:
             raise ConfigError(f"prefetch_threads must be an integer >= 0, got {pt!r}")
         if not isinstance(self.run_ahead, bool):
             raise ConfigError(f"run_ahead must be true or false, got {self.run_ahead!r}")
+        if not isinstance(self.prefix_cache, bool):
+            raise ConfigError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")

@@ -79,6 +79,10 @@ class Sequence:
     sample_index: int = 0  # which of the request's n samples this is
     pending_forks: int = 0  # samples still to fork from this one (n - 1 until its first token, then 0)
     reserved_seats: int = 0  # seats held for those forks while RUNNING (Scheduler: max_num_seqs counts them)
+    # prefix cache (engine/block_manager.py): the adapter identity its full blocks are registered and looked up
+    # under (None: takes no part), and the cache node of each block registered so far (block_table order)
+    prefix_id: str | None = None
+    cache_nodes: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -118,6 +122,7 @@ class Sequence:
             adapter=self.adapter,
             seed=sample_seed(self.seed, index),
             sample_index=index,
+            prefix_id=self.prefix_id,
         )
         child.num_computed_tokens = num_computed_tokens
         return child
@@ -162,6 +167,12 @@ class Sequence:
         """Index (within the completion) of the next token to sample: the sampler's noise counter. It does not
         change when the sequence is preempted and recomputed, so preemption never changes the text."""
         return self.num_completion_tokens
+
+    @property
+    def may_take_hits(self) -> bool:
+        """Whether its first prefill may start from cached blocks: not when it needs its prompt positions'
+        logits (each must then be computed), which `Request.prefix_hits` says."""
+        return self.request.prefix_hits
 
     @property
     def is_finished(self) -> bool:

@@ -121,6 +121,12 @@ def print_summary(stats: dict, console=None) -> None:
         f"{stats['slot_loads']} loads, {stats['slot_evictions']} evictions, "
         f"{stats['slot_hits']} hits (max_loras {stats['max_loras']})",
     )
+    pc = stats.get("prefix_cache")
+    if pc:
+        t.add_row(
+            "prefix cache",
+            f"{pc['hit_tokens']:,} of {pc['prompt_tokens']:,} prompt tokens from cache ({pc['hit_rate']:.1%})",
+        )
     c = stats.get("cost")
     if c:
         per = f", ${c['usd_per_1m_tokens']:.4f} per 1M tokens" if c.get("usd_per_1m_tokens") is not None else ""
