@@ -40,7 +40,7 @@ def parse_rows(spec: str, base: Workload) -> list[tuple[str, Workload]]:
         slots = int(m.group(3)) if m.group(3) else None
         if slots == 0:  # the spec's own words, not Workload's "--max-loras" (a row may not come from that flag)
             raise UsageError(f"bad benchmark row {item!r}: 0 slots", hint="N/SLOTS needs SLOTS >= 1, e.g. 256/64")
-        w = replace(base, num_adapters=n, max_loras=slots, distribution="zipf" if m.group(4) else "uniform")
+        w = replace(base, num_adapters=n, max_loras=slots, distribution="zipf" if m.group(4) else base.distribution)
         plan.append((kind, w))
     if not plan:
         raise UsageError("no benchmark rows given")

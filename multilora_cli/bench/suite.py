@@ -54,7 +54,7 @@ def engine_config(
 ) -> EngineConfig:
     """Engine settings of a row: dummy weights, KV sized for max_num_seqs full-length sequences (+1 block each)."""
     block = 16
-    per_seq = -(-(work.prompt_len + work.output_len) // block) + 1
+    per_seq = -(-(work.total_prompt_len + work.output_len) // block) + 1
     return EngineConfig(
         model=str(model_dir),
         dtype="bfloat16" if device.type == "cuda" else "float32",
@@ -64,12 +64,13 @@ def engine_config(
         max_cpu_loras=max(work.num_adapters + work.max_loras, 1),
         max_num_seqs=work.max_num_seqs,
         max_num_batched_tokens=work.max_num_batched_tokens,
-        max_model_len=work.prompt_len + work.output_len,
+        max_model_len=work.total_prompt_len + work.output_len,
         block_size=block,
         num_kv_blocks=work.max_num_seqs * per_seq,
         load_format="dummy",
         enforce_eager=enforce_eager,
         seed=work.seed,
+        prefix_cache=work.prefix_cache,
     )
 
 
@@ -121,6 +122,8 @@ def run_multilora_row(
                 engine.slots.warm(name)
         st = engine.stats
         loads0, evict0 = st.slot_loads, st.slot_evictions
+        bm = engine.block_manager
+        lookup0, hits0 = bm.prompt_tokens, bm.hit_tokens
         install_s = _time_installs(engine)
         staging0 = engine.runner.staging_stats()
         sched0, wait0 = engine.schedule_seconds, engine.slots.read_wait_seconds
@@ -162,6 +165,7 @@ def run_multilora_row(
             arena_s=engine.arena_seconds,
             schedule_s=engine.schedule_seconds - sched0,
             read_wait_s=engine.slots.read_wait_seconds - wait0,
+            prefix_cache={"prompt_tokens": bm.prompt_tokens - lookup0, "hit_tokens": bm.hit_tokens - hits0},
         )
         log(
             f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
