@@ -110,9 +110,10 @@ def test_a_chain_whose_parent_was_evicted_registers_nothing_more():
     block would hang under a dead node: it is not registered (nobody could reach it)."""
     bm = BlockManager(12, BS)
     a, b = seq(0, P), seq(1, P[:12] + [50, 51, 52, 53, 54])
-    for s, n in ((a, 13), (b, 12)):
+    for s, n in ((a, 13), (b, 12)):  # both start before either registers
         bm.begin(s, bm.lookup(s))
         bm.allocate(s, n)
+    for s, n in ((a, 13), (b, 12)):
         s.num_computed_tokens = n
         bm.register(s)
     assert b.cache_nodes == a.cache_nodes and len(bm.cache) == 3
