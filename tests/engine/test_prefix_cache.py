@@ -100,9 +100,12 @@ def test_greedy_equals_cache_off_and_hf_peft(llama):
     }
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 0.9, "top_p": 0.9, "seed": 7}, {"temperature": 1.2, "n": 3}])
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 0.9, "top_p": 0.9, "seed": 7, "repetition_penalty": 1.3}, {"temperature": 1.2, "n": 3}]
+)
 def test_seeded_sampling_and_n_samples_equal_cache_off(llama, sampling):
-    """Seeded and engine-seeded sampling; n=3 samples fork from a sample 0 that started from cached blocks."""
+    """Seeded sampling with a penalty (its history counts the whole prompt, cached or not) and engine-seeded
+    sampling; n=3 samples fork from a sample 0 that started from cached blocks."""
     base, adapters = llama
     prompts, plan = shared_file(16, seed=1)
     on, off, eng = run_both(base, adapters, lambda: requests(prompts, plan, **sampling))
