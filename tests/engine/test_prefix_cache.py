@@ -162,6 +162,7 @@ def test_eviction_and_preemption_under_a_small_kv_cache(llama):
     assert eng.stats.prefix_hit_tokens > 0
 
 
+@pytest.mark.slow  # builds a model and three adapters per arch
 @pytest.mark.parametrize("arch", ["phi3-longrope", "gemma2"])
 def test_longrope_and_sliding_window_equal_hf(tmp_path, arch):
     """phi3-longrope switches to its long factors past 12 tokens: prompts of 7-11 tokens (rewritten long in place
@@ -174,6 +175,6 @@ def test_longrope_and_sliding_window_equal_hf(tmp_path, arch):
     plan = [ADAPTERS[i % 4] for i in range(12)]
     on, off, eng = run_both(base, adapters, lambda: requests(prompts, plan))
     assert [r.token_ids for r in on] == [r.token_ids for r in off] == _hf_greedy(base, adapters, prompts, plan)
-    assert eng.stats.prefix_hit_tokens > 0
-    if arch == "phi3-longrope":  # only the long prompts took part: 2 of their blocks... at least one each
-        assert eng.stats.prefix_hit_tokens % BS == 0
+    part = [i for i, p in enumerate(prompts) if arch != "phi3-longrope" or len(p) > 12]  # who takes part
+    want = expected_hits([prompts[i] for i in part], [plan[i] for i in part])
+    assert eng.stats.prefix_hit_tokens == want > 0
