@@ -7,13 +7,18 @@
     # issue 38: 1,000 adapters, the default slots (a row without /SLOTS) against a --max-loras sweep
     python -m benchmarks.bench_e2e --preset llama-3.2-1b --requests 2048 --distinct-weights 256 \
         --rows 64,1000,1000/64,1000/256,1000/512,1000/1000 --budget-s 420
+    python -m benchmarks.bench_e2e --rows 64 --distribution round --shared-prefix 1024 --prompt-len 64 \
+        --output-len 64 --prefix-ab          # issue 31: prefix cache on vs off, 64 adapters x 16 sharing 1,024
 
 Rows run in the order given (see multilora_cli/bench/plan.py); with --budget-s, rows that would start after
 the budget is spent are recorded as not run. With --n N, every multilora row runs twice in this process: each
 prompt as ONE request with n=N (its prefill shared by the N samples), then as N separate requests (the same
 texts); --requests counts completions in both. The report's "n_vs_separate" holds their tokens/s ratio (target
->= 1.5 at N=8) and the prompt tokens each fed. "slot_sweep" judges each workload's default-slots row against the
-best row of its sweep (bench/sweep.py). Writes benchmarks/results/e2e-<device>.json (after every row)
+>= 1.5 at N=8) and the prompt tokens each fed. With --prefix-ab, every multilora row runs twice: prefix cache on,
+then off (--no-prefix-cache); "prefix_cache_ab" holds their tokens/s ratio, target >= 3 with --shared-prefix
+(every adapter's prompts share that many leading tokens), >= 0.98 without (nothing to reuse: the cache's cost
+alone), and the hit tokens. "slot_sweep" judges each workload's default-slots row against the best row of its
+sweep (bench/sweep.py). Writes benchmarks/results/e2e-<device>.json (after every row)
 and prints a markdown table. Needs no CLI libraries (typer/rich), only torch, triton, transformers, peft.
 """
 
@@ -30,6 +35,43 @@ from benchmarks.timing import command_line, ints, parser
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 N_TARGET = 1.5  # n=8 in one request vs 8 separate requests of the same prompt: tokens/s ratio at least
+PREFIX_TARGET = 3.0  # prefix cache on vs off, 1,024 shared + 64 own prompt tokens, 64 out: tokens/s ratio at least
+NO_PREFIX_TARGET = 0.98  # the same without shared prefixes: the cache may cost at most 2%
+
+
+def with_prefix_ab(plan: list) -> list:
+    """Each multilora row as a pair: prefix cache on, then off."""
+    out = []
+    for kind, w in plan:
+        if kind == "hf":
+            out.append((kind, w))
+        else:
+            out += [(kind, replace(w, prefix_cache=True)), (kind, replace(w, prefix_cache=False))]
+    return out
+
+
+def prefix_ab(rows: list[dict]) -> list[dict]:
+    """Each cache-on row next to its cache-off twin: tokens/s ratio against its target, and the hits."""
+    out = []
+    for a, b in zip(rows, rows[1:]):
+        wa, wb = a["workload"], b["workload"]
+        if a["system"] == b["system"] and wa["prefix_cache"] and {**wa, "prefix_cache": False} == wb:
+            ratio = a["tokens_per_s"] / b["tokens_per_s"]
+            target = PREFIX_TARGET if wa["shared_prefix_len"] else NO_PREFIX_TARGET
+            out.append(
+                {
+                    "system": a["system"],
+                    "num_adapters": wa["num_adapters"],
+                    "shared_prefix_len": wa["shared_prefix_len"],
+                    "tokens_per_s": [a["tokens_per_s"], b["tokens_per_s"]],
+                    "ratio": ratio,
+                    "target": target,
+                    "met": ratio >= target,
+                    "prefill_tokens": [a["extra"]["prefill_tokens"], b["extra"]["prefill_tokens"]],
+                    "prefix_cache": a["extra"].get("prefix_cache"),
+                }
+            )
+    return out
 
 
 def with_n(plan: list, n: int) -> list:
@@ -102,6 +144,15 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
         default=1,
         help="samples per prompt: run each multilora row as n=N requests, then as N separate requests",
     )
+    ap.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="tokens every prompt of one adapter starts with (before its own --prompt-len tokens)",
+    )
+    ap.add_argument("--distribution", default="uniform", help="uniform | zipf | round (prompt i -> adapter i %% N)")
+    ap.add_argument("--no-prefix-cache", action="store_true", help="run every row with the prefix cache off")
+    ap.add_argument("--prefix-ab", action="store_true", help="run each multilora row with the cache on, then off")
     ap.add_argument("--hf-batch-sizes", default="256,1024")
     ap.add_argument("--hf-new-tokens", default="2,4")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -142,8 +193,13 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
         temperature=args.temperature,
         top_p=args.top_p,
         distinct_weights=args.distinct_weights,
+        distribution=args.distribution,
+        shared_prefix_len=args.shared_prefix,
+        prefix_cache=not args.no_prefix_cache,
     )
     plan = with_n(parse_rows(args.rows, base), args.n)
+    if args.prefix_ab:
+        plan = with_prefix_ab(plan)
     slug = device_slug(device_info(device)["name"])
     out = args.out or RESULTS_DIR / f"e2e-{slug}.json"
     command = command_line("benchmarks.bench_e2e", argv)
@@ -161,10 +217,13 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
             "output_len": args.output_len,
             "max_num_seqs": args.max_num_seqs,
             "n": args.n,
+            "shared_prefix": args.shared_prefix,
             "dtype": "bfloat16" if device.type == "cuda" else "float32",
         }
         if args.n > 1:
             report["n_vs_separate"] = n_vs_separate(report["rows"])
+        if args.prefix_ab:
+            report["prefix_cache_ab"] = prefix_ab(report["rows"])
         write_json(report, out)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,6 +255,15 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
             f"n={c['n']} vs {c['n']} separate requests ({c['system']}, {c['num_adapters']} adapters): "
             f"{c['tokens_per_s'][0]:.0f} vs {c['tokens_per_s'][1]:.0f} tok/s = {c['ratio']:.2f}x "
             f"(target >= {c['target']}: {'met' if c['met'] else 'missed'}); prompt tokens fed "
+            f"{c['prefill_tokens'][0]:,} vs {c['prefill_tokens'][1]:,}"
+        )
+    for c in report.get("prefix_cache_ab", []):
+        pc = c["prefix_cache"] or {}
+        print(
+            f"prefix cache on vs off ({c['system']}, {c['num_adapters']} adapters, shared prefix "
+            f"{c['shared_prefix_len']}): {c['tokens_per_s'][0]:.0f} vs {c['tokens_per_s'][1]:.0f} tok/s = "
+            f"{c['ratio']:.2f}x (target >= {c['target']}: {'met' if c['met'] else 'missed'}); hit "
+            f"{pc.get('hit_tokens', 0):,} of {pc.get('prompt_tokens', 0):,} prompt tokens; prompt tokens fed "
             f"{c['prefill_tokens'][0]:,} vs {c['prefill_tokens'][1]:,}"
         )
     print(f"wrote {out}")

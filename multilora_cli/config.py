@@ -200,6 +200,9 @@ class EngineConfig:
     run_ahead: bool = True
     quantization: str = "none"  # one of QUANTIZATIONS
     fp8_small_m: int = FP8_SMALL_M  # FP8 bases: tokens from which a step's GEMMs run in cuBLAS _scaled_mm
+    # reuse the KV of full prompt blocks already computed under the same adapter (engine/prefix_cache.py) and
+    # order each adapter's queue by shared prefix; False = every prompt computed in full, queues in arrival order
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -242,3 +245,5 @@ class EngineConfig:
             raise ConfigError(f"lazy_capture must be true or false, got {self.lazy_capture!r}")
         if not isinstance(self.run_ahead, bool):
             raise ConfigError(f"run_ahead must be true or false, got {self.run_ahead!r}")
+        if not isinstance(self.prefix_cache, bool):
+            raise ConfigError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")

@@ -42,7 +42,7 @@ def parse_rows(spec: str, base: Workload) -> list[tuple[str, Workload]]:
             raise UsageError(f"bad benchmark row {item!r}: 0 slots", hint="N/SLOTS needs SLOTS >= 1, e.g. 256/64")
         if kind == "hf":  # HF + PEFT holds every adapter: no slots
             slots = max(1, n)
-        w = replace(base, num_adapters=n, max_loras=slots, distribution="zipf" if m.group(4) else "uniform")
+        w = replace(base, num_adapters=n, max_loras=slots, distribution="zipf" if m.group(4) else base.distribution)
         plan.append((kind, w))
     if not plan:
         raise UsageError("no benchmark rows given")

@@ -55,7 +55,7 @@ def engine_config(
 ) -> EngineConfig:
     """Engine settings of a row: dummy weights, KV sized for max_num_seqs full-length sequences (+1 block each)."""
     block = 16
-    per_seq = -(-(work.prompt_len + work.output_len) // block) + 1
+    per_seq = -(-(work.total_prompt_len + work.output_len) // block) + 1
     return EngineConfig(
         model=str(model_dir),
         dtype="bfloat16" if device.type == "cuda" else "float32",
@@ -65,7 +65,7 @@ def engine_config(
         max_cpu_loras=max(work.num_adapters + work.max_loras, 1),
         max_num_seqs=work.max_num_seqs,
         max_num_batched_tokens=work.max_num_batched_tokens,
-        max_model_len=work.prompt_len + work.output_len,
+        max_model_len=work.total_prompt_len + work.output_len,
         block_size=block,
         num_kv_blocks=work.max_num_seqs * per_seq,
         load_format="dummy",
@@ -74,6 +74,7 @@ def engine_config(
         seed=work.seed,
         quantization=work.quantization,
         fp8_small_m=work.fp8_small_m,
+        prefix_cache=work.prefix_cache,
     )
 
 
@@ -149,6 +150,8 @@ def run_multilora_row(
                 engine.slots.warm(name)
         st = engine.stats
         loads0, evict0 = st.slot_loads, st.slot_evictions
+        bm = engine.block_manager
+        lookup0, hits0 = bm.prompt_tokens, bm.hit_tokens
         install_s = _time_installs(engine)
         staging0 = engine.runner.staging_stats()
         sched0, wait0 = engine.schedule_seconds, engine.slots.read_wait_seconds
@@ -193,6 +196,7 @@ def run_multilora_row(
             schedule_s=engine.schedule_seconds - sched0,
             read_wait_s=engine.slots.read_wait_seconds - wait0,
             slots=slots.to_dict(),
+            prefix_cache={"prompt_tokens": bm.prompt_tokens - lookup0, "hit_tokens": bm.hit_tokens - hits0},
         )
         log(
             f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "

@@ -12,7 +12,7 @@ from multilora_cli.engine.request import Request
 from multilora_cli.engine.sequence import sample_seed
 from multilora_cli.errors import ConfigError
 
-DISTRIBUTIONS = ("uniform", "zipf")
+DISTRIBUTIONS = ("uniform", "zipf", "round")  # round: prompt i -> adapter i % num_adapters (equal groups)
 
 # Workload field -> the `multilora bench` flag that sets it, so every error names what the user typed. Fields no
 # flag sets (seed, zipf_s, ...) keep their own name.
@@ -31,6 +31,7 @@ FLAGS = {
     "quantization": "--quantization",
     "fp8_small_m": "--fp8-small-m",
     "distinct_weights": "--distinct-weights",
+    "shared_prefix_len": "--shared-prefix",
 }
 
 
@@ -50,6 +51,8 @@ class Workload:
     drawn per prompt), each one request with n samples, or with `separate_n` n separate requests of the same
     prompt, drawing the same texts (request j of prompt i has the seed of sample j: engine/sequence.sample_seed):
     the pair of rows measures what sharing the prompt's prefill is worth.
+    shared_prefix_len: tokens of a prefix shared by every prompt of one adapter (one for all base prompts), put
+    before each prompt's own prompt_len tokens (the prefix cache's workload); prefix_cache: EngineConfig's.
     """
 
     preset: str = "llama-3-8b"
@@ -73,6 +76,8 @@ class Workload:
     # distinct weight files the synthetic adapters are written from (bench/adapters.py); the others hard-link one
     # round-robin, so the OS page cache serves their reads (each is still packed into its own host cache block)
     distinct_weights: int = 64
+    shared_prefix_len: int = 0
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.preset.strip().lower() not in PRESETS:  # before anything sizes a model or picks a device
@@ -93,6 +98,8 @@ class Workload:
         for name in ("num_requests", "prompt_len", "output_len", "rank", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
+        if self.shared_prefix_len < 0:
+            raise ConfigError(f"{flag('shared_prefix_len')} must be >= 0, got {self.shared_prefix_len}")
         if not 1 <= self.n <= min(MAX_N, self.num_requests):
             raise ConfigError(f"n must be in 1..{MAX_N} and at most {flag('num_requests')}, got {self.n}")
         if self.num_adapters < 0:
@@ -125,7 +132,9 @@ class Workload:
         if self.num_adapters == 0:
             return [None] * self.num_prompts
         rng = np.random.default_rng(self.seed)
-        if self.distribution == "uniform":
+        if self.distribution == "round":
+            idx = np.arange(self.num_prompts) % self.num_adapters
+        elif self.distribution == "uniform":
             idx = rng.integers(0, self.num_adapters, self.num_prompts)
         else:
             w = 1.0 / np.arange(1, self.num_adapters + 1) ** self.zipf_s
@@ -133,10 +142,22 @@ class Workload:
         names = self.adapter_names
         return [names[i] for i in idx]
 
+    @property
+    def total_prompt_len(self) -> int:
+        """Tokens of each prompt: the shared prefix and its own."""
+        return self.shared_prefix_len + self.prompt_len
+
     def prompts(self, vocab_size: int) -> list[list[int]]:
-        """Random prompt ids in [10, vocab) (clear of the usual special ids), one list per prompt."""
+        """Random prompt ids in [10, vocab) (clear of the usual special ids), one list per prompt; with
+        shared_prefix_len, each starts with its adapter's prefix (drawn per adapter, the base's its own)."""
         rng = np.random.default_rng(self.seed + 1)
-        return rng.integers(10, vocab_size, (self.num_prompts, self.prompt_len)).tolist()
+        own = rng.integers(10, vocab_size, (self.num_prompts, self.prompt_len)).tolist()
+        if not self.shared_prefix_len:
+            return own
+        names = [None, *self.adapter_names]
+        heads = np.random.default_rng(self.seed + 2).integers(10, vocab_size, (len(names), self.shared_prefix_len))
+        head_of = {a: h.tolist() for a, h in zip(names, heads)}
+        return [head_of[a] + p for a, p in zip(self.assignment(), own)]
 
     @property
     def sampled(self) -> bool:

@@ -201,6 +201,13 @@ def command(
         "start (asynchronous slot loads; costs ~0.3 s per GiB at start, at most a "
         "quarter of RAM). Off: pageable memory.",
     ),
+    prefix_cache: bool = _opt(
+        True,
+        "--prefix-cache/--no-prefix-cache",
+        metavar="",
+        help="Reuse the KV of prompt prefixes already computed under the same adapter (by content) and run "
+        "requests sharing a prefix together. Off: every prompt is computed in full, in arrival order.",
+    ),
     dtype: Dtype = _opt(Dtype.auto, "--dtype", metavar="DTYPE", help=f"One of {', '.join(DTYPES)}."),
     device: Device = _opt(Device.auto, "--device", metavar="DEVICE", help=f"One of {', '.join(DEVICES)}."),
     quantization: Quantization = _opt(
@@ -271,6 +278,7 @@ def command(
             gpu_memory_utilization=gpu_memory_utilization,
             pinned_arena=pinned_arena,
             quantization=quantization.value,
+            prefix_cache=prefix_cache,
         ),
         data_parallel=data_parallel,
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from multilora_cli.engine.request import prefix_cache_stats
+
 SUMMED = (
     "requests",
     "errors",
@@ -23,6 +25,8 @@ SUMMED = (
     "slot_loads",
     "slot_hits",
     "slot_evictions",
+    "prefix_prompt_tokens",
+    "prefix_hit_tokens",
 )
 ADAPTER_SUMMED = ("requests", "prompt_tokens", "completion_tokens", "slot_loads")
 
@@ -62,6 +66,7 @@ def merge_stats(de) -> dict:
     total = merged["prompt_tokens"] + merged["completion_tokens"]
     merged["tokens_per_second"] = _rate(total, de.wall_seconds)
     merged["completion_tokens_per_second"] = _rate(merged["completion_tokens"], de.wall_seconds)
+    merged["prefix_cache"] = prefix_cache_stats(merged["prefix_prompt_tokens"], merged["prefix_hit_tokens"])
     summary = de.summary
     workers = []
     for r in range(world):

@@ -21,7 +21,7 @@ from multilora_cli.engine.batch import StepPlan
 from multilora_cli.engine.sequence import SeqStatus, Sequence
 from multilora_cli.errors import MultiloraError
 
-_OK, _NO_SLOT, _FAILED, _STOP = range(4)
+_OK, _NO_SLOT, _FAILED, _STOP, _WAIT = range(5)  # _WAIT: its prefix is being computed (deferred, like _NO_SLOT)
 
 
 class LoadPicker:
@@ -192,7 +192,12 @@ class Admission:
         seats = self.seats_for(seq)  # 1, or n with the seats its samples take once they fork (engine/fork.py)
         if self.num_seats + seats > self.max_num_seqs or plan.budget <= 0:
             return _STOP
-        pending = seq.num_uncomputed_tokens
+        bm = self.bm
+        hits = bm.lookup(seq)  # cached full blocks of its prefix (prefix cache; [] when off or none)
+        if self._prefix_in_flight(seq, len(hits)):
+            return _WAIT
+        done = len(hits) * bm.block_size
+        pending = seq.num_uncomputed_tokens - done
         if self.chunked_prefill:
             n = min(pending, plan.budget)
         elif pending <= plan.budget or plan.num_prefills == 0:
@@ -201,7 +206,7 @@ class Admission:
             return _STOP
         # beside running sequences, keep a few blocks free, and one per fork (its own partial prompt block)
         reserve = self.watermark_blocks + seats - 1 if self.running else 0
-        if not self.bm.can_allocate(seq, n, reserve):
+        if not bm.can_begin(seq, hits, done + n, reserve):
             return _STOP
         try:
             # spare adapters with queued work; block on a load only when nothing else could run this step
@@ -211,7 +216,8 @@ class Admission:
             return _FAILED
         if slot is None:
             return _NO_SLOT
-        self.bm.allocate(seq, n)  # cannot fail: checked above
+        bm.begin(seq, hits)  # holds the hits: its first `done` tokens are computed
+        bm.allocate(seq, done + n)  # cannot fail: checked above
         self.slots.retain(seq.adapter)
         seq.slot = slot
         seq.status = SeqStatus.RUNNING
@@ -219,4 +225,43 @@ class Admission:
         self.running.append(seq)
         self._admissions += 1
         plan.add(seq, n)
+        if seq.prefix_id is not None and done + bm.block_size < seq.num_prompt_tokens:  # full blocks to compute
+            self._note_computing(seq)
         return _OK
+
+    # --- prefix cache: do not compute a prefix twice at once -----------------------------------------------------
+    def _prefix_key(self, seq: Sequence) -> tuple:
+        return (seq.prefix_id, tuple(seq.token_ids[: self.bm.block_size]))
+
+    def _note_computing(self, seq: Sequence) -> None:
+        if len(self._computing) > 4 * self.max_num_seqs:  # drop entries of sequences past their prompts
+            self._computing = {k: v for k, v in self._computing.items() if self._live(v)}
+        self._computing.setdefault(self._prefix_key(seq), []).append(seq)
+
+    @staticmethod
+    def _live(seqs: list[Sequence]) -> list[Sequence]:
+        """Those still running and computing their prompt (finished, preempted or past it: their blocks are
+        registered or gone)."""
+        seqs[:] = [s for s in seqs if s.status is SeqStatus.RUNNING and s.num_computed_tokens < s.num_prompt_tokens]
+        return seqs
+
+    def _prefix_in_flight(self, seq: Sequence, num_hits: int) -> bool:
+        """Whether a running sequence of `seq`'s adapter identity is computing full blocks of `seq`'s prefix
+        past its `num_hits` cached ones right now: `seq` then waits for them to be registered (a step or a few
+        chunks), so a group of requests sharing a prefix computes it once, not once per request admitted at
+        the same time."""
+        if seq.prefix_id is None or not seq.may_take_hits:
+            return False
+        others = self._computing.get(self._prefix_key(seq))
+        if not others or not self._live(others):
+            return False
+        bs, ids = self.bm.block_size, seq.token_ids
+        limit = (len(ids) - 1) // bs  # blocks it could ever hit
+        for o in others:
+            common = num_hits
+            oids = o.prompt_token_ids
+            while common < limit and ids[common * bs : (common + 1) * bs] == oids[common * bs : (common + 1) * bs]:
+                common += 1
+            if common > num_hits and o.num_computed_tokens < common * bs:
+                return True
+        return False

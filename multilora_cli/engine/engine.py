@@ -111,6 +111,7 @@ class Engine:
         self._next_seq_id = 0
         self._token_texts: dict[int, str] = {}  # token id -> its text, for logprobs
         self._anchor: tuple[int, str] | None = None  # (token id, its text) that _token_text decodes after
+        self._prefix_ids: dict[str | None, str | None] = {}  # adapter -> its prefix-cache identity (_prefix_id)
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
 
@@ -239,6 +240,7 @@ class Engine:
         seq = Sequence.from_request(
             self._next_seq_id, request, ids, engine_seed=self.config.seed, context_len=context_len
         )
+        seq.prefix_id = self._prefix_id(seq)
         self._next_seq_id += request.sampling.n  # the ids of its samples (Sequence.fork)
         self.scheduler.add(seq)
         return None
@@ -251,6 +253,32 @@ class Engine:
             self.runner.grammar = self.grammar
             self.stop = GrammarStop(self.stop, self.grammar, self.tokenizer)
         return self.grammar
+
+    def _prefix_id(self, seq: Sequence) -> str | None:
+        """What `seq`'s KV is cached under: its adapter's content (adapters/identity.py: the hash the --resume
+        ledger records), "base" for the base model; None = no caching: the cache is off, the adapter's files
+        cannot be read (its load fails the request anyway), or a LongRoPE model whose prompt is at most
+        `long_rope_from` tokens (engine/long_rope.py: its first blocks are rotated short, then rewritten long in
+        place when it grows past the limit, so they are neither another's hit nor safe to share). A longer
+        prompt is rotated long at every position from the start, so such sequences share with each other."""
+        if not self.config.prefix_cache:
+            return None
+        long_from = self.runner.model.long_rope_from
+        if long_from is not None and seq.num_prompt_tokens <= long_from:
+            return None
+        name = seq.adapter
+        if name not in self._prefix_ids:
+            if name is None:
+                ident = "base"
+            else:
+                from multilora_cli.adapters.identity import adapter_identity
+
+                try:
+                    ident = f"lora:{adapter_identity(self.adapters[name])}"
+                except OSError:
+                    ident = None
+            self._prefix_ids[name] = ident
+        return self._prefix_ids[name]
 
     def _error(self, request: Request, error: MultiloraError) -> Result:
         self.stats.requests += 1
@@ -456,6 +484,7 @@ class Engine:
         st.wall_seconds += seconds
         st.steps, st.prefill_steps, st.decode_steps = sched.num_steps, sched.num_prefill_steps, sched.num_decode_steps
         st.preemptions, st.ahead_steps = sched.num_preemptions, sched.num_ahead_steps
+        st.prefix_prompt_tokens, st.prefix_hit_tokens = self.block_manager.prompt_tokens, self.block_manager.hit_tokens
         st.slot_loads, st.slot_hits, st.slot_evictions = slots.loads, slots.hits, slots.evictions
         for name, n in slots.adapter_loads.items():
             st.adapter(name).slot_loads = n

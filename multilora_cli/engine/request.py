@@ -69,6 +69,10 @@ class Score:
     def num_tokens(self) -> int:
         return len(self.token_logprobs)
 
+    # whether its prompt may start from prefix-cache hits: False when the logits of its prompt positions are
+    # needed (prompt logprobs, scoring lines), as a hit skips computing them. Its blocks are still registered.
+    prefix_hits: bool = True
+
 
 @dataclass(slots=True)
 class Sample:
@@ -128,6 +132,10 @@ class EngineStats:
     slot_evictions: int = 0
     max_loras: int = 0
     max_lora_rank: int = 0
+    # prefix cache (engine/block_manager.py): tokens of the sequences started from nothing (each prompt, plus the
+    # tokens of a preempted sequence's recompute), and of those the tokens whose KV came from the cache
+    prefix_prompt_tokens: int = 0
+    prefix_hit_tokens: int = 0
     wall_seconds: float = 0.0
     per_adapter: dict[str, AdapterTally] = field(default_factory=dict)  # generated results (errors not kept)
 
@@ -140,4 +148,11 @@ class EngineStats:
         total = self.prompt_tokens + self.completion_tokens
         d["tokens_per_second"] = total / self.wall_seconds if self.wall_seconds > 0 else 0.0
         d["completion_tokens_per_second"] = self.completion_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+        d["prefix_cache"] = prefix_cache_stats(self.prefix_prompt_tokens, self.prefix_hit_tokens)
         return d
+
+
+def prefix_cache_stats(prompt_tokens: int, hit_tokens: int) -> dict:
+    """The stats' "prefix_cache" section: {"prompt_tokens", "hit_tokens", "hit_rate"} (hit_rate 0 without tokens)."""
+    rate = hit_tokens / prompt_tokens if prompt_tokens else 0.0
+    return {"prompt_tokens": prompt_tokens, "hit_tokens": hit_tokens, "hit_rate": rate}

@@ -12,6 +12,9 @@ Each `schedule()` builds one step:
    requests of other, resident adapters go ahead. A request deferred past `defer_limit` admissions drains the
    slots (only its adapter and base requests are admitted until it gets a slot), so nothing waits forever and
    an in-order writer only ever buffers a bounded number of results.
+   With the prefix cache on, each adapter's queue is in prefix order (engine/prefix_order.py), a sequence starts
+   from the cached blocks of its prefix (engine/block_manager.py), and one whose prefix another running sequence
+   is computing right now waits for it rather than computing it twice.
 Every running sequence pins its adapter's slot, so a step never holds more than `max_loras` adapters.
 A request with n > 1 samples runs as one sequence until its prompt is computed, then forks (engine/fork.py);
 it holds seats for its forks from admission on, so `max_num_seqs` counts every sample.
@@ -70,7 +73,10 @@ class Scheduler(Admission, Forking):
         # Keep a few blocks free when admitting next to running sequences, so admissions do not force
         # the very next decode step to preempt.
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
-        self._waiting = WaitingQueues()
+        self._waiting = WaitingQueues(prefix_block=block_manager.block_size if config.prefix_cache else None)
+        # prefix cache: sequences computing a prompt, by (adapter identity, first block's tokens): a waiting
+        # sequence that shares more of it waits for those blocks instead of computing them again (admission.py)
+        self._computing: dict[tuple, list[Sequence]] = {}
         self.running: list[Sequence] = []  # admission order (forks right after their request's admission)
         self._reserved = 0  # seats held for forks of running sequences (engine/fork.py)
         # LongRoPE (engine/long_rope.py): a sequence whose prompt has at most this many tokens rewrites its first
@@ -239,11 +245,14 @@ class Scheduler(Admission, Forking):
             raise ValueError(f"expected {batch.num_sampled} sampled ids, got {len(ids)}")
         it = iter(ids)
         any_done = False
+        bs = self.bm.block_size
         for seq, n, smp in zip(batch.seqs, batch.num_new_tokens, batch.sample):
             if seq.status is not SeqStatus.RUNNING:  # stopped at the step before this `ahead` one: drop its token
                 next(it)
                 continue
             seq.num_computed_tokens += n
+            if seq.prefix_id is not None and seq.num_computed_tokens // bs > len(seq.cache_nodes):
+                self.bm.register(seq)  # a block filled: later sequences with this prefix may start from it
             if not smp:
                 if seq.prefill_only and seq.num_computed_tokens == len(seq.token_ids):  # scored: done
                     self._finish(seq, reason="length")

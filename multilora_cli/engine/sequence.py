@@ -83,6 +83,10 @@ class Sequence:
     logprobs: list | None = None  # one per generated token when sampling.logprobs is set
     prompt_lp: list | None = None  # positions prompt_logits_from .. , each for the token after it
     prompt_logits_from: int = -1  # first prompt position whose logits are kept (-1: none)
+    # prefix cache (engine/block_manager.py): the adapter identity its full blocks are registered and looked up
+    # under (None: takes no part), and the cache node of each block registered so far (block_table order)
+    prefix_id: str | None = None
+    cache_nodes: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -133,6 +137,7 @@ class Sequence:
             adapter=self.adapter,
             seed=sample_seed(self.seed, index),
             sample_index=index,
+            prefix_id=self.prefix_id,
         )
         child.num_computed_tokens = num_computed_tokens
         return child
@@ -190,6 +195,12 @@ class Sequence:
             return range(0)
         lo = max(start, self.prompt_logits_from + len(self.prompt_lp))
         return range(lo, min(start + n, len(self.prompt_token_ids) - 1))
+
+    @property
+    def may_take_hits(self) -> bool:
+        """Whether its first prefill may start from cached blocks: not when it needs its prompt positions'
+        logits (prompt_logprobs, scoring: each must then be computed), nor when `Request.prefix_hits` is off."""
+        return self.request.prefix_hits and not self.request.needs_prompt_logits
 
     @property
     def is_finished(self) -> bool:

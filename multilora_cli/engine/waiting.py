@@ -2,12 +2,15 @@
 
 Grouping by adapter is what lets admission run an adapter's requests together (fewer slot swaps) and defer
 one adapter without blocking the others. Preempted sequences re-enter at the front of their adapter's queue.
+With `prefix_block` set (the prefix cache is on) each queue is in prefix order (engine/prefix_order.py), else in
+arrival order.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from multilora_cli.engine.prefix_order import PrefixQueue
 from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.slots import SlotManager
 
@@ -15,8 +18,9 @@ from multilora_cli.engine.slots import SlotManager
 class WaitingQueues:
     """Waiting sequences by adapter (None = base). Empty queues are dropped as soon as they empty."""
 
-    def __init__(self):
-        self._q: dict[str | None, deque[Sequence]] = {}
+    def __init__(self, prefix_block: int | None = None):
+        self._prefix_block = prefix_block  # block size the queues group prefixes by; None: arrival order
+        self._q: dict[str | None, deque[Sequence] | PrefixQueue] = {}
         self._seats: dict[str | None, int] = {}  # per queue: seats its sequences take (n > 1 counts n)
         self._n = 0
         self.version = 0  # bumped by every push / pop: callers memoise on it
@@ -29,7 +33,9 @@ class WaitingQueues:
         return adapter in self._q
 
     def push(self, seq: Sequence, front: bool = False) -> None:
-        q = self._q.setdefault(seq.adapter, deque())
+        q = self._q.get(seq.adapter)
+        if q is None:
+            q = self._q[seq.adapter] = deque() if self._prefix_block is None else PrefixQueue(self._prefix_block)
         self._seats[seq.adapter] = self._seats.get(seq.adapter, 0) + 1 + seq.pending_forks
         if front:
             q.appendleft(seq)

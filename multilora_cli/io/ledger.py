@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from multilora_cli.adapters.identity import folder_digest
 from multilora_cli.errors import OutputError
 from multilora_cli.io.line import LineSpec
 from multilora_cli.paths import expand_user
@@ -28,8 +28,7 @@ from multilora_cli.paths import expand_user
 HINT = "drop --resume to overwrite it, or choose another -o"
 LEDGER_SUFFIX = ".resume"
 LEDGER_VERSION = 1
-WINDOW = 1 << 20  # bytes hashed at the head, middle and tail of a large weights file
-# What the engine reads from a model / adapter folder (engine/tokenizer.py, models/loader.py, adapters/):
+# What the engine reads from a model folder (engine/tokenizer.py, models/loader.py; adapters: ADAPTER_FILES):
 # other files there (README, training checkpoints) do not change outputs and may come and go.
 MODEL_FILES = (
     "config.json",
@@ -41,7 +40,6 @@ MODEL_FILES = (
     "chat_template.json",
     "model.safetensors.index.json",
 )
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
 @dataclass(slots=True)
@@ -76,32 +74,13 @@ def line_hash(raw: bytes) -> str:
     return short_hash(raw.strip())
 
 
-def _file_digest(h, path: Path) -> None:
-    """Feed `path` to `h`: small files whole, large ones (weights) as size + head, middle and tail windows,
-    so a multi-GB checkpoint costs 3 MiB of reads while a retrained or replaced one still shows."""
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        h.update(f"{path.name}\0{size}\0".encode())
-        spots = [0] if size <= 3 * WINDOW else [0, size // 2 - WINDOW // 2, size - WINDOW]
-        for at in spots:
-            f.seek(at)
-            h.update(f.read(WINDOW if len(spots) > 1 else size))
-
-
 def folder_fingerprint(folder: str | Path, names: tuple[str, ...], suffix: str | None = None) -> str:
     """Hash of the files `names` (and every `*suffix` file) directly in `folder`, by content, not path or
-    mtime: a moved or copied model is the same model. Unreadable files raise OutputError naming them."""
-    d = Path(folder)
-    files = {d / n for n in names if (d / n).is_file()}
-    if suffix:
-        files.update(f for f in d.glob(f"*{suffix}") if f.is_file())
-    h = hashlib.blake2b(digest_size=8)
-    for f in sorted(files):
-        try:
-            _file_digest(h, f)
-        except OSError as e:
-            raise OutputError(f"cannot read {f} to fingerprint the run for --resume: {e.strerror or e}") from e
-    return h.hexdigest()
+    mtime (adapters/identity.py): a moved model is the same model. Unreadable files raise OutputError naming them."""
+    try:
+        return folder_digest(folder, names, suffix)
+    except OSError as e:
+        raise OutputError(f"cannot read {e.filename} to fingerprint the run for --resume: {e.strerror or e}") from e
 
 
 def _diff(old: Any, new: Any, name: str = "") -> list[str]:

@@ -125,6 +125,12 @@ def print_summary(stats: dict, console=None) -> None:
         t.add_row("slot count", f"{stats['slots']['max_loras']}: {stats['slots']['reason']}")
         if stats["slots"].get("host_cache"):
             t.add_row("host cache", stats["slots"]["host_cache"])
+    pc = stats.get("prefix_cache")
+    if pc:
+        t.add_row(
+            "prefix cache",
+            f"{pc['hit_tokens']:,} of {pc['prompt_tokens']:,} prompt tokens from cache ({pc['hit_rate']:.1%})",
+        )
     c = stats.get("cost")
     if c:
         per = f", ${c['usd_per_1m_tokens']:.4f} per 1M tokens" if c.get("usd_per_1m_tokens") is not None else ""

@@ -10,6 +10,8 @@ The JSON (`RunStats.to_dict`) is read by `multilora economics --stats`. Fields:
   per_adapter {name | "base" | "(unread)": {requests, errors, prompt_tokens, completion_tokens, slot_loads}}
     ("(unread)": error records of lines unreadable before they named an adapter: bad JSON, no body.model, ...)
   slot_loads, slot_hits, slot_evictions, max_loras, max_lora_rank
+  prefix_cache {prompt_tokens, hit_tokens, hit_rate}: tokens the engine started sequences with (prompts, and the
+    recompute of a preempted one) and of those the ones whose KV came from the prefix cache (0 with it off)
   cost: null, or {gpu_hour_usd, usd_total (over wall_seconds), usd_per_1m_tokens, usd_per_1m_completion_tokens}
   engine: EngineStats.to_dict() as the engine reported it
 """
@@ -95,6 +97,7 @@ class RunStats:
             "slot_evictions": int(engine.get("slot_evictions", 0)),
             "max_loras": int(engine.get("max_loras", 0)),
             "max_lora_rank": int(engine.get("max_lora_rank", 0)),
+            "prefix_cache": dict(engine.get("prefix_cache") or {"prompt_tokens": 0, "hit_tokens": 0, "hit_rate": 0.0}),
             "cost": cost(gpu_hour_usd, wall_seconds, self.total_tokens, self.completion_tokens),
             "engine": engine,
         }

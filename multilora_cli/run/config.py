@@ -31,6 +31,7 @@ class EngineFlags:
     max_model_len: int | None = None  # None: the model's max_position_embeddings (capped by the KV cache)
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
     pinned_arena: bool = True
+    prefix_cache: bool = True  # --no-prefix-cache: compute every prompt in full (EngineConfig.prefix_cache)
     load_format: str = "auto"  # no flag: benchmarks run the real `run` path on "dummy" weights
     quantization: str = "none"  # one of config.QUANTIZATIONS
 
@@ -59,6 +60,7 @@ class EngineFlags:
             max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
             pinned_arena=self.pinned_arena,
+            prefix_cache=self.prefix_cache,
             load_format=self.load_format,
             max_decode_batch=max_decode_batch,
             quantization=self.quantization,

@@ -11,10 +11,10 @@ import os
 import stat
 from pathlib import Path
 
+from multilora_cli.adapters.identity import ADAPTER_FILES
 from multilora_cli.config import EngineConfig
 from multilora_cli.errors import UsageError
 from multilora_cli.io.ledger import (
-    ADAPTER_FILES,
     MODEL_FILES,
     Fingerprint,
     folder_fingerprint,

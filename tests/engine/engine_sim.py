@@ -5,6 +5,8 @@ checks that every position a query attends to holds that sequence's right token 
 slot-mapping and recompute bugs), and "samples" token = f(seed, completion position): a preempted and
 recomputed sequence must therefore produce exactly the tokens it would have produced undisturbed. The samples of
 a request with n > 1 may read KV that their sample 0 wrote, only in the prompt's full blocks they share with it.
+With the prefix cache (sequences with `prefix_id` set), a sequence may read KV another wrote only if that writer
+had the same adapter identity and the same tokens up to that position; no registered block is ever written.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
+from multilora_cli.engine.prefix_cache import DEAD
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.scheduler import Scheduler
 from multilora_cli.engine.sequence import Sequence
@@ -94,6 +97,7 @@ class Sim:
         )
         self.sched = Scheduler(self.config, self.bm, self.slots, **self.scheduler_kw)
         self.kv: dict[int, tuple[int, int, int]] = {}  # cache slot -> (seq_id, position, token)
+        self.writer: dict[int, Sequence] = {}  # cache slot -> the sequence that wrote it
         self.log: list[StepLog] = []
         self.finished: list[Sequence] = []
         self.admitted_step: dict[int, int] = {}
@@ -130,9 +134,10 @@ class Sim:
         for s in self.sched.running:
             for blk in s.block_table:
                 holders.setdefault(blk, []).append(s)
-        for blk, seqs in holders.items():  # a block is shared only by the samples of one request
+        for blk, seqs in holders.items():  # a block is shared by the samples of one request, or a cached prefix's
             assert self.bm.refcount(blk) == len(seqs), (blk, seqs)
-            assert len({s.request.key for s in seqs}) == 1, f"block {blk} shared by {seqs}"
+            cached = self.bm.cache.node(blk) != DEAD and len({s.prefix_id for s in seqs}) == 1
+            assert len({s.request.key for s in seqs}) == 1 or cached, f"block {blk} shared by {seqs}"
         assert len(holders) + self.bm.num_free_blocks == self.bm.num_blocks
         qs = b.query_start_loc()
         for i, seq in enumerate(b.seqs):
@@ -140,9 +145,11 @@ class Sim:
             assert b.slots[i] == self.slots.slot_of(seq.adapter)
             if seq.adapter is not None:
                 assert self.installed[b.slots[i]] == seq.adapter
-            for t in range(qs[i], qs[i + 1]):  # never into a shared block
+            for t in range(qs[i], qs[i + 1]):  # never into a shared block, nor a registered (cached) one
                 assert self.bm.refcount(slot_map[t] // bs) == 1, (seq, pos[t])
+                assert self.bm.cache.node(slot_map[t] // bs) == DEAD, (seq, pos[t])
                 self.kv[slot_map[t]] = (seq.seq_id, pos[t], ids[t])
+                self.writer[slot_map[t]] = seq
             ctx = b.seq_lens()[i]
             shared = shared_prefix(seq, bs)
             first = seq.seq_id - seq.sample_index  # its sample 0
@@ -150,7 +157,11 @@ class Sim:
                 cs = seq.block_table[p // bs] * bs + p % bs
                 tok = seq.token_ids[p] if p < seq.num_tokens else fed[i]  # (ahead: the fed token is not appended)
                 got = self.kv.get(cs)
-                assert got == (seq.seq_id, p, tok) or (p < shared and got == (first, p, tok)), (seq, p, got)
+                if got == (seq.seq_id, p, tok) or (p < shared and got == (first, p, tok)):
+                    continue
+                w = self.writer.get(cs)  # a prefix-cache hit: same adapter identity, same tokens up to p
+                assert w is not None and seq.prefix_id is not None and w.prefix_id == seq.prefix_id, (seq, p, got)
+                assert got[1:] == (p, tok) and w.token_ids[: p + 1] == seq.token_ids[: p + 1], (seq, p, got)
         assert b.logits_indices() == [qs[i + 1] - 1 for i in range(b.num_seqs) if b.sample[i]]
         assert all(n == 1 for n in b.num_new_tokens[: b.num_decodes])
         assert all(n > 1 for n in b.num_new_tokens[b.num_decodes :])
