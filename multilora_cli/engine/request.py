@@ -27,6 +27,9 @@ class Request:
     continuation: str | None = None
     generate: bool = True  # False: prefill only (OpenAI `echo` with max_tokens 0)
     echo: bool = False  # the Result carries the prompt's text (OpenAI completions' `echo`)
+    # whether its prompt may start from prefix-cache hits (Sequence.may_take_hits also refuses them when the
+    # logits of its prompt positions are needed: a hit skips computing them). Its blocks are registered anyway.
+    prefix_hits: bool = True
 
     @property
     def is_scoring(self) -> bool:
@@ -68,10 +71,6 @@ class Score:
     @property
     def num_tokens(self) -> int:
         return len(self.token_logprobs)
-
-    # whether its prompt may start from prefix-cache hits: False when the logits of its prompt positions are
-    # needed (prompt logprobs, scoring lines), as a hit skips computing them. Its blocks are still registered.
-    prefix_hits: bool = True
 
 
 @dataclass(slots=True)
