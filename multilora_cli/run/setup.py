@@ -70,7 +70,7 @@ def engine_config(cfg: RunConfig, pf, good: dict[str, Path]):
         max_loras=1,
         max_lora_rank=pf.max_lora_rank,
         seed=cfg.seed,
-        max_decode_batch=count_sequences(cfg.input),
+        max_decode_batch=count_sequences(cfg.input) or None,  # 0 (no line: nothing decodes) bounds nothing
     )
     slots = slot_choice(cfg, pf, len(good), econf)
     sizes = packed_sizes(pf, good, cfg.engine.itemsize)

@@ -178,3 +178,30 @@ def test_longrope_and_sliding_window_equal_hf(tmp_path, arch):
     part = [i for i, p in enumerate(prompts) if arch != "phi3-longrope" or len(p) > 12]  # who takes part
     want = expected_hits([prompts[i] for i in part], [plan[i] for i in part])
     assert eng.stats.prefix_hit_tokens == want > 0
+
+
+def test_prompt_logprobs_and_scoring_lines_compute_their_whole_prompt(llama):
+    """A line that needs its prompt's logits (prompt_logprobs, a scoring line) takes no hit though its prefix is
+    cached, and gets the cache-off numbers; its blocks still serve the plain line after it."""
+    base, adapters = llama
+    prompt = _rand(torch.Generator().manual_seed(9), 18)
+
+    def reqs():
+        sp = {"max_tokens": 3, "ignore_eos": True}
+        return [
+            Request(key=0, id="0", adapter="qv8", prompt_token_ids=prompt, sampling=SamplingParams(**sp)),
+            Request(
+                key=1, id="1", adapter="qv8", prompt_token_ids=prompt, sampling=SamplingParams(**sp, prompt_logprobs=2)
+            ),
+            Request(key=2, id="2", adapter="qv8", prompt="w5 w9 w11 w30", continuation=" w40 w41"),
+            Request(key=3, id="3", adapter="qv8", prompt="w5 w9 w11 w30", continuation=" w40 w41"),
+            Request(key=4, id="4", adapter="qv8", prompt_token_ids=prompt, sampling=SamplingParams(**sp)),
+        ]
+
+    on, off, eng = run_both(base, adapters, reqs, max_num_seqs=1)  # one at a time: each finds the others' blocks
+    for a, b in zip(on[1].prompt_logprobs[1:], off[1].prompt_logprobs[1:]):
+        assert a.id == b.id and abs(a.logprob - b.logprob) < 1e-5 and [t[0] for t in a.top] == [t[0] for t in b.top]
+    assert on[2].score.token_logprobs == pytest.approx(off[2].score.token_logprobs, abs=1e-5)
+    assert on[3].score.token_logprobs == pytest.approx(off[2].score.token_logprobs, abs=1e-5)
+    # hits: only the plain line 4 (its 4 full blocks before the last token), none for lines 1-3
+    assert eng.stats.prefix_hit_tokens == 4 * BS
