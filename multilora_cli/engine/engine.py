@@ -69,7 +69,11 @@ class Engine:
         eos = [*self.model_config.eos_token_ids, *gen.eos_token_ids, *self.tokenizer.eos_token_ids]
         self.eos_token_ids = list(dict.fromkeys(eos))
         self.runner = ModelRunner(
-            config, self.model_config, use_lora=bool(self.adapters), eos_token_ids=self.eos_token_ids
+            config,
+            self.model_config,
+            use_lora=bool(self.adapters),
+            dora=any(_uses_dora(p) for p in self.adapters.values()),
+            eos_token_ids=self.eos_token_ids,
         )
         self.max_model_len = self.runner.max_model_len
         t0 = time.perf_counter()
@@ -382,3 +386,13 @@ class Engine:
     @property
     def device(self) -> torch.device:
         return self.runner.device
+
+
+def _uses_dora(path: Path) -> bool:
+    """Whether the adapter in `path` says use_dora (an unreadable config is reported by its load, per request)."""
+    from multilora_cli.adapters.config import AdapterConfig
+
+    try:
+        return AdapterConfig.from_dir(path).use_dora
+    except MultiloraError:
+        return False

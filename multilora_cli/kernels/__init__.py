@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from multilora_cli.kernels.dora import apply_dora
 from multilora_cli.kernels.meta import LoraMeta, LoraMetaBuffers, build_lora_meta
 from multilora_cli.kernels.weights import LoraWeights
 
@@ -19,6 +20,7 @@ __all__ = [
     "LoraMetaBuffers",
     "LoraWeights",
     "add_lora",
+    "apply_dora",
     "add_lora_silu_mul",
     "build_lora_meta",
     "use_triton",
