@@ -10,6 +10,7 @@ TARGETS = {  # name: (threshold, "min" = ratio must be >= threshold, "max" = <=)
     "adapters_vs_base": (0.85, "min"),
     "decode_vs_roofline": (1.3, "max"),
     "256_adapters_64_slots_vs_64": (0.75, "min"),
+    "dora_vs_lora": (0.9, "min"),  # the same 64 adapters as DoRA (row dora64) vs plain LoRA (row 64)
 }
 
 
@@ -50,6 +51,16 @@ def target_ratios(rows: list[dict], reference_adapters: int = 64) -> dict:
     out["decode_vs_roofline"] = ref["decode_vs_roofline"]
     if wide:
         out["256_adapters_64_slots_vs_64"] = wide["tokens_per_s"] / ref["tokens_per_s"]
+    dora = _find(
+        rows,
+        "multilora-dora",
+        num_adapters=reference_adapters,
+        max_loras=reference_adapters,
+        distribution="uniform",
+        preset=preset,
+    )
+    if dora:
+        out["dora_vs_lora"] = dora["tokens_per_s"] / ref["tokens_per_s"]
     return out
 
 

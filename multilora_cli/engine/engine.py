@@ -72,7 +72,7 @@ class Engine:
             config,
             self.model_config,
             use_lora=bool(self.adapters),
-            dora=any(_uses_dora(p) for p in self.adapters.values()),
+            dora=self._uses_dora(),
             eos_token_ids=self.eos_token_ids,
         )
         self.max_model_len = self.runner.max_model_len
@@ -151,6 +151,19 @@ class Engine:
         from multilora_cli.engine.packed import pack_adapter
 
         return pack_adapter(adapter, pin=False, dtype=self.runner.dtype, arena=self.arena)
+
+    def _uses_dora(self) -> bool:
+        """Whether some adapter of the run says use_dora: then every LoRA module gets DoRA scale rows (an
+        unreadable config is reported by that adapter's load, per request)."""
+        from multilora_cli.adapters.config import AdapterConfig
+
+        for path in self.adapters.values():
+            try:
+                if AdapterConfig.from_dir(path).use_dora:
+                    return True
+            except MultiloraError:
+                pass
+        return False
 
     def _adapter_nbytes(self, name: str) -> int:
         """Packed size of adapter `name` in the run dtype, from its file header (no tensor is read). With the
@@ -386,13 +399,3 @@ class Engine:
     @property
     def device(self) -> torch.device:
         return self.runner.device
-
-
-def _uses_dora(path: Path) -> bool:
-    """Whether the adapter in `path` says use_dora (an unreadable config is reported by its load, per request)."""
-    from multilora_cli.adapters.config import AdapterConfig
-
-    try:
-        return AdapterConfig.from_dir(path).use_dora
-    except MultiloraError:
-        return False

@@ -38,8 +38,8 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     ]
 
 
-def _requests(prompts, plan) -> list[Request]:
-    sp = SamplingParams(max_tokens=NEW, ignore_eos=True)
+def _requests(prompts, plan, new: int = NEW) -> list[Request]:
+    sp = SamplingParams(max_tokens=new, ignore_eos=True)
     return [
         Request(key=i, id=str(i), adapter=a, prompt_token_ids=p, sampling=sp)
         for i, (p, a) in enumerate(zip(prompts, plan))
