@@ -17,7 +17,20 @@ from multilora_cli.kernels.weights import LoraWeights
 
 
 def apply_dora(y: torch.Tensor, w: LoraWeights, meta: LoraMeta, bias: torch.Tensor | None = None) -> None:
-    """y[t, :] = g[slot(t), :] * y[t, :] + (1 - g[slot(t), :]) * bias for every token t (in place).
+    """y[t, :] = g[slot(t), :] * y[t, :] + (1 - g[slot(t), :]) * bias for every adapted token t (in place): one
+    Triton pass where `add_lora` takes the Triton path (kernels/dora_scale.py), torch ops elsewhere."""
+    from multilora_cli.kernels import use_triton
+
+    if use_triton(y):
+        from multilora_cli.kernels.dora_scale import dora_scale_triton
+
+        dora_scale_triton(y, w.dora, meta.token_slot, bias)
+        return
+    apply_dora_torch(y, w, meta, bias)
+
+
+def apply_dora_torch(y: torch.Tensor, w: LoraWeights, meta: LoraMeta, bias: torch.Tensor | None = None) -> None:
+    """`apply_dora` in torch ops, over every row (base rows times exactly 1).
 
     y: [T, out] (model dtype), w.dora: [max_loras + 1, out] float32 (row max_loras = the base's ones, which
     slot -1 indexes), meta.token_slot: [T] int32, bias: [out] or None. Computed in float32, rounded once.

@@ -73,8 +73,12 @@ def _peft_refs(base, paths: dict, vocab: int) -> list:
     return refs
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3"])
-def test_dora_mixed_batch_matches_peft(base_path, tmp_path, arch):
+@pytest.mark.parametrize(
+    "arch,kernels", [("llama", "torch"), ("qwen2", "torch"), ("phi3", "torch"), ("qwen2", "triton")]
+)
+def test_dora_mixed_batch_matches_peft(base_path, tmp_path, monkeypatch, arch, kernels):
+    """kernels="triton": the CUDA path's kernels (SGMV, the one-pass DoRA scaling) under the interpreter."""
+    monkeypatch.setenv("MULTILORA_KERNELS", kernels)
     base = base_path(arch)
     specs = _adapters(arch)
     paths = {n: build_adapter(base, tmp_path / n, **kw) for n, (_, kw) in specs.items()}
