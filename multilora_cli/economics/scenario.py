@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from multilora_cli.adapters.costs import dora_slot_bytes
 from multilora_cli.config import GPU_MEMORY_UTILIZATION
 from multilora_cli.economics.comparable import Comparability, compare
 from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, HOURS_PER_MONTH, GpuSpec
@@ -130,7 +131,10 @@ def default_slots(tenants: int, adapter: AdapterShape, gpu: GpuSpec, cfg, dtype_
     """The slots `multilora run` would allocate for `tenants` adapters of this shape on one such GPU (its slots
     hold all seven projections at the adapter's largest rank, whatever the adapter targets)."""
     spare = gpu.memory_gb * 1e9 * GPU_MEMORY_UTILIZATION - weight_bytes(cfg, dtype_bytes)
-    return auto_max_loras(tenants, slot_bytes(cfg, adapter.max_rank, dtype_bytes), int(spare))
+    one = slot_bytes(cfg, adapter.max_rank, dtype_bytes)
+    if adapter.dora_params:  # a run with a DoRA adapter: float32 scale rows per slot too (adapters/costs.py)
+        one += dora_slot_bytes(cfg)
+    return auto_max_loras(tenants, one, int(spare))
 
 
 def resolve(s: Scenario) -> Resolved:
