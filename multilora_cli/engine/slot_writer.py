@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from multilora_cli.engine.dora import write_scales
+from multilora_cli.engine.dora import row_norms_sq, write_scales
 from multilora_cli.engine.packed import PackedAdapter
 from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.kernels.scatter import scatter_blocks, scatter_plan
@@ -56,11 +56,13 @@ class SlotWriter:
         self._plans: dict[tuple, torch.Tensor] = {}
         self._dst_base = self.modules[0][1].lora.a if self.modules else None
         self.dora = any(m.lora.dora is not None for _, m in self.modules)  # DoRA scale rows to write per install
+        self._w_sq: dict | None = None  # DoRA: ||W_row||² per module, computed once (engine/dora.py)
 
     def enable_dora(self) -> None:
         """Give every module DoRA scale rows (ones), before CUDA graphs are captured so they include the scaling."""
         for _, m in self.modules:
             m.lora.enable_dora()
+        self._w_sq = {key: row_norms_sq(m.weight) for key, m in self.modules}
         self.dora = bool(self.modules)
 
     def install(self, slot: int, adapter) -> None:
@@ -70,7 +72,7 @@ class SlotWriter:
         else:
             self._install_views(slot, adapter)
         if self.dora:  # after A / B are in the slot: DoRA's norms read them (engine/dora.py)
-            write_scales(self.modules, slot, adapter)
+            write_scales(self.modules, slot, adapter, self._w_sq)
 
     def _install_views(self, slot: int, adapter) -> None:
         n = len(self.modules)

@@ -139,7 +139,8 @@ def test_dora_scale_matters_and_plain_slots_stay_one(base_path, tmp_path):
 
 
 def test_slice_scale_is_peft_norm():
-    """slice_scale in row chunks = m / ||W + s·B·A|| row by row, as PEFT's get_weight_norm computes it."""
+    """slice_scale (expanded, W read in row chunks) = m / ||W + s·B·A|| row by row, as PEFT's get_weight_norm
+    computes it."""
     import peft.tuners.lora.dora as dora
 
     g = torch.Generator().manual_seed(0)
@@ -153,5 +154,11 @@ def test_slice_scale_is_peft_norm():
     try:
         torch.testing.assert_close(slice_scale(w, a, b, 0.7, m), want, atol=1e-6, rtol=1e-6)
         assert torch.equal(w, w0)  # the base weight is read, never written
+        # a bf16 base and slot (the GPU's case): the same norms of the bf16 values, to float32 rounding
+        wb, ab, bb = (t.bfloat16() for t in (w, a, b))
+        want_b = m / dora.DoraLinearLayer(fan_in_fan_out=False).get_weight_norm(
+            wb.float(), bb.float() @ ab.float(), scaling=0.7
+        )
+        torch.testing.assert_close(slice_scale(wb, ab, bb, 0.7, m), want_b, atol=1e-5, rtol=1e-5)
     finally:
         ours._CHUNK_ELEMS = old
