@@ -48,9 +48,10 @@ class LoRALinear(FusedLinear):
         """silu(gate) * up of this [gate | up] layer's output with each token's LoRA delta: [T, I]. With adapted
         tokens (or graph metadata) the delta and the activation are one kernel (kernels.add_lora_silu_mul), so
         the [T, 2I] output is read once and never rewritten. For the fused-elementwise path (CUDA). With DoRA in
-        the run, gate and up are scaled before the activation: the unfused path (forward, then silu_mul)."""
+        the run the kernel scales gate and up by the slot's DoRA rows before the activation (with an MLP bias:
+        the unfused path, forward then silu_mul)."""
         ctx = get_context()
-        if self.lora.dora is not None:
+        if self.lora.dora is not None and self.bias is not None:  # the fused kernel scales without a bias term
             from multilora_cli.kernels import norm_rope
 
             return norm_rope.silu_mul(self.forward(x))
