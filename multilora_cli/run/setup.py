@@ -40,7 +40,12 @@ def max_loras(cfg: RunConfig, pf, n_adapters: int) -> int:
     spare = spare_gpu_bytes(eng.device, pf.model_config, eng.itemsize, eng.gpu_memory_utilization)
     if spare is None:
         return pf.max_loras
-    return auto_max_loras(n_adapters, slot_bytes(pf.model_config, pf.max_lora_rank, eng.itemsize), spare)
+    one = slot_bytes(pf.model_config, pf.max_lora_rank, eng.itemsize)
+    if any(s.config.use_dora for s in pf.scans.values()):  # DoRA's float32 scale rows in every slot
+        from multilora_cli.adapters.costs import dora_slot_bytes
+
+        one += dora_slot_bytes(pf.model_config)
+    return auto_max_loras(n_adapters, one, spare)
 
 
 def engine_config(cfg: RunConfig, pf, good: dict[str, Path]) -> EngineConfig:
