@@ -1,6 +1,7 @@
 """Build tiny real models and adapters for tests: transformers writes the base, PEFT writes adapters.
 
-PEFT initialises lora_B to zero (a no-op adapter), so every builder randomises lora_B before saving.
+PEFT initialises lora_B to zero (a no-op adapter), so every builder randomises lora_B before saving; a DoRA
+adapter (use_dora=True) also gets its magnitudes scaled by random factors in [0.5, 1.5], so m != ||W + s·B·A||.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ def build_adapter(
         for name, p in pm.named_parameters():
             if "lora_B" in name or "lora_A" in name:
                 p.normal_(0, 0.1)
+            elif "lora_magnitude_vector" in name:
+                p.mul_(torch.empty_like(p).uniform_(0.5, 1.5))
     pm.save_pretrained(out, safe_serialization=safetensors)
     # base_model_name_or_path as written by PEFT is the local path; keep it.
     return Path(out)

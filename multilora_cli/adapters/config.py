@@ -211,8 +211,6 @@ class AdapterConfig:
         out = []
         if self.peft_type != "LORA":
             out.append(f"peft_type {self.peft_type} (only LoRA adapters are served)")
-        if self.use_dora:
-            out.append("DoRA (use_dora=true)")
         # bias != "none" is judged by the tensors (scan.py): PEFT saves the trained biases it has, and on a base
         # without linear biases (Llama, Mistral, Qwen3) there are none, so PEFT's output is a plain LoRA's.
         # fan_in_fan_out is not a feature either: PEFT resets it to False on every nn.Linear (the only layers

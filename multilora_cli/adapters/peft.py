@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from multilora_cli.adapters.config import AdapterConfig
-from multilora_cli.adapters.scan import all_finite, nonfinite, scan_adapter
+from multilora_cli.adapters.scan import all_finite, nonfinite, read_magnitudes, scan_adapter
 from multilora_cli.models.config import FUSED, FUSED_MODULES, ModelConfig
 
 # fused module -> PEFT names of its slices, in slice order: qkv_proj -> [q_proj, k_proj, v_proj]
@@ -53,6 +53,13 @@ class LoraAdapter:
     stored_dtype: torch.dtype
     stored_nbytes: int
     module_names: dict[tuple[int, str], str] = field(default_factory=dict)  # full PEFT module names
+    # DoRA (use_dora): (layer, PEFT module) -> magnitude m [out] float32; {} for a plain LoRA. The slot loader turns
+    # it into m / ||W + s·B·A|| per output feature (engine/dora.py)
+    magnitudes: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def is_dora(self) -> bool:
+        return bool(self.magnitudes)
 
     @property
     def max_rank(self) -> int:
@@ -123,4 +130,5 @@ def load_adapter(
         stored_dtype=scan.stored_dtype,
         stored_nbytes=scan.stored_nbytes,
         module_names=scan.module_names,
+        magnitudes=read_magnitudes(scan),
     )

@@ -78,6 +78,9 @@ def render(rep: InspectReport, console=None) -> None:
     if rep.num_params is not None:
         add("parameters", f"{rep.num_params:,}")
         add("size", f"{_size(rep.bytes)} as stored ({rep.dtype}); {_size(rep.bytes_bf16)} in bf16")
+    for e in rep.extras:  # served features beyond plain LoRA pairs, with their cost
+        slot = f"; +{_size(e.slot_bytes)} per GPU slot" if e.slot_bytes is not None else ""
+        add(e.kind, f"{e.params:,} parameters ({_size(e.bytes_bf16)} in bf16){slot}. {e.note}")
     console.print(summary)
 
     if rep.modules:

@@ -34,6 +34,18 @@ class ModuleRow:
 
 
 @dataclass(slots=True)
+class ExtraCost:
+    """A served feature beyond plain LoRA pairs and what it costs: `params` stored in the adapter, `slot_bytes` the
+    GPU memory it adds to each slot of a run (None when the base's shapes are unknown)."""
+
+    kind: str  # "dora"
+    params: int
+    bytes_bf16: int
+    slot_bytes: int | None
+    note: str
+
+
+@dataclass(slots=True)
 class InspectReport:
     source: str
     path: str
@@ -57,6 +69,7 @@ class InspectReport:
     modules: list[ModuleRow]
     servable: bool
     reason: str | None
+    extras: list[ExtraCost] = field(default_factory=list)  # DoRA magnitudes ...: served, at this cost
     error: MultiloraError | None = field(default=None, repr=False)  # AdapterError, or the base's UnsupportedModelError
     base_quantization: str | None = None  # the checked base's FP8 format (models/quantization.py); None: unquantized
 
@@ -124,6 +137,7 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         for k, ms in sorted(groups.items(), key=lambda kv: (kv[0][0], min(layer for layer, _ in kv[1])))
     ]
     num_params = sum(r.params for r in rows)
+    extras = _extras(adapter, model_config)
     alphas = [r.alpha for r in rows]
     scalings = [r.scaling for r in rows]
     return InspectReport(
@@ -144,14 +158,35 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         num_layers=model_config.num_hidden_layers if model_config else None,
         num_params=num_params,
         bytes=adapter.nbytes,
-        bytes_bf16=2 * num_params,
+        bytes_bf16=2 * (num_params + sum(e.params for e in extras)),
         dtype=str(adapter.dtype).removeprefix("torch."),
         modules=rows,
+        extras=extras,
         servable=unservable is None,
         reason=None if unservable is None else unservable.one_line(),
         error=unservable,
         base_quantization=model_config.quantization.describe() if model_config and model_config.quantization else None,
     )
+
+
+def _extras(adapter, model_config: ModelConfig | None) -> list[ExtraCost]:
+    """What the adapter holds beyond LoRA pairs, and its cost (engine/dora.py, engine/slot_budget.py)."""
+    from multilora_cli.adapters.costs import dora_slot_bytes
+
+    out = []
+    if adapter.magnitudes:
+        # a fused checkpoint module's slices share its vector: count each stored value once, by its rows
+        n = sum(m.numel() for m in adapter.magnitudes.values())
+        out.append(
+            ExtraCost(
+                kind="dora",
+                params=n,
+                bytes_bf16=2 * n,
+                slot_bytes=dora_slot_bytes(model_config) if model_config is not None else None,
+                note="DoRA: magnitude vectors; m / ||W + s·B·A|| computed once per slot load, applied per row",
+            )
+        )
+    return out
 
 
 def _from_config(

@@ -40,6 +40,7 @@ class ModuleSpec:
     dtype_a: torch.dtype
     dtype_b: torch.dtype
     b_rows: tuple[int, int] | None = None
+    key_m: str | None = None  # DoRA: lora_magnitude_vector [out] (a fused module's slice: its rows b_rows)
 
 
 @dataclass(slots=True)
@@ -120,6 +121,16 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
                     f"{where} has {have} but no lora_{ab}",
                     hint="the checkpoint is incomplete; re-save or re-download it",
                 )
+        if config.use_dora != ("M" in keys):
+            raise AdapterError(
+                f"{where}: "
+                + (
+                    "use_dora is set but it has no lora_magnitude_vector"
+                    if config.use_dora
+                    else "it has a DoRA lora_magnitude_vector but adapter_config.json has no use_dora"
+                ),
+                hint="the checkpoint and its adapter_config.json disagree; re-save the adapter with PEFT",
+            )
         if not config.target_matches(full):
             raise AdapterError(
                 f"{where} has LoRA tensors but adapter_config.json target_modules does not select it "
@@ -147,8 +158,18 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
                 raise AdapterError(f"{where}: lora_{ab} has dtype {dt}; LoRA weights must be floating point")
             scan.stored_nbytes += shape[0] * shape[1] * dt.itemsize
             scan.stored_dtype = scan.stored_dtype or dt
+        key_m = keys.get("M")
+        if key_m is not None:
+            sm, dm = tf.shape(key_m), tf.dtype(key_m)
+            if tuple(sm) != (sb[0],) or not dm.is_floating_point:
+                raise AdapterError(
+                    f"{where}: lora_magnitude_vector {tuple(sm)} {dm} is not a floating [{sb[0]}] vector (one per "
+                    "output feature)",
+                    hint="the checkpoint is corrupt; re-save it",
+                )
+            scan.stored_nbytes += sm[0] * dm.itemsize
         scan.modules[(layer, module)] = ModuleSpec(
-            keys["A"], keys["B"], r, sa[1], sb[0], config.scaling_for(full, r), *dtypes
+            keys["A"], keys["B"], r, sa[1], sb[0], config.scaling_for(full, r), *dtypes, key_m=key_m
         )
     if model_config is not None:
         check_fits(
@@ -177,6 +198,24 @@ def split_fused(scan: AdapterScan, model_config: ModelConfig) -> None:
             scan.module_names[(layer, piece)] = full
             lo += rows
     scan.modules = dict(sorted(scan.modules.items()))
+
+
+def read_magnitudes(scan: AdapterScan) -> dict[tuple[int, str], torch.Tensor]:
+    """DoRA: (layer, PEFT module) -> its magnitude m [out] in float32 (a fused module's slice: its rows), read from
+    the file; {} for a plain LoRA. Raises the NaN/Inf error `load_adapter` raises for A / B."""
+    out, read = {}, {}
+    for key, spec in scan.modules.items():
+        if spec.key_m is None:
+            continue
+        if spec.key_m not in read:
+            read[spec.key_m] = scan.tensors.get(spec.key_m).float()
+        m = read[spec.key_m]
+        if spec.b_rows is not None:
+            m = m[spec.b_rows[0] : spec.b_rows[1]]
+        if not all_finite(m):
+            raise nonfinite(scan.name, scan.weights_path, scan.module_names[key], "magnitude_vector")
+        out[key] = m
+    return out
 
 
 def file_ident(file: Path) -> tuple | None:

@@ -28,6 +28,12 @@ LORA_KEY = re.compile(
     r"^(?:base_model\.model\.)?(?P<module>(?:[A-Za-z0-9_.]*\.)?layers\.(?P<layer>\d+)\.(?P<parent>[A-Za-z_]\w*)"
     r"\.(?P<name>[A-Za-z_]\w*))\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$"
 )
+# DoRA's magnitude m [out] of the same module: "...q_proj.lora_magnitude_vector" as PEFT saves it (also with the
+# adapter name and ".weight", as the live module names it)
+MAGNITUDE_KEY = re.compile(
+    r"^(?:base_model\.model\.)?(?P<module>(?:[A-Za-z0-9_.]*\.)?layers\.(?P<layer>\d+)\.(?P<parent>[A-Za-z_]\w*)"
+    r"\.(?P<name>[A-Za-z_]\w*))\.lora_magnitude_vector(?:\.[A-Za-z0-9_]+)?(?:\.weight)?$"
+)
 _PARENT = {m: ("self_attn" if m in ATTN_MODULES or m == "qkv_proj" else "mlp") for m in CHECKPOINT_MODULES}
 # safetensors dtype names -> torch (the ones a LoRA checkpoint may hold; others are refused as unknown)
 ST_DTYPES = {
@@ -166,10 +172,14 @@ def read_header(file: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...], int
 
 
 def classify_key(key: str) -> tuple[str, int, str, str] | str:
-    """A LoRA key -> (module full name, layer, PEFT module name, "A"|"B"); anything else -> why it is unservable."""
+    """A LoRA key -> (module full name, layer, PEFT module name, "A"|"B"|"M"), "M" = DoRA's magnitude vector;
+    anything else -> why it is unservable."""
     m = LORA_KEY.match(key)
     if m and _PARENT.get(m.group("name")) == m.group("parent"):
         return m.group("module"), int(m.group("layer")), m.group("name"), m.group("ab")
+    m = MAGNITUDE_KEY.match(key)
+    if m and _PARENT.get(m.group("name")) == m.group("parent"):
+        return m.group("module"), int(m.group("layer")), m.group("name"), "M"
     if "lora_magnitude_vector" in key:
         return "DoRA (lora_magnitude_vector tensors)"
     if "lora_embedding_A" in key or "lora_embedding_B" in key:

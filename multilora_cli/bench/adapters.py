@@ -4,7 +4,9 @@ Each adapter has rank `rank` on every linear module of every layer (the seven pr
 its fused qkv_proj / gate_up_proj) (PEFT layout: A [r, in], B [out, r]),
 random values, alpha = 2r. At most `max_distinct` distinct weight sets are generated (each ~84 MB at
 Llama-3-8B shapes, rank 16); adapters beyond that reuse one round-robin with their own scaling. The GPU work
-is the same either way: every adapter is copied into its own slot and read from there.
+is the same either way: every adapter is copied into its own slot and read from there. With `dora`, every module
+also gets a DoRA magnitude vector m [out] (uniform in [0.5, 1.5] times 0.02 sqrt(in), the norm of a row of the
+dummy weights, N(0, 0.02^2)) and the configs say use_dora: the engine then computes m / ||W + s·B·A|| at each slot load.
 
 `prepare` writes each weight set once as an `adapter_model.safetensors` (PEFT's key names, the run dtype) and
 each adapter as a folder of its own: that file (hard-linked) and an `adapter_config.json` with its alpha. So the
@@ -37,13 +39,22 @@ class SyntheticAdapters:
     """names -> LoraAdapter, generated up front by `prepare` (outside any timed region)."""
 
     def __init__(
-        self, model_config: ModelConfig, names: list[str], rank: int, *, seed: int = 0, max_distinct: int = 64
+        self,
+        model_config: ModelConfig,
+        names: list[str],
+        rank: int,
+        *,
+        seed: int = 0,
+        max_distinct: int = 64,
+        dora: bool = False,
     ):
         self.model_config = model_config
         self.names = list(names)
         self.rank = rank
         self.seed = seed
         self.max_distinct = max(1, max_distinct)
+        self.dora = dora
+        self._magnitudes: list[dict[tuple[int, str], torch.Tensor]] = []  # per weight set, DoRA only
         self._banks: list[dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]] = []
         self._cache: dict[str, LoraAdapter] = {}
         self._index = {n: i for i, n in enumerate(self.names)}  # names.index per load was O(adapters)
@@ -81,6 +92,13 @@ class SyntheticAdapters:
                 dev[off + r * fin : off + r * (fin + fout)].mul_(0.05)
             dev = dev.to(dtype)
             host = dev.cpu()
+            if self.dora:
+                self._magnitudes.append(
+                    {
+                        key: (torch.rand(fout, generator=gen, device=device) + 0.5).mul_(0.02 * fin**0.5).cpu()
+                        for key, _, fin, fout in layout
+                    }
+                )
             self._banks.append(
                 {
                     key: (
@@ -108,6 +126,7 @@ class SyntheticAdapters:
             r,
             self.seed,
             str(dtype),
+            self.dora,
         )
         files = []
         for i, bank in enumerate(self._banks):
@@ -121,6 +140,8 @@ class SyntheticAdapters:
                     parent = "self_attn" if m in ATTN_MODULES or m == "qkv_proj" else "mlp"
                     key = f"base_model.model.model.layers.{layer}.{parent}.{m}"
                     tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a.clone(), b.clone()
+                    if self.dora:
+                        tensors[f"{key}.lora_magnitude_vector"] = self._magnitudes[i][(layer, m)].to(dtype)
                 save_file(tensors, str(f))
                 _FILES[(*sig, i)] = f
             files.append(f)
@@ -141,6 +162,7 @@ class SyntheticAdapters:
                         "target_modules": list(cfg.peft_modules),
                         "lora_dropout": 0.0,
                         "bias": "none",
+                        "use_dora": self.dora,
                         "base_model_name_or_path": cfg.name_or_path or None,
                     }
                 )
@@ -159,15 +181,20 @@ class SyntheticAdapters:
             raise RuntimeError("SyntheticAdapters.prepare() was not called")
         i = self._index[name]
         bank = self._banks[i % len(self._banks)]
+        mags = self._magnitudes[i % len(self._banks)] if self.dora else {}
         scaling = self._scaling(i)
-        modules = {}
+        modules, magnitudes = {}, {}
         for (layer, m), (a, b) in bank.items():
             if m not in CHECKPOINT_FUSED:
                 modules[(layer, m)] = LoraModule(a=a, b=b, scaling=scaling)
+                if mags:
+                    magnitudes[(layer, m)] = mags[(layer, m)].float()
                 continue
             lo = 0  # a fused module (Phi-3) as its slices, as adapters/scan.py splits a checkpoint's
             for piece, rows in self.model_config.checkpoint_slices(m):
                 modules[(layer, piece)] = LoraModule(a=a, b=b[lo : lo + rows], scaling=scaling)
+                if mags:
+                    magnitudes[(layer, piece)] = mags[(layer, m)][lo : lo + rows].float()
                 lo += rows
         adapter = LoraAdapter(
             name=name,
@@ -178,6 +205,7 @@ class SyntheticAdapters:
             weights_path=Path("synthetic") / name,
             stored_dtype=next(iter(bank.values()))[0].dtype,
             stored_nbytes=self.nbytes,
+            magnitudes=magnitudes,
         )
         self._cache[name] = adapter
         return adapter
@@ -192,6 +220,9 @@ class SyntheticEngine(Engine):
         names = source.names if source is not None else []
         paths = source.paths if source is not None else {}
         super().__init__(config, {n: paths.get(n, Path("synthetic") / n) for n in names}, model_config)
+
+    def _uses_dora(self) -> bool:
+        return self.source is not None and self.source.dora
 
     def _from_memory(self, name: str) -> bool:
         return self.adapters[name] != self.source.paths.get(name)

@@ -5,6 +5,7 @@
 64z       the same with a zipf spread over adapters
 base      multilora, base model only (no LoRA layers)
 eager64   multilora with 64 adapters, CUDA graphs off
+dora64    multilora, 64 DoRA adapters (the same LoRA weights plus magnitude vectors), min(64, N) slots
 hf64      HF transformers + PEFT, 64 adapters
 """
 
@@ -17,11 +18,11 @@ from multilora_cli.bench.workload import Workload
 from multilora_cli.errors import UsageError
 
 DEFAULT_ROWS = "64,base,hf64,256/64,64z,8,1,256/256"
-_SPEC = re.compile(r"^(eager|hf)?(\d+)(?:/(\d+))?(z)?$")
+_SPEC = re.compile(r"^(eager|hf|dora)?(\d+)(?:/(\d+))?(z)?$")
 
 
 def parse_rows(spec: str, base: Workload) -> list[tuple[str, Workload]]:
-    """'64,base,hf64,256/64' -> [(kind, workload)], kinds "multilora" | "base" | "eager" | "hf"."""
+    """'64,base,hf64,256/64' -> [(kind, workload)], kinds "multilora" | "base" | "eager" | "hf" | "dora"."""
     plan = []
     for item in (s.strip().lower() for s in spec.split(",")):
         if not item:
@@ -33,7 +34,7 @@ def parse_rows(spec: str, base: Workload) -> list[tuple[str, Workload]]:
         if m is None:
             raise UsageError(
                 f"bad benchmark row {item!r}",
-                hint="use N, N/SLOTS, Nz (zipf), base, eagerN or hfN, e.g. 64,base,hf64,256/64",
+                hint="use N, N/SLOTS, Nz (zipf), base, eagerN, doraN or hfN, e.g. 64,base,hf64,256/64",
             )
         kind = m.group(1) or "multilora"
         n = int(m.group(2))

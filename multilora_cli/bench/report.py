@@ -10,6 +10,7 @@ TARGETS = {  # name: (threshold, "min" = ratio must be >= threshold, "max" = <=)
     "adapters_vs_base": (0.85, "min"),
     "decode_vs_roofline": (1.3, "max"),
     "256_adapters_64_slots_vs_64": (0.75, "min"),
+    "dora_vs_lora": (0.9, "min"),  # the same 64 adapters as DoRA (row dora64) vs plain LoRA (row 64)
 }
 
 
@@ -26,9 +27,10 @@ def _find(rows: list[dict], system: str, **want) -> dict | None:
 
 def target_ratios(rows: list[dict], reference_adapters: int = 64) -> dict:
     """Ratios of the issue's targets from whatever rows exist (None where a row is missing)."""
+    # the reference row: 64 adapters in 64 slots, given (`64/64`) or chosen by the run's default rule (`64`)
     ref = _find(
         rows, "multilora", num_adapters=reference_adapters, distribution="uniform", max_loras=reference_adapters
-    )
+    ) or _find(rows, "multilora", num_adapters=reference_adapters, distribution="uniform", max_loras=None)
     out = {name: None for name in TARGETS}
     if ref is None:
         return out
@@ -50,6 +52,16 @@ def target_ratios(rows: list[dict], reference_adapters: int = 64) -> dict:
     out["decode_vs_roofline"] = ref["decode_vs_roofline"]
     if wide:
         out["256_adapters_64_slots_vs_64"] = wide["tokens_per_s"] / ref["tokens_per_s"]
+    dora = _find(
+        rows,
+        "multilora-dora",
+        num_adapters=reference_adapters,
+        max_loras=ref["workload"].get("max_loras"),
+        distribution="uniform",
+        preset=preset,
+    )
+    if dora:
+        out["dora_vs_lora"] = dora["tokens_per_s"] / ref["tokens_per_s"]
     return out
 
 

@@ -108,9 +108,11 @@ def run_multilora_row(
     enforce_eager: bool = False,
     warmup: bool = True,
     host_warm: bool = False,
+    dora: bool = False,
     log=print,
 ) -> BenchRow:
-    """Time one multilora configuration (`base_only`: no adapters, no LoRA layers at all)."""
+    """Time one multilora configuration (`base_only`: no adapters, no LoRA layers at all; `dora`: the adapters
+    are DoRA adapters, their warm-up adapters too)."""
     cfg = ModelConfig.from_dir(model_dir)
     work, slots = resolve_slots(work, cfg, device)
     econf = engine_config(work, model_dir, device, enforce_eager=enforce_eager)
@@ -120,7 +122,12 @@ def run_multilora_row(
     if not base_only and work.num_adapters:
         warm_names = [f"warm{i}" for i in range(warm_slots)]
         source = SyntheticAdapters(
-            cfg, work.adapter_names + warm_names, work.rank, seed=work.seed, max_distinct=work.distinct_weights
+            cfg,
+            work.adapter_names + warm_names,
+            work.rank,
+            seed=work.seed,
+            max_distinct=work.distinct_weights,
+            dora=dora,
         )
     if source is not None:  # PEFT folders on disk before the engine starts (not timed)
         source.prepare(getattr(torch, econf.dtype), device)
@@ -172,6 +179,7 @@ def run_multilora_row(
         roof = Roofline.for_model(cfg, dtype_bytes, source.nbytes if source else 0, bandwidth, flops, fp8=fp8)
         system = ("multilora-base" if base_only else "multilora") + ("-fp8" if fp8 else "")
         system += "-eager" if enforce_eager else ""
+        system += "-dora" if dora else ""
         row = _summarise(work, steps, roof, system, out_tokens, wall)
         fed = sum(s.tokens for s in steps)
         # every generated token but each sequence's last is fed back once; the rest of what was fed is prompt
@@ -332,7 +340,7 @@ def run_suite(
     on_row=None,
     host_warm: bool = False,
 ) -> dict:
-    """Run `plan` rows in order: ("multilora" | "base" | "eager" | "hf", workload). Returns the report dict
+    """Run `plan` rows in order: ("multilora" | "base" | "eager" | "hf" | "dora", workload). Returns the report dict
     (device, measured bandwidth, rows, failed / not-run rows, target ratios). `on_row(report)` is called after
     each row, so a partial report survives a later failure or time limit; with `budget_s`, rows that would
     start after that many seconds are listed under "not_run" instead."""
@@ -374,6 +382,7 @@ def run_suite(
                     base_only=kind == "base",
                     enforce_eager=kind == "eager",
                     host_warm=host_warm,
+                    dora=kind == "dora",
                     log=log,
                 )
             report["rows"].append(row.to_dict())

@@ -6,6 +6,7 @@ for the models behind the throughput and hit-rate figures).
 
 from __future__ import annotations
 
+from multilora_cli.adapters.costs import dora_slot_bytes
 from multilora_cli.economics.comparable import not_comparable_message
 from multilora_cli.economics.fleet import Hardware, Workload, ceil_div, plan_dedicated, plan_shared
 from multilora_cli.economics.presets import HOURS_PER_MONTH
@@ -46,6 +47,10 @@ def analyze(r: Resolved) -> Report:
         groups.setdefault(f"{m.layers}×{m.rank}×({m.in_features}+{m.out_features})", []).append(m.module)
     terms = " + ".join(t if len(ms) == 1 else f"{t} ×{len(ms)} ({','.join(ms)})" for t, ms in groups.items())
     a_params = sa.add("params", "LoRA parameters", ad.params, n(ad.params), f"Σ layers×r×(in+out) = {terms}")
+    if ad.dora_params:  # DoRA: one magnitude per output feature of each adapted module, moved with A / B
+        a_params += sa.add(
+            "dora_params", "DoRA magnitude parameters", ad.dora_params, n(ad.dora_params), "Σ adapted out features"
+        )
     a_bytes = sa.add(
         "bytes", "bytes per adapter", a_params * db, size(a_params * db), f"{n(a_params)} params × {db} B ({s.dtype})"
     )
@@ -112,6 +117,8 @@ def analyze(r: Resolved) -> Report:
         f"floor(({size(budget)} − {size(copy)} base) / {size(a_bytes)})",
     )
     slot_bytes = sum(ad.max_rank * (m.in_features + m.out_features) * m.layers for m in ad.modules) * db
+    if ad.dora_params:  # float32 scale rows per slot, every LoRA module (adapters/costs.py)
+        slot_bytes += dora_slot_bytes(cfg)
     sm.add(
         "slot_bytes",
         f"{r.max_loras} GPU slots (at rank {ad.max_rank})",

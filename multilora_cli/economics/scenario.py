@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from multilora_cli.adapters.costs import dora_slot_bytes
 from multilora_cli.config import GPU_MEMORY_UTILIZATION, QUANTIZATIONS
 from multilora_cli.economics.comparable import Comparability, compare
 from multilora_cli.economics.presets import DTYPE_BYTES, GPU_PRESETS, HOURS_PER_MONTH, GpuSpec
@@ -143,10 +144,13 @@ def default_slots(
     (its slots hold all seven projections at the adapter's largest rank, whatever the adapter targets; FP8 bases
     leave more room beside them)."""
     spare = gpu.memory_gb * 1e9 * GPU_MEMORY_UTILIZATION - base_bytes(cfg, dtype_bytes, fp8)
+    one = slot_bytes(cfg, adapter.max_rank, dtype_bytes)
+    if adapter.dora_params:  # a run with a DoRA adapter: float32 scale rows per slot too (adapters/costs.py)
+        one += dora_slot_bytes(cfg)
     return choose_max_loras(
         SlotInputs(
             adapters=s.tenants,
-            one_slot=slot_bytes(cfg, adapter.max_rank, dtype_bytes),
+            one_slot=one,
             spare=int(spare),
             max_num_seqs=s.batch_size,
             context=s.context_len,

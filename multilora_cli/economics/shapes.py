@@ -43,6 +43,7 @@ class AdapterShape:
     modules: list[ModuleShape]
     source: str
     ranks: list[int] = field(default_factory=list)
+    dora_params: int = 0  # DoRA: magnitude values (one per output feature of each adapted module), 0 for LoRA
 
     def __post_init__(self) -> None:
         if not self.modules:
@@ -96,7 +97,9 @@ def shape_from_flags(model: ModelConfig, rank: int, targets: tuple[str, ...]) ->
     return AdapterShape(mods, source=f"--rank {rank} --targets {','.join(targets)}")
 
 
-def shape_from_modules(entries: list[tuple[int, str, int, int, int]], source: str) -> AdapterShape:
+def shape_from_modules(
+    entries: list[tuple[int, str, int, int, int]], source: str, dora_params: int = 0
+) -> AdapterShape:
     """Group per-layer LoRA modules `(layer, module, rank, in, out)` into one row per (module, rank, in, out)."""
     groups: dict[tuple[str, int, int, int], int] = {}
     for _layer, module, r, i, o in entries:
@@ -105,4 +108,4 @@ def shape_from_modules(entries: list[tuple[int, str, int, int, int]], source: st
     order = {m: k for k, m in enumerate(LINEAR_MODULES)}
     rows = [ModuleShape(m, i, o, r, n) for (m, r, i, o), n in groups.items()]
     rows.sort(key=lambda s: (order[s.module], s.rank))
-    return AdapterShape(rows, source=source)
+    return AdapterShape(rows, source=source, dora_params=dora_params)

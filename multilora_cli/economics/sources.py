@@ -65,7 +65,8 @@ def load_adapter_shape(path: Path, model: ModelConfig) -> AdapterShape:
 
     adapter = load_adapter(path, path.name, model_config=model)
     entries = [(layer, mod, m.a.shape[0], m.a.shape[1], m.b.shape[0]) for (layer, mod), m in adapter.modules.items()]
-    return shape_from_modules(entries, source=str(path))
+    dora = sum(m.numel() for m in adapter.magnitudes.values())  # DoRA's magnitudes: stored and moved with A / B
+    return shape_from_modules(entries, source=str(path), dora_params=dora)
 
 
 @dataclass(slots=True)

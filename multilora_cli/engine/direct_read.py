@@ -27,7 +27,14 @@ from pathlib import Path
 
 import torch
 
-from multilora_cli.adapters.scan import AdapterScan, all_finite, nonfinite, scan_adapter, scan_ident
+from multilora_cli.adapters.scan import (
+    AdapterScan,
+    all_finite,
+    nonfinite,
+    read_magnitudes,
+    scan_adapter,
+    scan_ident,
+)
 from multilora_cli.engine.packed import PackedAdapter, PackPlan, packed_adapter, plan_pack
 from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import ModelConfig
@@ -105,10 +112,13 @@ def read_packed(
         check_finite(values, rp.plan, rp.scan)
         if values is not flat:
             flat.copy_(values)
+        magnitudes = read_magnitudes(rp.scan)  # DoRA: a few KB per module, read apart from the packed bytes
     except BaseException:
         arena.release(block)
         raise
-    return packed_adapter(rp.scan, flat, rp.plan, block, arena)
+    packed = packed_adapter(rp.scan, flat, rp.plan, block, arena)
+    packed.magnitudes = magnitudes
+    return packed
 
 
 def read_spans(file: Path, target: memoryview, spans: Iterable[tuple[int, int, int]], scan: AdapterScan) -> None:

@@ -73,7 +73,11 @@ class Engine:
         eos = [*self.model_config.eos_token_ids, *gen.eos_token_ids, *self.tokenizer.eos_token_ids]
         self.eos_token_ids = list(dict.fromkeys(eos))
         self.runner = ModelRunner(
-            config, self.model_config, use_lora=bool(self.adapters), eos_token_ids=self.eos_token_ids
+            config,
+            self.model_config,
+            use_lora=bool(self.adapters),
+            dora=self._uses_dora(),
+            eos_token_ids=self.eos_token_ids,
         )
         self.max_model_len = self.runner.max_model_len
         t0 = time.perf_counter()
@@ -156,6 +160,19 @@ class Engine:
         from multilora_cli.engine.packed import pack_adapter
 
         return pack_adapter(adapter, pin=False, dtype=self.runner.dtype, arena=self.arena)
+
+    def _uses_dora(self) -> bool:
+        """Whether some adapter of the run says use_dora: then every LoRA module gets DoRA scale rows (an
+        unreadable config is reported by that adapter's load, per request)."""
+        from multilora_cli.adapters.config import AdapterConfig
+
+        for path in self.adapters.values():
+            try:
+                if AdapterConfig.from_dir(path).use_dora:
+                    return True
+            except MultiloraError:
+                pass
+        return False
 
     def _adapter_nbytes(self, name: str) -> int:
         """Packed size of adapter `name` in the run dtype, from its file header (no tensor is read). With the

@@ -171,6 +171,7 @@ def packed_adapter(src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, 
         stored_dtype=src.stored_dtype,
         stored_nbytes=src.stored_nbytes,
         module_names=dict(src.module_names),
+        magnitudes=dict(getattr(src, "magnitudes", {})),  # a scan (direct_read) sets them after
         flat=flat,
         groups=plan.groups,
         layout=plan.layout(flat.dtype),

@@ -103,6 +103,7 @@ class ModelRunner:
         *,
         use_lora: bool = True,
         lora_targets: set[str] | None = None,
+        dora: bool = False,
         eos_token_ids: tuple[int, ...] | list[int] = (),
     ):
         self.config = config
@@ -125,6 +126,8 @@ class ModelRunner:
         )
         self._lora_modules = self.model.lora_modules()
         self._slot_writer = SlotWriter(self._lora_modules, self.device)
+        if dora and use_lora:  # some adapter of the run is DoRA: scale rows in every module, before graph capture
+            self._slot_writer.enable_dora()
         if self.device.type == "cuda" and self._lora_modules:
             # allocated before the KV cache is sized, so their bytes are counted; one slot's worth each
             numel = sum(

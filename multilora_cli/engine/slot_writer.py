@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from multilora_cli.engine.dora import row_norms_sq, write_scales
 from multilora_cli.engine.packed import PackedAdapter
 from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.kernels.scatter import scatter_blocks, scatter_plan
@@ -55,11 +56,26 @@ class SlotWriter:
         # from the first module's A tensor
         self._plans: dict[tuple, torch.Tensor] = {}
         self._dst_base = self.modules[0][1].lora.a if self.modules else None
+        self.dora = any(m.lora.dora is not None for _, m in self.modules)  # DoRA scale rows to write per install
+        self._w_sq: dict | None = None  # DoRA: ||W_row||² per module, computed once (engine/dora.py)
+
+    def enable_dora(self) -> None:
+        """Give every module DoRA scale rows (ones), before CUDA graphs are captured so they include the scaling."""
+        for _, m in self.modules:
+            m.lora.enable_dora()
+        self._w_sq = {key: row_norms_sq(m.weight) for key, m in self.modules}
+        self.dora = bool(self.modules)
 
     def install(self, slot: int, adapter) -> None:
         """Copy `adapter` (adapters.peft.LoraAdapter: slices_for(layer, fused)) into `slot` of every module."""
         if isinstance(adapter, PackedAdapter) and adapter.flat is not None:
-            return self._install_packed(slot, adapter)
+            self._install_packed(slot, adapter)
+        else:
+            self._install_views(slot, adapter)
+        if self.dora:  # after A / B are in the slot: DoRA's norms read them (engine/dora.py)
+            write_scales(self.modules, slot, adapter, self._w_sq)
+
+    def _install_views(self, slot: int, adapter) -> None:
         n = len(self.modules)
         ranks = np.zeros((n, self.width), dtype=np.int32)
         scales = np.zeros((n, self.width), dtype=np.float32)
@@ -208,6 +224,9 @@ class SlotWriter:
         _, rank_dst, scale_dst = self._destinations(slot, None)
         torch._foreach_zero_(rank_dst)
         torch._foreach_zero_(scale_dst)
+        if self.dora:  # not needed for correctness (an install rewrites the row), but a cleared slot reads as plain
+            for _, m in self.modules:
+                m.lora.dora[slot].fill_(1.0)
 
     def _host(self, arr: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(arr)

@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from multilora_cli.kernels.dora import apply_dora
 from multilora_cli.kernels.meta import LoraMeta, LoraMetaBuffers, build_lora_meta
 from multilora_cli.kernels.weights import LoraWeights
 
@@ -19,6 +20,7 @@ __all__ = [
     "LoraMetaBuffers",
     "LoraWeights",
     "add_lora",
+    "apply_dora",
     "add_lora_silu_mul",
     "build_lora_meta",
     "use_triton",
@@ -64,9 +66,11 @@ def add_lora_silu_mul(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: Lo
         from multilora_cli.kernels.sgmv import add_lora_silu_mul_triton
         from multilora_cli.kernels.sgmv_silu import fusable
 
-        if fusable(w):
+        if fusable(w):  # DoRA rows (w.dora) are scaled inside, before the activation
             return add_lora_silu_mul_triton(y, x, w, meta)
     add_lora(y, x, w, meta)
+    if w.dora is not None:
+        apply_dora(y, w, meta)
     if y.is_cuda:
         from multilora_cli.kernels import norm_rope
 

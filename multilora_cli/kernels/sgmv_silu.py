@@ -33,11 +33,20 @@ from multilora_cli.kernels.weights import LoraWeights
 
 
 @triton.jit
-def _add_and_store(h_ptrs, yg, yu, sg, su, bg, bu, ok, DOT_PREC: tl.constexpr):
-    """h = silu(g) * u of g = yg + sg @ bg and u = yu + su @ bu, each rounded to y's dtype as the expand rounds."""
+def _add_and_store(
+    h_ptrs, yg, yu, sg, su, bg, bu, ok, d_g, cols, col_ok, I, DOT_PREC: tl.constexpr, DORA: tl.constexpr
+):
+    """h = silu(g) * u of g = yg + sg @ bg and u = yu + su @ bu, each rounded to y's dtype as the expand rounds;
+    DORA: g and u then times the slot's DoRA scales d_g[cols] / d_g[I + cols], rounded again (as kernels/dora.py
+    rounds after the expand)."""
     CD = sg.dtype
     g = (yg.to(tl.float32) + tl.dot(sg, bg.to(CD), input_precision=DOT_PREC)).to(CD)
     u = (yu.to(tl.float32) + tl.dot(su, bu.to(CD), input_precision=DOT_PREC)).to(CD)
+    if DORA:
+        dg = tl.load(d_g + cols, mask=col_ok, other=1.0)
+        du = tl.load(d_g + I + cols, mask=col_ok, other=1.0)
+        g = (g.to(tl.float32) * dg[None, :]).to(CD)
+        u = (u.to(tl.float32) * du[None, :]).to(CD)
     silu_mul_store(h_ptrs, g, u, ok)
 
 
@@ -57,9 +66,11 @@ def _tile(
     I,
     r_g,
     r_u,
+    d_g,
     PDL: tl.constexpr,
     EARLY: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    DORA: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     SUB: tl.constexpr,
@@ -91,7 +102,7 @@ def _tile(
             bu, yu = load_block(b_g + I * stride_b_out, y_g + I, ju, col_ok, ok)
         sg = _load_s(s_rows, stride_s_split, n_split, offs_r, row_ok, jg, BM, RB, SPLIT, VEC).to(CD)
         su = _load_s(s_rows + stride_s_slice, stride_s_split, n_split, offs_r, row_ok, ju, BM, RB, SPLIT, VEC).to(CD)
-        _add_and_store(h_rows + cols[None, :], yg, yu, sg, su, bg, bu, ok, DOT_PREC)
+        _add_and_store(h_rows + cols[None, :], yg, yu, sg, su, bg, bu, ok, d_g, cols, col_ok, I, DOT_PREC, DORA)
     else:
         wait_predecessor(PDL)
         launch_dependents(PDL)
@@ -104,7 +115,7 @@ def _tile(
             b_g = b_r + cols[None, :] * stride_b_out  # [RB, SUB]
             bg, yg = load_block(b_g, y_rows + cols[None, :], jg, col_ok, ok)
             bu, yu = load_block(b_g + I * stride_b_out, y_rows + I + cols[None, :], ju, col_ok, ok)
-            _add_and_store(h_rows + cols[None, :], yg, yu, sg, su, bg, bu, ok, DOT_PREC)
+            _add_and_store(h_rows + cols[None, :], yg, yu, sg, su, bg, bu, ok, d_g, cols, col_ok, I, DOT_PREC, DORA)
 
 
 @triton.jit(do_not_specialize=["T", "n_split", "tile_cap", "n_tiles"])  # scalars: no compile per value class
@@ -117,6 +128,7 @@ def _expand_silu_kernel(
     nad_ptr,
     y_ptr,
     h_ptr,
+    dora_ptr,
     T,
     I,
     n_split,
@@ -130,6 +142,7 @@ def _expand_silu_kernel(
     stride_b_rank,
     stride_yt,
     stride_ht,
+    stride_dora,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BN32: tl.constexpr,
@@ -140,6 +153,7 @@ def _expand_silu_kernel(
     VEC: tl.constexpr,
     EARLY: tl.constexpr,
     PDL: tl.constexpr,
+    DORA: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)  # tiles, then base tiles: on the slow axis, dispatched after the adapted rows
@@ -180,6 +194,7 @@ def _expand_silu_kernel(
     b_slot = b_ptr + slot64 * stride_b_slot
     y_rows = y_ptr + rows[:, None] * stride_yt
     h_rows = h_ptr + rows[:, None] * stride_ht
+    d_g = dora_ptr + slot64 * stride_dora  # DoRA scale row of the slot ([gate | up]); unread without DORA
     r = tl.maximum(r_g, r_u)  # smallest bucket holding both; a slot adapting neither still writes h
     c0 = pid_c * BN
     if r <= 16:
@@ -198,9 +213,11 @@ def _expand_silu_kernel(
             I,
             r_g,
             r_u,
+            d_g,
             PDL,
             EARLY,
             DOT_PREC,
+            DORA,
             BM,
             BN,
             BN,
@@ -226,9 +243,11 @@ def _expand_silu_kernel(
                     I,
                     r_g,
                     r_u,
+                    d_g,
                     PDL,
                     EARLY,
                     DOT_PREC,
+                    DORA,
                     BM,
                     BN,
                     BN32,
@@ -253,9 +272,11 @@ def _expand_silu_kernel(
                         I,
                         r_g,
                         r_u,
+                        d_g,
                         PDL,
                         EARLY,
                         DOT_PREC,
+                        DORA,
                         BM,
                         BN,
                         BN64,
@@ -290,6 +311,7 @@ def lora_expand_silu_mul(
         for token t with slot l = slot(t) (no delta where l < 0 or rank[l, i] == 0):
             g = round(y[t, :I] + s[:, t, 0, :r0].sum(0) @ b[l, :I, :r0].T)
             u = round(y[t, I:] + s[:, t, 1, :r1].sum(0) @ b[l, I:, :r1].T)
+            with DoRA rows (w.dora not None, [L + 1, 2I] fp32): g = round(g * dora[l, :I]), u = round(u * dora[l, I:])
             out[t] = round(round(silu(g)) * u)           (round: to y's dtype; arithmetic in fp32)
     after_shrink: as in `lora_expand` (this launch directly follows the shrink that wrote s).
     """
@@ -336,6 +358,7 @@ def lora_expand_silu_mul(
         meta.num_adapted,
         y,
         out,
+        w.dora if w.dora is not None else w.scale,  # unread without DORA
         t,
         i,
         s.shape[0],
@@ -349,6 +372,7 @@ def lora_expand_silu_mul(
         w.b.stride(2),
         y.stride(0),
         out.stride(0),
+        w.dora.stride(0) if w.dora is not None else 0,
         BM=b.bm,
         BN=b.bn,
         BN32=bn32,
@@ -357,6 +381,7 @@ def lora_expand_silu_mul(
         DOT_PREC="ieee" if y.dtype == torch.float32 else "tf32",
         EARLY=after_shrink,
         PDL=pdl.launch,
+        DORA=w.dora is not None,
         num_warps=b.num_warps,
         num_stages=1,
         **partial_sum_args(s, t),

@@ -19,6 +19,9 @@ class LoraWeights:
     rank:   [max_loras, n_slices] int32    real rank of (slot, slice); 0 = slice not adapted by that slot
     scale:  [max_loras, n_slices] float32  lora_alpha / r (or / sqrt(r)) of (slot, slice)
     slice_offsets: n_slices + 1 column offsets of each slice in the output (host ints)
+    dora:   [max_loras + 1, out_features] float32 or None: DoRA's m / ||W + s·B·A|| per (slot, output feature),
+            ones for plain-LoRA slots and for the last row (the base, slot -1); None = no DoRA in this run
+            (`enable_dora` allocates it; kernels/dora.py applies it)
     Rows/cols past `rank` are never read (rank-aware), so evicting a slot needs no zeroing.
     """
 
@@ -27,6 +30,12 @@ class LoraWeights:
     rank: torch.Tensor
     scale: torch.Tensor
     slice_offsets: tuple[int, ...]
+    dora: torch.Tensor | None = None
+
+    def enable_dora(self) -> None:
+        """Allocate the DoRA scale rows (all ones: every slot a plain LoRA until a DoRA adapter is installed)."""
+        if self.dora is None:
+            self.dora = torch.ones(self.max_loras + 1, self.out_features, dtype=torch.float32, device=self.a.device)
 
     @classmethod
     def empty(
@@ -92,3 +101,5 @@ class LoraWeights:
         """Forget the adapter in `slot` (rank 0 everywhere; weights left as they are)."""
         self.rank[slot].zero_()
         self.scale[slot].zero_()
+        if self.dora is not None:
+            self.dora[slot].fill_(1.0)

@@ -46,14 +46,22 @@ class LoRALinear(FusedLinear):
         # the captured graph must contain the kernels whatever the batch at capture time was.
         if ctx is not None and ctx.lora is not None and (ctx.lora.segments or getattr(ctx.lora, "static", False)):
             kernels.add_lora(y, x, self.lora, ctx.lora)
+            if self.lora.dora is not None:  # DoRA rows: g ⊙ (x Wᵀ + delta) (+ b); other rows times exactly 1
+                kernels.apply_dora(y, self.lora, ctx.lora, self.bias)
         return y
 
     def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this [gate | up] layer's output with each token's LoRA delta: [T, I]. With adapted
         tokens (or graph metadata) the delta and the activation are one kernel (kernels.add_lora_silu_mul), so
-        the [T, 2I] output is read once and never rewritten. For the fused-elementwise path (CUDA)."""
-        y = self.base_forward(x)  # [T, 2I]
+        the [T, 2I] output is read once and never rewritten. For the fused-elementwise path (CUDA). With DoRA in
+        the run the kernel scales gate and up by the slot's DoRA rows before the activation (with an MLP bias:
+        the unfused path, forward then silu_mul)."""
         ctx = get_context()
+        if self.lora.dora is not None and self.bias is not None:  # the fused kernel scales without a bias term
+            from multilora_cli.kernels import norm_rope
+
+            return norm_rope.silu_mul(self.forward(x))
+        y = self.base_forward(x)  # [T, 2I]
         if ctx is not None and ctx.lora is not None and (ctx.lora.segments or getattr(ctx.lora, "static", False)):
             return kernels.add_lora_silu_mul(y, x, self.lora, ctx.lora)
         from multilora_cli.kernels import norm_rope  # triton: imported only on this (CUDA) path

@@ -101,7 +101,7 @@ def bad(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
     first_b = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
     first_a = first_b.replace("lora_B", "lora_A")
     # Real PEFT checkpoints using features we cannot serve.
-    a["dora"] = zoo.adapter("dora", llama_base, use_dora=True)
+    dora = zoo.adapter("dora", llama_base, use_dora=True)  # served (test_dora_is_servable_with_its_cost)
     a["bias"] = zoo.adapter("bias", qwen2_base, bias="all")
     a["modules_to_save"] = zoo.adapter("mts", llama_base, modules_to_save=["lm_head"])
     a["embedding"] = zoo.adapter("emb", llama_base, targets=["embed_tokens", "q_proj"])
@@ -110,7 +110,9 @@ def bad(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
     a["embedding_keys"] = derive(
         a["embedding"], root / "emb_keys", config=lambda c: c.update(target_modules=["q_proj"])
     )
-    a["dora_keys"] = derive(a["dora"], root / "dora_keys", config=lambda c: c.update(use_dora=False))
+    # DoRA's checkpoint and config disagreeing: magnitudes without use_dora, use_dora without magnitudes
+    a["dora_keys"] = derive(dora, root / "dora_keys", config=lambda c: c.update(use_dora=False))
+    a["dora_no_magnitude"] = derive(g, root / "dora_no_magnitude", config=lambda c: c.update(use_dora=True))
     a["ia3"] = derive(g, root / "ia3", config=lambda c: c.update(peft_type="IA3"))
     # Broken files.
     a["garbage"] = derive(g, root / "garbage")
@@ -159,8 +161,8 @@ def bad(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
 
 # name -> (message fragments on stderr, does stdout still carry a report whose verdict is "no")
 CASES = {
-    "dora": (["uses DoRA (use_dora=true)", "cannot serve yet", "merge_and_unload"], True),
-    "dora_keys": (["DoRA (lora_magnitude_vector tensors)"], True),
+    "dora_keys": (["q_proj: it has a DoRA lora_magnitude_vector but adapter_config.json has no use_dora"], True),
+    "dora_no_magnitude": (["q_proj: use_dora is set but it has no lora_magnitude_vector"], True),
     "bias": (["trained biases (bias='all')"], True),
     "modules_to_save": (["modules_to_save=['lm_head']"], True),
     "embedding": (["LoRA on embed_tokens"], True),
@@ -210,6 +212,25 @@ def test_bad_input_message_and_exit_code(cli, bad, case):
         assert rc2 == 1 and rep["servable"] is False and rep["reason"] in err2
     else:
         assert out == ""
+
+
+def test_dora_is_servable_with_its_cost(cli, zoo, llama_base):
+    """A DoRA adapter (once refused) is served: inspect says so and counts its magnitudes and slot bytes."""
+    from multilora_cli.adapters.costs import dora_slot_bytes
+    from multilora_cli.models.config import ModelConfig
+
+    path = zoo.adapter("dora", llama_base, use_dora=True)
+    rc, out, err = cli("inspect", path, "--model", llama_base, "--json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["servable"] is True, err
+    cfg = ModelConfig.from_dir(llama_base)
+    (extra,) = rep["extras"]
+    mags = 2 * (cfg.q_size + cfg.kv_size)  # PEFT's default targets: q_proj and v_proj, in 2 layers
+    assert extra["kind"] == "dora" and extra["params"] == mags and extra["bytes_bf16"] == 2 * mags
+    assert extra["slot_bytes"] == dora_slot_bytes(cfg) > 0
+    assert rep["bytes_bf16"] == 2 * (rep["num_params"] + mags) and rep["bytes"] == 4 * (rep["num_params"] + mags)
+    rc, out, _ = cli("inspect", path, "--model", llama_base)
+    assert rc == 0 and "servable by multilora: yes" in out and "dora" in out and "per GPU slot" in out
 
 
 def test_every_bad_case_is_exercised(bad):

@@ -114,17 +114,17 @@ def test_settings_peft_makes_harmless_are_served_as_peft_applies_them(
 def test_unservable_adapter_reports_the_ranks_peft_gives(cli, zoo, llama_base):
     # r=8 is used by no module here: the config alone would say "rank 2 - 8"
     dora = zoo.adapter(
-        "figures-dora",
+        "figures-tokens",
         llama_base,
         r=8,
         alpha=16,
-        use_dora=True,
+        trainable_token_indices=[3, 4],
         rank_pattern={"q_proj": 4, "v_proj": 2},
         alpha_pattern={"v_proj": 6},
     )
     rc, out, err = cli("inspect", dora, "--json")
     rep = json.loads(out)
-    assert rc == 1 and rep["servable"] is False and "DoRA" in err
+    assert rc == 1 and rep["servable"] is False and "trainable token" in err
     layers, _, _ = _peft(llama_base, dora)
     for key, i in (("rank", 0), ("alpha", 1), ("scaling", 2)):
         values = [v[i] for v in layers.values()]

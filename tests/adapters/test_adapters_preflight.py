@@ -21,13 +21,14 @@ def fleet(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
     )
     chat = zoo.adapter("chat", qwen2_base, r=4, alpha=8)
     dora = zoo.adapter("dora", llama_base, use_dora=True)
+    biased = zoo.adapter("biased", llama_base, lora_bias=True)
     lib = root / "lib"
     for name, src in (("legal", good_adapter), ("medical", medical)):
         shutil.copytree(src, lib / name)
     (lib / "not-an-adapter").mkdir()
     shutil.copytree(good_adapter, lib / ".old-legal")  # hidden (a backup, a trash folder): not an adapter to run
     (lib / "README.txt").write_text("x")
-    return dict(legal=good_adapter, medical=medical, chat=chat, dora=dora, lib=lib, root=root)
+    return dict(legal=good_adapter, medical=medical, chat=chat, dora=dora, biased=biased, lib=lib, root=root)
 
 
 def test_parse_specs_names(fleet, tmp_path, monkeypatch):
@@ -108,15 +109,16 @@ def test_preflight_collects_every_error(fleet, llama_base, tmp_path):
         "gone": "./no/such/dir",
         "broken": str(broken),
         "dora": str(fleet["dora"]),
+        "biased": str(fleet["biased"]),
         "medical": str(fleet["medical"]),
     }
     pf = preflight(specs, str(llama_base), max_lora_rank=16)
-    assert set(pf.adapters) == {"legal"} and pf.ranks == {"legal": 8} and pf.max_lora_rank == 16
-    assert set(pf.scans) == {"legal"}  # none for adapters that failed
+    assert set(pf.adapters) == {"legal", "dora"} and pf.ranks == {"legal": 8, "dora": 8} and pf.max_lora_rank == 16
+    assert set(pf.scans) == {"legal", "dora"}  # none for adapters that failed; DoRA is served
     assert isinstance(pf.errors["gone"], ResolveError)
     assert pf.errors["gone"].message.startswith("adapter 'gone' (./no/such/dir): path")
     assert isinstance(pf.errors["broken"], AdapterError) and "no adapter_config.json" in pf.errors["broken"].message
-    assert isinstance(pf.errors["dora"], UnsupportedAdapterError) and "DoRA" in pf.errors["dora"].message
+    assert isinstance(pf.errors["biased"], UnsupportedAdapterError) and "LoRA bias" in pf.errors["biased"].message
     assert "rank 32, above --max-lora-rank 16" in pf.errors["medical"].message
     assert "raise --max-lora-rank to 32" in pf.errors["medical"].hint
 

@@ -47,7 +47,7 @@ def test_workload_requests_and_spread():
 
 
 def test_row_specs():
-    plan = parse_rows("64, base,hf64,256/64,8z,eager4", BASE)
+    plan = parse_rows("64, base,hf64,256/64,8z,eager4,dora64", BASE)
     kinds = [(k, w.num_adapters, w.max_loras, w.distribution) for k, w in plan]
     assert kinds == [
         ("multilora", 64, None, "uniform"),  # None: multilora run's default slots (bench/suite.resolve_slots)
@@ -56,6 +56,7 @@ def test_row_specs():
         ("multilora", 256, 64, "uniform"),
         ("multilora", 8, None, "zipf"),
         ("eager", 4, None, "uniform"),
+        ("dora", 64, None, "uniform"),
     ]
     with pytest.raises(UsageError, match="bad benchmark row"):
         parse_rows("64,lots", BASE)
@@ -147,6 +148,7 @@ def test_target_ratios_and_verdicts():
         "adapters_vs_base": "met",
         "decode_vs_roofline": "met",
         "256_adapters_64_slots_vs_64": "missed",
+        "dora_vs_lora": "not run",
     }
     assert set(verdicts(target_ratios(rows[1:])).values()) == {"not run"}
     # repeated rows: the latest of each kind is judged (the first rows of a process run slow)
@@ -246,6 +248,32 @@ def test_synthetic_adapters_are_real_peft_folders(tmp_path):
     import peft  # the reference loader agrees on what the folder is
 
     assert peft.LoraConfig.from_pretrained(str(src.paths["b"])).r == 4
+
+
+def test_dora_row_beside_the_lora_row(tmp_path):
+    """Row "dora4" serves the same synthetic adapters as DoRA adapters (real PEFT folders with magnitudes, read
+    back by load_adapter and the direct reader alike); the report sets it against the plain row (dora_vs_lora)."""
+    from multilora_cli.adapters.peft import load_adapter
+    from multilora_cli.bench.adapters import SyntheticAdapters
+    from multilora_cli.engine.direct_read import read_packed
+    from multilora_cli.engine.pinned import PinnedArena
+
+    model_dir = write_model_dir("tiny", tmp_path / "tiny")
+    cfg = ModelConfig.from_dir(model_dir)
+    src = SyntheticAdapters(cfg, ["a", "b"], 4, max_distinct=1, dora=True)
+    src.prepare(torch.float32, torch.device("cpu"))
+    mem, disk = src.load("b"), load_adapter(src.paths["b"], "b", cfg)
+    assert disk.config.use_dora and set(disk.magnitudes) == set(mem.magnitudes) == set(mem.modules)
+    assert all(torch.equal(disk.magnitudes[k], m) for k, m in mem.magnitudes.items())
+    direct = read_packed(src.paths["b"], "b", cfg, torch.float32, PinnedArena(8 << 20, cuda=False))
+    assert all(torch.equal(direct.magnitudes[k], m) for k, m in mem.magnitudes.items())
+
+    report = run_suite(parse_rows("4,dora4", BASE), model_dir, torch.device("cpu"), log=lambda m: None)
+    assert report["failed"] == [] and [r["system"] for r in report["rows"]] == ["multilora", "multilora-dora"]
+    lora, dora = report["rows"]
+    assert dora["output_tokens"] == lora["output_tokens"] == 10 * 4
+    ratio = target_ratios(report["rows"], reference_adapters=4)["dora_vs_lora"]
+    assert ratio == dora["tokens_per_s"] / lora["tokens_per_s"]
 
 
 @pytest.mark.parametrize("family", ["phi3", "gemma2"])

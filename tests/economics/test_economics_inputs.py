@@ -154,6 +154,28 @@ def test_rank_pattern_adapter_counts_each_rank(tiny):
     assert rep.section("adapter")["params"] == lora
 
 
+def test_dora_adapter_counts_its_magnitudes(tiny, tmp_path):
+    """economics --adapter on a DoRA adapter: its magnitudes count in the adapter's bytes (PEFT's own parameter
+    count of lora_A, lora_B and lora_magnitude_vector), and each GPU slot carries the float32 scale rows."""
+    import peft
+    import transformers as tf
+
+    from multilora_cli.adapters.costs import dora_slot_bytes
+    from multilora_cli.models.config import ModelConfig
+    from tests.builders import build_adapter
+
+    path = build_adapter(tiny["base"], tmp_path / "dora", r=8, targets=("q_proj", "v_proj"), use_dora=True)
+    rep = compute(Scenario(tenants=5, adapter=str(path), max_loras=4))
+    plain = compute(Scenario(tenants=5, adapter=str(tiny["qv"]), max_loras=4))
+    a = rep.section("adapter")
+    assert a["dora_params"] == 2 * (64 + 32)  # q 64 + v 32 output features, 2 layers
+    model = peft.PeftModel.from_pretrained(tf.AutoModelForCausalLM.from_pretrained(tiny["base"]), path)
+    assert a["params"] + a["dora_params"] == sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert a["bytes"] == 2 * (a["params"] + a["dora_params"])
+    extra = 4 * dora_slot_bytes(ModelConfig.from_dir(tiny["base"]))
+    assert rep.section("memory")["slot_bytes"] == plain.section("memory")["slot_bytes"] + extra > extra
+
+
 def test_adapter_on_the_wrong_base_is_refused(tiny):
     with pytest.raises(AdapterError, match="q_proj"):
         compute(Scenario(tenants=5, adapter=str(tiny["qv"]), model="llama-2-7b"))

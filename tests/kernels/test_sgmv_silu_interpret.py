@@ -125,3 +125,37 @@ def test_dispatch_falls_back_for_pools_it_cannot_fuse():
     ref = _reference(y, x, w, ts)
     h = add_lora_silu_mul(y, x, w, build_lora_meta(ts))
     torch.testing.assert_close(h.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("blocks", [None, SiluBlocks(bm=16, bn=32)])
+def test_dora_rows_scaled_before_the_activation(dtype, blocks):
+    """With DoRA rows (w.dora) the fused kernel = the unfused path: add_lora, the DoRA scaling (kernels/dora.py),
+    then silu(g) * u, bit for bit; base rows and a plain-LoRA slot (ones) as without DoRA."""
+    from multilora_cli.kernels import add_lora, apply_dora
+    from multilora_cli.kernels.sgmv import add_lora_silu_mul_triton
+
+    width, in_f = 80, 96
+    ts = token_slots("uniform", 45, seed=9)
+    w = make_pool(in_f, [width, width], dtype, seed=3)
+    w.enable_dora()
+    g = torch.Generator().manual_seed(5)
+    slots = sorted({s for s in ts if s >= 0})
+    for s in slots[:-1]:  # the last adapted slot stays a plain LoRA
+        w.dora[s] = torch.rand(2 * width, generator=g) + 0.5
+    x = torch.randn(len(ts), in_f, generator=g).to(dtype)
+    y = torch.randn(len(ts), 2 * width, generator=g).to(dtype)
+    meta = build_lora_meta(ts)
+    h = add_lora_silu_mul_triton(y.clone(), x, w, meta, silu=blocks)
+    z = y.clone()
+    add_lora(z, x, w, meta)
+    apply_dora(z, w, meta)
+    gate, up = z.float().split(width, dim=-1)
+    want = (torch.nn.functional.silu(gate).to(dtype).float() * up).to(dtype)
+    tol = TOL[dtype] * max(want.abs().max().item(), 1.0)
+    assert (h.float() - want.float()).abs().max().item() <= tol
+    plain = add_lora_silu_mul_triton(y.clone(), x, w.__class__(w.a, w.b, w.rank, w.scale, w.slice_offsets), meta)
+    keep = [i for i, s in enumerate(ts) if s < 0 or s == slots[-1]]
+    assert keep and torch.equal(h[keep], plain[keep]), "base rows and plain-LoRA rows: as without DoRA"
+    moved = [i for i, s in enumerate(ts) if s in slots[:-1]]
+    assert moved and not torch.equal(h[moved], plain[moved])

@@ -18,11 +18,11 @@ LONG = "the court held that the tenant shall pay " * 40  # far beyond --max-mode
 
 @pytest.fixture(scope="module")
 def broken_adapter(model_dir, tmp_path_factory):
-    """A real adapter that pre-flight rejects (DoRA is not servable)."""
-    p = tmp_path_factory.mktemp("broken") / "dora"
+    """A real adapter that pre-flight rejects (a LoRA bias, lora_bias=true, is not servable)."""
+    p = tmp_path_factory.mktemp("broken") / "biased"
     shutil.copytree(model_dir / "legal", p)
     cfg = json.loads((p / "adapter_config.json").read_text())
-    cfg["use_dora"] = True
+    cfg["lora_bias"] = True
     (p / "adapter_config.json").write_text(json.dumps(cfg))
     return p
 
@@ -62,7 +62,7 @@ def bad_lines():
         (b'{"id": "tm", "prompt": "a", "temperature": -1}', "invalid_sampling"),
         (b'{"id": "tp", "prompt": "a", "top_p": 2}', "invalid_sampling"),
         (b'{"id": "ua", "prompt": "a", "adapter": "legl"}', "unknown_adapter"),
-        (b'{"id": "dora", "prompt": "a", "adapter": "dora"}', "unsupported_adapter"),
+        (b'{"id": "biased", "prompt": "a", "adapter": "biased"}', "unsupported_adapter"),
         (b'{"id": "utf", "prompt": "caf\xe9"}', "invalid_utf8"),
         (json.dumps({"id": "long", "prompt": LONG}).encode(), None),  # the engine's own error code
         (b'{"id": "legal-1", "prompt": "again"}', "duplicate_id"),
@@ -92,7 +92,7 @@ def test_every_bad_line_gets_one_error_record_and_no_good_line_is_lost(model_dir
             str(inp),
             *adapters_args(model_dir),
             "-a",
-            f"dora={broken_adapter}",
+            f"biased={broken_adapter}",
             "-o",
             str(out),
             "--errors",
@@ -105,7 +105,7 @@ def test_every_bad_line_gets_one_error_record_and_no_good_line_is_lost(model_dir
     )
     assert rc == 3, stderr
     assert stdout == b""  # -o given: nothing on stdout
-    assert "dora" in stderr and "DoRA" in stderr  # the pre-flight warning names the adapter and the feature
+    assert "biased" in stderr and "LoRA bias" in stderr  # the pre-flight warning names the adapter and the feature
     recs = read_jsonl(out)
     assert len(recs) == len(codes)
     for rec, code in zip(recs, codes):
@@ -293,10 +293,10 @@ def test_a_lone_surrogate_prompt_is_one_error_record_not_a_crash(model_dir, tmp_
 
 
 def test_preflight_failures_name_the_adapter_once(model_dir, broken_adapter, tmp_path):
-    # Records used to read "adapter 'dora' failed pre-flight: adapter 'dora' (/x/adapter_config.json) uses DoRA".
+    # Records used to read "adapter 'biased' failed pre-flight: adapter 'biased' (/x/adapter_config.json) uses LoRA bias".
     inp = write_jsonl(
         tmp_path / "in.jsonl",
-        [{"id": "d", "prompt": "x", "adapter": "dora"}, {"id": "m", "prompt": "x", "adapter": "medical"}],
+        [{"id": "d", "prompt": "x", "adapter": "biased"}, {"id": "m", "prompt": "x", "adapter": "medical"}],
     )
     rc, stdout, stderr = run_cli(
         [
@@ -308,7 +308,7 @@ def test_preflight_failures_name_the_adapter_once(model_dir, broken_adapter, tmp
             "cpu",
             "-q",
             "-a",
-            f"dora={broken_adapter},medical={model_dir / 'medical'}",
+            f"biased={broken_adapter},medical={model_dir / 'medical'}",
             "--max-lora-rank",
             "1",
         ]
@@ -316,7 +316,7 @@ def test_preflight_failures_name_the_adapter_once(model_dir, broken_adapter, tmp
     assert rc == 3, stderr
     d, m = read_jsonl(stdout)
     assert d["error"]["message"].startswith(
-        f"line 1: adapter 'dora' failed pre-flight: {broken_adapter / 'adapter_config.json'}: uses DoRA"
+        f"line 1: adapter 'biased' failed pre-flight: {broken_adapter / 'adapter_config.json'}: uses LoRA bias"
     ), d
     assert m["error"]["message"].startswith("line 2: adapter 'medical' failed pre-flight: has rank "), m
     for line in stderr.splitlines():
