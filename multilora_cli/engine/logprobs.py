@@ -2,8 +2,9 @@
 
 Two kinds of rows (each row is one position of one sequence, scoring the token that follows it):
 - sampled rows: a sequence with `sampling.logprobs` k gets, per generated token, the logprob of the token the
-  sampler chose and the k most likely tokens, from the step's logits [N, V] as the model gave them (before
-  logits processing, temperature, top-k/top-p: vLLM's default "raw" logprobs);
+  sampler chose and the k most likely tokens, from the model's raw logits (before logits processing,
+  temperature, top-k/top-p: vLLM's default "raw" logprobs), recomputed for those rows with an fp32 LM-head output
+  (Model.compute_logits_fp32: the sampler's model-dtype logits are too coarse for a log-likelihood);
 - prompt rows: a sequence whose prompt positions' logits are needed (`prompt_logprobs` k, or a scoring
   request's continuation) gets, per position p, the logprob of prompt token p + 1, the position's argmax and top
   k. Their hidden states go through the LM head here, in chunks of rows, so no [tokens, vocab] fp32 tensor of a
@@ -54,14 +55,6 @@ def logprob_rows(
             cols.append(torch.stack([top.indices.float(), top.values - lse], dim=-1).flatten(1))  # [c, 2k]
         parts.append(torch.cat(cols, dim=1))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-
-def sampled_logprobs(logits: torch.Tensor, rows: torch.Tensor | None, chosen: torch.Tensor, k: int) -> torch.Tensor:
-    """logits: [N, V] (model dtype); rows: [R] long rows of `logits` (None: all N); chosen: [R] long the sampled
-    ids -> [R, 2 + 2k]."""
-    if rows is None:
-        return logprob_rows(lambda lo, hi: logits[lo:hi].float(), logits.shape[0], logits.shape[-1], chosen, k)
-    return logprob_rows(lambda lo, hi: logits[rows[lo:hi]].float(), rows.shape[0], logits.shape[-1], chosen, k)
 
 
 def prompt_logprobs(

@@ -20,7 +20,7 @@ from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.cuda_graphs import DecodeGraphs
 from multilora_cli.engine.device import resolve_device
 from multilora_cli.engine.logits_processing import TokenHistory
-from multilora_cli.engine.logprobs import PromptRows, StepLogprobs, prompt_logprobs, sampled_logprobs, sampled_plan
+from multilora_cli.engine.logprobs import PromptRows, StepLogprobs, logprob_rows, prompt_logprobs, sampled_plan
 from multilora_cli.engine.long_rope import crossings, long_mask, recompute_batches
 from multilora_cli.engine.precompile import precompile
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
@@ -310,11 +310,15 @@ class ModelRunner:
         if (plan := sampled_plan(seqs)) is not None:  # the raw logprobs of the chosen tokens, rows that ask only
             rows, owners, ks = plan
             lp = lp or StepLogprobs()
+            # from fp32 logits of the rows that ask (Model.compute_logits_fp32: the sampler's model-dtype logits
+            # are rounded too coarsely for a log-likelihood), in chunks of rows
             if len(rows) == len(seqs):  # every row asks: no gather
-                lp.sampled = sampled_logprobs(logits, None, ids, max(ks))
+                h, chosen = hidden, ids
             else:
                 at = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
-                lp.sampled = sampled_logprobs(logits, at, ids[at], max(ks))
+                h, chosen = hidden.index_select(0, at), ids[at]
+            lm_head = self.model.compute_logits_fp32
+            lp.sampled = logprob_rows(lambda lo, hi: lm_head(h[lo:hi]), h.shape[0], logits.shape[-1], chosen, max(ks))
             lp.sampled_owners, lp.sampled_ks = owners, ks
         if self.device.type != "cuda":
             return Launched(batch, ids, ids, None, t0, graph, lp)
@@ -338,7 +342,7 @@ class ModelRunner:
         n = len(prows.rows)
         both = torch.tensor(prows.rows + prows.targets, dtype=torch.long).to(self.device, non_blocking=True)
         return prompt_logprobs(
-            lambda h: self.model.compute_logits(h, upcast=True),
+            self.model.compute_logits_fp32,
             hidden,
             both[:n],
             both[n:],

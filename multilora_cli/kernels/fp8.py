@@ -4,7 +4,10 @@ Semantics (every path, every device), for x: [M, K] (bf16 / fp16 / fp32), wq: [N
 w_scale: [N] float32 (per output channel; a per-tensor scale is repeated over its rows), bias: [N] or None:
 
     xq, x_scale = quantize(x)          # Fp8Scheme.activations:
-                                       #   "dynamic": per token s = min(absmax(x[m]), scale_ub) / 448 (fp32, > 0),
+                                       #   "dynamic": per token s = min(absmax(x[m]), scale_ub) * fp32(1/448)
+                                       #              (fp32, floored at MIN_SCALE > 0; a multiply by the
+                                       #              reciprocal, as torch's CUDA division by a scalar is, so
+                                       #              every device and kernel computes the same bits),
                                        #              xq[m] = e4m3(clamp(x[m] / s, -448, 448))   (round to nearest)
                                        #   "static":  s = input_scale (one fp32 for all tokens), xq as above
                                        #   "none":    xq = x, s = 1 (weight-only, W8A16)
@@ -77,7 +80,7 @@ def quantize_activations(
         amax = xf.abs().amax(dim=1, keepdim=True)  # [M, 1]
         if scheme.scale_ub is not None:
             amax = amax.clamp(max=scheme.scale_ub)
-        s = (amax / FP8_MAX).clamp(min=MIN_SCALE)
+        s = (amax * (1.0 / FP8_MAX)).clamp(min=MIN_SCALE)  # the fp32 reciprocal (module docstring)
     return (xf / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s.contiguous()
 
 

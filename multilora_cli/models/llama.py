@@ -232,6 +232,21 @@ class LlamaForCausalLM(nn.Module):
             return capped if upcast else capped.to(logits.dtype)
         return logits.float() if upcast else logits
 
+    def compute_logits_fp32(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, hidden] -> fp32 logits [N, vocab] whose LM-head products are accumulated and kept in fp32,
+        never rounded to the model dtype (logprobs: a bf16 logit of magnitude 8 is off by up to 0.03, more than
+        a log-likelihood may be). CUDA: one bf16 GEMM with an fp32 output; elsewhere fp32 math. Gemma 2's final
+        soft-capping as in `compute_logits`."""
+        w, b = self.lm_head.weight, self.lm_head.bias
+        if w.dtype != torch.float32 and hidden.is_cuda:
+            logits = torch.mm(hidden.to(w.dtype), w.t(), out_dtype=torch.float32)
+        else:
+            logits = torch.nn.functional.linear(hidden.float(), w.float())
+        if b is not None:
+            logits = logits + b.float()
+        cap = self.config.final_softcap
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
+
     def lora_modules(self) -> dict[tuple[int, str], LoRALinear]:
         """{(layer index, fused module name): LoRALinear} for every LoRA-wrapped module."""
         found: dict[tuple[int, str], LoRALinear] = {}

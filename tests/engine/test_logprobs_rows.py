@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from multilora_cli.engine.logprobs import logprob_rows, sampled_logprobs, unpack
+from multilora_cli.engine.logprobs import logprob_rows, unpack
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 3, 64])
@@ -37,12 +37,14 @@ def test_rows_equal_log_softmax_reference(chunk_rows, k):
 
 
 def test_sampled_rows_subset_equals_all_rows():
+    """The runner's sampled rows: a subset of rows (gathered first) gives those rows of the all-rows result."""
     g = torch.Generator().manual_seed(1)
-    logits = torch.randn(6, 40, generator=g).to(torch.bfloat16)  # the model's dtype: upcast inside
+    logits = torch.randn(6, 40, generator=g)
     chosen = torch.randint(0, 40, (6,), generator=g)
-    every = sampled_logprobs(logits, None, chosen, 3)
+    every = logprob_rows(lambda lo, hi: logits[lo:hi], 6, 40, chosen, 3, chunk_elems=80)  # 2 rows a chunk
     rows = torch.tensor([1, 4])
-    some = sampled_logprobs(logits, rows, chosen[rows], 3)
+    sub = logits[rows]
+    some = logprob_rows(lambda lo, hi: sub[lo:hi], 2, 40, chosen[rows], 3)
     torch.testing.assert_close(some, every[rows])
-    ref = torch.log_softmax(logits.float(), -1).gather(1, chosen[:, None])[:, 0]
+    ref = torch.log_softmax(logits, -1).gather(1, chosen[:, None])[:, 0]
     torch.testing.assert_close(every[:, 0], ref)

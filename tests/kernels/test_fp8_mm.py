@@ -51,7 +51,7 @@ def test_quantization_rounds_to_e4m3():
     assert xq[0, 2].float() == -448 and xq[2, 1].float() == -448  # each row's absmax lands on the top of e4m3
     # the fbgemm bound clamps the absmax: a token beyond it saturates instead of stretching the scale
     xq, s = fp8.quantize_activations(x, Fp8Scheme("dynamic", scale_ub=100.0), None)
-    assert s[0, 0] == 100.0 / 448 and xq[0, 2].float() == -448
+    assert s[0, 0] == torch.tensor(100.0) * (1 / 448) and xq[0, 2].float() == -448
     xq, s = fp8.quantize_activations(x, Fp8Scheme("static"), torch.tensor([0.5, 2.0]))
     assert torch.equal(s, torch.full((3, 1), 2.0))  # the largest of a fused layer's input scales
 
