@@ -225,8 +225,15 @@ class AdapterConfig:
         for head in ("embed_tokens", "lm_head"):
             if any(t == head or t.endswith(f".{head}") for t in targets):
                 out.append(f"LoRA on {head} ({'embedding' if head == 'embed_tokens' else 'output head'} LoRA)")
+        params = self.extra.get("target_parameters") or []
+        other = [p for p in params if not str(p).endswith(("experts.gate_up_proj", "experts.down_proj"))]
+        router = [p for p in other if str(p).split(".")[-2:-1] == ["gate"]]
+        if router:
+            out.append(f"LoRA on the MoE router ({router[0]}), which is not a LoRA target multilora serves")
+        other = [p for p in other if p not in router]
+        if other:  # the MoE expert parameters are served (adapters/experts.py), nothing else
+            out.append(f"LoRA on parameters {other} (target_parameters)")
         for key, label in (
-            ("target_parameters", "LoRA on parameters (target_parameters)"),
             ("trainable_token_indices", "trainable token embeddings (trainable_token_indices)"),
             ("layer_replication", "layer_replication"),
             ("alora_invocation_tokens", "activated LoRA (alora_invocation_tokens)"),

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from multilora_cli.adapters.config import AdapterConfig
+from multilora_cli.adapters.experts import expert_key
 from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
 from multilora_cli.errors import AdapterError, UnsupportedAdapterError
 from multilora_cli.models.config import CHECKPOINT_FUSED, ModelConfig
@@ -56,6 +57,7 @@ class AdapterScan:
     stored_dtype: torch.dtype | None = None
     stored_nbytes: int = 0
     ident: tuple | None = None  # `file_ident` of the config and weights, taken before they were read
+    expert_keys: list[str] = field(default_factory=list)  # MoE expert LoRA (adapters/experts.py), read at load
 
     @property
     def max_rank(self) -> int:
@@ -82,9 +84,13 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
     # Sort keys: LoRA pairs by (layer, module), everything else is a feature we cannot serve.
     pairs: dict[tuple[int, str], dict[str, str]] = {}
     full_names: dict[tuple[int, str], str] = {}
-    features = []
+    features, experts = [], []
     for key in tf.keys():
-        kind = classify_key(key)
+        moe = expert_key(key)
+        if moe is True:
+            experts.append(key)
+            continue
+        kind = moe or classify_key(key)
         if isinstance(kind, str):
             if kind == "trained biases" and config.bias != "none":  # say which setting saved them
                 kind = f"trained biases (bias={config.bias!r})"
@@ -96,7 +102,7 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         full_names[(layer, module)] = full
     if features:
         raise unsupported(name, wfile, features)
-    if not pairs:
+    if not pairs and not experts:
         raise AdapterError(f"adapter {name!r}: {wfile} holds no LoRA tensors", hint="re-save the adapter with PEFT")
 
     ident = (config_ident, weights_ident) if config_ident and weights_ident else None
@@ -109,6 +115,7 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         modules={},
         module_names=full_names,
         ident=ident,
+        expert_keys=experts,
     )
     for (layer, module), keys in sorted(pairs.items()):
         full = full_names[(layer, module)]

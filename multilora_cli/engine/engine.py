@@ -114,7 +114,8 @@ class Engine:
 
         # file -> arena block in a few calls (engine/direct_read.py); .bin files, mixed dtypes and a full arena
         # (read_packed gives None) go through load_adapter + pack, as do adapters on CPU (no arena)
-        if self.arena is not None:
+        moe = self.model_config.moe is not None  # expert LoRA is not packed yet: loaded tensor by tensor
+        if self.arena is not None and not moe:
             packed = read_packed(
                 self.adapters[name],
                 name,
@@ -142,7 +143,7 @@ class Engine:
         that copy is an async DMA; a fresh pinned buffer per adapter stalled the running steps (7,951 vs 10,068
         tok/s pageable). When the arena is full: pageable memory, whose ~13 ms synchronous copy the prefetch
         thread makes ahead for the next loads (engine/staging.py)."""
-        if self.runner.device.type != "cuda":
+        if self.runner.device.type != "cuda" or self.model_config.moe is not None:
             return adapter
         from multilora_cli.engine.packed import pack_adapter
 

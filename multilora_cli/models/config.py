@@ -13,9 +13,10 @@ from pathlib import Path
 
 from multilora_cli.errors import ModelError, UnsupportedModelError
 from multilora_cli.models import hf_config
+from multilora_cli.models.moe_config import DENSE_TWIN, MOE_MODEL_TYPES, MoeSpec, moe_attention_fields, moe_spec
 from multilora_cli.models.quantization import refuse_quantized_config, refuse_quantized_weights
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", *MOE_MODEL_TYPES)
 
 # PEFT module names of a Llama-family decoder layer, and which fused module/slice each maps to.
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -89,6 +90,7 @@ class ModelConfig:
     rope_local_scaling: dict | None = None  # Gemma 3: rope scaling of sliding layers
     partial_rotary_factor: float = 1.0  # Phi-3 family: rotate the first head_dim * factor dims only
     fused_checkpoint: bool = False  # Phi-3: qkv_proj / gate_up_proj are single tensors in checkpoints and adapters
+    moe: MoeSpec | None = None  # Mixtral, Qwen2-MoE, Qwen3-MoE: the sparse blocks (models/moe_config.py)
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -190,6 +192,10 @@ class ModelConfig:
             return "local"
         return "global"
 
+    def is_sparse_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` holds a sparse MoE block (models/moe.py) instead of a dense MLP."""
+        return self.moe is not None and layer in self.moe.sparse_layers
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K + V cache bytes of one token over all layers."""
         return 2 * self.num_hidden_layers * self.kv_size * dtype_bytes
@@ -234,6 +240,9 @@ class ModelConfig:
                 fields = hf_config.gemma_fields(mt, cfg, where)
             elif mt == "phi3":
                 fields = hf_config.phi3_fields(cfg, where)
+            elif mt in MOE_MODEL_TYPES:
+                fields = hf_config.llama_fields(DENSE_TWIN[mt], cfg, where)
+                fields.update(moe_attention_fields(mt, cfg), moe=moe_spec(mt, cfg, fields["num_hidden_layers"]))
             else:
                 fields = hf_config.llama_fields(mt, cfg, where)
             return cls(model_type=mt, **fields, name_or_path=name_or_path or cfg.get("_name_or_path", ""))

@@ -1,0 +1,80 @@
+"""`MoeSpec`: the sparse mixture-of-experts part of a Mixtral, Qwen2-MoE or Qwen3-MoE `config.json`.
+
+Routing per family, as transformers 5 computes it (router logits l = x Wg^T: [T, E]):
+- mixtral:   p = softmax(float32(l)); top-k of p; w = p_topk / sum(p_topk)  (= softmax over the top-k logits)
+- qwen*_moe: p = softmax(l, dtype=float32); top-k of p; w = p_topk / sum(p_topk) if norm_topk_prob; w cast back to
+  the model dtype (Mixtral keeps float32 weights)
+Qwen2-MoE adds a shared expert (SwiGLU of `shared_expert_intermediate_size`) gated by sigmoid(x Ws^T), [T, 1].
+Which layers are sparse: all (Mixtral); Qwen: layer i unless i in mlp_only_layers, and (i + 1) % decoder_sparse_step
+== 0 (the others keep a dense MLP of `intermediate_size`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from multilora_cli.errors import ModelError
+
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+# the dense type whose attention, norms and rope each MoE family shares
+DENSE_TWIN = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    """num_experts E, top_k, expert intermediate size I_e; router "mixtral" | "qwen"; sparse_layers: indices of the
+    layers holding a sparse block (the others are dense)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    router: str
+    norm_topk_prob: bool
+    shared_intermediate_size: int  # Qwen2-MoE's shared expert; 0 = none
+    sparse_layers: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.num_experts <= 0 or self.intermediate_size <= 0:
+            raise ModelError(f"config.json: num_experts and the expert intermediate size must be positive: {self}")
+        if not 0 < self.top_k <= self.num_experts:
+            raise ModelError(f"config.json: num_experts_per_tok {self.top_k} must be in 1..{self.num_experts}")
+        if self.router not in ("mixtral", "qwen"):
+            raise ModelError(f"unknown router kind {self.router!r}")
+
+
+def moe_spec(mt: str, cfg: dict, num_layers: int) -> MoeSpec:
+    """Read the MoE fields of a Mixtral / Qwen2-MoE / Qwen3-MoE config dict, with transformers' defaults."""
+    if mt == "mixtral":
+        return MoeSpec(
+            num_experts=int(cfg.get("num_local_experts", 8)),
+            top_k=int(cfg.get("num_experts_per_tok", 2)),
+            intermediate_size=int(cfg["intermediate_size"]),
+            router="mixtral",
+            norm_topk_prob=True,
+            shared_intermediate_size=0,
+            sparse_layers=tuple(range(num_layers)),
+        )
+    step = int(cfg.get("decoder_sparse_step", 1) or 1)
+    dense = set(cfg.get("mlp_only_layers") or [])
+    # transformers 5 writes num_local_experts (num_experts is its attribute alias); Hub configs say num_experts
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or (60 if mt == "qwen2_moe" else 128))
+    sparse = tuple(i for i in range(num_layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
+    return MoeSpec(
+        num_experts=experts,
+        top_k=int(cfg.get("num_experts_per_tok", 4 if mt == "qwen2_moe" else 8)),
+        intermediate_size=int(cfg.get("moe_intermediate_size", 1408 if mt == "qwen2_moe" else 768)),
+        router="qwen",
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        shared_intermediate_size=int(cfg.get("shared_expert_intermediate_size", 5632)) if mt == "qwen2_moe" else 0,
+        sparse_layers=sparse,
+    )
+
+
+def moe_attention_fields(mt: str, cfg: dict) -> dict:
+    """Where a MoE family's attention differs from its dense twin's reading (hf_config.llama_fields)."""
+    if mt == "mixtral":  # MixtralAttention always passes config.sliding_window
+        return {"sliding_window": cfg.get("sliding_window"), "layer_types": None}
+    if mt == "qwen2_moe":  # q/k/v bias from qkv_bias (default True), o_proj never
+        return {"attention_bias": bool(cfg.get("qkv_bias", True)), "o_bias": False}
+    bias = bool(cfg.get("attention_bias", False))  # qwen3_moe: o_proj too; sliding_window always passed
+    return {"attention_bias": bias, "o_bias": bias, "sliding_window": cfg.get("sliding_window"), "layer_types": None}
