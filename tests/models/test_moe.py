@@ -176,3 +176,67 @@ def test_router_lora_is_refused(tmp_path):
     )
     with pytest.raises(UnsupportedAdapterError, match=r"MoE router \(model\.layers\.1\.block_sparse_moe\.gate\)"):
         scan_adapter(old, "old")
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_block_output_within_1e4_of_hf_peft(tmp_path, arch):
+    """One sparse block, tokens of three adapters and the base mixed: our output equals HF + PEFT's block (the
+    adapter merged into the 3D expert weights by ParamWrapper) to 1e-4."""
+    from multilora_cli.adapters.peft import load_adapter
+    from multilora_cli.kernels import build_lora_meta
+    from multilora_cli.layers.context import reset_context, set_context
+    from multilora_cli.models.config import ModelConfig
+    from multilora_cli.models.loader import load_model
+
+    base = build_moe_base(tmp_path / "base", arch)
+    adapters = _adapters(tmp_path, base)
+    cfg = ModelConfig.from_dir(base)
+    ours = load_model(base, cfg, dtype=torch.float32, max_loras=3, max_lora_rank=8).model.layers[0].mlp
+    for slot, name in enumerate(adapters):
+        a = load_adapter(adapters[name], name, cfg)
+        ours.experts.lora.set_slot(slot, {p: a.experts[(0, p)] for p in ("gate", "up", "down") if (0, p) in a.experts})
+    pm = load_peft(base, adapters)
+    x = torch.randn(12, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    slots = [-1, 0, 1, 2] * 3
+    want = torch.empty_like(x)
+    with torch.no_grad():
+        for t, s in enumerate(slots):
+            block = pm.base_model.model.model.layers[0].mlp
+            if s < 0:
+                with pm.disable_adapter():
+                    want[t] = block(x[t : t + 1][None])[0, 0]
+            else:
+                pm.set_adapter(list(adapters)[s])
+                want[t] = block(x[t : t + 1][None])[0, 0]
+        set_context(_ctx_with(build_lora_meta(slots)))
+        try:
+            got = ours(x)
+        finally:
+            reset_context()
+    assert (got - want).abs().max() < 1e-4
+    assert (want[1::4] - want[0::4]).abs().max() > 1e-3  # the expert adapter changes the block
+
+
+def _ctx_with(meta):
+    """A minimal step context carrying only LoRA metadata (the block reads nothing else)."""
+
+    class _Ctx:
+        lora = meta
+
+    return _Ctx()
+
+
+def test_run_cli_end_to_end(tmp_path):
+    """`multilora run` on a tiny Qwen3-MoE base with an expert adapter: one record per line, in order."""
+    from tests.run.helpers import read_jsonl, run_cli
+
+    base = build_moe_base(tmp_path / "base", "qwen3_moe")
+    ad = build_param_adapter(base, tmp_path / "exp", targets=ATTN, params=EXPERTS, r=4)
+    inp = tmp_path / "in.jsonl"
+    lines = [{"id": i, "prompt": "a b c", "max_tokens": 3, "adapter": a} for i, a in enumerate(["exp", None, "exp"])]
+    inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rc, out, err = run_cli(["run", str(inp), "-m", str(base), "-a", f"exp={ad}", "--device", "cpu", "-q"])
+    assert rc == 0, err
+    recs = read_jsonl(out)
+    assert [r["id"] for r in recs] == [0, 1, 2] and all("error" not in r for r in recs)
+    assert recs[0]["text"] == recs[2]["text"]
