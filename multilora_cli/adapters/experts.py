@@ -40,9 +40,37 @@ def expert_key(key: str) -> str | bool:
     return False
 
 
+class _Header:
+    """A TensorFile stand-in giving shape-only (meta) tensors: `check_experts` validates from the header alone."""
+
+    def __init__(self, tf):
+        self.file, self._tf = tf.file, tf
+
+    def get(self, key: str) -> torch.Tensor:
+        return torch.empty(self._tf.shape(key), dtype=self._tf.dtype(key), device="meta")
+
+
+def check_experts(tf, keys: list[str], config, model_config, name: str) -> None:
+    """Every check `load_experts` makes but NaN/Inf, from the safetensors header (no tensor read)."""
+    load_experts(_Header(tf), keys, config, model_config, name)
+
+
+def check_dense_on_sparse(modules, module_names: dict, model_config, name: str) -> None:
+    """A dense MLP LoRA (gate_proj / up_proj / down_proj) on a layer that is sparse in the base has no module to go
+    to: refused (it would otherwise be dropped)."""
+    for layer, module in modules:
+        if module in ("gate_proj", "up_proj", "down_proj", "gate_up_proj") and model_config.is_sparse_layer(layer):
+            full = module_names.get((layer, module), f"layers.{layer}.mlp.{module}")
+            raise AdapterError(
+                f"adapter {name!r}: {full} is a dense MLP LoRA, but layer {layer} of the base is a sparse MoE layer",
+                hint="use an adapter made for this base (expert LoRA targets mlp.experts.gate_up_proj / down_proj)",
+            )
+
+
 def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[tuple[int, str], tuple]:
     """Read the expert-LoRA `keys` of TensorFile `tf` into {(layer, part): (A [E, r, in], B [E, out, r], scaling)}."""
     where = f"adapter {name!r}: {tf.file}"
+    meta = isinstance(tf, _Header)
     moe = model_config.moe if model_config is not None else None
     if moe is None:
         base = model_config.model_type if model_config is not None else "unknown"
@@ -101,8 +129,9 @@ def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[t
         if len(ranks) != 1:
             raise AdapterError(f"{where}: layer {layer} expert {part}: experts have different ranks {sorted(ranks)}")
         r = ranks.pop()
-        a_e = torch.zeros(E, r, fin, dtype=next(iter(tensors.values()))[0].dtype)
-        b_e = torch.zeros(E, fout, r, dtype=a_e.dtype)
+        dev = "meta" if meta else "cpu"
+        a_e = torch.zeros(E, r, fin, dtype=next(iter(tensors.values()))[0].dtype, device=dev)
+        b_e = torch.zeros(E, fout, r, dtype=a_e.dtype, device=dev)
         for e, (a, b, _) in tensors.items():
             a_e[e], b_e[e] = a, b
         full = next(iter(tensors.values()))[2]
@@ -110,7 +139,7 @@ def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[t
     for (layer, _), (a, b, _) in out.items():
         if layer not in moe.sparse_layers:
             raise AdapterError(f"{where}: expert LoRA on layer {layer}, which is not a sparse layer of the base")
-        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        if not meta and not (torch.isfinite(a).all() and torch.isfinite(b).all()):
             raise AdapterError(f"{where}: expert LoRA of layer {layer} contains NaN or Inf values")
     return out
 

@@ -122,6 +122,7 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         )
         for k, ms in sorted(groups.items(), key=lambda kv: (kv[0][0], min(layer for layer, _ in kv[1])))
     ]
+    rows += _expert_rows(adapter, config)
     num_params = sum(r.params for r in rows)
     alphas = [r.alpha for r in rows]
     scalings = [r.scaling for r in rows]
@@ -138,8 +139,9 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         scaling={"min": min(scalings), "max": max(scalings)},
         use_rslora=config.use_rslora,
         target_modules=config.target_modules,
-        modules_adapted=[m for m in CHECKPOINT_MODULES if any(r.module == m for r in rows)],
-        layers=adapter.layers,
+        modules_adapted=[m for m in CHECKPOINT_MODULES if any(r.module == m for r in rows)]
+        + sorted({r.module for r in rows if r.module.startswith("experts.")}),
+        layers=sorted(set(adapter.layers) | {layer for layer, _ in adapter.experts}),
         num_layers=model_config.num_hidden_layers if model_config else None,
         num_params=num_params,
         bytes=adapter.nbytes,
@@ -150,6 +152,28 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         reason=None if unservable is None else unservable.one_line(),
         error=unservable,
     )
+
+
+def _expert_rows(adapter, config: AdapterConfig) -> list[ModuleRow]:
+    """MoE expert LoRA (adapters/experts.py) as rows "experts.gate" / "experts.up" / "experts.down": rank per expert,
+    params over all E experts as the slots hold them (PEFT's gate_up_proj A counted for gate and for up)."""
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for (layer, part), (a, b, scaling) in adapter.experts.items():
+        key = (("gate", "up", "down").index(part), f"experts.{part}", a.shape[1], scaling, a.shape[2], b.shape[1])
+        groups.setdefault(key, []).append((layer, a.numel() + b.numel()))
+    return [
+        ModuleRow(
+            module=k[1],
+            layers=sorted(layer for layer, _ in ms),
+            rank=k[2],
+            alpha=k[3] * (k[2] ** 0.5 if config.use_rslora else k[2]),
+            scaling=k[3],
+            in_features=k[4],
+            out_features=k[5],
+            params=sum(p for _, p in ms),
+        )
+        for k, ms in sorted(groups.items())
+    ]
 
 
 def _from_config(

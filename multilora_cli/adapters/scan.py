@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from multilora_cli.adapters.config import AdapterConfig
-from multilora_cli.adapters.experts import expert_key
+from multilora_cli.adapters.experts import check_dense_on_sparse, check_experts, expert_key
 from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
 from multilora_cli.errors import AdapterError, UnsupportedAdapterError
 from multilora_cli.models.config import CHECKPOINT_FUSED, ModelConfig
@@ -117,6 +117,12 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         ident=ident,
         expert_keys=experts,
     )
+    for key in experts:  # expert LoRA counts in the stored bytes like any pair (its shapes: adapters/experts.py)
+        dt = tf.dtype(key)
+        if not dt.is_floating_point:
+            raise AdapterError(f"adapter {name!r}: {wfile}: {key} has dtype {dt}; LoRA weights must be floating point")
+        scan.stored_nbytes += math.prod(tf.shape(key)) * dt.itemsize
+        scan.stored_dtype = scan.stored_dtype or dt
     for (layer, module), keys in sorted(pairs.items()):
         full = full_names[(layer, module)]
         where = f"adapter {name!r}: {wfile}: {full}"
@@ -166,6 +172,9 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
             model_config,
         )
         split_fused(scan, model_config)
+        if model_config.moe is not None or experts:
+            check_dense_on_sparse(scan.modules, scan.module_names, model_config, name)
+            check_experts(tf, experts, config, model_config, name)
     return scan
 
 

@@ -11,6 +11,7 @@ no kernel gains from slots and they cost host memory: the default stays small.
 from __future__ import annotations
 
 from multilora_cli.models.config import ModelConfig
+from multilora_cli.models.moe_config import moe_slot_numel, moe_weight_numel
 
 SLOT_SHARE = 0.10  # of the GPU memory left beside the weights (Llama-3-8B bf16, rank 16: 80 GB -> 64 slots)
 MAX_AUTO_LORAS = 64  # the default never allocates more (decode graphs and metadata are sized by the slot count)
@@ -22,7 +23,9 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 def slot_bytes(config: ModelConfig, max_rank: int, itemsize: int) -> int:
     """Bytes of one GPU slot: A [R, in] and B [out, R] of all seven projections in every layer (the engine
-    allocates them whatever the adapters target)."""
+    allocates them whatever the adapters target); on a MoE base, the experts' slots too (E experts x rank)."""
+    if config.moe is not None:
+        return moe_slot_numel(config, max_rank) * itemsize
     per_layer = sum(max_rank * sum(config.linear_shape(m)) for m in PROJECTIONS)
     return per_layer * config.num_hidden_layers * itemsize
 
@@ -30,8 +33,12 @@ def slot_bytes(config: ModelConfig, max_rank: int, itemsize: int) -> int:
 def weight_bytes(config: ModelConfig, itemsize: int) -> int:
     """Bytes of the base model's matrices (embeddings, projections, LM head; norms and biases are noise)."""
     per_layer = sum(i * o for i, o in map(config.linear_shape, PROJECTIONS))
+    if config.moe is not None:  # every expert of every sparse layer
+        per_layer, layers = moe_weight_numel(config), 1
+    else:
+        layers = config.num_hidden_layers
     embed = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
-    return (per_layer * config.num_hidden_layers + embed) * itemsize
+    return (per_layer * layers + embed) * itemsize
 
 
 def auto_max_loras(n_adapters: int, one_slot: int, spare: int | None) -> int:

@@ -13,7 +13,14 @@ from pathlib import Path
 
 from multilora_cli.errors import ModelError, UnsupportedModelError
 from multilora_cli.models import hf_config
-from multilora_cli.models.moe_config import DENSE_TWIN, MOE_MODEL_TYPES, MoeSpec, moe_attention_fields, moe_spec
+from multilora_cli.models.moe_config import (
+    DENSE_TWIN,
+    MOE_MODEL_TYPES,
+    MoeSpec,
+    moe_attention_fields,
+    moe_spec,
+    moe_weight_numel,
+)
 from multilora_cli.models.quantization import refuse_quantized_config, refuse_quantized_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", *MOE_MODEL_TYPES)
@@ -209,6 +216,14 @@ class ModelConfig:
         if self.attention_bias:
             per_layer += self.q_size + 2 * self.kv_size
         emb = self.vocab_size * self.hidden_size
+        if self.moe is not None:  # matrices counted expert by expert (models/moe_config.py)
+            per_layer -= sum(a * b for a, b in (self.linear_shape(m) for m in LINEAR_MODULES))
+            return (
+                moe_weight_numel(self)
+                + self.num_hidden_layers * per_layer
+                + emb * (1 if self.tie_word_embeddings else 2)
+                + self.hidden_size
+            )
         return self.num_hidden_layers * per_layer + emb * (1 if self.tie_word_embeddings else 2) + self.hidden_size
 
     # Parsing ------------------------------------------------------------------------------------

@@ -78,3 +78,34 @@ def moe_attention_fields(mt: str, cfg: dict) -> dict:
         return {"attention_bias": bool(cfg.get("qkv_bias", True)), "o_bias": False}
     bias = bool(cfg.get("attention_bias", False))  # qwen3_moe: o_proj too; sliding_window always passed
     return {"attention_bias": bias, "o_bias": bias, "sliding_window": cfg.get("sliding_window"), "layer_types": None}
+
+
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def moe_weight_numel(config) -> int:
+    """Matrix values of a MoE base's decoder layers (a `ModelConfig` with `moe`): attention everywhere, dense MLPs
+    on the dense layers, E experts (+ router, + Qwen2-MoE's shared expert and gate) on the sparse ones."""
+    spec, h = config.moe, config.hidden_size
+    attn = sum(i * o for i, o in map(config.linear_shape, _ATTN))
+    dense = sum(i * o for i, o in map(config.linear_shape, _MLP))
+    sparse = spec.num_experts * (3 * h * spec.intermediate_size + h)
+    if spec.shared_intermediate_size:  # shared expert [3 x S x H] and its gate [1, H]
+        sparse += 3 * h * spec.shared_intermediate_size + h
+    n_sparse = len(spec.sparse_layers)
+    return attn * config.num_hidden_layers + dense * (config.num_hidden_layers - n_sparse) + sparse * n_sparse
+
+
+def moe_slot_numel(config, max_rank: int) -> int:
+    """Values of one adapter slot on a MoE base, as the engine allocates it: A [R, in] and B [out, R] of the attention
+    projections in every layer and of the dense MLPs on dense layers, and the experts' slots
+    (kernels/expert_weights.ExpertLoraWeights.slot_numel: E experts x rank) on every sparse layer."""
+    from multilora_cli.kernels.expert_weights import ExpertLoraWeights
+
+    spec = config.moe
+    attn = sum(max_rank * sum(config.linear_shape(m)) for m in _ATTN)
+    dense = sum(max_rank * sum(config.linear_shape(m)) for m in _MLP)
+    experts = ExpertLoraWeights.slot_numel(max_rank, spec.num_experts, config.hidden_size, spec.intermediate_size)
+    n_sparse = len(spec.sparse_layers)
+    return attn * config.num_hidden_layers + dense * (config.num_hidden_layers - n_sparse) + experts * n_sparse

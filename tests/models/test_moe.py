@@ -240,3 +240,56 @@ def test_run_cli_end_to_end(tmp_path):
     recs = read_jsonl(out)
     assert [r["id"] for r in recs] == [0, 1, 2] and all("error" not in r for r in recs)
     assert recs[0]["text"] == recs[2]["text"]
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_sizes_count_every_expert(tmp_path, arch):
+    """num_params equals transformers' parameter count; slot_bytes equals the slot tensors the model allocates
+    (attention + dense MLP LoRA, and E experts x rank on the sparse layers)."""
+    from multilora_cli.engine.slot_budget import slot_bytes
+    from multilora_cli.models.config import ModelConfig
+    from multilora_cli.models.loader import load_model
+    from tests.builders import hf_model
+
+    base = build_moe_base(tmp_path / "base", arch)
+    cfg = ModelConfig.from_dir(base)
+    assert cfg.num_params() == sum(p.numel() for p in hf_model(base).parameters())
+    m = load_model(base, cfg, dtype=torch.float32, max_loras=1, max_lora_rank=8)
+    held = sum(t.numel() for mod in m.lora_modules().values() for t in (mod.lora.a, mod.lora.b))
+    experts = [mod.lora for mod in m.expert_lora_modules().values()]
+    held += sum(t.numel() for w in experts for t in (w.gu_a, w.gu_b, w.dn_a, w.dn_b))
+    assert len(experts) == len(cfg.moe.sparse_layers) and slot_bytes(cfg, 8, 4) == 4 * held
+
+
+def test_inspect_shows_expert_lora(tmp_path):
+    """`inspect` lists the expert LoRA per part with its params over all experts, and counts it in the totals."""
+    from multilora_cli.adapters.report import build_report
+
+    base = build_moe_base(tmp_path / "base", "qwen3_moe")
+    ad = build_param_adapter(base, tmp_path / "ad", targets=("q_proj",), params=EXPERTS, r=4)
+    rep = build_report(str(ad), str(base))
+    rows = {r.module: r for r in rep.modules}
+    assert rep.servable and set(rows) == {"q_proj", "experts.gate", "experts.up", "experts.down"}
+    e, h, i = 6, 64, 48
+    assert rows["experts.gate"].params == 2 * e * 4 * (h + i)  # 2 layers x E experts x r (in + out)
+    assert rows["experts.down"].params == 2 * e * 4 * (i + h)
+    assert rep.num_params == sum(r.params for r in rows.values())
+    assert rep.modules_adapted == ["q_proj", "experts.down", "experts.gate", "experts.up"]
+
+
+def test_dense_mlp_lora_on_a_sparse_layer_is_refused(tmp_path):
+    """A dense gate_proj LoRA (an adapter of another base) would have no module on a sparse layer: refused."""
+    from multilora_cli.errors import AdapterError
+    from multilora_cli.models.config import ModelConfig
+
+    base = build_moe_base(tmp_path / "base", "qwen2_moe")  # layer 1 dense, layer 0 sparse
+    ad = build_param_adapter(base, tmp_path / "ad", targets=("gate_proj",), r=2)  # PEFT finds layer 1 + shared
+    cfg = ModelConfig.from_dir(base)
+    with pytest.raises(UnsupportedAdapterError, match="shared expert"):
+        scan_adapter(ad, "ad", cfg)
+    from safetensors.torch import load_file, save_file
+
+    t = {k.replace("layers.1.", "layers.0."): v for k, v in load_file(str(ad / "adapter_model.safetensors")).items()}
+    save_file({k: v for k, v in t.items() if "shared" not in k}, str(ad / "adapter_model.safetensors"))
+    with pytest.raises(AdapterError, match="layer 0 of the base is a sparse MoE layer"):
+        scan_adapter(ad, "ad", cfg)
