@@ -74,7 +74,11 @@ def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[t
     moe = model_config.moe if model_config is not None else None
     if moe is None:
         base = model_config.model_type if model_config is not None else "unknown"
-        raise AdapterError(f"{where} has expert LoRA but the base model ({base}) has no experts")
+        first = (MODULE_KEY.match(keys[0]) or PARAM_KEY.match(keys[0])).group("module") if keys else "experts"
+        raise AdapterError(
+            f"{where}: {first} is expert LoRA (mixture of experts), but the base model ({base}) has no experts",
+            hint="pass the MoE base the adapter was trained on with --model",
+        )
     E, H, inter = moe.num_experts, model_config.hidden_size, moe.intermediate_size
     out: dict[tuple[int, str], tuple] = {}
     per_expert: dict[tuple[int, str], dict[int, tuple[str, str]]] = {}
