@@ -50,9 +50,11 @@ class _Header:
         return torch.empty(self._tf.shape(key), dtype=self._tf.dtype(key), device="meta")
 
 
-def check_experts(tf, keys: list[str], config, model_config, name: str) -> None:
-    """Every check `load_experts` makes but NaN/Inf, from the safetensors header (no tensor read)."""
-    load_experts(_Header(tf), keys, config, model_config, name)
+def check_experts(tf, keys: list[str], config, model_config, name: str) -> int:
+    """Every check `load_experts` makes but NaN/Inf, from the safetensors header (no tensor read); returns the
+    largest expert rank (0 without expert LoRA)."""
+    parts = load_experts(_Header(tf), keys, config, model_config, name)
+    return max((a.shape[1] for a, _, _ in parts.values()), default=0)
 
 
 def check_dense_on_sparse(modules, module_names: dict, model_config, name: str) -> None:
@@ -102,6 +104,12 @@ def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[t
                 f"are not a [E * r, in] / [out, r * E] pair for {E} experts"
             )
         r = a.shape[0] // E
+        if r != config.rank_for(pair["full"]):
+            raise AdapterError(
+                f"{where}: {pair['full']} has rank {r} per expert but adapter_config.json gives it "
+                f"r={config.rank_for(pair['full'])}",
+                hint="fix adapter_config.json so PEFT and multilora agree",
+            )
         a_e = a.reshape(E, r, a.shape[1])  # [E, r, in]
         b_e = b.reshape(b.shape[0], r, E).permute(2, 0, 1)  # [E, out, r]
         scaling = config.scaling_for(pair["full"], r)

@@ -58,10 +58,11 @@ class AdapterScan:
     stored_nbytes: int = 0
     ident: tuple | None = None  # `file_ident` of the config and weights, taken before they were read
     expert_keys: list[str] = field(default_factory=list)  # MoE expert LoRA (adapters/experts.py), read at load
+    expert_rank: int = 0  # largest rank of the expert LoRA (checked against a MoE base's shapes)
 
     @property
     def max_rank(self) -> int:
-        return max(m.rank for m in self.modules.values())
+        return max([m.rank for m in self.modules.values()] + [self.expert_rank])
 
     @property
     def base_model(self) -> str | None:
@@ -174,7 +175,7 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         split_fused(scan, model_config)
         if model_config.moe is not None or experts:
             check_dense_on_sparse(scan.modules, scan.module_names, model_config, name)
-            check_experts(tf, experts, config, model_config, name)
+            scan.expert_rank = check_experts(tf, experts, config, model_config, name)
     return scan
 
 

@@ -185,6 +185,8 @@ class Engine:
         cfg = self.config
         if self.runner.device.type != "cuda" or not self.adapters or not cfg.pinned_arena:
             return None, cfg.max_cpu_loras
+        if self.model_config.moe is not None:  # MoE adapters load tensor by tensor (`_load_cpu`), not packed
+            return None, cfg.max_cpu_loras
         try:
             sizes = [self._adapter_nbytes(n) for n in self.adapters]
         except MultiloraError:

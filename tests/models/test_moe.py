@@ -231,15 +231,23 @@ def test_run_cli_end_to_end(tmp_path):
     from tests.run.helpers import read_jsonl, run_cli
 
     base = build_moe_base(tmp_path / "base", "qwen3_moe")
-    ad = build_param_adapter(base, tmp_path / "exp", targets=ATTN, params=EXPERTS, r=4)
+    ad = build_param_adapter(base, tmp_path / "both", targets=ATTN, params=EXPERTS, r=4)
+    only = build_param_adapter(base, tmp_path / "exp", params=EXPERTS, r=8, seed=5)
     inp = tmp_path / "in.jsonl"
-    lines = [{"id": i, "prompt": "a b c", "max_tokens": 3, "adapter": a} for i, a in enumerate(["exp", None, "exp"])]
+    plan = ["both", None, "exp", "both", "exp"]
+    lines = [{"id": i, "prompt": "a b c", "max_tokens": 3, "adapter": a} for i, a in enumerate(plan)]
     inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    rc, out, err = run_cli(["run", str(inp), "-m", str(base), "-a", f"exp={ad}", "--device", "cpu", "-q"])
+    args = ["run", str(inp), "-m", str(base), "-a", f"both={ad}", "-a", f"exp={only}", "--device", "cpu", "-q"]
+    rc, out, err = run_cli(args + ["--max-lora-rank", "8"])
     assert rc == 0, err
     recs = read_jsonl(out)
-    assert [r["id"] for r in recs] == [0, 1, 2] and all("error" not in r for r in recs)
-    assert recs[0]["text"] == recs[2]["text"]
+    assert [r["id"] for r in recs] == list(range(5)) and all("error" not in r for r in recs)
+    assert recs[0]["text"] == recs[3]["text"] and recs[2]["text"] == recs[4]["text"]
+    # --max-lora-rank below the expert-only adapter's rank: its lines get error records, the others are served
+    rc, out, err = run_cli(args + ["--max-lora-rank", "4"])
+    recs = read_jsonl(out)
+    assert "adapter 'exp' failed pre-flight" in err and "has rank 8, above --max-lora-rank 4" in err
+    assert [("error" in r) for r in recs] == [False, False, True, False, True]
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
@@ -292,4 +300,20 @@ def test_dense_mlp_lora_on_a_sparse_layer_is_refused(tmp_path):
     t = {k.replace("layers.1.", "layers.0."): v for k, v in load_file(str(ad / "adapter_model.safetensors")).items()}
     save_file({k: v for k, v in t.items() if "shared" not in k}, str(ad / "adapter_model.safetensors"))
     with pytest.raises(AdapterError, match="layer 0 of the base is a sparse MoE layer"):
+        scan_adapter(ad, "ad", cfg)
+
+
+def test_expert_only_adapter_rank_and_preflight(tmp_path):
+    """An adapter with expert LoRA only: its rank is the experts' (preflight compares it with --max-lora-rank), and a
+    config whose r disagrees with the tensors is refused."""
+    from multilora_cli.errors import AdapterError
+    from multilora_cli.models.config import ModelConfig
+
+    base = build_moe_base(tmp_path / "base", "mixtral")
+    ad = build_param_adapter(base, tmp_path / "ad", params=EXPERTS, r=3)
+    cfg = ModelConfig.from_dir(base)
+    assert scan_adapter(ad, "ad", cfg).max_rank == 3
+    raw = json.loads((ad / "adapter_config.json").read_text())
+    (ad / "adapter_config.json").write_text(json.dumps({**raw, "r": 6}))
+    with pytest.raises(AdapterError, match=r"has rank 3 per expert but adapter_config.json gives it r=6"):
         scan_adapter(ad, "ad", cfg)
