@@ -317,3 +317,17 @@ def test_expert_only_adapter_rank_and_preflight(tmp_path):
     (ad / "adapter_config.json").write_text(json.dumps({**raw, "r": 6}))
     with pytest.raises(AdapterError, match=r"has rank 3 per expert but adapter_config.json gives it r=6"):
         scan_adapter(ad, "ad", cfg)
+
+
+def test_economics_counts_expert_lora(tmp_path):
+    """`economics --adapter` sizes a MoE adapter with its experts: one row per part, layers x experts of them."""
+    from multilora_cli.economics.sources import load_adapter_shape
+    from multilora_cli.models.config import ModelConfig
+
+    base = build_moe_base(tmp_path / "base", "qwen3_moe")
+    ad = build_param_adapter(base, tmp_path / "ad", targets=("q_proj",), params=EXPERTS, r=4)
+    shape = load_adapter_shape(ad, ModelConfig.from_dir(base))
+    rows = {m.module: m for m in shape.modules}
+    assert shape.targets == ["q_proj", "experts.down", "experts.gate", "experts.up"]
+    assert rows["experts.gate"].layers == 2 * 6 and rows["experts.gate"].params == 2 * 6 * 4 * (64 + 48)
+    assert shape.params == 2 * 4 * (64 + 128) + 3 * 2 * 6 * 4 * (64 + 48)
