@@ -71,13 +71,31 @@ def moe_spec(mt: str, cfg: dict, num_layers: int) -> MoeSpec:
 
 
 def moe_attention_fields(mt: str, cfg: dict) -> dict:
-    """Where a MoE family's attention differs from its dense twin's reading (hf_config.llama_fields)."""
-    if mt == "mixtral":  # MixtralAttention always passes config.sliding_window
+    """Where a MoE family's attention differs from its dense twin's reading (hf_config.llama_fields), as the
+    transformers 5 config classes set it: Mixtral always passes config.sliding_window (default None); Qwen3-MoE
+    keeps sliding_window (default 4096) only with use_sliding_window, then on every layer; Qwen2-MoE's layer_types
+    default to sliding on odd-numbered (1-based) layers below max_window_layers (default 28) with
+    use_sliding_window. Qwen2-MoE: q/k/v bias from qkv_bias (default True), o_proj never; Qwen3-MoE: attention_bias
+    on o_proj too."""
+    use = bool(cfg.get("use_sliding_window", False))
+    if mt == "mixtral":
         return {"sliding_window": cfg.get("sliding_window"), "layer_types": None}
-    if mt == "qwen2_moe":  # q/k/v bias from qkv_bias (default True), o_proj never
-        return {"attention_bias": bool(cfg.get("qkv_bias", True)), "o_bias": False}
-    bias = bool(cfg.get("attention_bias", False))  # qwen3_moe: o_proj too; sliding_window always passed
-    return {"attention_bias": bias, "o_bias": bias, "sliding_window": cfg.get("sliding_window"), "layer_types": None}
+    if mt == "qwen3_moe":
+        bias = bool(cfg.get("attention_bias", False))
+        window = cfg.get("sliding_window", 4096) if use else None
+        return {"attention_bias": bias, "o_bias": bias, "sliding_window": window, "layer_types": None}
+    layers = int(cfg["num_hidden_layers"])
+    below = int(cfg.get("max_window_layers", 28))
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 and i < below and use else "full_attention" for i in range(layers)
+    ]
+    window = cfg.get("sliding_window", 4096) if use else None
+    return {
+        "attention_bias": bool(cfg.get("qkv_bias", True)),
+        "o_bias": False,
+        "sliding_window": window,
+        "layer_types": list(types),
+    }
 
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -331,3 +331,23 @@ def test_economics_counts_expert_lora(tmp_path):
     assert shape.targets == ["q_proj", "experts.down", "experts.gate", "experts.up"]
     assert rows["experts.gate"].layers == 2 * 6 and rows["experts.gate"].params == 2 * 6 * 4 * (64 + 48)
     assert shape.params == 2 * 4 * (64 + 128) + 3 * 2 * 6 * 4 * (64 + 48)
+
+
+@pytest.mark.parametrize(
+    "arch, extra",
+    [
+        ("qwen3_moe", dict(sliding_window=4, use_sliding_window=True)),
+        ("qwen3_moe", dict(sliding_window=4, use_sliding_window=False)),  # transformers drops the window
+        ("qwen2_moe", dict(sliding_window=4, use_sliding_window=True, max_window_layers=1)),  # layer 0 only
+        ("mixtral", dict(sliding_window=4)),
+    ],
+)
+def test_sliding_window_as_transformers_sets_it(tmp_path, arch, extra):
+    """Prompts run past a 4-token window: greedy tokens equal HF's wherever transformers applies the window."""
+    base = build_moe_base(tmp_path / "base", arch, **extra)
+    prompts = _prompts(3, seed=7)
+    got = _engine(base, {}).generate_all(_requests(prompts, [None] * 3))
+    from tests.builders import hf_model
+
+    hf = hf_model(base)
+    assert [r.token_ids for r in got] == [_greedy(hf, p)[0] for p in prompts]
