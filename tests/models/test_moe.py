@@ -351,3 +351,61 @@ def test_sliding_window_as_transformers_sets_it(tmp_path, arch, extra):
 
     hf = hf_model(base)
     assert [r.token_ids for r in got] == [_greedy(hf, p)[0] for p in prompts]
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_mixed_batch_logits_within_1e4(tmp_path, arch):
+    """The whole model, one packed prefill then a decode step, rows of every adapter kind and the base mixed in
+    the same batch: every token's logits within 1e-4 of HF + PEFT's for that row alone."""
+    from multilora_cli.adapters.peft import load_adapter
+    from multilora_cli.kernels import build_lora_meta
+    from multilora_cli.models.config import ModelConfig
+    from multilora_cli.models.loader import load_model
+    from tests.models.helpers import Blocks, run_decode, run_prefill
+
+    base = build_moe_base(tmp_path / "base", arch)
+    adapters = _adapters(tmp_path, base)
+    adapters["module"] = build_module_adapter(base, tmp_path / "module", arch)
+    cfg = ModelConfig.from_dir(base)
+    model = load_model(base, cfg, dtype=torch.float32, max_loras=4, max_lora_rank=8)
+    slot_of = {name: s for s, name in enumerate(adapters)}
+    for name, s in slot_of.items():
+        ad = load_adapter(adapters[name], name, cfg)
+        for (layer, fused), mod in model.lora_modules().items():
+            mod.lora.set_slot(s, ad.slices_for(layer, fused))
+        for layer, mod in model.expert_lora_modules().items():
+            mod.lora.set_slot(
+                s, {p: ad.experts[(layer, p)] for p in ("gate", "up", "down") if (layer, p) in ad.experts}
+            )
+    plan = ["both", None, "experts", "module", "attn", "experts"]
+    prompts = _prompts(len(plan), seed=9)
+    pm = load_peft(base, {n: p for n, p in adapters.items() if n != "module"})
+    merged = merged_module_adapter(base, adapters["module"], arch)
+
+    def ref(name, seq):
+        with torch.no_grad():
+            if name == "module":
+                return merged(input_ids=torch.tensor([seq])).logits[0]
+            if name is None:
+                with pm.disable_adapter():
+                    return pm(input_ids=torch.tensor([seq])).logits[0]
+            pm.set_adapter(name)
+            return pm(input_ids=torch.tensor([seq])).logits[0]
+
+    blocks = Blocks(64, 4)
+    model.allocate_kv_cache(64, 4)
+    slots = [-1 if a is None else slot_of[a] for a, p in zip(plan, prompts) for _ in p]
+    with torch.no_grad():
+        logits = run_prefill(model, blocks, {i: (p, 0) for i, p in enumerate(prompts)}, lora=build_lora_meta(slots))
+    start, nxt = 0, []
+    for a, p in zip(plan, prompts):
+        want = ref(a, p)
+        torch.testing.assert_close(logits[start : start + len(p)], want, atol=1e-4, rtol=0)
+        nxt.append(int(want[-1].argmax()))
+        start += len(p)
+    feed = {i: (nxt[i], len(p)) for i, p in enumerate(prompts)}
+    meta = build_lora_meta([-1 if a is None else slot_of[a] for a in plan])
+    with torch.no_grad():
+        logits = run_decode(model, blocks, feed, lora=meta)
+    for i, (a, p) in enumerate(zip(plan, prompts)):
+        torch.testing.assert_close(logits[i], ref(a, p + [nxt[i]])[-1], atol=1e-4, rtol=0)
