@@ -226,7 +226,7 @@ class AdapterConfig:
             if any(t == head or t.endswith(f".{head}") for t in targets):
                 out.append(f"LoRA on {head} ({'embedding' if head == 'embed_tokens' else 'output head'} LoRA)")
         params = self.extra.get("target_parameters") or []
-        other = [p for p in params if not str(p).endswith(("experts.gate_up_proj", "experts.down_proj"))]
+        other = [p for p in params if not _expert_param(str(p))]
         router = [p for p in other if str(p).split(".")[-2:-1] == ["gate"]]
         if router:
             out.append(f"LoRA on the MoE router ({router[0]}), which is not a LoRA target multilora serves")
@@ -243,6 +243,14 @@ class AdapterConfig:
             if self.extra.get(key):
                 out.append(label)
         return out
+
+
+def _expert_param(entry: str) -> bool:
+    """Whether a target_parameters entry names MoE expert parameters (served: adapters/experts.py). PEFT matches an
+    entry against `<module>.<param>` as equal or a dotted suffix, and writes both "mlp.experts.gate_up_proj" and,
+    converting target_modules gate_proj / up_proj / down_proj on a transformers 5 MoE, plain "gate_up_proj"."""
+    parts = entry.split(".")
+    return parts[-1] in ("gate_up_proj", "down_proj") and (len(parts) == 1 or parts[-2] == "experts")
 
 
 def _no_config_hint(folder: Path) -> str:

@@ -9,7 +9,8 @@
   `.lora_A.weight` [r, in] / `.lora_B.weight` [out, r]; experts a checkpoint leaves out are not adapted.
 Either way the result is {(layer, "gate" | "up" | "down"): (A [E, r, in], B [E, out, r], scaling)}, which
 `kernels/expert_weights.ExpertLoraWeights.set_slot` takes. The router (`gate`) and Qwen2-MoE's shared expert are
-not served as LoRA targets: `expert_key` names them as unservable.
+not served as LoRA targets: `expert_key` names them as unservable. Qwen2-MoE's shared expert is a dense MLP
+whose projections are LoRA targets like a dense layer's (`shared_key`: modules "shared_expert.gate_proj", ...).
 """
 
 from __future__ import annotations
@@ -24,9 +25,19 @@ _PRE = r"^(?:base_model\.model\.)?(?P<module>(?:[A-Za-z0-9_.]*\.)?layers\.(?P<la
 _SUF = r"\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$"
 PARAM_KEY = re.compile(_PRE + r"\.experts)(?P<nest>(?:\.base_layer)*)" + _SUF)
 MODULE_KEY = re.compile(_PRE + r"\.experts\.(?P<e>\d+)\.(?P<name>w1|w2|w3|gate_proj|up_proj|down_proj))" + _SUF)
-ROUTER_KEY = re.compile(_PRE + r"\.(?:gate|shared_expert_gate|shared_expert\.\w+))\.lora_")
+ROUTER_KEY = re.compile(_PRE + r"\.(?:gate|shared_expert_gate))\.lora_")
+SHARED_KEY = re.compile(_PRE + r"\.shared_expert\.(?P<name>gate_proj|up_proj|down_proj))" + _SUF)
 PART = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 EXPERT_PARAMS = ("experts.gate_up_proj", "experts.down_proj")
+
+
+def shared_key(key: str) -> tuple[str, int, str, str] | None:
+    """Qwen2-MoE's shared-expert LoRA key -> (module full name, layer, "shared_expert.<proj>", "A" | "B"), as
+    tensors.classify_key gives a dense one; None otherwise."""
+    m = SHARED_KEY.match(key)
+    if m is None:
+        return None
+    return m.group("module"), int(m.group("layer")), f"shared_expert.{m.group('name')}", m.group("ab")
 
 
 def expert_key(key: str) -> str | bool:
@@ -35,7 +46,7 @@ def expert_key(key: str) -> str | bool:
         return True
     m = ROUTER_KEY.match(key)
     if m:
-        what = "the MoE router" if m.group("module").endswith("gate") else "Qwen2-MoE's shared expert"
+        what = "the MoE router" if m.group("module").endswith(".gate") else "Qwen2-MoE's shared expert gate"
         return f"LoRA on {what} ({m.group('module')}), which is not a LoRA target multilora serves"
     return False
 
@@ -104,25 +115,29 @@ def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[t
                 f"are not a [E * r, in] / [out, r * E] pair for {E} experts"
             )
         r = a.shape[0] // E
-        if r != config.rank_for(pair["full"]):
-            raise AdapterError(
-                f"{where}: {pair['full']} has rank {r} per expert but adapter_config.json gives it "
-                f"r={config.rank_for(pair['full'])}",
-                hint="fix adapter_config.json so PEFT and multilora agree",
-            )
-        a_e = a.reshape(E, r, a.shape[1])  # [E, r, in]
-        b_e = b.reshape(b.shape[0], r, E).permute(2, 0, 1)  # [E, out, r]
-        scaling = config.scaling_for(pair["full"], r)
-        if (a.shape[1], b.shape[0]) == (H, 2 * inter):  # gate_up_proj: gate rows, then up rows; A shared
-            _put(out, (layer, "gate"), (a_e, b_e[:, :inter], scaling), where)
-            _put(out, (layer, "up"), (a_e, b_e[:, inter:], scaling), where)
+        if (a.shape[1], b.shape[0]) == (H, 2 * inter):
+            param = "gate_up_proj"
         elif (a.shape[1], b.shape[0]) == (inter, H):
-            _put(out, (layer, "down"), (a_e, b_e, scaling), where)
+            param = "down_proj"
         else:
             raise AdapterError(
                 f"{where}: {pair['full']} maps {a.shape[1]} -> {b.shape[0]} features, which is neither "
                 f"the base's experts.gate_up_proj ({H} -> {2 * inter}) nor down_proj ({inter} -> {H})"
             )
+        full = f"{pair['full']}.{param}"  # PEFT's key for rank_pattern / alpha_pattern: module + parameter
+        if r != config.rank_for(full):
+            raise AdapterError(
+                f"{where}: {full} has rank {r} per expert but adapter_config.json gives it r={config.rank_for(full)}",
+                hint="fix adapter_config.json so PEFT and multilora agree",
+            )
+        a_e = a.reshape(E, r, a.shape[1])  # [E, r, in]
+        b_e = b.reshape(b.shape[0], r, E).permute(2, 0, 1)  # [E, out, r]
+        scaling = config.scaling_for(full, r)
+        if param == "gate_up_proj":  # gate rows, then up rows; A shared
+            _put(out, (layer, "gate"), (a_e, b_e[:, :inter], scaling), where)
+            _put(out, (layer, "up"), (a_e, b_e[:, inter:], scaling), where)
+        else:
+            _put(out, (layer, "down"), (a_e, b_e, scaling), where)
     for (layer, part), by_e in sorted(per_expert.items()):
         fin, fout = (inter, H) if part == "down" else (H, inter)
         ranks = set()

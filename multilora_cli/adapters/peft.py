@@ -17,12 +17,13 @@ from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.experts import load_experts
 from multilora_cli.adapters.scan import all_finite, nonfinite, scan_adapter
 from multilora_cli.models.config import FUSED, FUSED_MODULES, ModelConfig
+from multilora_cli.models.moe_config import SHARED_FUSED
 
 # fused module -> PEFT names of its slices, in slice order: qkv_proj -> [q_proj, k_proj, v_proj]
 SLICES = {
     f: [n for n, _ in sorted(((n, i) for n, (g, i) in FUSED.items() if g == f), key=lambda t: t[1])]
     for f in FUSED_MODULES
-}
+} | SHARED_FUSED
 
 
 @dataclass(slots=True)

@@ -103,11 +103,14 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
     held: dict[tuple[int, str], tuple[object, int, str]] = {}  # (layer, module) -> (a LoraModule, out rows, name)
     for key, m in adapter.modules.items():
         full = adapter.module_names[key]
-        first, rows, _ = held.get((key[0], full.rsplit(".", 1)[-1]), (m, 0, full))
-        held[(key[0], full.rsplit(".", 1)[-1])] = (first, rows + m.b.shape[0], full)
+        leaf = full.rsplit(".", 1)[-1]
+        leaf = f"shared_expert.{leaf}" if full.endswith(f".shared_expert.{leaf}") else leaf  # Qwen2-MoE
+        first, rows, _ = held.get((key[0], leaf), (m, 0, full))
+        held[(key[0], leaf)] = (first, rows + m.b.shape[0], full)
     groups: dict[tuple, list[tuple[int, int]]] = {}
     for (layer, module), (m, out, full) in held.items():
-        key = (CHECKPOINT_MODULES.index(module), module, m.rank, config.alpha_for(full), m.scaling, m.a.shape[1], out)
+        order = CHECKPOINT_MODULES.index(module) if module in CHECKPOINT_MODULES else len(CHECKPOINT_MODULES)
+        key = (order, module, m.rank, config.alpha_for(full), m.scaling, m.a.shape[1], out)
         groups.setdefault(key, []).append((layer, m.rank * (m.a.shape[1] + out)))
     rows = [
         ModuleRow(
@@ -140,7 +143,7 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         use_rslora=config.use_rslora,
         target_modules=config.target_modules,
         modules_adapted=[m for m in CHECKPOINT_MODULES if any(r.module == m for r in rows)]
-        + sorted({r.module for r in rows if r.module.startswith("experts.")}),
+        + sorted({r.module for r in rows if r.module.startswith(("experts.", "shared_expert."))}),
         layers=sorted(set(adapter.layers) | {layer for layer, _ in adapter.experts}),
         num_layers=model_config.num_hidden_layers if model_config else None,
         num_params=num_params,

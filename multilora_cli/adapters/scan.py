@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from multilora_cli.adapters.config import AdapterConfig
-from multilora_cli.adapters.experts import check_dense_on_sparse, check_experts, expert_key
+from multilora_cli.adapters.experts import check_dense_on_sparse, check_experts, expert_key, shared_key
 from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
 from multilora_cli.errors import AdapterError, UnsupportedAdapterError
 from multilora_cli.models.config import CHECKPOINT_FUSED, ModelConfig
@@ -91,7 +91,7 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         if moe is True:
             experts.append(key)
             continue
-        kind = moe or classify_key(key)
+        kind = shared_key(key) or moe or classify_key(key)
         if isinstance(kind, str):
             if kind == "trained biases" and config.bias != "none":  # say which setting saved them
                 kind = f"trained biases (bias={config.bias!r})"

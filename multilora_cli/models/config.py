@@ -16,6 +16,7 @@ from multilora_cli.models import hf_config
 from multilora_cli.models.moe_config import (
     DENSE_TWIN,
     MOE_MODEL_TYPES,
+    SHARED_MODULES,
     MoeSpec,
     moe_attention_fields,
     moe_spec,
@@ -158,12 +159,17 @@ class ModelConfig:
     @property
     def peft_modules(self) -> tuple[str, ...]:
         """The linear module names of one layer in this model's checkpoints (what PEFT adapters target)."""
+        if self.moe is not None and self.moe.shared_intermediate_size:  # Qwen2-MoE: its shared expert too
+            return LINEAR_MODULES + SHARED_MODULES
         return PHI3_MODULES if self.fused_checkpoint else LINEAR_MODULES
 
     def linear_shape(self, module: str) -> tuple[int, int]:
         """(in_features, out_features) of a PEFT-named linear module (q_proj ... down_proj, and Phi-3's fused
         qkv_proj / gate_up_proj)."""
         h, i = self.hidden_size, self.intermediate_size
+        if module.startswith("shared_expert.") and self.moe is not None and self.moe.shared_intermediate_size:
+            s = self.moe.shared_intermediate_size  # Qwen2-MoE's shared expert: a dense SwiGLU of width s
+            return (s, h) if module == "shared_expert.down_proj" else (h, s)
         shapes = {
             "q_proj": (h, self.q_size),
             "k_proj": (h, self.kv_size),

@@ -105,13 +105,11 @@ class LlamaMLP(nn.Module):
 
 
 def _sparse_block(cfg: ModelConfig, linear: _LinearFactory) -> SparseMoeBlock:
-    """A MoE layer's MLP (models/moe.py); Qwen2-MoE's shared expert is a plain dense MLP (not a LoRA target)."""
+    """A MoE layer's MLP (models/moe.py); Qwen2-MoE's shared expert is a dense MLP whose projections are LoRA
+    targets like a dense layer's (lora_modules: "shared_expert.gate_up_proj" / "shared_expert.down_proj")."""
     spec = cfg.moe
-    shared = (
-        LlamaMLP(cfg, _LinearFactory(0, 0, set()), spec.shared_intermediate_size)
-        if spec.shared_intermediate_size
-        else None
-    )
+    shared_linear = _LinearFactory(linear.max_loras, linear.max_rank, {"gate_up_proj", "down_proj"})
+    shared = LlamaMLP(cfg, shared_linear, spec.shared_intermediate_size) if spec.shared_intermediate_size else None
     return SparseMoeBlock(spec, cfg.hidden_size, linear.max_loras, linear.max_rank, shared)
 
 
@@ -247,6 +245,10 @@ class LlamaForCausalLM(nn.Module):
             ):
                 if isinstance(mod, LoRALinear):
                     found[(i, name)] = mod
+            shared = getattr(layer.mlp, "shared_expert", None)  # Qwen2-MoE
+            for name in ("gate_up_proj", "down_proj") if shared is not None else ():
+                if isinstance(getattr(shared, name), LoRALinear):
+                    found[(i, f"shared_expert.{name}")] = getattr(shared, name)
         return found
 
     def expert_lora_modules(self) -> dict[int, MoeExperts]:

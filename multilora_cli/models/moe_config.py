@@ -16,6 +16,13 @@ from dataclasses import dataclass
 from multilora_cli.errors import ModelError
 
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+# Qwen2-MoE's shared expert: PEFT module names of its projections (LoRA targets like a dense MLP's), and our fused
+# modules over them (slices in order), as adapters/peft.SLICES lists the dense ones
+SHARED_MODULES = ("shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj")
+SHARED_FUSED = {
+    "shared_expert.gate_up_proj": ["shared_expert.gate_proj", "shared_expert.up_proj"],
+    "shared_expert.down_proj": ["shared_expert.down_proj"],
+}
 # the dense type whose attention, norms and rope each MoE family shares
 DENSE_TWIN = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}
 
@@ -117,7 +124,7 @@ def moe_weight_numel(config) -> int:
 
 def moe_slot_numel(config, max_rank: int) -> int:
     """Values of one adapter slot on a MoE base, as the engine allocates it: A [R, in] and B [out, R] of the attention
-    projections in every layer and of the dense MLPs on dense layers, and the experts' slots
+    projections in every layer and of the dense MLPs on dense layers (and the shared expert's), and the experts' slots
     (kernels/expert_weights.ExpertLoraWeights.slot_numel: E experts x rank) on every sparse layer."""
     from multilora_cli.kernels.expert_weights import ExpertLoraWeights
 
@@ -125,5 +132,7 @@ def moe_slot_numel(config, max_rank: int) -> int:
     attn = sum(max_rank * sum(config.linear_shape(m)) for m in _ATTN)
     dense = sum(max_rank * sum(config.linear_shape(m)) for m in _MLP)
     experts = ExpertLoraWeights.slot_numel(max_rank, spec.num_experts, config.hidden_size, spec.intermediate_size)
+    if spec.shared_intermediate_size:  # Qwen2-MoE's shared expert: gate, up, down LoRA like a dense MLP's
+        experts += 3 * max_rank * (config.hidden_size + spec.shared_intermediate_size)
     n_sparse = len(spec.sparse_layers)
     return attn * config.num_hidden_layers + dense * (config.num_hidden_layers - n_sparse) + experts * n_sparse

@@ -16,7 +16,7 @@ from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
 from multilora_cli.errors import UnsupportedAdapterError
-from tests.builders import load_peft
+from tests.builders import hf_model, load_peft
 from tests.models.moe_builders import (
     MOE_ARCHS,
     build_module_adapter,
@@ -28,6 +28,7 @@ from tests.models.moe_builders import (
 NEW = 5
 ATTN = ("q_proj", "v_proj")
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _adapters(root: Path, base: Path) -> dict[str, Path]:
@@ -35,6 +36,8 @@ def _adapters(root: Path, base: Path) -> dict[str, Path]:
         "attn": build_param_adapter(base, root / "attn", targets=ATTN, r=4, seed=11),
         "experts": build_param_adapter(base, root / "experts", params=EXPERTS, r=4, alpha=16, seed=12),
         "both": build_param_adapter(base, root / "both", targets=("o_proj",), params=EXPERTS, r=2, seed=13),
+        # every linear module PEFT finds (Qwen2-MoE: its shared expert and the dense layer's MLP too) + experts
+        "all": build_param_adapter(base, root / "all", targets=ALL_LINEAR, params=EXPERTS, r=4, seed=14),
     }
 
 
@@ -64,20 +67,22 @@ def _greedy(model, prompt) -> tuple[list[int], list[float]]:
     return ids[0, len(prompt) :].tolist(), lps
 
 
-def _hf(base: Path, adapters: dict[str, Path], prompts, plan, module_adapter=None):
-    pm = load_peft(base, {n: p for n, p in adapters.items() if n != "module"})
-    merged = merged_module_adapter(base, adapters["module"], module_adapter) if module_adapter else None
-    out = []
-    for p, a in zip(prompts, plan):
-        if a == "module":
-            out.append(_greedy(merged, p))
-        elif a is None:
-            with pm.disable_adapter():
-                out.append(_greedy(pm, p))
+def _references(base: Path, adapters: dict[str, Path], arch: str | None) -> dict:
+    """{adapter or None: the HF model giving that row's reference}: one PeftModel per adapter (PEFT refuses adapters
+    with different target_parameters in one model: the "all" one's are converted from target_modules), the base,
+    and the per-expert-module adapter merged by hand."""
+    refs = {None: hf_model(base)}
+    for name, path in adapters.items():
+        if name == "module":
+            refs[name] = merged_module_adapter(base, path, arch)
         else:
-            pm.set_adapter(a)
-            out.append(_greedy(pm, p))
-    return out
+            refs[name] = load_peft(base, {name: path})
+    return refs
+
+
+def _hf(base: Path, adapters: dict[str, Path], prompts, plan, module_adapter=None):
+    refs = _references(base, adapters, module_adapter)
+    return [_greedy(refs[a], p) for p, a in zip(prompts, plan)]
 
 
 def _engine(base, adapters, **kw):
@@ -96,9 +101,9 @@ def test_mixed_batch_matches_hf_peft(tmp_path, arch):
     base = build_moe_base(tmp_path / "base", arch)
     adapters = _adapters(tmp_path, base)
     adapters["module"] = build_module_adapter(base, tmp_path / "module", arch)
-    plan = ["experts", None, "attn", "both", "module", "experts", None, "both", "module", "attn"]
+    plan = ["experts", None, "attn", "both", "module", "experts", None, "all", "both", "module", "attn", "all"]
     prompts = _prompts(len(plan))
-    engine = _engine(base, adapters)
+    engine = _engine(base, adapters, max_loras=5)
     got = engine.generate_all(_requests(prompts, plan))
     want = _hf(base, adapters, prompts, plan, module_adapter=arch)
     _check(got, want)
@@ -191,7 +196,7 @@ def test_block_output_within_1e4_of_hf_peft(tmp_path, arch):
     base = build_moe_base(tmp_path / "base", arch)
     adapters = _adapters(tmp_path, base)
     cfg = ModelConfig.from_dir(base)
-    ours = load_model(base, cfg, dtype=torch.float32, max_loras=3, max_lora_rank=8).model.layers[0].mlp
+    ours = load_model(base, cfg, dtype=torch.float32, max_loras=4, max_lora_rank=8).model.layers[0].mlp
     for slot, name in enumerate(adapters):
         a = load_adapter(adapters[name], name, cfg)
         ours.experts.lora.set_slot(slot, {p: a.experts[(0, p)] for p in ("gate", "up", "down") if (0, p) in a.experts})
@@ -293,8 +298,13 @@ def test_dense_mlp_lora_on_a_sparse_layer_is_refused(tmp_path):
     base = build_moe_base(tmp_path / "base", "qwen2_moe")  # layer 1 dense, layer 0 sparse
     ad = build_param_adapter(base, tmp_path / "ad", targets=("gate_proj",), r=2)  # PEFT finds layer 1 + shared
     cfg = ModelConfig.from_dir(base)
-    with pytest.raises(UnsupportedAdapterError, match="shared expert"):
-        scan_adapter(ad, "ad", cfg)
+    scan = scan_adapter(ad, "ad", cfg)  # the dense layer's gate_proj and layer 0's shared expert: served
+    assert set(scan.modules) == {(0, "shared_expert.gate_proj"), (1, "gate_proj")}
+    gate = build_param_adapter(base, tmp_path / "gate", targets=("shared_expert_gate",), r=2)
+    with pytest.raises(
+        UnsupportedAdapterError, match=r"shared expert gate \(model\.layers\.0\.mlp\.shared_expert_gate\)"
+    ):
+        scan_adapter(gate, "gate", cfg)
     from safetensors.torch import load_file, save_file
 
     t = {k.replace("layers.1.", "layers.0."): v for k, v in load_file(str(ad / "adapter_model.safetensors")).items()}
@@ -367,7 +377,7 @@ def test_mixed_batch_logits_within_1e4(tmp_path, arch):
     adapters = _adapters(tmp_path, base)
     adapters["module"] = build_module_adapter(base, tmp_path / "module", arch)
     cfg = ModelConfig.from_dir(base)
-    model = load_model(base, cfg, dtype=torch.float32, max_loras=4, max_lora_rank=8)
+    model = load_model(base, cfg, dtype=torch.float32, max_loras=5, max_lora_rank=8)
     slot_of = {name: s for s, name in enumerate(adapters)}
     for name, s in slot_of.items():
         ad = load_adapter(adapters[name], name, cfg)
@@ -377,20 +387,13 @@ def test_mixed_batch_logits_within_1e4(tmp_path, arch):
             mod.lora.set_slot(
                 s, {p: ad.experts[(layer, p)] for p in ("gate", "up", "down") if (layer, p) in ad.experts}
             )
-    plan = ["both", None, "experts", "module", "attn", "experts"]
+    plan = ["both", None, "experts", "module", "all", "attn", "experts", "all"]
     prompts = _prompts(len(plan), seed=9)
-    pm = load_peft(base, {n: p for n, p in adapters.items() if n != "module"})
-    merged = merged_module_adapter(base, adapters["module"], arch)
+    refs = _references(base, adapters, arch)
 
     def ref(name, seq):
         with torch.no_grad():
-            if name == "module":
-                return merged(input_ids=torch.tensor([seq])).logits[0]
-            if name is None:
-                with pm.disable_adapter():
-                    return pm(input_ids=torch.tensor([seq])).logits[0]
-            pm.set_adapter(name)
-            return pm(input_ids=torch.tensor([seq])).logits[0]
+            return refs[name](input_ids=torch.tensor([seq])).logits[0]
 
     blocks = Blocks(64, 4)
     model.allocate_kv_cache(64, 4)
