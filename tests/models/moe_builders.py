@@ -59,8 +59,10 @@ def build_param_adapter(base: Path, out: Path, *, targets=(), params=None, r=4, 
 
 
 def build_module_adapter(base: Path, out: Path, arch: str, *, r=4, alpha=8, seed=3, layers=(0,)) -> Path:
-    """A hand-written per-expert-module adapter (experts.{e}.w1/w2/w3 or gate_proj/up_proj/down_proj).
-    Returns the folder; `per_expert_delta` gives the weights PEFT would merge (for the HF reference)."""
+    """A hand-written per-expert-module adapter (experts.{e}.w1/w2/w3 or gate_proj/up_proj/down_proj), as stacks
+    before transformers 5 saved them. PEFT loads it onto transformers 5's fused experts by its own conversion
+    (Mixtral, Qwen3-MoE); on Qwen2-MoE it does not (its target_modules match the shared expert's real modules, and
+    the expert tensors are dropped), so `merged_module_adapter` is the reference there."""
     cfg = json.loads((Path(base) / "config.json").read_text())
     hidden = cfg["hidden_size"]
     names = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
@@ -84,8 +86,8 @@ def build_module_adapter(base: Path, out: Path, arch: str, *, r=4, alpha=8, seed
 
 
 def merged_module_adapter(base: Path, adapter: Path, arch: str):
-    """The HF reference of a per-expert-module adapter: the base with s * B A merged into each expert's weights
-    (what PEFT computes when the adapter's modules exist, as in transformers 4's per-expert layers)."""
+    """A per-expert-module adapter merged by hand: the base with s * B A added to each expert's weights (what PEFT's
+    conversion computes on Mixtral and Qwen3-MoE: tests/models/test_moe.py checks they agree)."""
     from safetensors.torch import load_file
 
     cfg = json.loads((Path(adapter) / "adapter_config.json").read_text())

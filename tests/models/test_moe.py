@@ -67,21 +67,23 @@ def _greedy(model, prompt) -> tuple[list[int], list[float]]:
     return ids[0, len(prompt) :].tolist(), lps
 
 
-def _references(base: Path, adapters: dict[str, Path], arch: str | None) -> dict:
-    """{adapter or None: the HF model giving that row's reference}: one PeftModel per adapter (PEFT refuses adapters
-    with different target_parameters in one model: the "all" one's are converted from target_modules), the base,
-    and the per-expert-module adapter merged by hand."""
+def _references(base: Path, adapters: dict[str, Path]) -> dict:
+    """{adapter or None: the HF model giving that row's reference}: the base, and one PeftModel per adapter (PEFT
+    refuses adapters with different target_parameters in one model: the "all" one's are converted from
+    target_modules). PEFT loads the per-expert-module adapter too, converting it onto transformers 5's 3D experts
+    (peft/utils/transformers_weight_conversion.py: gate and up LoRA as one block-diagonal gate_up_proj LoRA)."""
     refs = {None: hf_model(base)}
+    qwen2 = json.loads((Path(base) / "config.json").read_text())["model_type"] == "qwen2_moe"
     for name, path in adapters.items():
-        if name == "module":
-            refs[name] = merged_module_adapter(base, path, arch)
+        if name == "module" and qwen2:  # PEFT drops these expert tensors on Qwen2-MoE (moe_builders)
+            refs[name] = merged_module_adapter(base, path, "qwen2_moe")
         else:
             refs[name] = load_peft(base, {name: path})
     return refs
 
 
-def _hf(base: Path, adapters: dict[str, Path], prompts, plan, module_adapter=None):
-    refs = _references(base, adapters, module_adapter)
+def _hf(base: Path, adapters: dict[str, Path], prompts, plan):
+    refs = _references(base, adapters)
     return [_greedy(refs[a], p) for p, a in zip(prompts, plan)]
 
 
@@ -105,7 +107,7 @@ def test_mixed_batch_matches_hf_peft(tmp_path, arch):
     prompts = _prompts(len(plan))
     engine = _engine(base, adapters, max_loras=5)
     got = engine.generate_all(_requests(prompts, plan))
-    want = _hf(base, adapters, prompts, plan, module_adapter=arch)
+    want = _hf(base, adapters, prompts, plan)
     _check(got, want)
     # expert LoRA matters: an expert-only row differs from the base on the same prompt
     base_rows = engine.generate_all(_requests(prompts, [None] * len(plan)))
@@ -126,7 +128,7 @@ def test_slot_eviction(tmp_path):
     prompts = _prompts(len(plan), seed=3)
     engine = _engine(base, adapters, max_loras=2, max_num_seqs=2)
     got = engine.generate_all(_requests(prompts, plan))
-    _check(got, _hf(base, adapters, prompts, plan, module_adapter=arch))
+    _check(got, _hf(base, adapters, prompts, plan))
     assert engine.slots.evictions > 0
 
 
@@ -389,7 +391,7 @@ def test_mixed_batch_logits_within_1e4(tmp_path, arch):
             )
     plan = ["both", None, "experts", "module", "all", "attn", "experts", "all"]
     prompts = _prompts(len(plan), seed=9)
-    refs = _references(base, adapters, arch)
+    refs = _references(base, adapters)
 
     def ref(name, seq):
         with torch.no_grad():
@@ -412,3 +414,17 @@ def test_mixed_batch_logits_within_1e4(tmp_path, arch):
         logits = run_decode(model, blocks, feed, lora=meta)
     for i, (a, p) in enumerate(zip(plan, prompts)):
         torch.testing.assert_close(logits[i], ref(a, p + [nxt[i]])[-1], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_hand_merged_module_adapter_is_peft(tmp_path, arch):
+    """The hand merge of a per-expert-module adapter (the Qwen2-MoE reference) equals PEFT's own conversion of it
+    onto transformers 5's experts where PEFT makes one."""
+    base = build_moe_base(tmp_path / "base", arch)
+    ad = build_module_adapter(base, tmp_path / "module", arch)
+    ids = torch.tensor([_prompts(1, seed=2)[0]])
+    with torch.no_grad():
+        peft_logits = load_peft(base, {"m": ad})(input_ids=ids).logits
+        merged = merged_module_adapter(base, ad, arch)(input_ids=ids).logits
+        plain = hf_model(base)(input_ids=ids).logits
+    assert (peft_logits - merged).abs().max() < 1e-5 and (peft_logits - plain).abs().max() > 1e-2

@@ -22,4 +22,4 @@ def test_mixed_batch_on_cuda_matches_hf_peft_cpu(tmp_path, arch):
     prompts = _prompts(len(plan))
     cfg = EngineConfig(model=str(base), device="cuda", dtype="float32", max_loras=2, max_lora_rank=8)
     got = Engine(cfg, adapters).generate_all(_requests(prompts, plan))
-    _check(got, _hf(base, adapters, prompts, plan, module_adapter=arch))
+    _check(got, _hf(base, adapters, prompts, plan))
