@@ -31,7 +31,9 @@ class MoeExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, hidden), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(E, hidden, inter), requires_grad=False)
         self.lora = (
-            ExpertLoraWeights.empty(max_loras, max_rank, E, hidden, inter, self.gate_up_proj.dtype, None)
+            ExpertLoraWeights.empty(
+                max_loras, max_rank, E, hidden, inter, self.gate_up_proj.dtype, self.gate_up_proj.device
+            )
             if max_loras > 0
             else None
         )
