@@ -223,8 +223,15 @@ class AdapterConfig:
         for head in ("embed_tokens", "lm_head"):
             if any(t == head or t.endswith(f".{head}") for t in targets):
                 out.append(f"LoRA on {head} ({'embedding' if head == 'embed_tokens' else 'output head'} LoRA)")
+        params = self.extra.get("target_parameters") or []
+        other = [p for p in params if not _expert_param(str(p))]
+        router = [p for p in other if str(p).split(".")[-2:-1] == ["gate"]]
+        if router:
+            out.append(f"LoRA on the MoE router ({router[0]}), which is not a LoRA target multilora serves")
+        other = [p for p in other if p not in router]
+        if other:  # the MoE expert parameters are served (adapters/experts.py), nothing else
+            out.append(f"LoRA on parameters {other} (target_parameters)")
         for key, label in (
-            ("target_parameters", "LoRA on parameters (target_parameters)"),
             ("trainable_token_indices", "trainable token embeddings (trainable_token_indices)"),
             ("layer_replication", "layer_replication"),
             ("alora_invocation_tokens", "activated LoRA (alora_invocation_tokens)"),
@@ -234,6 +241,14 @@ class AdapterConfig:
             if self.extra.get(key):
                 out.append(label)
         return out
+
+
+def _expert_param(entry: str) -> bool:
+    """Whether a target_parameters entry names MoE expert parameters (served: adapters/experts.py). PEFT matches an
+    entry against `<module>.<param>` as equal or a dotted suffix, and writes both "mlp.experts.gate_up_proj" and,
+    converting target_modules gate_proj / up_proj / down_proj on a transformers 5 MoE, plain "gate_up_proj"."""
+    parts = entry.split(".")
+    return parts[-1] in ("gate_up_proj", "down_proj") and (len(parts) == 1 or parts[-2] == "experts")
 
 
 def _no_config_hint(folder: Path) -> str:

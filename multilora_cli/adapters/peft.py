@@ -14,14 +14,16 @@ from pathlib import Path
 import torch
 
 from multilora_cli.adapters.config import AdapterConfig
+from multilora_cli.adapters.experts import load_experts
 from multilora_cli.adapters.scan import all_finite, nonfinite, read_magnitudes, scan_adapter
 from multilora_cli.models.config import FUSED, FUSED_MODULES, ModelConfig
+from multilora_cli.models.moe_config import SHARED_FUSED
 
 # fused module -> PEFT names of its slices, in slice order: qkv_proj -> [q_proj, k_proj, v_proj]
 SLICES = {
     f: [n for n, _ in sorted(((n, i) for n, (g, i) in FUSED.items() if g == f), key=lambda t: t[1])]
     for f in FUSED_MODULES
-}
+} | SHARED_FUSED
 
 
 @dataclass(slots=True)
@@ -61,17 +63,21 @@ class LoraAdapter:
     def is_dora(self) -> bool:
         return bool(self.magnitudes)
 
+    # MoE expert LoRA: {(layer, "gate" | "up" | "down"): (A [E, r, in], B [E, out, r], scaling)} (adapters/experts.py)
+    experts: dict[tuple[int, str], tuple] = field(default_factory=dict)
+
     @property
     def max_rank(self) -> int:
-        return max(m.rank for m in self.modules.values())
+        return max([m.rank for m in self.modules.values()] + [a.shape[1] for a, _, _ in self.experts.values()])
 
     @property
     def min_rank(self) -> int:
-        return min(m.rank for m in self.modules.values())
+        return min([m.rank for m in self.modules.values()] + [a.shape[1] for a, _, _ in self.experts.values()])
 
     @property
     def num_params(self) -> int:
-        return sum(m.a.numel() + m.b.numel() for m in self.modules.values())
+        dense = sum(m.a.numel() + m.b.numel() for m in self.modules.values())
+        return dense + sum(a.numel() + b.numel() for a, b, _ in self.experts.values())
 
     @property
     def nbytes(self) -> int:
@@ -120,7 +126,11 @@ def load_adapter(
         if dtype is not None:
             a, b = a.to(dtype), b.to(dtype)
         modules[(layer, module)] = LoraModule(a=a, b=b, scaling=spec.scaling)
+    experts = load_experts(tf, scan.expert_keys, scan.config, model_config, name) if scan.expert_keys else {}
+    if dtype is not None:
+        experts = {k: (a.to(dtype), b.to(dtype), s) for k, (a, b, s) in experts.items()}
     return LoraAdapter(
+        experts=experts,
         name=name,
         path=scan.path,
         config=scan.config,

@@ -117,11 +117,14 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
     held: dict[tuple[int, str], tuple[object, int, str]] = {}  # (layer, module) -> (a LoraModule, out rows, name)
     for key, m in adapter.modules.items():
         full = adapter.module_names[key]
-        first, rows, _ = held.get((key[0], full.rsplit(".", 1)[-1]), (m, 0, full))
-        held[(key[0], full.rsplit(".", 1)[-1])] = (first, rows + m.b.shape[0], full)
+        leaf = full.rsplit(".", 1)[-1]
+        leaf = f"shared_expert.{leaf}" if full.endswith(f".shared_expert.{leaf}") else leaf  # Qwen2-MoE
+        first, rows, _ = held.get((key[0], leaf), (m, 0, full))
+        held[(key[0], leaf)] = (first, rows + m.b.shape[0], full)
     groups: dict[tuple, list[tuple[int, int]]] = {}
     for (layer, module), (m, out, full) in held.items():
-        key = (CHECKPOINT_MODULES.index(module), module, m.rank, config.alpha_for(full), m.scaling, m.a.shape[1], out)
+        order = CHECKPOINT_MODULES.index(module) if module in CHECKPOINT_MODULES else len(CHECKPOINT_MODULES)
+        key = (order, module, m.rank, config.alpha_for(full), m.scaling, m.a.shape[1], out)
         groups.setdefault(key, []).append((layer, m.rank * (m.a.shape[1] + out)))
     rows = [
         ModuleRow(
@@ -136,6 +139,7 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         )
         for k, ms in sorted(groups.items(), key=lambda kv: (kv[0][0], min(layer for layer, _ in kv[1])))
     ]
+    rows += _expert_rows(adapter, config)
     num_params = sum(r.params for r in rows)
     extras = _extras(adapter, model_config)
     alphas = [r.alpha for r in rows]
@@ -153,8 +157,9 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         scaling={"min": min(scalings), "max": max(scalings)},
         use_rslora=config.use_rslora,
         target_modules=config.target_modules,
-        modules_adapted=[m for m in CHECKPOINT_MODULES if any(r.module == m for r in rows)],
-        layers=adapter.layers,
+        modules_adapted=[m for m in CHECKPOINT_MODULES if any(r.module == m for r in rows)]
+        + sorted({r.module for r in rows if r.module.startswith(("experts.", "shared_expert."))}),
+        layers=sorted(set(adapter.layers) | {layer for layer, _ in adapter.experts}),
         num_layers=model_config.num_hidden_layers if model_config else None,
         num_params=num_params,
         bytes=adapter.nbytes,
@@ -187,6 +192,28 @@ def _extras(adapter, model_config: ModelConfig | None) -> list[ExtraCost]:
             )
         )
     return out
+
+
+def _expert_rows(adapter, config: AdapterConfig) -> list[ModuleRow]:
+    """MoE expert LoRA (adapters/experts.py) as rows "experts.gate" / "experts.up" / "experts.down": rank per expert,
+    params over all E experts as the slots hold them (PEFT's gate_up_proj A counted for gate and for up)."""
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for (layer, part), (a, b, scaling) in adapter.experts.items():
+        key = (("gate", "up", "down").index(part), f"experts.{part}", a.shape[1], scaling, a.shape[2], b.shape[1])
+        groups.setdefault(key, []).append((layer, a.numel() + b.numel()))
+    return [
+        ModuleRow(
+            module=k[1],
+            layers=sorted(layer for layer, _ in ms),
+            rank=k[2],
+            alpha=k[3] * (k[2] ** 0.5 if config.use_rslora else k[2]),
+            scaling=k[3],
+            in_features=k[4],
+            out_features=k[5],
+            params=sum(p for _, p in ms),
+        )
+        for k, ms in sorted(groups.items())
+    ]
 
 
 def _from_config(

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from multilora_cli.adapters.config import AdapterConfig
+from multilora_cli.adapters.experts import check_dense_on_sparse, check_experts, expert_key, shared_key
 from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
 from multilora_cli.errors import AdapterError, UnsupportedAdapterError
 from multilora_cli.models.config import CHECKPOINT_FUSED, ModelConfig
@@ -57,10 +58,12 @@ class AdapterScan:
     stored_dtype: torch.dtype | None = None
     stored_nbytes: int = 0
     ident: tuple | None = None  # `file_ident` of the config and weights, taken before they were read
+    expert_keys: list[str] = field(default_factory=list)  # MoE expert LoRA (adapters/experts.py), read at load
+    expert_rank: int = 0  # largest rank of the expert LoRA (checked against a MoE base's shapes)
 
     @property
     def max_rank(self) -> int:
-        return max(m.rank for m in self.modules.values())
+        return max([m.rank for m in self.modules.values()] + [self.expert_rank])
 
     @property
     def base_model(self) -> str | None:
@@ -83,9 +86,13 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
     # Sort keys: LoRA pairs by (layer, module), everything else is a feature we cannot serve.
     pairs: dict[tuple[int, str], dict[str, str]] = {}
     full_names: dict[tuple[int, str], str] = {}
-    features = []
+    features, experts = [], []
     for key in tf.keys():
-        kind = classify_key(key)
+        moe = expert_key(key)
+        if moe is True:
+            experts.append(key)
+            continue
+        kind = shared_key(key) or moe or classify_key(key)
         if isinstance(kind, str):
             if kind == "trained biases" and config.bias != "none":  # say which setting saved them
                 kind = f"trained biases (bias={config.bias!r})"
@@ -97,7 +104,7 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         full_names[(layer, module)] = full
     if features:
         raise unsupported(name, wfile, features)
-    if not pairs:
+    if not pairs and not experts:
         raise AdapterError(f"adapter {name!r}: {wfile} holds no LoRA tensors", hint="re-save the adapter with PEFT")
 
     ident = (config_ident, weights_ident) if config_ident and weights_ident else None
@@ -110,7 +117,14 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         modules={},
         module_names=full_names,
         ident=ident,
+        expert_keys=experts,
     )
+    for key in experts:  # expert LoRA counts in the stored bytes like any pair (its shapes: adapters/experts.py)
+        dt = tf.dtype(key)
+        if not dt.is_floating_point:
+            raise AdapterError(f"adapter {name!r}: {wfile}: {key} has dtype {dt}; LoRA weights must be floating point")
+        scan.stored_nbytes += math.prod(tf.shape(key)) * dt.itemsize
+        scan.stored_dtype = scan.stored_dtype or dt
     for (layer, module), keys in sorted(pairs.items()):
         full = full_names[(layer, module)]
         where = f"adapter {name!r}: {wfile}: {full}"
@@ -180,6 +194,9 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
             model_config,
         )
         split_fused(scan, model_config)
+        if model_config.moe is not None or experts:
+            check_dense_on_sparse(scan.modules, scan.module_names, model_config, name)
+            scan.expert_rank = check_experts(tf, experts, config, model_config, name)
     return scan
 
 

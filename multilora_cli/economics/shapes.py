@@ -60,7 +60,8 @@ class AdapterShape:
 
     @property
     def targets(self) -> list[str]:
-        return [m for m in LINEAR_MODULES if any(s.module == m for s in self.modules)]
+        dense = [m for m in LINEAR_MODULES if any(s.module == m for s in self.modules)]
+        return dense + sorted({s.module for s in self.modules if s.module not in LINEAR_MODULES})  # MoE experts.*
 
 
 def parse_targets(text: str | None) -> tuple[str, ...]:
@@ -107,5 +108,5 @@ def shape_from_modules(
         groups[key] = groups.get(key, 0) + 1
     order = {m: k for k, m in enumerate(LINEAR_MODULES)}
     rows = [ModuleShape(m, i, o, r, n) for (m, r, i, o), n in groups.items()]
-    rows.sort(key=lambda s: (order[s.module], s.rank))
+    rows.sort(key=lambda s: (order.get(s.module, len(order)), s.module, s.rank))  # MoE experts.* rows last
     return AdapterShape(rows, source=source, dora_params=dora_params)

@@ -65,6 +65,9 @@ def load_adapter_shape(path: Path, model: ModelConfig) -> AdapterShape:
 
     adapter = load_adapter(path, path.name, model_config=model)
     entries = [(layer, mod, m.a.shape[0], m.a.shape[1], m.b.shape[0]) for (layer, mod), m in adapter.modules.items()]
+    # MoE expert LoRA (adapters/experts.py): one entry per (layer, expert), so a row's `layers` counts layer-experts
+    for (layer, part), (a, b, _) in adapter.experts.items():
+        entries += [(layer, f"experts.{part}", a.shape[1], a.shape[2], b.shape[1])] * a.shape[0]
     dora = sum(m.numel() for m in adapter.magnitudes.values())  # DoRA's magnitudes: stored and moved with A / B
     return shape_from_modules(entries, source=str(path), dora_params=dora)
 

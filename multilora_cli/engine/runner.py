@@ -128,6 +128,7 @@ class ModelRunner:
         self._slot_writer = SlotWriter(self._lora_modules, self.device)
         if dora and use_lora:  # some adapter of the run is DoRA: scale rows in every module, before graph capture
             self._slot_writer.enable_dora()
+        self._expert_modules = self.model.expert_lora_modules()  # MoE: {layer: MoeExperts} with LoRA slots
         if self.device.type == "cuda" and self._lora_modules:
             # allocated before the KV cache is sized, so their bytes are counted; one slot's worth each
             numel = sum(
@@ -161,7 +162,8 @@ class ModelRunner:
             else []
         )
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and not config.enforce_eager:
+        # MoE experts run the grouped torch path (kernels/moe_reference.py): data-dependent shapes, so no graphs
+        if self.device.type == "cuda" and not config.enforce_eager and model_config.moe is None:
             self.graphs = DecodeGraphs(
                 self.model,
                 max_num_seqs=min(config.max_num_seqs, config.max_decode_batch or config.max_num_seqs),
@@ -221,6 +223,10 @@ class ModelRunner:
     def install_adapter(self, slot: int, name: str, adapter) -> None:
         """Copy a loaded adapter (adapters.peft.LoraAdapter) into `slot` of every LoRA layer."""
         self._slot_writer.install(slot, adapter)
+        experts = getattr(adapter, "experts", {})
+        for layer, module in self._expert_modules.items():
+            parts = {p: experts[(layer, p)] for p in ("gate", "up", "down") if (layer, p) in experts}
+            module.lora.set_slot(slot, {p: (a.to(self.device), b.to(self.device), s) for p, (a, b, s) in parts.items()})
 
     def stage_adapter(self, adapter) -> bool:
         """Copy a packed adapter to the device ahead of its slot load (thread-safe; the prefetch thread calls
@@ -242,6 +248,8 @@ class ModelRunner:
 
     def evict_adapter(self, slot: int, name: str) -> None:
         self._slot_writer.clear(slot)
+        for module in self._expert_modules.values():
+            module.lora.clear_slot(slot)
 
     # --- one step --------------------------------------------------------------------------------------------
     def run(self, batch: ScheduledBatch) -> list[int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from multilora_cli.models.config import ModelConfig
+from multilora_cli.models.moe_config import moe_slot_numel, moe_weight_numel
 
 SLOT_SHARE = 0.5  # of the GPU memory left after the base weights and the KV reserve
 FLOOR_SHARE = 0.10  # slots may always take this share of the memory beside the weights (the rule before issue 38)
@@ -33,7 +34,9 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 def slot_bytes(config: ModelConfig, max_rank: int, itemsize: int) -> int:
     """Bytes of one GPU slot: A [R, in] and B [out, R] of all seven projections in every layer (the engine
-    allocates them whatever the adapters target)."""
+    allocates them whatever the adapters target); on a MoE base, the experts' slots too (E experts x rank)."""
+    if config.moe is not None:
+        return moe_slot_numel(config, max_rank) * itemsize
     per_layer = sum(max_rank * sum(config.linear_shape(m)) for m in PROJECTIONS)
     return per_layer * config.num_hidden_layers * itemsize
 
@@ -42,8 +45,12 @@ def weight_bytes(config: ModelConfig, itemsize: int, fp8: bool = False) -> int:
     """Bytes of the base model's matrices (embeddings, projections, LM head; norms and biases are noise); `fp8`:
     the decoder projections at 1 byte each (models/quantization.py)."""
     per_layer = sum(i * o for i, o in map(config.linear_shape, PROJECTIONS))
+    if config.moe is not None:  # every expert of every sparse layer
+        per_layer, layers = moe_weight_numel(config), 1
+    else:
+        layers = config.num_hidden_layers
     embed = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
-    return per_layer * config.num_hidden_layers * (1 if fp8 else itemsize) + embed * itemsize
+    return per_layer * layers * (1 if fp8 else itemsize) + embed * itemsize
 
 
 @dataclass(frozen=True, slots=True)

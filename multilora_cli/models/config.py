@@ -13,9 +13,18 @@ from pathlib import Path
 
 from multilora_cli.errors import ModelError, UnsupportedModelError
 from multilora_cli.models import hf_config
+from multilora_cli.models.moe_config import (
+    DENSE_TWIN,
+    MOE_MODEL_TYPES,
+    SHARED_MODULES,
+    MoeSpec,
+    moe_attention_fields,
+    moe_spec,
+    moe_weight_numel,
+)
 from multilora_cli.models.quantization import Fp8Format, parse_quantization, refuse_quantized_weights
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", *MOE_MODEL_TYPES)
 
 # PEFT module names of a Llama-family decoder layer, and which fused module/slice each maps to.
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -89,6 +98,7 @@ class ModelConfig:
     rope_local_scaling: dict | None = None  # Gemma 3: rope scaling of sliding layers
     partial_rotary_factor: float = 1.0  # Phi-3 family: rotate the first head_dim * factor dims only
     fused_checkpoint: bool = False  # Phi-3: qkv_proj / gate_up_proj are single tensors in checkpoints and adapters
+    moe: MoeSpec | None = None  # Mixtral, Qwen2-MoE, Qwen3-MoE: the sparse blocks (models/moe_config.py)
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -150,12 +160,17 @@ class ModelConfig:
     @property
     def peft_modules(self) -> tuple[str, ...]:
         """The linear module names of one layer in this model's checkpoints (what PEFT adapters target)."""
+        if self.moe is not None and self.moe.shared_intermediate_size:  # Qwen2-MoE: its shared expert too
+            return LINEAR_MODULES + SHARED_MODULES
         return PHI3_MODULES if self.fused_checkpoint else LINEAR_MODULES
 
     def linear_shape(self, module: str) -> tuple[int, int]:
         """(in_features, out_features) of a PEFT-named linear module (q_proj ... down_proj, and Phi-3's fused
         qkv_proj / gate_up_proj)."""
         h, i = self.hidden_size, self.intermediate_size
+        if module.startswith("shared_expert.") and self.moe is not None and self.moe.shared_intermediate_size:
+            s = self.moe.shared_intermediate_size  # Qwen2-MoE's shared expert: a dense SwiGLU of width s
+            return (s, h) if module == "shared_expert.down_proj" else (h, s)
         shapes = {
             "q_proj": (h, self.q_size),
             "k_proj": (h, self.kv_size),
@@ -191,6 +206,10 @@ class ModelConfig:
             return "local"
         return "global"
 
+    def is_sparse_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` holds a sparse MoE block (models/moe.py) instead of a dense MLP."""
+        return self.moe is not None and layer in self.moe.sparse_layers
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K + V cache bytes of one token over all layers."""
         return 2 * self.num_hidden_layers * self.kv_size * dtype_bytes
@@ -204,6 +223,14 @@ class ModelConfig:
         if self.attention_bias:
             per_layer += self.q_size + 2 * self.kv_size
         emb = self.vocab_size * self.hidden_size
+        if self.moe is not None:  # matrices counted expert by expert (models/moe_config.py)
+            per_layer -= sum(a * b for a, b in (self.linear_shape(m) for m in LINEAR_MODULES))
+            return (
+                moe_weight_numel(self)
+                + self.num_hidden_layers * per_layer
+                + emb * (1 if self.tie_word_embeddings else 2)
+                + self.hidden_size
+            )
         return self.num_hidden_layers * per_layer + emb * (1 if self.tie_word_embeddings else 2) + self.hidden_size
 
     # Parsing ------------------------------------------------------------------------------------
@@ -235,6 +262,9 @@ class ModelConfig:
                 fields = hf_config.gemma_fields(mt, cfg, where)
             elif mt == "phi3":
                 fields = hf_config.phi3_fields(cfg, where)
+            elif mt in MOE_MODEL_TYPES:
+                fields = hf_config.llama_fields(DENSE_TWIN[mt], cfg, where)
+                fields.update(moe_attention_fields(mt, cfg), moe=moe_spec(mt, cfg, fields["num_hidden_layers"]))
             else:
                 fields = hf_config.llama_fields(mt, cfg, where)
             name = name_or_path or cfg.get("_name_or_path", "")

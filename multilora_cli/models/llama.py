@@ -24,6 +24,7 @@ from multilora_cli.layers.lora import LoRALinear
 from multilora_cli.layers.norm import GemmaRMSNorm, RMSNorm
 from multilora_cli.layers.rotary import RotaryEmbedding, apply_rotary
 from multilora_cli.models.config import FUSED_MODULES, ModelConfig
+from multilora_cli.models.moe import MoeExperts, SparseMoeBlock
 
 
 class _LinearFactory:
@@ -79,9 +80,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, linear: _LinearFactory):
+    def __init__(self, cfg: ModelConfig, linear: _LinearFactory, intermediate_size: int | None = None):
         super().__init__()
-        i = cfg.intermediate_size
+        i = intermediate_size or cfg.intermediate_size
         self.intermediate_size = i
         self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"  # GeGLU (Gemma), else SwiGLU
         self.gate_up_proj = linear("gate_up_proj", cfg.hidden_size, [i, i], cfg.mlp_bias)
@@ -105,6 +106,15 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
+def _sparse_block(cfg: ModelConfig, linear: _LinearFactory) -> SparseMoeBlock:
+    """A MoE layer's MLP (models/moe.py); Qwen2-MoE's shared expert is a dense MLP whose projections are LoRA
+    targets like a dense layer's (lora_modules: "shared_expert.gate_up_proj" / "shared_expert.down_proj")."""
+    spec = cfg.moe
+    shared_linear = _LinearFactory(linear.max_loras, linear.max_rank, {"gate_up_proj", "down_proj"})
+    shared = LlamaMLP(cfg, shared_linear, spec.shared_intermediate_size) if spec.shared_intermediate_size else None
+    return SparseMoeBlock(spec, cfg.hidden_size, linear.max_loras, linear.max_rank, shared)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, linear: _LinearFactory):
         super().__init__()
@@ -116,7 +126,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.pre_feedforward_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norms else None
         self.post_feedforward_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norms else None
-        self.mlp = LlamaMLP(cfg, linear)
+        self.mlp = LlamaMLP(cfg, linear) if not cfg.is_sparse_layer(layer_idx) else _sparse_block(cfg, linear)
 
     def forward(
         self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor
@@ -254,12 +264,24 @@ class LlamaForCausalLM(nn.Module):
             for name, mod in (
                 ("qkv_proj", layer.self_attn.qkv_proj),
                 ("o_proj", layer.self_attn.o_proj),
-                ("gate_up_proj", layer.mlp.gate_up_proj),
-                ("down_proj", layer.mlp.down_proj),
+                ("gate_up_proj", getattr(layer.mlp, "gate_up_proj", None)),
+                ("down_proj", getattr(layer.mlp, "down_proj", None)),
             ):
                 if isinstance(mod, LoRALinear):
                     found[(i, name)] = mod
+            shared = getattr(layer.mlp, "shared_expert", None)  # Qwen2-MoE
+            for name in ("gate_up_proj", "down_proj") if shared is not None else ():
+                if isinstance(getattr(shared, name), LoRALinear):
+                    found[(i, f"shared_expert.{name}")] = getattr(shared, name)
         return found
+
+    def expert_lora_modules(self) -> dict[int, MoeExperts]:
+        """{layer index: MoeExperts} of every sparse layer whose experts hold LoRA slots."""
+        return {
+            i: layer.mlp.experts
+            for i, layer in enumerate(self.model.layers)
+            if isinstance(layer.mlp, SparseMoeBlock) and layer.mlp.experts.lora is not None
+        }
 
     # KV cache -------------------------------------------------------------------------------------
     def kv_bytes_per_block(self, block_size: int) -> int:

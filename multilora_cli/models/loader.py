@@ -22,13 +22,14 @@ from pathlib import Path
 
 import torch
 
-from multilora_cli.errors import ModelError
+from multilora_cli.errors import ModelError, UnsupportedModelError
 from multilora_cli.kernels import fp8 as fp8_kernels
 from multilora_cli.kernels.fp8 import DEFAULT_SMALL_M
 from multilora_cli.layers.linear import FusedLinear
 from multilora_cli.layers.norm import GemmaRMSNorm
 from multilora_cli.models.config import FUSED, ModelConfig
 from multilora_cli.models.llama import LlamaForCausalLM
+from multilora_cli.models.moe_names import expert_target, expert_view, parts_per_param, rename
 from multilora_cli.models.quantization import Fp8Format
 
 _DTYPES = {
@@ -152,6 +153,12 @@ def load_model(
     """
     if quantization is None and config.quantization is not None:
         quantization = config.quantization  # an FP8 checkpoint is never read as if it were not
+    if quantization is not None and config.moe is not None:
+        # the experts are 3D parameters outside FusedLinear: FP8 experts would be cast without their scales
+        raise UnsupportedModelError(
+            f"{path}: FP8 mixture-of-experts bases are not served yet (FP8 is served on dense bases)",
+            hint="serve the bf16 checkpoint of this model",
+        )
     fp8 = quantization.scheme(fp8_small_m) if quantization is not None else None
     model_kw = {"max_loras": max_loras, "max_lora_rank": max_lora_rank, "lora_targets": lora_targets, "fp8": fp8}
     if load_format == "dummy":
@@ -168,6 +175,7 @@ def load_model(
         model = LlamaForCausalLM(config, **model_kw)
     params = dict(model.named_parameters())  # tied lm_head.weight is deduplicated away
     todo = {(n, i) for n, p in params.items() for i in range(_num_slices(model, n))}
+    experts_done: dict[str, set] = {}  # 3D expert parameter -> {(expert, part)} loaded from per-expert tensors
     by_file: dict[Path, list[str]] = {}
     for name, f in files.items():
         by_file.setdefault(f, []).append(name)
@@ -179,7 +187,12 @@ def load_model(
                 raise _unreadable(file, e) from None
             with f:
                 for name in names:
-                    pname, idx = _target(name)
+                    hit = expert_target(name) if config.moe is not None else None
+                    if hit is not None and hit[0] in params:
+                        _copy_expert(params[hit[0]], hit, f, name, file)
+                        experts_done.setdefault(hit[0], set()).add(hit[1:])
+                        continue
+                    pname, idx = _target(rename(name) if config.moe is not None else name)
                     if pname not in params:
                         # inv_freq buffers, a tied lm_head, towers of multimodal checkpoints: nothing of ours
                         continue
@@ -190,6 +203,9 @@ def load_model(
                     todo.difference_update(
                         _copy_into(model, params[pname], pname, idx, tensor, name, file, quantization)
                     )
+    for pname, done in experts_done.items():
+        if len(done) == params[pname].shape[0] * parts_per_param(pname):
+            todo.discard((pname, 0))
     if todo:
         missing = sorted(_hf_name(n, i) for n, i in todo)
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -198,6 +214,24 @@ def load_model(
             hint="the checkpoint does not match its config.json",
         )
     return model.eval()
+
+
+def _copy_expert(param: torch.Tensor, hit: tuple[str, int, str], f, name: str, file: Path) -> None:
+    """Copy one expert's checkpoint tensor into its rows of a 3D expert parameter (models/moe_names.py)."""
+    pname, expert, part = hit
+    if expert >= param.shape[0]:
+        raise ModelError(f"{file}: tensor {name} is expert {expert}, but the config has {param.shape[0]} experts")
+    dst = expert_view(param, expert, part)
+    try:
+        tensor = f.get_tensor(name)
+    except Exception as e:  # noqa: BLE001 - a shard's index names a tensor the file lacks, I/O
+        raise _unreadable(file, e, name) from None
+    if tuple(tensor.shape) != tuple(dst.shape):
+        raise ModelError(
+            f"{file}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}",
+            hint="the checkpoint does not match its config.json",
+        )
+    dst.copy_(tensor)
 
 
 def _module_of(model: torch.nn.Module, pname: str) -> torch.nn.Module:

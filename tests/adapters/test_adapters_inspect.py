@@ -184,7 +184,7 @@ CASES = {
     "rank_mismatch": (["has rank 8 but adapter_config.json gives it r=16"], True),
     "untargeted": (["v_proj has LoRA tensors but adapter_config.json target_modules does not select it"], True),
     "pair_shapes": (["lora_A (8, 64) and lora_B (64, 4) are not a [r, in] / [out, r] pair"], True),
-    "odd_key": (["LoRA on a module multilora does not serve", "experts.0.gate_proj"], True),
+    "odd_key": (["experts.0.gate_proj is expert LoRA (mixture of experts)", "(llama) has no experts"], True),
     "base_shape": (
         ["does not fit base model", "(it was trained on", "maps 64 -> 64 features", "maps 128 -> 128"],
         True,

@@ -1,5 +1,5 @@
 """`inspect`'s verdict agrees with `run`: an adapter whose own base (a local folder) is of an architecture `run`
-refuses (Gemma 1, Mixtral, GPT-2) is not servable, by the same ModelConfig check, with the reason on one line."""
+refuses (Gemma 1, Granite, GPT-2) is not servable, by the same ModelConfig check, with the reason on one line."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def unserved_base(tmp_path, arch: str):
     """A base folder whose config.json is a real transformers config of `arch` (tiny sizes); no weights needed."""
     import transformers as tf
 
-    cls = {"gemma": tf.GemmaConfig, "mixtral": tf.MixtralConfig}[arch]
+    cls = {"gemma": tf.GemmaConfig, "granite": tf.GraniteConfig}[arch]
     base = tmp_path / arch
     base.mkdir()
     (base / "config.json").write_text(cls(**builders.TINY).to_json_string())
@@ -30,14 +30,14 @@ def on_base(good_adapter, tmp_path, base):
     return path
 
 
-@pytest.mark.parametrize("arch", ["gemma", "mixtral"])
+@pytest.mark.parametrize("arch", ["gemma", "granite"])
 def test_unserved_architecture_makes_the_adapter_not_servable(cli, good_adapter, tmp_path, arch):
     base = unserved_base(tmp_path, arch)
     adapter = on_base(good_adapter, tmp_path, base)
     rc, out, err = cli("inspect", adapter)
     assert rc == 1 and "servable by multilora: no" in out and "yes" not in out.split("servable by multilora")[-1]
     want = f"adapter '{adapter}': its base model {base} is not servable: model type '{arch}' is not supported"
-    served = "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3"
+    served = "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, mixtral, qwen2_moe, qwen3_moe"
     assert err.startswith(f"error: {want} (multilora serves {served})"), err
     assert len(err.strip().splitlines()) == 1
     rep = json.loads(cli("inspect", adapter, "--json")[1])

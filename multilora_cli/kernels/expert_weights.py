@@ -1,0 +1,78 @@
+"""`ExpertLoraWeights`: the LoRA slots of one sparse MoE block's experts (every adapter slot x every expert).
+
+    gu_a:     [L, E, 2R, H]   lora_A of gate (rows 0..R) and up (rows R..2R), zero past each slice's rank
+    gu_b:     [L, E, 2I, 2R]  lora_B block-diagonal: gate rows 0..I read columns 0..R, up rows I..2I columns R..2R
+    gu_scale: [L, 2R] float32 scaling of each rank column (alpha / r of its slice; 0 = not adapted)
+    dn_a:     [L, E, R, I]    lora_A of down;  dn_b: [L, E, H, R];  dn_scale: [L, R] float32
+Unused rank rows hold zeros and scale 0, so one shrink / expand per (expert, slot) covers both gate_up slices and
+any rank <= R exactly. A slot's bytes: E * (2R * H + 2I * 2R + R * I + H * R) values (`slot_numel`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class ExpertLoraWeights:
+    gu_a: torch.Tensor
+    gu_b: torch.Tensor
+    gu_scale: torch.Tensor
+    dn_a: torch.Tensor
+    dn_b: torch.Tensor
+    dn_scale: torch.Tensor
+
+    @classmethod
+    def empty(cls, max_loras: int, max_rank: int, num_experts: int, hidden: int, inter: int, dtype, device):
+        L, E, R = max_loras, num_experts, max_rank
+
+        def z(*shape, dt=dtype):
+            return torch.zeros(*shape, dtype=dt, device=device)
+
+        return cls(
+            z(L, E, 2 * R, hidden),
+            z(L, E, 2 * inter, 2 * R),
+            z(L, 2 * R, dt=torch.float32),
+            z(L, E, R, inter),
+            z(L, E, hidden, R),
+            z(L, R, dt=torch.float32),
+        )
+
+    @property
+    def max_loras(self) -> int:
+        return self.gu_a.shape[0]
+
+    @property
+    def max_rank(self) -> int:
+        return self.dn_a.shape[2]
+
+    @staticmethod
+    def slot_numel(max_rank: int, num_experts: int, hidden: int, inter: int) -> int:
+        """Values one slot holds in one MoE block."""
+        r = max_rank
+        return num_experts * (2 * r * hidden + 2 * inter * 2 * r + r * inter + hidden * r)
+
+    def clear_slot(self, slot: int) -> None:
+        for t in (self.gu_a, self.gu_b, self.gu_scale, self.dn_a, self.dn_b, self.dn_scale):
+            t[slot].zero_()
+
+    def set_slot(self, slot: int, parts: dict[str, tuple[torch.Tensor, torch.Tensor, float]]) -> None:
+        """parts: {"gate" | "up" | "down": (A [E, r, in], B [E, out, r], scaling)}; a missing part is not adapted."""
+        self.clear_slot(slot)
+        R, inter = self.max_rank, self.dn_a.shape[3]
+        for name, (a, b, scaling) in parts.items():
+            r = a.shape[1]
+            if r > R:
+                raise ValueError(f"expert LoRA {name}: rank {r} > max rank {R}")
+            if name == "down":
+                self.dn_a[slot, :, :r] = a
+                self.dn_b[slot, :, :, :r] = b
+                self.dn_scale[slot, :r] = scaling
+                continue
+            col = 0 if name == "gate" else R
+            rows = slice(0, inter) if name == "gate" else slice(inter, 2 * inter)
+            self.gu_a[slot, :, col : col + r] = a
+            self.gu_b[slot, :, rows, col : col + r] = b
+            self.gu_scale[slot, col : col + r] = scaling
