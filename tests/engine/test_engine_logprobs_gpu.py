@@ -1,7 +1,9 @@
 """Logprobs, prompt logprobs and scoring on CUDA (skipped without a GPU): a mixed-adapter batch with decode CUDA
 graphs (the logprobs are computed outside the graph from the logits it returns) and with run-ahead steps, against
 HF + PEFT in fp32 on the CPU: bf16 within 2e-2, fp32 within 1e-4, for every completion logprob (of the engine's
-own tokens), the top-1 logprob, every prompt logprob and each scoring line's logprob."""
+own tokens), the top-1 logprob, every prompt logprob and each scoring line's logprob. bf16: within 2e-2, or within
+1.5x of the error HF's own bf16 model makes against its fp32 on the same sequences where that is larger (the
+tiny model's bf16 weights alone put some logprobs 0.027 off fp32; a bound below that no bf16 engine can meet)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ def setup(tmp_path_factory):
 
 
 def _hf_lp(pm, adapter, ids) -> torch.Tensor:
+    """[len(ids), V] fp32 log-softmax of HF + PEFT (pm's dtype) for `ids` under `adapter` (None: base)."""
     with torch.no_grad():
         if adapter is None:
             with pm.disable_adapter():
@@ -63,23 +66,39 @@ def test_logprobs_close_to_hf_fp32(setup, dtype, eager):
     pairs = [("w1 w2 w3", " w4 w5"), ("w9 w8 w7 w6", " w11 w12 w13")]
     for j, (ctx, cont) in enumerate(pairs):
         reqs.append(Request(key=len(PLAN) + j, id=f"s{j}", adapter=PLAN[j], prompt=ctx, continuation=cont))
+    ours, ref, hf16 = [], [], []  # every checked logprob: ours, HF fp32's, HF bf16's
+
+    def check(got_lp: float, ids, adapter, pos: int, tok: int | None) -> None:
+        """ours vs HF at position `pos` of `ids`: the logprob of `tok` (None: the top-1 logprob)."""
+        for model, out in ((pm, ref), (pm16, hf16)):
+            if model is not None:
+                row = _hf_lp(model, adapter, ids)[pos]
+                out.append(row.max().item() if tok is None else row[tok].item())
+        ours.append(got_lp)
+
+    pm16 = None
+    if dtype == "bfloat16":
+        import copy
+
+        pm16 = copy.deepcopy(pm).to(torch.bfloat16)
     try:
         got = engine.generate_all(reqs)
         for req, res in zip(reqs, got):
             assert res.error is None
             if req.is_scoring:
                 whole, n_ctx = encode_pair(engine.tokenizer, req.prompt, req.continuation)
-                lp = _hf_lp(pm, req.adapter, whole[:-1])
-                want = [lp[n_ctx - 1 + j, t].item() for j, t in enumerate(whole[n_ctx:])]
-                assert res.score.token_logprobs == pytest.approx(want, abs=tol)
+                for j, t in enumerate(whole[n_ctx:]):
+                    check(res.score.token_logprobs[j], whole[:-1], req.adapter, n_ctx - 1 + j, t)
                 continue
             prompt, out = req.prompt_token_ids, res.token_ids
-            lp = _hf_lp(pm, req.adapter, prompt + out)
             for i, e in enumerate(res.samples[0].logprobs):
-                row = lp[len(prompt) - 1 + i]
-                assert abs(e.logprob - row[out[i]].item()) < tol
-                assert abs(e.top[0][2] - row.max().item()) < tol
+                check(e.logprob, prompt + out, req.adapter, len(prompt) - 1 + i, out[i])
+                check(e.top[0][2], prompt + out, req.adapter, len(prompt) - 1 + i, None)
             for j, e in enumerate(res.prompt_logprobs[1:], start=1):
-                assert abs(e.logprob - lp[j - 1, prompt[j]].item()) < tol
+                check(e.logprob, prompt + out, req.adapter, j - 1, prompt[j])
+        ours_t, ref_t = torch.tensor(ours), torch.tensor(ref)
+        if pm16 is not None:  # the bf16 weights' own error, as HF's bf16 model makes it on the same sequences
+            tol = max(tol, 1.5 * (torch.tensor(hf16) - ref_t).abs().max().item())
+        assert (ours_t - ref_t).abs().max().item() < tol
     finally:
         engine.close()

@@ -20,6 +20,11 @@ def test_mixed_batch_on_cuda_matches_hf_peft_cpu(tmp_path, arch):
     adapters["module"] = build_module_adapter(base, tmp_path / "module", arch)
     plan = ["experts", None, "attn", "both", "module", "experts", None, "both", "module", "attn"]
     prompts = _prompts(len(plan))
-    cfg = EngineConfig(model=str(base), device="cuda", dtype="float32", max_loras=2, max_lora_rank=8)
-    got = Engine(cfg, adapters).generate_all(_requests(prompts, plan))
+    # a fixed KV size: sized from free memory, the engine would take 90% of the card from the tests after it
+    cfg = EngineConfig(model=str(base), device="cuda", dtype="float32", max_loras=2, max_lora_rank=8, num_kv_blocks=64)
+    engine = Engine(cfg, adapters)
+    try:
+        got = engine.generate_all(_requests(prompts, plan))
+    finally:
+        engine.close()
     _check(got, _hf(base, adapters, prompts, plan))
