@@ -53,7 +53,10 @@ def _free(device: torch.device) -> None:
 def engine_config(
     work: Workload, model_dir: Path, device: torch.device, *, enforce_eager: bool = False
 ) -> EngineConfig:
-    """Engine settings of a row: dummy weights, KV sized for max_num_seqs full-length sequences (+1 block each)."""
+    """Engine settings of a row: dummy weights, KV sized for max_num_seqs full-length sequences (+1 block each);
+    a workload without its own slots gets `multilora run`'s default (`resolve_slots`)."""
+    if work.max_loras is None:
+        work, _ = resolve_slots(work, ModelConfig.from_dir(model_dir), device)
     block = 16
     per_seq = -(-(work.total_prompt_len + work.output_len) // block) + 1
     return EngineConfig(
