@@ -46,8 +46,9 @@ def slot_choice(cfg: RunConfig, pf, n_adapters: int, econf: EngineConfig):
         return choose_max_loras(SlotInputs(n_adapters, 0, None), given=pf.max_loras)
     eng, mc = cfg.engine, pf.model_config
     fp8 = eng.quantization == "fp8" or mc.quantization is not None  # FP8 base: more room for slots
+    spare = spare_gpu_bytes(eng.device, mc, eng.itemsize, eng.gpu_memory_utilization, fp8=fp8)  # None: CPU
     one = slot_bytes(mc, pf.max_lora_rank, eng.itemsize)
-    if any(s.config.use_dora for s in pf.scans.values()):  # DoRA's float32 scale rows in every slot
+    if spare is not None and any(s.config.use_dora for s in pf.scans.values()):  # DoRA's fp32 rows in every slot
         from multilora_cli.adapters.costs import dora_slot_bytes
 
         one += dora_slot_bytes(mc)
@@ -55,7 +56,7 @@ def slot_choice(cfg: RunConfig, pf, n_adapters: int, econf: EngineConfig):
         SlotInputs(
             adapters=n_adapters,
             one_slot=one,
-            spare=spare_gpu_bytes(eng.device, mc, eng.itemsize, eng.gpu_memory_utilization, fp8=fp8),
+            spare=spare,
             max_num_seqs=econf.max_num_seqs,
             context=reserve_context(econf.max_model_len, mc.max_position_embeddings),
             kv_token=mc.kv_bytes_per_token(eng.itemsize),

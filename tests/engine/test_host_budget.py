@@ -44,7 +44,8 @@ def test_a_run_sizes_its_host_cache_from_the_scans(capsys):
     from multilora_cli.run.setup import engine_config
     from tests.engine.test_slot_budget import LLAMA3_8B
 
-    scan = SimpleNamespace(stored_dtype=torch.float32, stored_nbytes=2 * MB)  # 1 MB each once packed in bf16
+    # 1 MB each once packed in bf16; plain LoRA
+    scan = SimpleNamespace(stored_dtype=torch.float32, stored_nbytes=2 * MB, config=SimpleNamespace(use_dora=False))
     good = {f"a{i}": None for i in range(300)}
     pf = SimpleNamespace(
         max_loras=8, max_lora_rank=16, model_config=LLAMA3_8B, model_path="/m", scans={n: scan for n in good}
