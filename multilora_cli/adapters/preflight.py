@@ -16,7 +16,7 @@ from pathlib import Path
 from multilora_cli.adapters.base_match import mismatch_warnings
 from multilora_cli.adapters.config import CONFIG_NAME, AdapterConfig
 from multilora_cli.adapters.resolve import looks_like_path, resolve
-from multilora_cli.errors import AdapterError, MultiloraError, ResolveError, UsageError
+from multilora_cli.errors import AdapterError, MultiloraError, ResolveError, UnsupportedAdapterError, UsageError
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.generation_unapplied import unapplied_warning
 from multilora_cli.paths import expand_user
@@ -127,13 +127,19 @@ def adapter_base(adapter_path: Path, config: AdapterConfig) -> str | None:
 
 
 def preflight(
-    specs: dict[str, str], model: str | None, *, max_loras: int | None = None, max_lora_rank: int | None = None
+    specs: dict[str, str],
+    model: str | None,
+    *,
+    max_loras: int | None = None,
+    max_lora_rank: int | None = None,
+    fp8: bool = False,
 ) -> Preflight:
     """Resolve and validate every adapter against the base model; size the slot pool.
 
-    model: the --model given, else the adapters' (agreeing) base_model_name_or_path. Raises UsageError when
-    no base can be determined or adapters disagree, ResolveError / ModelError for a bad base; per-adapter
-    problems land in `Preflight.errors`.
+    model: the --model given, else the adapters' (agreeing) base_model_name_or_path. fp8: the run quantizes the
+    base (--quantization fp8; an FP8 checkpoint counts anyway). Raises UsageError when no base can be determined
+    or adapters disagree, ResolveError / ModelError for a bad base; per-adapter problems land in
+    `Preflight.errors`.
     """
     if max_loras is not None and max_loras < 1:
         raise UsageError(f"--max-loras must be at least 1, got {max_loras}")
@@ -181,6 +187,14 @@ def preflight(
             errors[name] = AdapterError(
                 f"adapter {name!r} has rank {adapter.max_rank}, above --max-lora-rank {max_lora_rank}",
                 hint=f"raise --max-lora-rank to {adapter.max_rank}",
+            )
+            continue
+        if adapter.config.use_dora and (fp8 or model_config.quantization is not None):
+            # DoRA's norms ||W + s·B·A|| need the base weights unquantized (engine/dora.py): this adapter fails,
+            # the others run
+            errors[name] = UnsupportedAdapterError(
+                f"adapter {name!r} uses DoRA, which is not served on an FP8 base",
+                hint="run it on the bf16 / fp16 checkpoint, without --quantization fp8",
             )
             continue
         ranks[name] = adapter.max_rank

@@ -27,10 +27,11 @@ def _find(rows: list[dict], system: str, **want) -> dict | None:
 
 def target_ratios(rows: list[dict], reference_adapters: int = 64) -> dict:
     """Ratios of the issue's targets from whatever rows exist (None where a row is missing)."""
-    # the reference row: 64 adapters in 64 slots, given (`64/64`) or chosen by the run's default rule (`64`)
+    # the reference row: 64 adapters in 64 slots (`64/64`), else the last uniform 64-adapter row whatever slots
+    # the run's default rule gave it (`64`: rows record the resolved count)
     ref = _find(
         rows, "multilora", num_adapters=reference_adapters, distribution="uniform", max_loras=reference_adapters
-    ) or _find(rows, "multilora", num_adapters=reference_adapters, distribution="uniform", max_loras=None)
+    ) or _find(rows, "multilora", num_adapters=reference_adapters, distribution="uniform")
     out = {name: None for name in TARGETS}
     if ref is None:
         return out
@@ -52,14 +53,7 @@ def target_ratios(rows: list[dict], reference_adapters: int = 64) -> dict:
     out["decode_vs_roofline"] = ref["decode_vs_roofline"]
     if wide:
         out["256_adapters_64_slots_vs_64"] = wide["tokens_per_s"] / ref["tokens_per_s"]
-    dora = _find(
-        rows,
-        "multilora-dora",
-        num_adapters=reference_adapters,
-        max_loras=ref["workload"].get("max_loras"),
-        distribution="uniform",
-        preset=preset,
-    )
+    dora = _find(rows, "multilora-dora", num_adapters=reference_adapters, distribution="uniform", preset=preset)
     if dora:
         out["dora_vs_lora"] = dora["tokens_per_s"] / ref["tokens_per_s"]
     return out

@@ -81,19 +81,27 @@ def engine_config(
     )
 
 
-def resolve_slots(work: Workload, cfg: ModelConfig, device: torch.device) -> tuple[Workload, SlotChoice]:
+def resolve_slots(
+    work: Workload, cfg: ModelConfig, device: torch.device, dora: bool = False
+) -> tuple[Workload, SlotChoice]:
     """The row's slots: its own, else `multilora run`'s default on this device (engine/slot_budget.py), for the
     KV the row allocates (max_num_seqs sequences of prompt + output tokens)."""
     if work.max_loras is not None:
         return work, SlotChoice(work.max_loras, f"--max-loras {work.max_loras}")
     itemsize = 2 if device.type == "cuda" else 4  # engine_config: bfloat16 on a GPU, float32 on CPU
+    one = slot_bytes(cfg, max(16, work.rank), itemsize)
+    if dora:  # run/setup.slot_choice counts DoRA's fp32 scale rows in every slot
+        from multilora_cli.adapters.costs import dora_slot_bytes
+
+        one += dora_slot_bytes(cfg)
+    fp8 = work.quantization == "fp8"
     choice = choose_max_loras(
         SlotInputs(
             adapters=work.num_adapters,
-            one_slot=slot_bytes(cfg, max(16, work.rank), itemsize),
-            spare=spare_gpu_bytes(device.type, cfg, itemsize, GPU_MEMORY_UTILIZATION),
+            one_slot=one,
+            spare=spare_gpu_bytes(device.type, cfg, itemsize, GPU_MEMORY_UTILIZATION, fp8=fp8),
             max_num_seqs=work.max_num_seqs,
-            context=work.prompt_len + work.output_len,
+            context=work.total_prompt_len + work.output_len,
             kv_token=cfg.kv_bytes_per_token(itemsize),
         )
     )
@@ -117,7 +125,7 @@ def run_multilora_row(
     """Time one multilora configuration (`base_only`: no adapters, no LoRA layers at all; `dora`: the adapters
     are DoRA adapters, their warm-up adapters too)."""
     cfg = ModelConfig.from_dir(model_dir)
-    work, slots = resolve_slots(work, cfg, device)
+    work, slots = resolve_slots(work, cfg, device, dora=dora)
     econf = engine_config(work, model_dir, device, enforce_eager=enforce_eager)
     source = None
     n_warm = max(min(work.num_requests, 2 * work.max_num_seqs), work.n)  # warm-up requests

@@ -274,6 +274,10 @@ class ModelRunner:
         # the constrained rows' mask, computed on a worker thread while the forward is queued (engine/grammar/)
         mask = None
         if self.grammar is not None:
+            if self.graphs is not None and self.graphs.can_run(batch):
+                # a lazy capture must not run while the worker waits on the previous step's event: a capture
+                # in the default (global) mode forbids other threads' CUDA calls, so capture first
+                self.graphs.capture([self.graphs.bucket(batch.num_seqs)])
             read_prev = (lambda: self._read_ids(prev)) if batch.ahead else None
             mask = self.grammar.begin(batch.sampled_seqs(), read_prev)
         long_from = self.model.long_rope_from

@@ -44,16 +44,33 @@ def open_input(path: str) -> tuple[BinaryIO, str]:
 
 def count_records(path: str) -> int | None:
     """Non-blank lines of a regular file (for the progress total); None for stdin, pipes and FIFOs."""
+    lines = _file_lines(path)
+    return None if lines is None else sum(1 for _ in lines)
+
+
+def _file_lines(path: str) -> Iterator[bytes] | None:
+    """The non-blank lines of a regular file (BOMs dropped), read once on demand; None for stdin, pipes, FIFOs
+    and a file that cannot be opened (the reader reports it)."""
     if path == "-":
         return None
     try:
         p = expand_user(path)
         if not stat.S_ISREG(os.stat(p).st_mode):
             return None
-        with open(p, "rb") as f:
-            return sum(1 for line in f if _content(line))
+        f = open(p, "rb")
     except OSError:
         return None
+    return _lines_of(f)
+
+
+def _lines_of(f: BinaryIO) -> Iterator[bytes]:
+    with f:
+        try:
+            for raw in f:
+                if line := _content(raw):
+                    yield line
+        except OSError:
+            return
 
 
 def count_sequences(path: str, max_n: int = 128) -> int | None:
@@ -61,21 +78,10 @@ def count_sequences(path: str, max_n: int = 128) -> int | None:
     (simple `n`, or OpenAI `body.n`; 1 without one, `max_n` when the line cannot be read far enough to tell).
     Only lines that mention `"n"` are parsed, so this costs one read of the file. None for stdin, pipes, FIFOs.
     The engine captures CUDA graphs and compiles kernels only for decode batches up to this bound."""
-    if path == "-":
+    lines = _file_lines(path)
+    if lines is None:
         return None
-    try:
-        p = expand_user(path)
-        if not stat.S_ISREG(os.stat(p).st_mode):
-            return None
-        total = 0
-        with open(p, "rb") as f:
-            for line in f:
-                line = _content(line)
-                if line:
-                    total += _line_n(line, max_n) if b'"n"' in line else 1
-        return total
-    except OSError:
-        return None
+    return sum(_line_n(line, max_n) if b'"n"' in line else 1 for line in lines)
 
 
 def _line_n(raw: bytes, max_n: int) -> int:

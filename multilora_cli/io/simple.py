@@ -107,7 +107,7 @@ class SimpleFormat:
             spec.fail(f"continuation must be a string, got {json_type(cont)}")
         elif not cont:
             spec.fail("continuation is empty: a scoring line scores at least one token", "empty_continuation")
-        elif (other := next((k for k in NOT_WITH_SCORING if obj.get(k) not in (None, False, 1)), None)) is not None:
+        elif (other := next((k for k in NOT_WITH_SCORING if not _no_op(k, obj.get(k))), None)) is not None:
             spec.fail(
                 f"a scoring line (prompt + continuation) takes no {other!r}: it generates nothing and its record "
                 "is the continuation's logprobs (use prompt_logprobs on a generation line for the prompt's)"
@@ -189,3 +189,11 @@ class SimpleFormat:
     @staticmethod
     def _adapter(spec: LineSpec) -> Any:
         return spec.meta.get("adapter_raw", spec.adapter)
+
+
+def _no_op(key: str, value) -> bool:
+    """Whether a field on a scoring line asks for nothing: absent, false, or n given as the integer 1 (not true:
+    True == 1 in Python, and "logprobs": true must not pass for a no-op)."""
+    if value is None or value is False:
+        return True
+    return key == "n" and type(value) is int and value == 1

@@ -22,7 +22,13 @@ def preflight_run(cfg: RunConfig):
     from multilora_cli.adapters.preflight import parse_adapter_specs, preflight
 
     specs = parse_adapter_specs(cfg.adapters, cfg.adapter_dir)
-    pf = preflight(specs, cfg.model, max_loras=cfg.max_loras, max_lora_rank=cfg.max_lora_rank)
+    pf = preflight(
+        specs,
+        cfg.model,
+        max_loras=cfg.max_loras,
+        max_lora_rank=cfg.max_lora_rank,
+        fp8=cfg.engine.quantization == "fp8",
+    )
     for name, err in pf.errors.items():
         note(f"warning: adapter {name!r} failed pre-flight; lines naming it get error records: {why(name, err)}")
     for w in pf.warnings:

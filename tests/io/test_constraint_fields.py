@@ -43,3 +43,14 @@ def test_shapes():
 def test_malformed_fields_are_config_errors(fields, words):
     with pytest.raises(ConfigError, match=words):
         parse_constraint(fields)
+
+
+@pytest.mark.parametrize(
+    "extra", [{"logprobs": True}, {"logprobs": 1}, {"prompt_logprobs": 0}, {"n": True}, {"n": 2}, {"regex": "a+"}]
+)
+def test_a_scoring_line_refuses_what_would_shape_a_generation(extra):
+    """True == 1 and 0 == False in Python: a scoring line must not take them for the no-op values."""
+    from multilora_cli.io.simple import SimpleFormat
+
+    spec = SimpleFormat().parse({"id": "s", "prompt": "ctx", "continuation": " x", **extra}, 0, 1)
+    assert spec.error is not None, extra

@@ -59,3 +59,23 @@ def test_mixed_batch_equals_each_line_alone(mixed, tmp_path):
     lines = LINES[: len(ADAPTERS)]  # one prompt, every adapter and the base
     together = _run(tmp_path, dynamic, adapters, lines)
     assert together == [_run(tmp_path, dynamic, adapters, [line])[0] for line in lines]
+
+
+def test_a_dora_adapter_on_an_fp8_base_fails_its_own_lines(mixed, tmp_path):
+    """DoRA's norms need the unquantized base weights: on an FP8 base (flag or checkpoint) a DoRA adapter fails
+    pre-flight and its lines get error records; the other adapters' lines run (exit 3)."""
+    from tests.builders import build_adapter
+
+    base, adapters, _, dynamic = mixed
+    dora = build_adapter(base, tmp_path / "dora", r=4, alpha=8, targets=("q_proj", "v_proj"), use_dora=True, seed=5)
+    name = next(iter(adapters))
+    lines = [{"id": "d", "prompt": PROMPTS[0], "adapter": "dora"}, {"id": "p", "prompt": PROMPTS[0], "adapter": name}]
+    for model, flags in ((dynamic, []), (base, ["--quantization", "fp8"])):
+        inp, out = write_jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+        rc, _, err = run_cli(
+            ["run", str(inp), "-m", str(model), "-a", f"dora={dora}", "-a", f"{name}={adapters[name]}", "-o", str(out)]
+            + [*flags, "--device", "cpu", "--dtype", "float32", "--max-tokens", "2", "-q"]
+        )
+        got = {r["id"]: r for r in read_jsonl(out)}
+        assert rc == 3 and "DoRA, which is not served on an FP8 base" in err, err
+        assert "error" in got["d"] and "error" not in got["p"]
