@@ -113,8 +113,7 @@ class Engine:
             max_lora_rank=config.max_lora_rank,
         )
         self._next_seq_id = 0
-        self._token_texts: dict[int, str] = {}  # token id -> its text, for logprobs
-        self._anchor: tuple[int, str] | None = None  # (token id, its text) that _token_text decodes after
+        self._token_texts: list[str] | None = None  # token id -> its text, for logprobs (_token_text)
         self._prefix_ids: dict[str | None, str | None] = {}  # adapter -> its prefix-cache identity (_prefix_id)
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
@@ -371,22 +370,28 @@ class Engine:
         return req.prompt if req.prompt is not None else self.tokenizer.decode(seq.prompt_token_ids)
 
     def _token_text(self, token_id: int) -> str:
-        """A token's text as it reads after another token (special tokens kept), cached per id: decoded after an
-        anchor token and the anchor's text cut off, so a SentencePiece word token keeps its leading space as it
-        has in the completion's text (decoded alone, "▁word" loses it). A special token is its own text."""
-        text = self._token_texts.get(token_id)
-        if text is None:
-            tok = self.tokenizer
-            if self._anchor is None:
-                ids = tok.encode("a", add_special_tokens=False)
-                self._anchor = (ids[0], tok.decode(ids[:1], skip_special_tokens=False)) if ids else (-1, "")
-            a, a_text = self._anchor
-            text = tok.decode([token_id], skip_special_tokens=False)
-            if a >= 0 and tok.decode([token_id]):  # (a special token, e.g. BOS, stays as it is)
-                both = tok.decode([a, token_id], skip_special_tokens=False)
-                text = both[len(a_text) :] if both.startswith(a_text) else text
-            self._token_texts[token_id] = text
-        return text
+        """A token's text as it reads after another token (special tokens kept): decoded after an anchor token
+        and the anchor's text cut off, so a SentencePiece word token keeps its leading space as it has in the
+        completion's text (decoded alone, "▁word" loses it). A special token is its own text. The whole
+        vocabulary's texts are decoded in three batched calls the first time one is asked for (per-id decodes
+        cost ~3 tokenizer calls a token: tens of seconds for a logprobs run of a 128k vocabulary)."""
+        if self._token_texts is None:
+            self._token_texts = self._all_token_texts()
+        if 0 <= token_id < len(self._token_texts):
+            return self._token_texts[token_id]
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)  # past the tokenizer's ids: padding
+
+    def _all_token_texts(self) -> list[str]:
+        tok = self.tokenizer
+        ids = [[t] for t in range(tok.size)]
+        plain = tok.decode_batch(ids, skip_special_tokens=False)
+        normal = tok.decode_batch(ids, skip_special_tokens=True)  # "" for a special token
+        anchor = tok.encode("a", add_special_tokens=False)
+        if not anchor:
+            return plain
+        a_text = tok.decode(anchor[:1], skip_special_tokens=False)
+        both = tok.decode_batch([[anchor[0], t] for t in range(tok.size)], skip_special_tokens=False)
+        return [b[len(a_text) :] if n and b.startswith(a_text) else p for p, n, b in zip(plain, normal, both)]
 
     def _entry(self, token_id: int, row: tuple) -> TokenLogprob:
         """A raw logprob row (engine/logprobs.py) of `token_id` -> TokenLogprob with token texts."""

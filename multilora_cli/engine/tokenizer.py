@@ -197,6 +197,15 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def decode_batch(self, seqs: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """`decode` of each id list, in one call (the backend decodes them in parallel)."""
+        return self.backend.decode_batch(seqs, skip_special_tokens=skip_special_tokens)
+
+    @property
+    def size(self) -> int:
+        """Ids the tokenizer knows (added tokens included); a model's vocabulary may be padded beyond it."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
     # --- chat ----------------------------------------------------------------------------------------------
     @property
     def has_chat_template(self) -> bool:
