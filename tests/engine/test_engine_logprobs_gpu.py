@@ -15,6 +15,7 @@ from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.scoring import encode_pair
 from tests.builders import build_mixed, load_peft
+from tests.engine.test_engine_logprobs import _hf_logprobs as _hf_lp
 
 pytestmark = pytest.mark.gpu
 
@@ -26,18 +27,6 @@ TOL = {"bfloat16": 2e-2, "float32": 1e-4}
 def setup(tmp_path_factory):
     base, adapters = build_mixed(tmp_path_factory.mktemp("gpu_lp"), "llama")
     return base, adapters, load_peft(base, adapters)
-
-
-def _hf_lp(pm, adapter, ids) -> torch.Tensor:
-    """[len(ids), V] fp32 log-softmax of HF + PEFT (pm's dtype) for `ids` under `adapter` (None: base)."""
-    with torch.no_grad():
-        if adapter is None:
-            with pm.disable_adapter():
-                logits = pm(input_ids=torch.tensor([ids])).logits[0]
-        else:
-            pm.set_adapter(adapter)
-            logits = pm(input_ids=torch.tensor([ids])).logits[0]
-    return torch.log_softmax(logits.float(), dim=-1)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
