@@ -12,7 +12,8 @@ import torch
 from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
-from tests.builders import build_adapter, build_base, build_tokenizer, load_peft
+from tests.builders import build_adapter, build_base, build_tokenizer
+from tests.engine.test_engine_generate import _hf_greedy
 
 NEW = 5
 KINDS = {  # name -> build_adapter kwargs
@@ -46,24 +47,6 @@ def _requests(prompts, plan, new: int = NEW) -> list[Request]:
     ]
 
 
-def _hf_greedy(base, adapters, prompts, plan) -> list[list[int]]:
-    pm = load_peft(base, adapters)
-    out = []
-    with torch.no_grad():
-        for p, a in zip(prompts, plan):
-            ids = torch.tensor([p])
-            for _ in range(NEW):
-                if a is None:
-                    with pm.disable_adapter():
-                        logits = pm(input_ids=ids).logits
-                else:
-                    pm.set_adapter(a)
-                    logits = pm(input_ids=ids).logits
-                ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-            out.append(ids[0, len(p) :].tolist())
-    return out
-
-
 def _engine(base, adapters, **kw) -> Engine:
     return Engine(EngineConfig(model=str(base), device="cpu", max_lora_rank=8, **kw), adapters)
 
@@ -74,7 +57,7 @@ def test_mixed_batch_matches_hf_peft_and_rows_alone(tiny):
     engine = _engine(base, adapters, max_loras=3)
     got = engine.generate_all(_requests(prompts, PLAN))
     assert [r.error for r in got] == [None] * len(PLAN)
-    assert [r.token_ids for r in got] == _hf_greedy(base, adapters, prompts, PLAN)
+    assert [r.token_ids for r in got] == _hf_greedy(base, adapters, prompts, PLAN, new=NEW)
     alone = [engine.generate_all([r])[0].token_ids for r in _requests(prompts, PLAN)]
     assert alone == [r.token_ids for r in got]
 

@@ -39,13 +39,14 @@ def _requests(prompts, plan, **sampling) -> list[Request]:
     ]
 
 
-def _hf_greedy(base: Path, adapters: dict[str, Path], prompts, plan) -> list[list[int]]:
+def _hf_greedy(base: Path, adapters: dict[str, Path], prompts, plan, new: int = NEW) -> list[list[int]]:
+    """HF + PEFT fp32 greedy continuations of `new` tokens, each prompt under its adapter of `plan` (None: base)."""
     pm = load_peft(base, adapters)
     out = []
     with torch.no_grad():
         for p, a in zip(prompts, plan):
             ids = torch.tensor([p])
-            for _ in range(NEW):
+            for _ in range(new):
                 if a is None:
                     with pm.disable_adapter():
                         logits = pm(input_ids=ids).logits
