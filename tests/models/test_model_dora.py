@@ -14,7 +14,7 @@ from multilora_cli.engine.slot_writer import SlotWriter
 from multilora_cli.kernels import build_lora_meta
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model
-from tests.builders import build_adapter
+from tests.builders import build_adapter, load_peft
 from tests.models.helpers import Blocks, prompts, run_decode, run_prefill
 
 ATOL = 1e-4
@@ -46,15 +46,7 @@ DECODE_STEPS = 2
 
 def _peft_refs(base, paths: dict, vocab: int) -> list:
     """Per batch row: (prompt, greedy continuation, logits of the whole sequence)."""
-    import peft
-    import transformers as tf
-
-    hf = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
-    names = list(paths)
-    pm = peft.PeftModel.from_pretrained(hf, paths[names[0]], adapter_name=names[0])
-    for n in names[1:]:
-        pm.load_adapter(paths[n], adapter_name=n)
-    pm.eval()
+    pm = load_peft(base, paths)  # HF fp32, eager attention, every adapter loaded
 
     def forward(seq, name):
         ids = torch.tensor([seq])

@@ -9,7 +9,7 @@ from multilora_cli.adapters.peft import load_adapter
 from multilora_cli.kernels import build_lora_meta
 from multilora_cli.models.config import FUSED_MODULES, ModelConfig
 from multilora_cli.models.loader import load_model
-from tests.builders import build_adapter, hf_model
+from tests.builders import build_adapter, load_peft
 from tests.models.helpers import Blocks, prompts, run_decode, run_prefill
 
 ATOL = 1e-4
@@ -43,14 +43,7 @@ def adapters(base_path, tmp_path_factory):
 
 def _peft_reference(base: str, paths: dict) -> dict:
     """{adapter or None: (greedy continuation, logits of the whole sequence)} per batch row."""
-    import peft
-
-    hf = hf_model(base)
-    names = list(paths)
-    pm = peft.PeftModel.from_pretrained(hf, paths[names[0]], adapter_name=names[0])
-    for n in names[1:]:
-        pm.load_adapter(paths[n], adapter_name=n)
-    pm.eval()
+    pm = load_peft(base, paths)  # HF fp32, eager attention, every adapter loaded
 
     def forward(seq, name):
         ids = torch.tensor([seq])
@@ -61,7 +54,7 @@ def _peft_reference(base: str, paths: dict) -> dict:
         return pm(input_ids=ids).logits[0]
 
     refs = []
-    for (name, _), p in zip(BATCH, prompts([n for _, n in BATCH], hf.config.vocab_size, seed=5)):
+    for (name, _), p in zip(BATCH, prompts([n for _, n in BATCH], pm.get_base_model().config.vocab_size, seed=5)):
         seq = list(p)
         for _ in range(DECODE_STEPS):
             seq.append(int(forward(seq, name)[-1].argmax()))
