@@ -19,6 +19,11 @@ quantization + torch._scaled_mm, row-wise scales), "triton" = kernels/fp8.linear
 row also carries each FP8 arm's relative error ||y - y_bf16|| / ||y_bf16|| against the bf16 layer. Per M, one
 layer's four GEMMs summed; `fp8_small_m` = the smallest M from which scaled_mm beats triton at every larger M
 measured: the value for EngineConfig.fp8_small_m (config.FP8_SMALL_M).
+
+    python -m benchmarks.bench_gemm --fp8 --sweep --out $OUT/gemm-fp8-sweep-h200.json
+
+The Triton kernel's launch configurations (BLOCK_N, BLOCK_K, SPLIT_K) per projection and M, each timed like the
+arms above, with `pick_config`'s choice and the best found: what kernels/fp8_mm.pick_config is fitted to.
 """
 
 from __future__ import annotations
@@ -104,13 +109,71 @@ def fp8_main(args) -> int:
     return 0
 
 
+SWEEP = [
+    (bn, bk, sk, w, st)
+    for bn in (64, 128, 256)
+    for bk in (128, 256)
+    for sk in (2, 4, 8, 16)
+    for w, st in ((4, 3), (4, 4), (8, 3))
+]
+
+
+def fp8_sweep(args) -> int:
+    from triton.runtime.errors import OutOfResources
+
+    from multilora_cli.kernels import fp8
+    from multilora_cli.kernels.fp8_mm import pick_config, weight_dequant_mm
+
+    start = time.time()
+    report = dict(**device_header("benchmarks.bench_gemm", copy_bandwidth()), fp8_sweep=True, rows=[])
+    for name, (k, n) in SHAPES.items():
+        if name == "lm_head":
+            continue
+        q = [fp8.quantize_rows(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5) for _ in range(COPIES)]
+        for m in ints(args.tokens if args.tokens != "64,128,256,512" else "1,4,16,32"):
+            xq = [
+                fp8.quantize_activations(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), fp8.Fp8Scheme(), None)
+                for _ in range(COPIES)
+            ]
+            times = {}
+            for cfg in SWEEP:
+                if cfg[1] * cfg[2] > k:
+                    continue
+
+                def fn(i, c=cfg):
+                    return weight_dequant_mm(*xq[i][:1], *q[i], xq[i][1], None, out_dtype=torch.bfloat16, config=c)
+
+                try:
+                    times[cfg] = graph_time_us(fn, COPIES, 30)
+                except OutOfResources as e:  # shared memory of a large tile at many stages
+                    print(f"skip {cfg}: {type(e).__name__}", flush=True)
+            best = min(times, key=times.get)
+            picked = pick_config(m, n, k)
+            row = dict(
+                module=name,
+                tokens=m,
+                best=list(best),
+                best_us=round(times[best], 2),
+                picked=list(picked),
+                picked_us=round(times.get(picked, float("nan")), 2),
+                all={"/".join(map(str, c)): round(t, 2) for c, t in times.items()},
+            )
+            report["rows"].append(row)
+            print(json.dumps({k2: v for k2, v in row.items() if k2 != "all"}), flush=True)
+    save_report(report, args.out, start)
+    return 0
+
+
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--tokens", default="64,128,256,512")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--fp8", action="store_true", help="bf16 vs FP8 (cuBLAS _scaled_mm, Triton) per token count")
+    p.add_argument("--sweep", action="store_true", help="with --fp8: the Triton kernel's launch configurations")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    if args.fp8 and args.sweep:
+        return fp8_sweep(args)
     if args.fp8:
         return fp8_main(args)
     start = time.time()

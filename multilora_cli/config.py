@@ -14,12 +14,11 @@ LOAD_FORMATS = ("auto", "dummy")  # dummy = random weights of the config's shape
 # --quantization: "fp8" quantizes a bf16 / fp16 / fp32 base's decoder projections to FP8 while loading (an FP8
 # checkpoint is FP8 whatever the flag says)
 QUANTIZATIONS = ("none", "fp8")
-# FP8 layers: from this many tokens in a step cuBLAS _scaled_mm, below it the Triton weight-dequantizing kernel
-# (kernels/fp8.py). Measured on an H200 (`python -m benchmarks.bench_gemm --fp8`, one Llama-3-8B layer's four
-# GEMMs): the untuned Triton kernel loses to _scaled_mm at every M (266 vs 181 us at 1 token, 290 vs 204 at 16),
-# and a batch-16 decode step with it took 8.89 ms against 5.97 in bf16: cuBLAS serves every token count until the
-# small-M kernel is tuned (it stays for fp16 and weight-only layers, which _scaled_mm's row-wise path cannot take)
-FP8_SMALL_M = 1
+# FP8 layers: from this many tokens in a step cuBLAS _scaled_mm, below it the Triton split-K FP8 kernel
+# (kernels/fp8_mm.py, both operands e4m3 on the tensor cores). Measured on an H200 (`python -m benchmarks.bench_gemm
+# --fp8`, one Llama-3-8B layer's four GEMMs, us, bf16 / _scaled_mm / Triton): 1 token 132 / 156 / 113, 16 tokens
+# 134 / 153 / 120, 64 tokens 140 / 147 / 134, 96 tokens 145 / 142 / 159; cuBLAS wins from 96 on
+FP8_SMALL_M = 96
 GPU_MEMORY_UTILIZATION = 0.90  # default share of the GPU a run may use
 UTILIZATION_RANGE = (0.05, 0.99)
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy (as in vLLM)

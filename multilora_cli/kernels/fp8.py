@@ -17,7 +17,7 @@ w_scale: [N] float32 (per output channel; a per-tensor scale is repeated over it
 Quantizing a token depends on that token alone, so a row's result never depends on the other rows of the batch.
 Implementations: `linear_reference` (torch, fp32 math: the CPU path and the tests' reference); on CUDA
 `torch._scaled_mm` with row-wise scales for M >= Fp8Scheme.small_m (cuBLAS FP8 tensor cores win from there), else
-`fp8_mm.weight_dequant_mm` (Triton: both operands upcast in registers, bf16 tensor cores; e4m3 values are exact in
+`fp8_mm.weight_dequant_mm` (Triton, split-K: e4m3 x e4m3 on the FP8 tensor cores on sm_89+, else both operands upcast in registers to bf16; e4m3 values are exact in
 bf16, so the products are the same numbers). A "none" scheme always takes the Triton kernel (its x is not fp8).
 """
 
