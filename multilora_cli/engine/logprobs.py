@@ -27,6 +27,8 @@ import torch
 
 from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.sequence import SeqStatus, Sequence
+from multilora_cli.kernels import use_triton
+from multilora_cli.kernels.logprobs import logprob_rows_torch, logprob_rows_triton
 
 CHUNK_ELEMS = 1 << 25  # fp32 logits of one chunk of rows: 128 MiB (256 rows of a 128k vocabulary)
 
@@ -39,21 +41,19 @@ def logprob_rows(
     k: int,
     chunk_elems: int = CHUNK_ELEMS,
 ) -> torch.Tensor:
-    """[R, 2 + 2k] fp32: per row (logprob of targets[r], argmax, then k (id, logprob) pairs, most likely first).
+    """[R, 2 + 2k] fp32: per row (logprob of targets[r], argmax, then k (id, logprob) pairs, most likely first,
+    ties lowest id first).
 
     chunk(lo, hi) -> the fp32 logits [hi - lo, V] of rows lo .. hi - 1, asked for at most chunk_elems // V rows
-    at a time; targets: [R] long on their device. Reference: torch.log_softmax(x, -1) gathered and top-k'd."""
+    at a time; targets: [R] long on their device. Each chunk goes through kernels/logprobs.py: the fused Triton
+    kernel on CUDA (one read of the logits), its torch reference elsewhere."""
     step = max(1, chunk_elems // max(vocab, 1))
     parts = []
     for lo in range(0, num_rows, step):
         hi = min(num_rows, lo + step)
         x = chunk(lo, hi)  # [c, V] fp32
-        lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [c, 1]
-        cols = [x.gather(1, targets[lo:hi, None]) - lse, x.argmax(dim=-1, keepdim=True).float()]
-        if k:
-            top = torch.topk(x, k, dim=-1)
-            cols.append(torch.stack([top.indices.float(), top.values - lse], dim=-1).flatten(1))  # [c, 2k]
-        parts.append(torch.cat(cols, dim=1))
+        rows = logprob_rows_triton if use_triton(x) else logprob_rows_torch
+        parts.append(rows(x, targets[lo:hi], k))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
