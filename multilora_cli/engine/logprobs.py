@@ -10,11 +10,24 @@ Two kinds of rows (each row is one position of one sequence, scoring the token t
   k. Their hidden states go through the LM head here, in chunks of rows, so no [tokens, vocab] fp32 tensor of a
   whole step is ever made (only a chunk's: `CHUNK_ELEMS`).
 
-Per row the device computes, in fp32: lp = x[target] - logsumexp(x), argmax(x), top-k of x minus logsumexp;
-packed into ONE fp32 tensor [R, 2 + 2k] = (lp, argmax, id_1, lp_1, ..., id_k, lp_k) (token ids < 2^24 are exact in
-fp32; a row's own k <= k is the prefix of its row) that reaches the host with the step's sampled ids. On the host
-each sequence keeps numpy views of its rows and turns them into entries once, when its result is built (a few
-microseconds a token, off the step loop). A step whose rows ask for nothing builds and computes nothing.
+Per row the device computes, in fp32: lp = x[target] - logsumexp(x), argmax(x), top-k of x minus logsumexp (ties:
+lowest id first); packed into ONE fp32 tensor [R, 2 + 2k] = (lp, argmax, id_1, lp_1, ..., id_k, lp_k) (token ids
+< 2^24 are exact in fp32; a row's own k <= k is the prefix of its row) that reaches the host with the step's
+sampled ids. On CUDA one fused Triton kernel reads the logits once for all of it (kernels/logprobs.py; torch's
+logsumexp, gather, argmax and topk made several passes and temporaries over [R, V]); elsewhere its torch
+reference. On the host each sequence keeps numpy views of its rows (one append per row and step) and turns them
+into entries once, when its result is built (`entries`: columns of one stacked array, ~1.4 us a token at k 5).
+A step whose rows ask for nothing builds and computes nothing.
+
+Why the sampled rows take a second LM-head GEMM (fp32 output, asking rows only) rather than one fp32-output GEMM
+for the step whose bf16 rounding feeds the sampler: the sampler's logits must be the same bits whether or not a
+row (or its neighbour) asks for logprobs, or a greedy near-tie would make a row's text depend on its neighbours'
+requests. A bf16-output cuBLAS GEMM rounds its fp32 accumulator once, so it equals the fp32-output GEMM rounded
+to bf16 only when cuBLAS picks kernels of the same accumulation order (tile shape, split-K) for both output types;
+it picks per output dtype and M by heuristics, with no such guarantee across shapes, GPUs or versions. So the
+bf16 GEMM stays as it is for every row and the asking rows pay a second one (~0.4 ms at 256 rows of a 128k
+vocabulary on an H200). `python -m benchmarks.bench_scoring` measures both GEMMs and the fraction of outputs where
+the two agree, so the choice can be revisited with data (it would need 1.0 at every M, on every supported GPU).
 """
 
 from __future__ import annotations
