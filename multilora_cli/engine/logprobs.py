@@ -131,11 +131,15 @@ class StepLogprobs:
         one: its token is dropped too), a prompt row to `seq.prompt_lp`. Per row: one view and one append."""
         if self.sampled is not None:
             rows = self.sampled.numpy()  # [R, 2 + 2k]
-            width = rows.shape[1]
-            running = SeqStatus.RUNNING
-            for seq, k, row in zip(self.sampled_owners, self.sampled_ks, rows):
-                if seq.status is running:
-                    seq.logprobs.append(row if 2 + 2 * k == width else row[: 2 + 2 * k])
+            width, running = rows.shape[1], SeqStatus.RUNNING
+            if 2 + 2 * min(self.sampled_ks) == width:  # every row's k is the step's (the usual case): whole rows
+                for seq, row in zip(self.sampled_owners, rows):
+                    if seq.status is running:
+                        seq.logprobs.append(row)
+            else:
+                for seq, k, row in zip(self.sampled_owners, self.sampled_ks, rows):
+                    if seq.status is running:
+                        seq.logprobs.append(row[: 2 + 2 * k])
         if self.prompt is not None:
             pr, rows = self.prompt_rows, self.prompt.numpy()
             width = rows.shape[1]
@@ -179,7 +183,12 @@ def entries(token_ids: list[int], rows: list, texts: Callable[[list[int]], list[
 
 def sampled_plan(seqs: list[Sequence]) -> tuple[list[int], list[Sequence], list[int]] | None:
     """(rows among `seqs`, their sequences, their k) of the sampled sequences asking for logprobs; None if none."""
-    rows = [i for i, s in enumerate(seqs) if s.logprobs is not None]
-    if not rows:
+    owners = [s for s in seqs if s.logprobs is not None]
+    if not owners:
         return None
-    return rows, [seqs[i] for i in rows], [seqs[i].sampling.logprobs for i in rows]
+    rows = (
+        list(range(len(seqs)))
+        if len(owners) == len(seqs)
+        else [i for i, s in enumerate(seqs) if s.logprobs is not None]
+    )
+    return rows, owners, [s.request.sampling.logprobs for s in owners]
