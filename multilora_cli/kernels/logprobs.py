@@ -48,7 +48,8 @@ def _take_top(vals, idx, alive):
     return v, i, alive & (idx != i)
 
 
-@triton.jit
+# k, KS and C vary from step to step: not specialised on (== 1, % 16), so one variant serves them all
+@triton.jit(do_not_specialize=["k", "C", "KS"])
 def _chunk_kernel(x_ptr, stride_x, V, k, m_ptr, s_ptr, a_ptr, cv_ptr, ci_ptr, C, KS, BLOCK: tl.constexpr):
     r = tl.program_id(0)
     c = tl.program_id(1)
@@ -70,7 +71,7 @@ def _chunk_kernel(x_ptr, stride_x, V, k, m_ptr, s_ptr, a_ptr, cv_ptr, ci_ptr, C,
         tl.store(ci_ptr + part * KS + j, i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k", "C", "KS"])
 def _merge_kernel(
     x_ptr,
     stride_x,

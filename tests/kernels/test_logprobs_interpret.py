@@ -94,3 +94,12 @@ def test_llama3_vocabulary_on_cuda():
         want = definition(x.cpu(), targets.cpu(), k)
         check(logprob_rows_triton(x, targets, k).cpu(), want, k)
         check(logprob_rows_torch(x, targets, k).cpu(), want, k)
+
+
+def test_a_row_alone_gives_the_same_bits():
+    """Batch invariance: a row's packed output does not depend on the rows launched with it."""
+    x = logits("random", 5, 500, seed=9).to(DEV)
+    targets = torch.tensor([4, 0, 499, 250, 3], device=DEV)
+    every = logprob_rows_triton(x, targets, 6, block=128)
+    for i in range(5):
+        assert torch.equal(logprob_rows_triton(x[i : i + 1], targets[i : i + 1], 6, block=128)[0], every[i])
