@@ -139,6 +139,7 @@ def logprob_parts(model, rows: int, k: int) -> dict:
         "lm_head_bf16": eager_time_us(lambda _: model.compute_logits(hidden, upcast=False), 1),
         "lm_head_fp32_out": eager_time_us(lambda _: model.compute_logits_fp32(hidden), 1),
         "fused_kernel": eager_time_us(lambda _: logprob_rows_triton(x, targets, k), 1),
+        "fused_kernel_k20": eager_time_us(lambda _: logprob_rows_triton(x, targets, 20), 1),  # (the largest k)
         "torch_ops_before": eager_time_us(torch_ops, 1),
     }
     fused, ref = logprob_rows_triton(x, targets, k), logprob_rows_torch(x, targets, k)
@@ -231,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                 us = parts["us"]
                 log(
                     f"logprob step parts at {args.max_num_seqs} rows (us): LM head bf16 {us['lm_head_bf16']:.0f}, "
-                    f"fp32-out {us['lm_head_fp32_out']:.0f}; fused rows {us['fused_kernel']:.0f} vs torch ops "
+                    f"fp32-out {us['lm_head_fp32_out']:.0f}; fused rows {us['fused_kernel']:.0f} (k 20: "
+                    f"{us['fused_kernel_k20']:.0f}) vs torch ops "
                     f"{us['torch_ops_before']:.0f}; bf16 GEMM == fp32-out rounded: "
                     f"{parts['bf16_gemm_equals_fp32_rounded']}"
                 )
