@@ -227,8 +227,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"generation: {gen['tokens_per_s']['logprobs5']:,.0f} tok/s with logprobs 5 vs "
                 f"{gen['tokens_per_s']['plain']:,.0f} without = {gen['ratio']:.3f}x (target >= {LOGPROBS_TARGET})"
             )
+            parts = None
             if device.type == "cuda":
-                parts = report["logprob_parts"] = logprob_parts(engine.runner.model, args.max_num_seqs, 5)
+                try:  # (measured beside the engine's KV cache: an out-of-memory here must not lose the report)
+                    parts = report["logprob_parts"] = logprob_parts(engine.runner.model, args.max_num_seqs, 5)
+                except RuntimeError as e:
+                    report["logprob_parts"] = {"error": str(e)[:500]}
+                    log(f"logprob step parts: failed: {str(e)[:200]}")
+            if parts is not None:
                 us = parts["us"]
                 log(
                     f"logprob step parts at {args.max_num_seqs} rows (us): LM head bf16 {us['lm_head_bf16']:.0f}, "
