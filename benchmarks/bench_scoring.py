@@ -13,6 +13,11 @@
 (b) generation with `logprobs: 5` vs without: `--gen-requests` greedy requests of `--prompt-len` + `--output-len`
     tokens over the same adapters, the two arms interleaved `--repeats` times on one engine (best of each):
     generated tokens/s ratio. Target >= 0.9x.
+(c) on CUDA, the logprob step's parts at `--max-num-seqs` asking rows (device us, medians): the LM head with a
+    bf16 output (the sampler's) and with an fp32 output (the logprobs'), the fused logprob rows kernel
+    (kernels/logprobs.py) against torch's separate logsumexp / gather / argmax / topk it replaced, their largest
+    difference, and the fraction of LM-head outputs where the bf16 GEMM equals the fp32-output GEMM rounded to
+    bf16 at M = 1, 16, 64 and the batch (1.0 at every M would allow one GEMM: engine/logprobs.py says why not).
 Writes benchmarks/results/scoring-<device>.json and prints both ratios.
 """
 
@@ -112,6 +117,49 @@ def time_generation(engine, reqs, repeats: int, device) -> dict:
     return dict(tokens_per_s=best, ratio=best["logprobs5"] / best["plain"], target=LOGPROBS_TARGET)
 
 
+def logprob_parts(model, rows: int, k: int) -> dict:
+    """(c) of the module docstring, on the engine's own model (CUDA only)."""
+    from benchmarks.timing import eager_time_us
+    from multilora_cli.kernels.logprobs import logprob_rows_torch, logprob_rows_triton
+
+    w = model.lm_head.weight  # [V, H]
+    g = torch.Generator(device=w.device).manual_seed(0)
+    hidden = torch.randn(rows, w.shape[1], device=w.device, dtype=w.dtype, generator=g)
+    x = model.compute_logits_fp32(hidden)  # [rows, V] fp32
+    targets = x.argmax(dim=-1)
+
+    def torch_ops(_):  # what engine/logprobs.py ran per chunk before the fused kernel
+        lse = torch.logsumexp(x, dim=-1, keepdim=True)
+        cols = [x.gather(1, targets[:, None]) - lse, x.argmax(dim=-1, keepdim=True).float()]
+        top = torch.topk(x, k, dim=-1)
+        cols.append(torch.stack([top.indices.float(), top.values - lse], dim=-1).flatten(1))
+        return torch.cat(cols, dim=1)
+
+    us = {
+        "lm_head_bf16": eager_time_us(lambda _: model.compute_logits(hidden, upcast=False), 1),
+        "lm_head_fp32_out": eager_time_us(lambda _: model.compute_logits_fp32(hidden), 1),
+        "fused_kernel": eager_time_us(lambda _: logprob_rows_triton(x, targets, k), 1),
+        "fused_kernel_k20": eager_time_us(lambda _: logprob_rows_triton(x, targets, 20), 1),  # (the largest k)
+        "torch_ops_before": eager_time_us(torch_ops, 1),
+    }
+    fused, ref = logprob_rows_triton(x, targets, k), logprob_rows_torch(x, targets, k)
+    equal = {}
+    for m in sorted({1, 16, 64, rows}):
+        a = model.compute_logits(hidden[:m], upcast=False)
+        equal[m] = (a == model.compute_logits_fp32(hidden[:m]).to(a.dtype)).float().mean().item()
+    return dict(
+        rows=rows,
+        k=k,
+        vocab=x.shape[1],
+        us=us,
+        fused_vs_torch_max_abs=max(
+            (fused[:, 0] - ref[:, 0]).abs().max().item(), (fused - ref)[:, 3::2].abs().max().item()
+        ),
+        fused_ids_equal=bool(torch.equal(fused[:, 1], ref[:, 1]) and torch.equal(fused[:, 2::2], ref[:, 2::2])),
+        bf16_gemm_equals_fp32_rounded=equal,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from multilora_cli.bench.adapters import SyntheticAdapters, SyntheticEngine
     from multilora_cli.bench.hf_peft import build_hf_peft
@@ -179,6 +227,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"generation: {gen['tokens_per_s']['logprobs5']:,.0f} tok/s with logprobs 5 vs "
                 f"{gen['tokens_per_s']['plain']:,.0f} without = {gen['ratio']:.3f}x (target >= {LOGPROBS_TARGET})"
             )
+            parts = None
+            if device.type == "cuda":
+                try:  # (measured beside the engine's KV cache: an out-of-memory here must not lose the report)
+                    parts = report["logprob_parts"] = logprob_parts(engine.runner.model, args.max_num_seqs, 5)
+                except RuntimeError as e:
+                    report["logprob_parts"] = {"error": str(e)[:500]}
+                    log(f"logprob step parts: failed: {str(e)[:200]}")
+            if parts is not None:
+                us = parts["us"]
+                log(
+                    f"logprob step parts at {args.max_num_seqs} rows (us): LM head bf16 {us['lm_head_bf16']:.0f}, "
+                    f"fp32-out {us['lm_head_fp32_out']:.0f}; fused rows {us['fused_kernel']:.0f} (k 20: "
+                    f"{us['fused_kernel_k20']:.0f}) vs torch ops "
+                    f"{us['torch_ops_before']:.0f}; bf16 GEMM == fp32-out rounded: "
+                    f"{parts['bf16_gemm_equals_fp32_rounded']}"
+                )
         finally:
             engine.close()
             del engine

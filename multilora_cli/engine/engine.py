@@ -19,7 +19,7 @@ from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
-from multilora_cli.engine.logprobs import unpack
+from multilora_cli.engine.logprobs import entries
 from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
 from multilora_cli.engine.request import EngineStats, Request, Result, Sample, TokenLogprob
 from multilora_cli.engine.runner import ModelRunner
@@ -393,11 +393,15 @@ class Engine:
         both = tok.decode_batch([[anchor[0], t] for t in range(tok.size)], skip_special_tokens=False)
         return [b[len(a_text) :] if n and b.startswith(a_text) else p for p, n, b in zip(plain, normal, both)]
 
-    def _entry(self, token_id: int, row: tuple) -> TokenLogprob:
-        """A raw logprob row (engine/logprobs.py) of `token_id` -> TokenLogprob with token texts."""
-        lp, _, pairs = row
-        top = [(t, self._token_text(t), v) for t, v in pairs]
-        return TokenLogprob(id=token_id, logprob=lp, top=top, token=self._token_text(token_id))
+    def _texts(self, ids: list[int]) -> list[str]:
+        """`_token_text` of each id, by list indexing (ids past the tokenizer's: one by one)."""
+        if self._token_texts is None:
+            self._token_texts = self._all_token_texts()
+        table = self._token_texts
+        try:
+            return [table[t] for t in ids]  # (ids are >= 0: argmax and top-k indices, tokens)
+        except IndexError:
+            return [self._token_text(t) for t in ids]
 
     def _prompt_logprobs(self, seq: Sequence) -> list[TokenLogprob | None] | None:
         """One entry per prompt token, the first without a logprob (nothing predicts it); None when not asked."""
@@ -405,7 +409,7 @@ class Engine:
             return None
         ids = seq.prompt_token_ids
         first = TokenLogprob(id=ids[0], logprob=None, token=self._token_text(ids[0]))
-        return [first, *(self._entry(t, row) for t, row in zip(ids[1:], unpack(seq.prompt_lp)))]
+        return [first, *entries(ids[1:], seq.prompt_lp, self._texts)]
 
     def _sample(self, seq: Sequence) -> Sample:
         if seq.prefill_only:  # generate False: nothing generated, as OpenAI's max_tokens 0
@@ -415,7 +419,7 @@ class Engine:
             ids = ids[:-1]
         logprobs = None
         if seq.logprobs is not None:  # one per token id (a stop token's is dropped with it)
-            logprobs = [self._entry(t, row) for t, row in zip(ids, unpack(seq.logprobs))]
+            logprobs = entries(ids, seq.logprobs, self._texts)
         return Sample(
             index=seq.sample_index,
             text=seq.text,

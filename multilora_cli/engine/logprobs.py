@@ -10,11 +10,24 @@ Two kinds of rows (each row is one position of one sequence, scoring the token t
   k. Their hidden states go through the LM head here, in chunks of rows, so no [tokens, vocab] fp32 tensor of a
   whole step is ever made (only a chunk's: `CHUNK_ELEMS`).
 
-Per row the device computes, in fp32: lp = x[target] - logsumexp(x), argmax(x), top-k of x minus logsumexp;
-packed into ONE fp32 tensor [R, 2 + 2k] = (lp, argmax, id_1, lp_1, ..., id_k, lp_k) (token ids < 2^24 are exact in
-fp32; a row's own k <= k is the prefix of its row) that reaches the host with the step's sampled ids. On the host
-each sequence keeps numpy views of its rows and turns them into entries once, when its result is built (a few
-microseconds a token, off the step loop). A step whose rows ask for nothing builds and computes nothing.
+Per row the device computes, in fp32: lp = x[target] - logsumexp(x), argmax(x), top-k of x minus logsumexp (ties:
+lowest id first); packed into ONE fp32 tensor [R, 2 + 2k] = (lp, argmax, id_1, lp_1, ..., id_k, lp_k) (token ids
+< 2^24 are exact in fp32; a row's own k <= k is the prefix of its row) that reaches the host with the step's
+sampled ids. On CUDA one fused Triton kernel reads the logits once for all of it (kernels/logprobs.py; torch's
+logsumexp, gather, argmax and topk made several passes and temporaries over [R, V]); elsewhere its torch
+reference. On the host each sequence keeps numpy views of its rows (one append per row and step) and turns them
+into entries once, when its result is built (`entries`: columns of one stacked array, ~1.4 us a token at k 5).
+A step whose rows ask for nothing builds and computes nothing.
+
+Why the sampled rows take a second LM-head GEMM (fp32 output, asking rows only) rather than one fp32-output GEMM
+for the step whose bf16 rounding feeds the sampler: the sampler's logits must be the same bits whether or not a
+row (or its neighbour) asks for logprobs, or a greedy near-tie would make a row's text depend on its neighbours'
+requests. A bf16-output cuBLAS GEMM rounds its fp32 accumulator once, so it equals the fp32-output GEMM rounded
+to bf16 only when cuBLAS picks kernels of the same accumulation order (tile shape, split-K) for both output types;
+it picks per output dtype and M by heuristics, with no such guarantee across shapes, GPUs or versions. So the
+bf16 GEMM stays as it is for every row and the asking rows pay a second one (~0.4 ms at 256 rows of a 128k
+vocabulary on an H200). `python -m benchmarks.bench_scoring` measures both GEMMs and the fraction of outputs where
+the two agree, so the choice can be revisited with data (it would need 1.0 at every M, on every supported GPU).
 """
 
 from __future__ import annotations
@@ -26,7 +39,10 @@ import numpy as np
 import torch
 
 from multilora_cli.engine.batch import ScheduledBatch
+from multilora_cli.engine.request import TokenLogprob
 from multilora_cli.engine.sequence import SeqStatus, Sequence
+from multilora_cli.kernels import use_triton
+from multilora_cli.kernels.logprobs import logprob_rows_torch, logprob_rows_triton
 
 CHUNK_ELEMS = 1 << 25  # fp32 logits of one chunk of rows: 128 MiB (256 rows of a 128k vocabulary)
 
@@ -39,21 +55,19 @@ def logprob_rows(
     k: int,
     chunk_elems: int = CHUNK_ELEMS,
 ) -> torch.Tensor:
-    """[R, 2 + 2k] fp32: per row (logprob of targets[r], argmax, then k (id, logprob) pairs, most likely first).
+    """[R, 2 + 2k] fp32: per row (logprob of targets[r], argmax, then k (id, logprob) pairs, most likely first,
+    ties lowest id first).
 
     chunk(lo, hi) -> the fp32 logits [hi - lo, V] of rows lo .. hi - 1, asked for at most chunk_elems // V rows
-    at a time; targets: [R] long on their device. Reference: torch.log_softmax(x, -1) gathered and top-k'd."""
+    at a time; targets: [R] long on their device. Each chunk goes through kernels/logprobs.py: the fused Triton
+    kernel on CUDA (one read of the logits), its torch reference elsewhere."""
     step = max(1, chunk_elems // max(vocab, 1))
     parts = []
     for lo in range(0, num_rows, step):
         hi = min(num_rows, lo + step)
         x = chunk(lo, hi)  # [c, V] fp32
-        lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [c, 1]
-        cols = [x.gather(1, targets[lo:hi, None]) - lse, x.argmax(dim=-1, keepdim=True).float()]
-        if k:
-            top = torch.topk(x, k, dim=-1)
-            cols.append(torch.stack([top.indices.float(), top.values - lse], dim=-1).flatten(1))  # [c, 2k]
-        parts.append(torch.cat(cols, dim=1))
+        rows = logprob_rows_triton if use_triton(x) else logprob_rows_torch
+        parts.append(rows(x, targets[lo:hi], k))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
@@ -114,31 +128,67 @@ class StepLogprobs:
     def attach(self) -> None:
         """Append each row (a numpy view, cut to the row's own k) to its sequence, after the step's done event:
         a sampled row to `seq.logprobs` (skipped for a sequence that stopped at the step before this `ahead`
-        one: its token is dropped too), a prompt row to `seq.prompt_lp`."""
+        one: its token is dropped too), a prompt row to `seq.prompt_lp`. Per row: one view and one append."""
         if self.sampled is not None:
-            rows = self.sampled.numpy()
-            for i, (seq, k) in enumerate(zip(self.sampled_owners, self.sampled_ks)):
-                if seq.status is SeqStatus.RUNNING:
-                    seq.logprobs.append(rows[i, : 2 + 2 * k])
+            rows = self.sampled.numpy()  # [R, 2 + 2k]
+            width, running = rows.shape[1], SeqStatus.RUNNING
+            if 2 + 2 * min(self.sampled_ks) == width:  # every row's k is the step's (the usual case): whole rows
+                for seq, row in zip(self.sampled_owners, rows):
+                    if seq.status is running:
+                        seq.logprobs.append(row)
+            else:
+                for seq, k, row in zip(self.sampled_owners, self.sampled_ks, rows):
+                    if seq.status is running:
+                        seq.logprobs.append(row[: 2 + 2 * k])
         if self.prompt is not None:
             pr, rows = self.prompt_rows, self.prompt.numpy()
-            for i, (seq, k) in enumerate(zip(pr.owners, pr.ks)):
-                seq.prompt_lp.append(rows[i, : 2 + 2 * k])
+            width = rows.shape[1]
+            for seq, k, row in zip(pr.owners, pr.ks, rows):
+                seq.prompt_lp.append(row if 2 + 2 * k == width else row[: 2 + 2 * k])
 
 
 def unpack(rows: list) -> list[tuple[float, int, list[tuple[int, float]]]]:
     """A sequence's kept rows (numpy [2 + 2k] each, one k) -> (logprob, argmax id, [(id, logprob)] * k) each."""
     if not rows:
         return []
-    out = []
-    for r in np.stack(rows).tolist():
-        out.append((r[0], int(r[1]), [(int(r[j]), r[j + 1]) for j in range(2, len(r), 2)]))
-    return out
+    arr = np.stack(rows)  # [T, 2 + 2k]
+    ids = arr[:, 2::2].astype(np.int64).tolist()
+    return list(
+        zip(arr[:, 0].tolist(), arr[:, 1].astype(np.int64).tolist(), map(list, map(zip, ids, arr[:, 3::2].tolist())))
+    )
+
+
+def entries(token_ids: list[int], rows: list, texts: Callable[[list[int]], list[str]]) -> list[TokenLogprob]:
+    """TokenLogprob per (token id, kept row) pair, up to the shorter of the two (a stop token's row is dropped
+    with its id). texts: token ids -> their texts. Columns come out of one stacked array (a few numpy calls per
+    sequence, not per token): ~1.7 us a token at k 5 against ~3 for per-row unpacking."""
+    n = min(len(token_ids), len(rows))
+    if n == 0:
+        return []
+    arr = np.stack(rows[:n])  # [n, 2 + 2k]
+    k = (arr.shape[1] - 2) // 2
+    lps = arr[:, 0].tolist()
+    top_ids = arr[:, 2::2].astype(np.int64).ravel().tolist()  # [n * k], row-major
+    top_texts = texts(top_ids)
+    top_lps = arr[:, 3::2].tolist()
+    ids = token_ids[:n]
+    own = texts(ids)
+    return [
+        TokenLogprob(
+            ids[j], lps[j], list(zip(top_ids[j * k : j * k + k], top_texts[j * k : j * k + k], top_lps[j])), own[j]
+        )
+        for j in range(n)
+    ]
 
 
 def sampled_plan(seqs: list[Sequence]) -> tuple[list[int], list[Sequence], list[int]] | None:
     """(rows among `seqs`, their sequences, their k) of the sampled sequences asking for logprobs; None if none."""
-    rows = [i for i, s in enumerate(seqs) if s.logprobs is not None]
-    if not rows:
+    owners = [s for s in seqs if s.logprobs is not None]
+    if not owners:
         return None
-    return rows, [seqs[i] for i in rows], [seqs[i].sampling.logprobs for i in rows]
+    rows = (
+        list(range(len(seqs)))
+        if len(owners) == len(seqs)
+        else [i for i, s in enumerate(seqs) if s.logprobs is not None]
+    )
+    return rows, owners, [s.request.sampling.logprobs for s in owners]

@@ -5,7 +5,8 @@ time: in the warm-ups of the decode graphs and inside the first prefill steps of
 one-shot run (benchmarks/RESULTS.md, "cold start"). Here the runner dry-runs the forwards it will run with
 Triton launches recorded instead of run: every decode-graph bucket, and one prefill step per token bucket of
 the kernel tables (`kernels.blocks.token_bucket`) up to max_num_batched_tokens, without and with a cached
-prefix, and one sampling launch (kernels/sample.py) on the model's logits. The distinct variants are then
+prefix, one sampling launch (kernels/sample.py) on the model's logits, and the logprob rows kernels
+(kernels/logprobs.py) at k 0 (scoring) and 5. The distinct variants are then
 compiled from a thread pool. With a warm cache the pass still dry-runs and loads them (measured 1.0-2.6 s on
 an H200 host, paid back by a faster graph capture: 5.0 -> 1.9 s). MULTILORA_PRECOMPILE=0 turns it off.
 """
@@ -20,6 +21,7 @@ import torch
 
 from multilora_cli.kernels.blocks import token_bucket
 from multilora_cli.kernels.launch import collect, compile_all
+from multilora_cli.kernels.logprobs import logprob_rows_triton
 from multilora_cli.kernels.sample import sample_rows
 from multilora_cli.layers.context import StepContext, reset_context, set_context
 
@@ -81,6 +83,14 @@ def _dry_sample(logits: torch.Tensor) -> None:
     )  # every pass recorded: the top-k and top-p variants too
 
 
+def _dry_logprobs(vocab: int, device: torch.device) -> None:
+    """The logprob rows launches (kernels/logprobs.py) at k 0 (scoring, prompt logprobs 0) and 5: one variant of
+    the tile kernel (k is not specialised on), the merge kernel's for k padded to 1 and to 8."""
+    x = torch.zeros(1, vocab, device=device)  # [1, V] fp32 logits, as the runner's
+    for k in (0, 5):
+        logprob_rows_triton(x, torch.zeros(1, dtype=torch.long, device=device), k)
+
+
 @torch.inference_mode()
 def precompile(
     model,
@@ -120,5 +130,6 @@ def precompile(
                 upcast=False,
             )
         )
+        _dry_logprobs(model.lm_head.weight.shape[0], device)
     torch.cuda.synchronize(device)
     return compile_all(calls), time.perf_counter() - t0

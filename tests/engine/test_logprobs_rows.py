@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from multilora_cli.engine.logprobs import logprob_rows, unpack
+from multilora_cli.engine.logprobs import entries, logprob_rows, unpack
+from tests.devices import needs_interpreter
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 3, 64])
@@ -48,3 +49,35 @@ def test_sampled_rows_subset_equals_all_rows():
     torch.testing.assert_close(some, every[rows])
     ref = torch.log_softmax(logits, -1).gather(1, chosen[:, None])[:, 0]
     torch.testing.assert_close(every[:, 0], ref)
+
+
+def test_entries_equal_rows_one_by_one():
+    """entries(): one TokenLogprob per (token, row) pair, cut at the shorter list (a stop token's row), each
+    with the row's logprob and its top k as (id, text, logprob), texts from the table it is given."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 30, generator=g)
+    out = logprob_rows(lambda lo, hi: x[lo:hi], 4, 30, torch.tensor([3, 1, 4, 1]), 2)
+    rows = list(out.numpy())
+    names = [f"t{i}" for i in range(30)]
+    got = entries([3, 1, 4], rows, lambda ids: [names[i] for i in ids])
+    assert len(got) == 3
+    for e, row, tok in zip(got, rows, [3, 1, 4]):
+        assert (e.id, e.token, e.logprob) == (tok, f"t{tok}", float(row[0]))
+        assert e.top == [(int(row[j]), f"t{int(row[j])}", float(row[j + 1])) for j in (2, 4)]
+    assert entries([], rows, lambda ids: []) == []
+
+
+@needs_interpreter
+def test_triton_path_equals_torch_path(monkeypatch):
+    """The dispatch: with Triton forced (the CUDA path, here under the interpreter) logprob_rows gives the torch
+    path's rows, chunk by chunk: the same ids, logprobs within 1e-5."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(7, 300, generator=g) * 3
+    targets = torch.randint(0, 300, (7,), generator=g)
+    got = {}
+    for path in ("triton", "torch"):
+        monkeypatch.setenv("MULTILORA_KERNELS", path)
+        got[path] = logprob_rows(lambda lo, hi: x[lo:hi], 7, 300, targets, 5, chunk_elems=3 * 300)
+    assert torch.equal(got["triton"][:, 1], got["torch"][:, 1])
+    assert torch.equal(got["triton"][:, 2::2], got["torch"][:, 2::2])
+    torch.testing.assert_close(got["triton"], got["torch"], atol=1e-5, rtol=1e-6)

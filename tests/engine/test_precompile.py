@@ -47,3 +47,16 @@ def test_dry_sample_records_every_sampling_pass():
     assert modes == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 4]  # max, 4 top-k levels, 4 top-p levels, kept sum, draw
     if hasattr(calls[0][0], "params"):  # a compiled JITFunction (the interpreter's wrapper has no parameter kinds)
         assert len({_variant(c) for c in calls}) == 5  # one variant per mode: LEVEL is not specialised on
+
+
+def test_dry_logprobs_records_the_logprob_kernels():
+    """The logprob rows kernels are recorded at k 0 and 5: the tile kernel once per k (one variant: k is not
+    specialised on), the merge kernel for k padded to 1 and 8."""
+    from multilora_cli.engine.precompile import _dry_logprobs
+    from multilora_cli.kernels.launch import _variant, collect
+
+    with collect() as calls:
+        _dry_logprobs(1000, torch.device("cpu"))
+    assert [kw.get("KB") for _, _, kw in calls] == [None, 1, None, 8]
+    if hasattr(calls[0][0], "params"):
+        assert len({_variant(c) for c in calls}) == 3
