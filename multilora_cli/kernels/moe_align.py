@@ -48,7 +48,7 @@ def align_pairs(
     G = num_experts * n_slot
     key = experts.reshape(-1).to(torch.int64) * n_slot  # [P]
     if slot is not None:
-        key = key + (slot.to(torch.int64) + 1).repeat_interleave(K)
+        key = key + (slot.to(torch.int64) + 1)[:, None].expand(T, K).reshape(-1)  # pair p's token is p // K
     counts = torch.zeros(G, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))  # [G]
     padded = (counts + block_m - 1) // block_m * block_m
     pad_end = torch.cumsum(padded, 0)  # [G] end row of each group's padded run
