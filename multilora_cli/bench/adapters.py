@@ -68,6 +68,11 @@ class SyntheticAdapters:
         """Bytes of one adapter's A and B tensors at 2 bytes per value (what a slot load moves)."""
         return 2 * sum(ra * fin + fout * rb for _, fin, fout, ra, rb in self._layout())
 
+    @property
+    def expert_nbytes(self) -> int:
+        """The part of `nbytes` that is expert LoRA (MoE bases; 0 on a dense one)."""
+        return 2 * sum(ra * fin + fout * rb for (_, m), fin, fout, ra, rb in self._layout() if m.startswith("experts."))
+
     def _layout(self) -> list[tuple[tuple[int, str], int, int, int, int]]:
         """[((layer, module), in, out, rows of A, columns of B)]: A [ra, in], B [out, rb]. A linear module has
         ra = rb = rank; on a MoE base, a sparse layer has no dense MLP module but its experts' 3D parameters

@@ -82,6 +82,22 @@ def test_roofline_bytes(tmp_path):
     assert r.floor_seconds(16, 0, 0) == r.step_seconds(0, 0)
 
 
+def test_roofline_moe_reads_the_routed_experts_and_their_lora():
+    """Qwen3-30B-A3B: the FLOP floor counts 8 of 128 experts (3.3B active parameters with the embedding, as
+    published); a 1-token step reads 8 experts and the adapter's LoRA of those 8, a large step all 128."""
+    from multilora_cli.economics import model_preset
+
+    cfg = model_preset("qwen3-30b-a3b")
+    expert = 3 * 2048 * 768 * 48 * 2  # bytes of one expert over 48 layers
+    lora_experts = 128 * 1000  # the adapter's expert LoRA: 1000 bytes per expert
+    r = Roofline.for_model(cfg, 2, adapter_bytes=10**6 + lora_experts, bandwidth=1.0, adapter_expert_bytes=lora_experts)
+    assert r.expert_bytes == expert and r.adapter_bytes == 10**6 and r.adapter_expert_bytes == 1000
+    assert 3.2e9 < r.matmul_params + cfg.vocab_size * cfg.hidden_size < 3.4e9
+    assert r.touched_experts(1) == pytest.approx(8) and r.touched_experts(10_000) == pytest.approx(128)
+    assert r.step_bytes(0, 1, 1) == pytest.approx(r.weight_bytes + 8 * expert + 10**6 + 8 * 1000)
+    assert r.step_bytes(0, 0, 10_000) == pytest.approx(cfg.num_params() * 2 - cfg.vocab_size * cfg.hidden_size * 2)
+
+
 def test_suite_on_cpu(tmp_path):
     model_dir = write_model_dir("tiny", tmp_path / "tiny")
     plan = parse_rows("4,base,hf4,6/2", BASE)
