@@ -109,4 +109,20 @@ def test_align_holds_every_pair_once_one_group_per_block(bm):
         assert rows.numel() > 0
         assert (experts.reshape(-1)[rows] == al.block_expert[b]).all()
         assert (slot[rows // K] == al.block_slot[b]).all()
-        assert torch.equal(rows, rows.sort().values)  # pair order inside a group: the sum over k is fixed
+    real = al.block_expert >= 0  # groups in ascending (expert, slot) order, then only padding blocks
+    group = (al.block_expert * (L + 1) + al.block_slot + 1)[real]
+    assert torch.equal(group, group.sort().values) and not real[int(real.sum()) :].any()
+    key = experts.reshape(-1) * (L + 1) + slot.repeat_interleave(K) + 1
+    assert int(real.sum()) == int(((torch.bincount(key, minlength=E * (L + 1)) + bm - 1) // bm).sum())
+
+
+def test_align_by_expert_alone():
+    g = torch.Generator().manual_seed(8)
+    _, experts = routing("sparse", 30, E, K, g)
+    al = align_pairs(experts, None, E, 0, 16)
+    assert (al.block_slot[al.block_expert >= 0] == -1).all()
+    for b in range(al.num_blocks):
+        rows = al.sorted_pair[b * 16 : (b + 1) * 16]
+        rows = rows[rows >= 0].long()
+        assert (experts.reshape(-1)[rows] == al.block_expert[b]).all()
+    assert int((al.block_expert >= 0).sum()) == sum(-(-int((experts == e).sum()) // 16) for e in range(E))
