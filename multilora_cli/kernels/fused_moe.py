@@ -136,8 +136,7 @@ def _lora_expand_kernel(
     in_ptr, sh_ptr, b_ptr, rank_ptr, pair_ptr, bexp_ptr, bslot_ptr, rw_ptr, out_ptr,
     N, R, n_tiles,
     stride_in, stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_out,
-    SILU: tl.constexpr, NSL: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    SILU: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """v = in[p, n-tile] (+ sh[p] @ b[s, e, n-tile]^T); SILU: out[p, n] = silu(v) * (in[p, N + n] (+ ...));
     else out[p, n] = v * rw[p]. Every pair passes (base ones without the LoRA term)."""
@@ -159,17 +158,18 @@ def _lora_expand_kernel(
     if s >= 0:
         r = tl.load(rank_ptr + s)
         if r > 0:
-            c = tl.arange(0, NSL * RB)
-            col = (c // RB) * R + c % RB  # gate_up: gate ranks 0..r, up ranks R..R+r (B block-diagonal)
-            c_ok = c % RB < r
-            sh = tl.load(sh_ptr + pair[:, None] * stride_sh + col[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
-            b_base = b_ptr + s.to(tl.int64) * stride_b_slot + e.to(tl.int64) * stride_b_exp
+            c = tl.arange(0, RB)  # rank columns 0..r of slice 0 (gate, or down); up's are R..R+r
+            c_ok = c < r
+            sh_mask = ok[:, None] & c_ok[None, :]
             b_mask = c_ok[:, None] & n_ok[None, :]
-            bt = tl.load(b_base + n[None, :] * stride_bn + col[:, None], mask=b_mask, other=0.0)  # [NSL*RB, BN]
+            b_base = b_ptr + s.to(tl.int64) * stride_b_slot + e.to(tl.int64) * stride_b_exp
+            sh = tl.load(sh_ptr + pair[:, None] * stride_sh + c[None, :], mask=sh_mask, other=0.0)  # [BM, RB]
+            bt = tl.load(b_base + n[None, :] * stride_bn + c[:, None], mask=b_mask, other=0.0)  # [RB, BN]
             v = tl.dot(sh, bt.to(sh.dtype), v, input_precision=DOT_PREC)
-            if SILU:
-                bu = tl.load(b_base + (n + N)[None, :] * stride_bn + col[:, None], mask=b_mask, other=0.0)
-                u = tl.dot(sh, bu.to(sh.dtype), u, input_precision=DOT_PREC)
+            if SILU:  # B is block-diagonal: up rows read only up's rank columns (no zero bytes)
+                sh = tl.load(sh_ptr + pair[:, None] * stride_sh + (R + c)[None, :], mask=sh_mask, other=0.0)
+                bt = tl.load(b_base + (n + N)[None, :] * stride_bn + (R + c)[:, None], mask=b_mask, other=0.0)
+                u = tl.dot(sh, bt.to(sh.dtype), u, input_precision=DOT_PREC)
     if SILU:
         v = v * tl.sigmoid(v) * u
     else:
@@ -218,12 +218,12 @@ def fused_moe(
     sg = new(P, 2 * R)
     _shrink(x, lora.gu_a, lora.gu_scale, lora.rank, by_es, sg, K, R, gather=True, nsl=2, prec=prec)
     act = new(P, inter)
-    _expand(h, sg, lora.gu_b, lora.rank, by_es, rw, act, inter, R, silu=True, nsl=2, prec=prec)
+    _expand(h, sg, lora.gu_b, lora.rank, by_es, rw, act, inter, R, silu=True, prec=prec)
     y = new(P, H)
     _gemm(act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=False, prec=prec)
     sd = new(P, R)
     _shrink(act, lora.dn_a, lora.dn_scale, lora.rank, by_es, sd, K, R, gather=False, nsl=1, prec=prec)
-    _expand(y, sd, lora.dn_b, lora.rank, by_es, rw, y, H, R, silu=False, nsl=1, prec=prec)  # in place, row by row
+    _expand(y, sd, lora.dn_b, lora.rank, by_es, rw, y, H, R, silu=False, prec=prec)  # in place, row by row
     return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 
@@ -248,12 +248,12 @@ def _shrink(src, a, scale, rank, al: MoeAlign, out, top_k, R, *, gather, nsl, pr
     )  # fmt: skip
 
 
-def _expand(inp, sh, b, rank, al: MoeAlign, rw, out, n_out, R, *, silu, nsl, prec) -> None:
-    """`_lora_expand_kernel` over the (expert, slot) blocks: b [L, E, n_out (x2 with silu), nsl*R]."""
+def _expand(inp, sh, b, rank, al: MoeAlign, rw, out, n_out, R, *, silu, prec) -> None:
+    """`_lora_expand_kernel` over the (expert, slot) blocks: b [L, E, n_out (x2 with silu), R (x2 with silu)]."""
     tiles = triton.cdiv(n_out, BN)
     launch(
         _lora_expand_kernel, (al.num_blocks * tiles,), inp, sh, b, rank, al.sorted_pair, al.block_expert,
         al.block_slot, rw, out, n_out, R, tiles,
         inp.stride(0), sh.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
-        SILU=silu, NSL=nsl, RB=rank_bucket(R), BM=al.block_m, BN=BN, DOT_PREC=prec,
+        SILU=silu, RB=rank_bucket(R), BM=al.block_m, BN=BN, DOT_PREC=prec,
     )  # fmt: skip

@@ -126,3 +126,17 @@ def test_align_by_expert_alone():
         rows = rows[rows >= 0].long()
         assert (experts.reshape(-1)[rows] == al.block_expert[b]).all()
     assert int((al.block_expert >= 0).sum()) == sum(-(-int((experts == e).sum()) // 16) for e in range(E))
+
+
+def test_dry_run_records_every_launch():
+    """engine/precompile.py dry-runs forwards under launch.collect(): every kernel of the call is recorded (so it is
+    compiled before the first step), and the torch ops around them need no kernel output."""
+    from multilora_cli.kernels.launch import collect
+
+    x, weights, experts, gate_up, down, slot, lora = _inputs(5, "uniform", torch.float32, seed=9)
+    with collect() as calls:
+        fused_moe(x, weights, experts, gate_up, down, slot, lora)
+    names = [c[0].fn.__name__ for c in calls]
+    assert names.count("_count_kernel") == names.count("_place_kernel") == 2  # by expert, by (expert, slot)
+    assert names.count("_expert_gemm_kernel") == 2 and names.count("_lora_expand_kernel") == 2
+    assert names.count("_lora_shrink_kernel") == 2 and len(names) == 12
