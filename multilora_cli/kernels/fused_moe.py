@@ -134,47 +134,50 @@ def _lora_shrink_kernel(
 @triton.jit
 def _lora_expand_kernel(
     in_ptr, sh_ptr, b_ptr, rank_ptr, pair_ptr, bexp_ptr, bslot_ptr, rw_ptr, out_ptr,
-    N, R, n_tiles,
+    N, R,
     stride_in, stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_out,
     SILU: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
-    """v = in[p, n-tile] (+ sh[p] @ b[s, e, n-tile]^T); SILU: out[p, n] = silu(v) * (in[p, N + n] (+ ...));
-    else out[p, n] = v * rw[p]. Every pair passes (base ones without the LoRA term)."""
-    pid = tl.program_id(0)
-    b = pid // n_tiles
+    """v = in[p, n] (+ sh[p] @ b[s, e, n]^T); SILU: out[p, n] = silu(v) * (in[p, N + n] (+ ...)); else
+    out[p, n] = v * rw[p]. Every pair passes (base ones without the LoRA term). One program per block, looping
+    over n: the shrink rows are loaded once, and a decode step's ~2,000 mostly empty blocks stay ~2,000 programs."""
+    b = tl.program_id(0)
     e = tl.load(bexp_ptr + b)
     if e < 0:
         return
     pair = tl.load(pair_ptr + b * BM + tl.arange(0, BM))
     ok = pair >= 0
     row = pair.to(tl.int64)
-    n = (pid % n_tiles) * BN + tl.arange(0, BN)
-    n_ok = n < N
-    mask = ok[:, None] & n_ok[None, :]
-    v = tl.load(in_ptr + row[:, None] * stride_in + n[None, :], mask=mask, other=0.0).to(tl.float32)
-    if SILU:
-        u = tl.load(in_ptr + row[:, None] * stride_in + (n + N)[None, :], mask=mask, other=0.0).to(tl.float32)
     s = tl.load(bslot_ptr + b)
-    if s >= 0:
-        r = tl.load(rank_ptr + s)
+    r = tl.where(s >= 0, tl.load(rank_ptr + tl.maximum(s, 0)), 0)  # 0: base rows or an empty slot
+    c = tl.arange(0, RB)  # rank columns 0..r of slice 0 (gate, or down); up's are R..R+r
+    c_ok = c < r
+    sh_mask = ok[:, None] & c_ok[None, :]
+    sh = tl.load(sh_ptr + pair[:, None] * stride_sh + c[None, :], mask=sh_mask, other=0.0)  # [BM, RB]
+    if SILU:
+        sh_u = tl.load(sh_ptr + pair[:, None] * stride_sh + (R + c)[None, :], mask=sh_mask, other=0.0)
+    else:
+        rw = tl.load(rw_ptr + pair, mask=ok, other=0.0).to(tl.float32)
+    b_base = b_ptr + tl.maximum(s, 0).to(tl.int64) * stride_b_slot + e.to(tl.int64) * stride_b_exp
+    for n0 in range(0, N, BN):
+        n = n0 + tl.arange(0, BN)
+        n_ok = n < N
+        mask = ok[:, None] & n_ok[None, :]
+        v = tl.load(in_ptr + row[:, None] * stride_in + n[None, :], mask=mask, other=0.0).to(tl.float32)
+        if SILU:
+            u = tl.load(in_ptr + row[:, None] * stride_in + (n + N)[None, :], mask=mask, other=0.0).to(tl.float32)
         if r > 0:
-            c = tl.arange(0, RB)  # rank columns 0..r of slice 0 (gate, or down); up's are R..R+r
-            c_ok = c < r
-            sh_mask = ok[:, None] & c_ok[None, :]
             b_mask = c_ok[:, None] & n_ok[None, :]
-            b_base = b_ptr + s.to(tl.int64) * stride_b_slot + e.to(tl.int64) * stride_b_exp
-            sh = tl.load(sh_ptr + pair[:, None] * stride_sh + c[None, :], mask=sh_mask, other=0.0)  # [BM, RB]
             bt = tl.load(b_base + n[None, :] * stride_bn + c[:, None], mask=b_mask, other=0.0)  # [RB, BN]
             v = tl.dot(sh, bt.to(sh.dtype), v, input_precision=DOT_PREC)
             if SILU:  # B is block-diagonal: up rows read only up's rank columns (no zero bytes)
-                sh = tl.load(sh_ptr + pair[:, None] * stride_sh + (R + c)[None, :], mask=sh_mask, other=0.0)
                 bt = tl.load(b_base + (n + N)[None, :] * stride_bn + (R + c)[:, None], mask=b_mask, other=0.0)
-                u = tl.dot(sh, bt.to(sh.dtype), u, input_precision=DOT_PREC)
-    if SILU:
-        v = v * tl.sigmoid(v) * u
-    else:
-        v = v * tl.load(rw_ptr + pair, mask=ok, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_ptr + row[:, None] * stride_out + n[None, :], v.to(out_ptr.dtype.element_ty), mask=mask)
+                u = tl.dot(sh_u, bt.to(sh_u.dtype), u, input_precision=DOT_PREC)
+        if SILU:
+            v = v * tl.sigmoid(v) * u
+        else:
+            v = v * rw[:, None]
+        tl.store(out_ptr + row[:, None] * stride_out + n[None, :], v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def block_m_for(num_pairs: int) -> int:
@@ -250,10 +253,9 @@ def _shrink(src, a, scale, rank, al: MoeAlign, out, top_k, R, *, gather, nsl, pr
 
 def _expand(inp, sh, b, rank, al: MoeAlign, rw, out, n_out, R, *, silu, prec) -> None:
     """`_lora_expand_kernel` over the (expert, slot) blocks: b [L, E, n_out (x2 with silu), R (x2 with silu)]."""
-    tiles = triton.cdiv(n_out, BN)
     launch(
-        _lora_expand_kernel, (al.num_blocks * tiles,), inp, sh, b, rank, al.sorted_pair, al.block_expert,
-        al.block_slot, rw, out, n_out, R, tiles,
+        _lora_expand_kernel, (al.num_blocks,), inp, sh, b, rank, al.sorted_pair, al.block_expert,
+        al.block_slot, rw, out, n_out, R,
         inp.stride(0), sh.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
         SILU=silu, RB=rank_bucket(R), BM=al.block_m, BN=BN, DOT_PREC=prec,
     )  # fmt: skip

@@ -43,11 +43,11 @@ def test_bf16_qwen3_30b_shapes(pattern, T):
     got = fused_moe(x, w, idx, gu, dn, slot, lora)
     want = moe_reference(x.float(), w, idx, gu.float(), dn.float(), slot, _fp32(lora))
     assert not torch.isnan(got).any()
-    assert _rel(got, want) < 1e-2
+    assert _rel(got, want) < 2e-2  # bf16 rounds h, act and y on the way
     base = fused_moe(x, w, idx, gu, dn)
     want_base = moe_reference(x.float(), w, idx, gu.float(), dn.float())
-    assert _rel(base, want_base) < 1e-2
-    assert _rel(want, want_base) > 1e-2  # the LoRA changed the output beyond the tolerance
+    assert _rel(base, want_base) < 2e-2
+    assert _rel(want, want_base) > 0.1  # the LoRA changed the output beyond the tolerance
 
 
 def test_fp32_equals_reference():
@@ -81,4 +81,4 @@ def test_model_router_weights_in_bf16():
         w, idx = route(x @ router.T, K, kind, True)
         got = fused_moe(x, w, idx, gu, dn, slot, lora)
         want = moe_reference(x.float(), w.float(), idx, gu.float(), dn.float(), slot, _fp32(lora))
-        assert _rel(got, want) < 1e-2
+        assert _rel(got, want) < 2e-2  # bf16 rounds h, act and y on the way
