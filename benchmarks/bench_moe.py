@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     bw = copy_bandwidth()
     report = {**device_header("benchmarks.bench_moe", bw), "shapes": dict(H=H, E=E, K=K, I=INTER), "rows": []}
     expert_bytes = (2 * INTER * H + H * INTER) * 2
-    lora_bytes = (2 * args.rank * H + 2 * INTER * 2 * args.rank + args.rank * INTER + H * args.rank) * 2
+    # A of gate, up, down and B of gate, up, down (the slots store gate_up B block-diagonal; read: its blocks)
+    lora_bytes = (2 * args.rank * H + 2 * INTER * args.rank + args.rank * INTER + H * args.rank) * 2
     for T in ints(args.tokens):
         x = torch.randn(T, H, device=dev, dtype=dt)
         w, idx = route(x @ router.T, K, "qwen", True)
