@@ -26,7 +26,8 @@ compare against). Shapes (T tokens, K top-k, E experts, hidden H, expert interme
 Why LoRA goes in launches of its own: a decode step of 256 tokens and 64 adapters has ~2,000 (expert, adapter)
 groups of one pair each; grouping the base GEMM by them would stream each expert's weights once per group, by
 expert alone once per 16 pairs. Each row's numbers depend on its own token, expert and slot only (the per-token
-sum runs over its K pairs in a fixed order, no atomics), so a row's result does not depend on its neighbours.
+sum runs over its K pairs in a fixed order; the alignment's atomics only pick which tile row a pair sits in), so a
+row's result does not depend on its neighbours (the interpreter test checks it bit for bit).
 Rank-aware: a slot's rank rows past `lora.rank[s]` are masked (no bytes read), an empty slot or slot -1 skips the
 LoRA terms. Grids are static given T (padding blocks exit at once): the whole call can be captured in a graph.
 Accumulation is fp32 in registers; act, h, yb and y are stored in x's dtype (where the reference rounds too).
