@@ -1,7 +1,8 @@
 """Synthetic LoRA adapters written as real PEFT checkpoints, and an Engine that serves them.
 
 Each adapter has rank `rank` on every linear module of every layer (the seven projections; Phi-3's four, with
-its fused qkv_proj / gate_up_proj) (PEFT layout: A [r, in], B [out, r]),
+its fused qkv_proj / gate_up_proj) (PEFT layout: A [r, in], B [out, r]); on a MoE base, on attention and on the
+experts of each sparse layer (PEFT target_parameters on mlp.experts.gate_up_proj / down_proj: E x rank each),
 random values, alpha = 2r. At most `max_distinct` distinct weight sets are generated (each ~84 MB at
 Llama-3-8B shapes, rank 16); adapters beyond that reuse one round-robin with their own scaling. The GPU work
 is the same either way: every adapter is copied into its own slot and read from there. With `dora`, every module
@@ -31,6 +32,8 @@ from multilora_cli.config import EngineConfig
 from multilora_cli.engine.engine import Engine
 from multilora_cli.models.config import ATTN_MODULES, CHECKPOINT_FUSED, ModelConfig
 
+_DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+_NEST = {"experts.gate_up_proj": ".base_layer", "experts.down_proj": ""}  # PEFT: the later target wraps the earlier
 _FILES: dict[tuple, Path] = {}  # (shapes, rank, seed, dtype, weight set) -> safetensors file, per process
 _ROOT: list[Path] = []
 
@@ -63,9 +66,31 @@ class SyntheticAdapters:
     @property
     def nbytes(self) -> int:
         """Bytes of one adapter's A and B tensors at 2 bytes per value (what a slot load moves)."""
-        cfg = self.model_config
-        per_layer = sum(self.rank * sum(cfg.linear_shape(m)) for m in cfg.peft_modules)
-        return 2 * per_layer * cfg.num_hidden_layers
+        return 2 * sum(ra * fin + fout * rb for _, fin, fout, ra, rb in self._layout())
+
+    @property
+    def expert_nbytes(self) -> int:
+        """The part of `nbytes` that is expert LoRA (MoE bases; 0 on a dense one)."""
+        return 2 * sum(ra * fin + fout * rb for (_, m), fin, fout, ra, rb in self._layout() if m.startswith("experts."))
+
+    def _layout(self) -> list[tuple[tuple[int, str], int, int, int, int]]:
+        """[((layer, module), in, out, rows of A, columns of B)]: A [ra, in], B [out, rb]. A linear module has
+        ra = rb = rank; on a MoE base, a sparse layer has no dense MLP module but its experts' 3D parameters
+        (PEFT target_parameters: "experts.gate_up_proj" / "experts.down_proj", A [E * r, in], B [out, r * E])."""
+        cfg, r = self.model_config, self.rank
+        out = []
+        for layer in range(cfg.num_hidden_layers):
+            sparse = cfg.is_sparse_layer(layer)
+            for m in cfg.peft_modules:
+                if sparse and m in _DENSE_MLP:
+                    continue
+                fin, fout = cfg.linear_shape(m)
+                out.append(((layer, m), fin, fout, r, r))
+            if sparse:
+                E, h, inter = cfg.moe.num_experts, cfg.hidden_size, cfg.moe.intermediate_size
+                out.append(((layer, "experts.gate_up_proj"), h, 2 * inter, E * r, E * r))
+                out.append(((layer, "experts.down_proj"), inter, h, E * r, E * r))
+        return out
 
     def prepare(self, dtype: torch.dtype, device: torch.device, *, write: bool = True) -> None:
         """Draw the distinct weight sets on `device` (fast), keep them in ordinary (pageable) host memory, like
@@ -76,36 +101,33 @@ class SyntheticAdapters:
             self.paths = self._write(dtype)
 
     def _draw(self, dtype: torch.dtype, device: torch.device) -> None:
-        cfg = self.model_config
         layout, total = [], 0
-        for layer in range(cfg.num_hidden_layers):
-            for m in cfg.peft_modules:
-                fin, fout = cfg.linear_shape(m)
-                layout.append(((layer, m), total, fin, fout))
-                total += self.rank * (fin + fout)
+        for key, fin, fout, ra, rb in self._layout():
+            layout.append((key, total, fin, fout, ra, rb))
+            total += ra * fin + fout * rb
         gen = torch.Generator(device=device).manual_seed(self.seed)
-        r = self.rank
         for _ in range(min(len(self.names), self.max_distinct)):
             dev = torch.randn(total, generator=gen, device=device, dtype=torch.float32)
-            for _, off, fin, fout in layout:  # A ~ N(0, 1/in) keeps x @ A.T ~ O(1); B small
-                dev[off : off + r * fin].mul_(fin**-0.5)
-                dev[off + r * fin : off + r * (fin + fout)].mul_(0.05)
+            for _, off, fin, fout, ra, rb in layout:  # A ~ N(0, 1/in) keeps x @ A.T ~ O(1); B small
+                dev[off : off + ra * fin].mul_(fin**-0.5)
+                dev[off + ra * fin : off + ra * fin + fout * rb].mul_(0.05)
             dev = dev.to(dtype)
             host = dev.cpu()
             if self.dora:
                 self._magnitudes.append(
                     {
                         key: (torch.rand(fout, generator=gen, device=device) + 0.5).mul_(0.02 * fin**0.5).cpu()
-                        for key, _, fin, fout in layout
+                        for key, _, fin, fout, _, _ in layout
+                        if not key[1].startswith("experts.")
                     }
                 )
             self._banks.append(
                 {
                     key: (
-                        host[off : off + r * fin].view(r, fin),
-                        host[off + r * fin : off + r * (fin + fout)].view(fout, r),
+                        host[off : off + ra * fin].view(ra, fin),
+                        host[off + ra * fin : off + ra * fin + fout * rb].view(fout, rb),
                     )
-                    for key, off, fin, fout in layout
+                    for key, off, fin, fout, ra, rb in layout
                 }
             )
 
@@ -123,6 +145,7 @@ class SyntheticAdapters:
             cfg.num_key_value_heads,
             cfg.head_dim,
             cfg.peft_modules,  # the files' key names: Phi-3's fused modules or the seven projections
+            (cfg.moe.num_experts, cfg.moe.intermediate_size, cfg.moe.sparse_layers) if cfg.moe is not None else None,
             r,
             self.seed,
             str(dtype),
@@ -139,13 +162,16 @@ class SyntheticAdapters:
                 for (layer, m), (a, b) in bank.items():
                     parent = "self_attn" if m in ATTN_MODULES or m == "qkv_proj" else "mlp"
                     key = f"base_model.model.model.layers.{layer}.{parent}.{m}"
+                    if m.startswith("experts."):  # PEFT's ParamWrapper keys: the second parameter nests the first
+                        key = f"base_model.model.model.layers.{layer}.mlp.experts" + _NEST[m]
                     tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a.clone(), b.clone()
-                    if self.dora:
+                    if self.dora and (layer, m) in self._magnitudes[i]:
                         tensors[f"{key}.lora_magnitude_vector"] = self._magnitudes[i][(layer, m)].to(dtype)
                 save_file(tensors, str(f))
                 _FILES[(*sig, i)] = f
             files.append(f)
         paths = {}
+        targets = sorted({m for _, m in self._banks[0] if not m.startswith("experts.")})
         for i, name in enumerate(self.names):
             d = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
             try:
@@ -159,7 +185,8 @@ class SyntheticAdapters:
                         "task_type": "CAUSAL_LM",
                         "r": r,
                         "lora_alpha": self._scaling(i) * r,
-                        "target_modules": list(cfg.peft_modules),
+                        "target_modules": targets,
+                        **({"target_parameters": [f"mlp.{p}" for p in _NEST]} if cfg.moe is not None else {}),
                         "lora_dropout": 0.0,
                         "bias": "none",
                         "use_dora": self.dora,
@@ -183,8 +210,18 @@ class SyntheticAdapters:
         bank = self._banks[i % len(self._banks)]
         mags = self._magnitudes[i % len(self._banks)] if self.dora else {}
         scaling = self._scaling(i)
-        modules, magnitudes = {}, {}
+        modules, magnitudes, experts = {}, {}, {}
         for (layer, m), (a, b) in bank.items():
+            if m.startswith("experts."):  # as adapters/experts.py reads the checkpoint: A [E, r, in], B [E, out, r]
+                E, r = self.model_config.moe.num_experts, self.rank
+                a_e, b_e = a.view(E, r, a.shape[1]), b.view(b.shape[0], r, E).permute(2, 0, 1)
+                if m == "experts.down_proj":
+                    experts[(layer, "down")] = (a_e, b_e, scaling)
+                else:
+                    inter = b.shape[0] // 2
+                    experts[(layer, "gate")] = (a_e, b_e[:, :inter], scaling)
+                    experts[(layer, "up")] = (a_e, b_e[:, inter:], scaling)
+                continue
             if m not in CHECKPOINT_FUSED:
                 modules[(layer, m)] = LoraModule(a=a, b=b, scaling=scaling)
                 if mags:
@@ -206,6 +243,7 @@ class SyntheticAdapters:
             stored_dtype=next(iter(bank.values()))[0].dtype,
             stored_nbytes=self.nbytes,
             magnitudes=magnitudes,
+            experts=experts,
         )
         self._cache[name] = adapter
         return adapter

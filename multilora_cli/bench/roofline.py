@@ -73,14 +73,23 @@ def measure_matmul_flops(device: torch.device, n: int = 8192, iters: int = 10) -
 
 @dataclass(slots=True)
 class Roofline:
-    """Bytes per decode step of one model + adapter shape; `step_seconds` for a given step."""
+    """Bytes per decode step of one model + adapter shape; `step_seconds` for a given step.
+
+    MoE bases: a step reads only the experts its tokens route to. With random weights the router spreads tokens
+    about uniformly, so T tokens (top-k of E) touch E * (1 - (1 - k/E)^T) distinct experts in expectation, and an
+    adapter's T/A tokens (A adapters in the step) that many of its experts' LoRA factors; the FLOP floor counts the
+    k active experts per token (not all E)."""
 
     bandwidth: float  # bytes/s, measured
-    weight_bytes: int  # base weights read by every step (all linear layers, norms, the LM head)
+    weight_bytes: int  # base weights read by every step (all linear layers, norms, the LM head; MoE: no experts)
     kv_bytes_per_token: int  # K+V of one context token, all layers
-    adapter_bytes: int  # one adapter's A and B, all layers
+    adapter_bytes: int  # one adapter's A and B, all layers (MoE: without its expert LoRA)
     flops: float = 0.0  # matmul FLOP/s, measured (0 = no compute floor)
-    matmul_params: int = 0  # weights every token multiplies through (linear layers + LM head)
+    matmul_params: int = 0  # weights every token multiplies through (linear layers + LM head; MoE: k experts)
+    num_experts: int = 0  # MoE: E (0 = dense)
+    top_k: int = 0
+    expert_bytes: int = 0  # one expert's weights over all sparse layers
+    adapter_expert_bytes: int = 0  # one adapter's LoRA of one expert over all sparse layers
 
     @classmethod
     def for_model(
@@ -92,19 +101,36 @@ class Roofline:
         flops: float = 0.0,
         *,
         fp8: bool = False,
+        adapter_expert_bytes: int = 0,
     ) -> Roofline:
         """fp8: the decoder projections are read at 1 byte each (models/quantization.base_bytes); the FLOP floor
-        stays the bf16 rate's (a conservative floor for FP8 tensor cores)."""
+        stays the bf16 rate's (a conservative floor for FP8 tensor cores). adapter_expert_bytes: the part of
+        adapter_bytes that is expert LoRA (all experts, all layers; MoE only)."""
         # embeddings: a step reads only its T rows; the LM head is read whole (tied or not)
         emb = cfg.vocab_size * cfg.hidden_size
         params = cfg.num_params() - (0 if cfg.tie_word_embeddings else emb)
+        weight_bytes = base_bytes(cfg, dtype_bytes, fp8) - (0 if cfg.tie_word_embeddings else emb * dtype_bytes)
+        moe = dict(num_experts=0, top_k=0, expert_bytes=0, adapter_expert_bytes=0)
+        if cfg.moe is not None:
+            E, k = cfg.moe.num_experts, cfg.moe.top_k
+            per_expert = 3 * cfg.hidden_size * cfg.moe.intermediate_size * len(cfg.moe.sparse_layers)
+            weight_bytes -= E * per_expert * dtype_bytes
+            params -= (E - k) * per_expert
+            adapter_bytes -= adapter_expert_bytes
+            moe = dict(
+                num_experts=E,
+                top_k=k,
+                expert_bytes=per_expert * dtype_bytes,
+                adapter_expert_bytes=adapter_expert_bytes // E,
+            )
         return cls(
             bandwidth=bandwidth,
-            weight_bytes=base_bytes(cfg, dtype_bytes, fp8) - (0 if cfg.tie_word_embeddings else emb * dtype_bytes),
+            weight_bytes=weight_bytes,
             kv_bytes_per_token=cfg.kv_bytes_per_token(dtype_bytes),
             adapter_bytes=adapter_bytes,
             flops=flops,
             matmul_params=params,
+            **moe,
         )
 
     def step_flops(self, tokens: int, kv_tokens: int = 0) -> float:
@@ -114,11 +140,23 @@ class Roofline:
 
     def floor_seconds(self, tokens: int, kv_tokens: int, adapters: int) -> float:
         """max(bytes / bandwidth, FLOPs / matmul rate)."""
-        mem = self.step_seconds(kv_tokens, adapters)
+        mem = self.step_seconds(kv_tokens, adapters, tokens)
         return max(mem, self.step_flops(tokens) / self.flops) if self.flops > 0 else mem
 
-    def step_bytes(self, kv_tokens: int, adapters: int) -> int:
-        return self.weight_bytes + kv_tokens * self.kv_bytes_per_token + adapters * self.adapter_bytes
+    def touched_experts(self, tokens: float) -> float:
+        """Expected distinct experts `tokens` tokens route to (uniform routing), 0 on a dense base."""
+        if not self.num_experts or tokens <= 0:
+            return 0.0
+        return self.num_experts * (1.0 - (1.0 - self.top_k / self.num_experts) ** tokens)
 
-    def step_seconds(self, kv_tokens: int, adapters: int) -> float:
-        return self.step_bytes(kv_tokens, adapters) / self.bandwidth
+    def step_bytes(self, kv_tokens: int, adapters: int, tokens: int = 0) -> float:
+        """tokens: the step's tokens (MoE: which experts it reads; ignored on a dense base)."""
+        b = self.weight_bytes + kv_tokens * self.kv_bytes_per_token + adapters * self.adapter_bytes
+        if self.num_experts:
+            b += self.touched_experts(tokens) * self.expert_bytes
+            if adapters:
+                b += adapters * self.touched_experts(tokens / adapters) * self.adapter_expert_bytes
+        return b
+
+    def step_seconds(self, kv_tokens: int, adapters: int, tokens: int = 0) -> float:
+        return self.step_bytes(kv_tokens, adapters, tokens) / self.bandwidth

@@ -187,7 +187,15 @@ def run_multilora_row(
         sequences = sum(max(1, len(r.samples)) for r in results)
         dtype_bytes = torch.tensor([], dtype=engine.runner.dtype).element_size()
         fp8 = work.quantization == "fp8"
-        roof = Roofline.for_model(cfg, dtype_bytes, source.nbytes if source else 0, bandwidth, flops, fp8=fp8)
+        roof = Roofline.for_model(
+            cfg,
+            dtype_bytes,
+            source.nbytes if source else 0,
+            bandwidth,
+            flops,
+            fp8=fp8,
+            adapter_expert_bytes=source.expert_nbytes if source else 0,
+        )
         system = ("multilora-base" if base_only else "multilora") + ("-fp8" if fp8 else "")
         system += "-eager" if enforce_eager else ""
         system += "-dora" if dora else ""
@@ -261,9 +269,9 @@ def _summarise(work: Workload, steps, roof: Roofline, system: str, out_tokens: i
         at = [s for s in decode if s.seqs == common]
         row.decode_batch = common
         row.decode_step_ms = statistics.median(s.seconds for s in at) * 1e3
-        row.roofline_ms = statistics.median(roof.step_seconds(s.kv_tokens, s.adapters) for s in at) * 1e3
+        row.roofline_ms = statistics.median(roof.step_seconds(s.kv_tokens, s.adapters, s.tokens) for s in at) * 1e3
         row.decode_vs_roofline = sum(s.seconds for s in decode) / sum(
-            roof.step_seconds(s.kv_tokens, s.adapters) for s in decode
+            roof.step_seconds(s.kv_tokens, s.adapters, s.tokens) for s in decode
         )
         row.floor_ms = statistics.median(roof.floor_seconds(s.tokens, s.kv_tokens, s.adapters) for s in at) * 1e3
         row.extra["decode_vs_floor"] = sum(s.seconds for s in decode) / sum(
@@ -280,6 +288,8 @@ def _summarise(work: Workload, steps, roof: Roofline, system: str, out_tokens: i
         mean_adapters_per_decode_step=statistics.fmean(s.adapters for s in decode) if decode else 0.0,
         roofline_weight_gb=roof.weight_bytes / 1e9,
         roofline_adapter_mb=roof.adapter_bytes / 1e6,
+        roofline_expert_mb=roof.expert_bytes / 1e6,  # MoE: one expert, all layers (0 on a dense base)
+        roofline_adapter_expert_mb=roof.adapter_expert_bytes / 1e6,
         roofline_kv_kb_per_token=roof.kv_bytes_per_token / 1e3,
     )
     return row

@@ -14,7 +14,7 @@ def command(
         "-p",
         help="Model shape: llama-3-8b, llama-3.1-8b, "
         "llama-3.2-1b, llama-2-7b, llama-3-70b, mistral-7b, qwen2.5-7b, gemma-2-9b, gemma-3-12b, phi-3-mini, "
-        "phi-4, tiny. Random weights: no download.",
+        "phi-4, qwen3-30b-a3b (MoE: adapters on attention + experts), tiny. Random weights: no download.",
     ),
     num_adapters: str | None = typer.Option(
         None, "--num-adapters", help="Adapter counts to run, comma-separated (8,64). Default 64."

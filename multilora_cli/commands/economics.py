@@ -14,7 +14,8 @@ def command(
         "--model",
         "-m",
         help="Model preset (llama-2-7b, llama-3-8b, llama-3.1-8b, llama-3-70b, llama-3.2-1b, "
-        "mistral-7b, qwen2.5-7b, gemma-2-9b, gemma-3-12b, phi-3-mini, phi-4), a HF model directory, or a Hub id. "
+        "mistral-7b, qwen2.5-7b, gemma-2-9b, gemma-3-12b, phi-3-mini, phi-4, qwen3-30b-a3b), a HF model directory, "
+        "or a Hub id. "
         "Default: the adapter's base model, "
         "else llama-2-7b.",
     ),

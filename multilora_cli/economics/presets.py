@@ -191,6 +191,27 @@ MODEL_PRESETS: dict[str, dict] = {
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
     ),
+    "qwen3-30b-a3b": _cfg(  # mixture of experts: 128 experts of width 768, top-8, on every layer
+        "Qwen/Qwen3-30B-A3B",
+        "qwen3_moe",
+        2048,
+        6144,
+        48,
+        32,
+        4,
+        151936,
+        head_dim=128,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        rope_theta=1000000.0,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    ),
 }
 
 

@@ -162,8 +162,8 @@ class ModelRunner:
             else []
         )
         self.graphs: DecodeGraphs | None = None
-        # MoE experts run the grouped torch path (kernels/moe_reference.py): data-dependent shapes, so no graphs
-        if self.device.type == "cuda" and not config.enforce_eager and model_config.moe is None:
+        # MoE experts on CUDA run kernels/fused_moe.py: static shapes given T, no host sync, so they are captured too
+        if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(
                 self.model,
                 max_num_seqs=min(config.max_num_seqs, config.max_decode_batch or config.max_num_seqs),

@@ -4,6 +4,8 @@
     gu_b:     [L, E, 2I, 2R]  lora_B block-diagonal: gate rows 0..I read columns 0..R, up rows I..2I columns R..2R
     gu_scale: [L, 2R] float32 scaling of each rank column (alpha / r of its slice; 0 = not adapted)
     dn_a:     [L, E, R, I]    lora_A of down;  dn_b: [L, E, H, R];  dn_scale: [L, R] float32
+    rank:     [L] int32       largest rank of the slot's parts (0 = empty): the fused kernels read no rank row past
+                              it and skip an empty slot (moe_reference needs no ranks: the padding is zeros)
 Unused rank rows hold zeros and scale 0, so one shrink / expand per (expert, slot) covers both gate_up slices and
 any rank <= R exactly. A slot's bytes: E * (2R * H + 2I * 2R + R * I + H * R) values (`slot_numel`).
 """
@@ -23,6 +25,7 @@ class ExpertLoraWeights:
     dn_a: torch.Tensor
     dn_b: torch.Tensor
     dn_scale: torch.Tensor
+    rank: torch.Tensor
 
     @classmethod
     def empty(cls, max_loras: int, max_rank: int, num_experts: int, hidden: int, inter: int, dtype, device):
@@ -38,6 +41,7 @@ class ExpertLoraWeights:
             z(L, E, R, inter),
             z(L, E, hidden, R),
             z(L, R, dt=torch.float32),
+            z(L, dt=torch.int32),
         )
 
     @property
@@ -55,7 +59,7 @@ class ExpertLoraWeights:
         return num_experts * (2 * r * hidden + 2 * inter * 2 * r + r * inter + hidden * r)
 
     def clear_slot(self, slot: int) -> None:
-        for t in (self.gu_a, self.gu_b, self.gu_scale, self.dn_a, self.dn_b, self.dn_scale):
+        for t in (self.gu_a, self.gu_b, self.gu_scale, self.dn_a, self.dn_b, self.dn_scale, self.rank):
             t[slot].zero_()
 
     def set_slot(self, slot: int, parts: dict[str, tuple[torch.Tensor, torch.Tensor, float]]) -> None:
@@ -76,3 +80,4 @@ class ExpertLoraWeights:
             self.gu_a[slot, :, col : col + r] = a
             self.gu_b[slot, :, rows, col : col + r] = b
             self.gu_scale[slot, col : col + r] = scaling
+        self.rank[slot] = max((a.shape[1] for a, _, _ in parts.values()), default=0)

@@ -1,8 +1,8 @@
 """`SparseMoeBlock`: the MLP of a Mixtral / Qwen2-MoE / Qwen3-MoE sparse layer, with LoRA on its experts.
 
 forward(x [T, H]) = sum over the top-k experts e of w_e * expert_e(x) (+ sigmoid(x Ws^T) * shared_expert(x) for
-Qwen2-MoE), routing as models/moe_config.py states, experts computed by kernels/moe_reference.py (grouped torch;
-the fused Triton kernels are to come). Parameter names follow transformers 5: mlp.gate.weight [E, H] (the router,
+Qwen2-MoE), routing as models/moe_config.py states, experts computed on CUDA by kernels/fused_moe.py (Triton, no
+host sync: decode steps run in CUDA graphs) and elsewhere by kernels/moe_reference.py (grouped torch, the oracle). Parameter names follow transformers 5: mlp.gate.weight [E, H] (the router,
 never a LoRA target), mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I], mlp.shared_expert.*
 (fused like a dense MLP), mlp.shared_expert_gate.weight [1, H]. With max_loras > 0 the experts own
 `ExpertLoraWeights` slots, filled per adapter from `LoraAdapter.experts`; each token's slot comes from the step's
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from multilora_cli.kernels.expert_weights import ExpertLoraWeights
+from multilora_cli.kernels.fused_moe import fused_moe
 from multilora_cli.kernels.moe_reference import moe_reference, route
 from multilora_cli.layers.context import get_context
 from multilora_cli.layers.linear import FusedLinear
@@ -42,7 +43,10 @@ class MoeExperts(nn.Module):
         slot = None
         ctx = get_context()
         if self.lora is not None and ctx is not None and ctx.lora is not None and ctx.lora.segments:
-            slot = ctx.lora.token_slot.to(torch.int64)  # [T]
+            slot = ctx.lora.token_slot  # [T] int32, -1 = base
+        if x.is_cuda:
+            return fused_moe(x, weights, experts, self.gate_up_proj, self.down_proj, slot, self.lora)
+        slot = slot.to(torch.int64) if slot is not None else None
         return moe_reference(x, weights, experts, self.gate_up_proj, self.down_proj, slot, self.lora)
 
 

@@ -82,6 +82,22 @@ def test_roofline_bytes(tmp_path):
     assert r.floor_seconds(16, 0, 0) == r.step_seconds(0, 0)
 
 
+def test_roofline_moe_reads_the_routed_experts_and_their_lora():
+    """Qwen3-30B-A3B: the FLOP floor counts 8 of 128 experts (3.3B active parameters with the embedding, as
+    published); a 1-token step reads 8 experts and the adapter's LoRA of those 8, a large step all 128."""
+    from multilora_cli.economics import model_preset
+
+    cfg = model_preset("qwen3-30b-a3b")
+    expert = 3 * 2048 * 768 * 48 * 2  # bytes of one expert over 48 layers
+    lora_experts = 128 * 1000  # the adapter's expert LoRA: 1000 bytes per expert
+    r = Roofline.for_model(cfg, 2, adapter_bytes=10**6 + lora_experts, bandwidth=1.0, adapter_expert_bytes=lora_experts)
+    assert r.expert_bytes == expert and r.adapter_bytes == 10**6 and r.adapter_expert_bytes == 1000
+    assert 3.2e9 < r.matmul_params + cfg.vocab_size * cfg.hidden_size < 3.4e9
+    assert r.touched_experts(1) == pytest.approx(8) and r.touched_experts(10_000) == pytest.approx(128)
+    assert r.step_bytes(0, 1, 1) == pytest.approx(r.weight_bytes + 8 * expert + 10**6 + 8 * 1000)
+    assert r.step_bytes(0, 0, 10_000) == pytest.approx(cfg.num_params() * 2 - cfg.vocab_size * cfg.hidden_size * 2)
+
+
 def test_suite_on_cpu(tmp_path):
     model_dir = write_model_dir("tiny", tmp_path / "tiny")
     plan = parse_rows("4,base,hf4,6/2", BASE)
@@ -324,3 +340,46 @@ def test_slot_sweep_judges_the_default_against_the_best():
     assert uni["default_vs_best"] == 700 / 720 and uni["vs_64"] == 0.7 and uni["met"]
     assert zipf["vs_64"] is None and zipf["default_vs_best"] == 500 / 600 and not zipf["met"]
     assert "| p 1000 zipf x8 | 1000 |" in "\n".join(sweep_lines([uni, zipf]))
+
+
+def test_synthetic_moe_adapters_hold_expert_lora_and_run(tmp_path, monkeypatch):
+    """On a MoE preset the bench's adapters put LoRA on attention and on the experts (PEFT target_parameters on
+    mlp.experts.gate_up_proj / down_proj, no dense MLP module on a sparse layer); the folder reads back as the
+    tensors held in memory, and a row runs end to end beside the base row."""
+    from multilora_cli.adapters.peft import load_adapter
+    from multilora_cli.bench import model_dir
+    from multilora_cli.bench.adapters import SyntheticAdapters
+
+    tiny = {
+        **model_dir.TINY,
+        "model_type": "qwen3_moe",
+        "_name_or_path": "multilora/tiny-qwen3-moe",
+        "head_dim": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+    }
+    monkeypatch.setitem(model_dir.PRESETS, "tiny-moe", tiny)
+    path = write_model_dir("tiny-moe", tmp_path / "moe")
+    cfg = ModelConfig.from_dir(path)
+    src = SyntheticAdapters(cfg, ["a", "b", "c"], 4, max_distinct=2)
+    src.prepare(torch.float32, torch.device("cpu"))
+    mem, disk = src.load("c"), load_adapter(src.paths["c"], "c", cfg)
+    assert (
+        set(disk.modules)
+        == set(mem.modules)
+        == {(i, m) for i in range(2) for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    )
+    assert set(disk.experts) == set(mem.experts) == {(i, p) for i in range(2) for p in ("gate", "up", "down")}
+    for key, (a, b, s) in mem.experts.items():
+        da, db, ds = disk.experts[key]
+        assert a.shape == (4, 4, 64 if key[1] != "down" else 32) and torch.equal(da, a) and torch.equal(db, b)
+        assert ds == pytest.approx(s) == pytest.approx(2.02)
+    attn = 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64))  # r * (in + out) of q, k, v, o (head_dim 16, 2 kv heads)
+    experts = 4 * 4 * ((64 + 2 * 32) + (32 + 64))  # E * r * (in + out) of gate_up_proj and down_proj
+    assert src.nbytes == 2 * 2 * (attn + experts)  # 2 layers, 2 bytes per value
+    work = dataclasses.replace(BASE, preset="tiny-moe")
+    report = run_suite(parse_rows("3,base", work), path, torch.device("cpu"), log=lambda m: None)
+    assert report["failed"] == [] and [r["system"] for r in report["rows"]] == ["multilora", "multilora-base"]
+    assert all(r["output_tokens"] == 10 * 4 for r in report["rows"])

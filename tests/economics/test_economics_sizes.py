@@ -39,6 +39,7 @@ def test_llama3_8b_rank16_all_projections_is_83_9_mb():
         ("mistral-7b", 7_241_732_096),
         ("qwen2.5-7b", 7_615_616_512),
         ("llama-3-70b", 70_553_706_496),
+        ("qwen3-30b-a3b", 30_532_122_624),
     ],
 )
 def test_preset_parameter_counts_match_published_checkpoints(name, published):
@@ -60,6 +61,7 @@ def test_presets_match_transformers_parameter_count():
             "gemma2": tf.Gemma2Config,
             "gemma3_text": tf.Gemma3TextConfig,
             "phi3": tf.Phi3Config,
+            "qwen3_moe": tf.Qwen3MoeConfig,
         }[raw["model_type"]]
         cfg = cls(**{k: v for k, v in raw.items() if not k.startswith("_") and k != "model_type"})
         with torch.device("meta"):

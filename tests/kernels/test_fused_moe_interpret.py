@@ -1,0 +1,142 @@
+"""`kernels/fused_moe.py` equals `kernels/moe_reference.py` (under TRITON_INTERPRET=1 on CPU: fp32 and fp16, the
+interpreter's bf16 tl.dot is garbage), over routing patterns, T=1, base-only and mixed adapter slots with ranks
+differing per slot (one empty); the alignment metadata holds every pair once; a row's result is its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multilora_cli.kernels.fused_moe import fused_moe
+from multilora_cli.kernels.moe_align import align_pairs, num_blocks
+from multilora_cli.kernels.moe_reference import moe_reference
+from tests.kernels.moe_cases import expert_lora, routing
+
+H, INTER, E, K, L, R = 32, 48, 6, 2, 4, 8  # INTER < BN and H < BK: masked tiles
+RANKS = (8, 3, 0, 5)  # slot 2 stays empty (rank 0)
+
+
+def _inputs(T, pattern, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(dtype)
+    gate_up = (torch.randn(E, 2 * INTER, H, generator=g) * 0.2).to(dtype)
+    down = (torch.randn(E, H, INTER, generator=g) * 0.2).to(dtype)
+    weights, experts = routing(pattern, T, E, K, g)
+    slot = torch.randint(-1, L, (T,), generator=g)
+    lora = expert_lora(L, R, E, H, INTER, RANKS, g, dtype, "cpu", amp=0.3)
+    return x, weights, experts, gate_up, down, slot, lora
+
+
+def _close(got, want, tol):
+    """fp32: elementwise; fp16 rounds act and the shrinks on the way: within tol of the output's scale."""
+    torch.testing.assert_close(got.float(), want, atol=tol * max(1.0, float(want.abs().amax())), rtol=tol)
+
+
+def _reference(x, weights, experts, gate_up, down, slot, lora):
+    """The oracle in fp32 on the same (rounded) inputs."""
+    f = lambda t: t.float()  # noqa: E731
+    lf = None
+    if lora is not None:
+        lf = type(lora)(*(f(getattr(lora, n)) if n != "rank" else lora.rank for n in lora.__slots__))
+    return moe_reference(f(x), weights, experts, f(gate_up), f(down), slot, lf)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
+@pytest.mark.parametrize("pattern", ["one", "uniform", "sparse"])
+@pytest.mark.parametrize("T", [1, 7, 20])
+def test_fused_equals_reference_with_mixed_slots(dtype, tol, pattern, T):
+    x, weights, experts, gate_up, down, slot, lora = _inputs(T, pattern, dtype)
+    got = fused_moe(x, weights, experts, gate_up, down, slot, lora)
+    want = _reference(x, weights, experts, gate_up, down, slot, lora)
+    assert got.dtype == dtype
+    _close(got, want, tol)
+    base = _reference(x, weights, experts, gate_up, down, None, None)
+    adapted = (slot >= 0) & (slot != 2)  # slot 2 is empty: its rows are the base's
+    if adapted.any():  # the LoRA really changed the adapted rows (the test can fail)
+        assert (want[adapted] - base[adapted]).abs().amax() > 20 * tol
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
+def test_fused_base_only(dtype, tol):
+    x, weights, experts, gate_up, down, _, _ = _inputs(9, "uniform", dtype, seed=3)
+    got = fused_moe(x, weights, experts, gate_up, down)
+    _close(got, _reference(x, weights, experts, gate_up, down, None, None), tol)
+
+
+def test_fused_qwen_weights_in_model_dtype_and_block_64():
+    """Qwen's routing weights come in the model's dtype; a 64-row block (the prefill size) covers the same."""
+    x, weights, experts, gate_up, down, slot, lora = _inputs(12, "uniform", torch.float16, seed=4)
+    w16 = weights.to(torch.float16)
+    got = fused_moe(x, w16, experts, gate_up, down, slot, lora, block_m=64)
+    want = _reference(x, w16.float(), experts, gate_up, down, slot, lora)
+    _close(got, want, 2e-2)
+
+
+def test_a_row_is_its_own():
+    """Batch invariance: each row computed with 19 neighbours equals that row computed alone, bit for bit."""
+    x, weights, experts, gate_up, down, slot, lora = _inputs(20, "uniform", torch.float32, seed=5)
+    full = fused_moe(x, weights, experts, gate_up, down, slot, lora)
+    for t in (0, 7, 19):
+        alone = fused_moe(x[t : t + 1], weights[t : t + 1], experts[t : t + 1], gate_up, down, slot[t : t + 1], lora)
+        assert torch.equal(alone[0], full[t])
+
+
+def test_eviction_gives_the_base_rows_back():
+    x, weights, experts, gate_up, down, _, lora = _inputs(6, "uniform", torch.float32, seed=6)
+    slot = torch.zeros(6, dtype=torch.int64)
+    lora.clear_slot(0)
+    got = fused_moe(x, weights, experts, gate_up, down, slot, lora)
+    torch.testing.assert_close(got, fused_moe(x, weights, experts, gate_up, down), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("bm", [16, 64])
+def test_align_holds_every_pair_once_one_group_per_block(bm):
+    g = torch.Generator().manual_seed(7)
+    T = 37
+    weights, experts = routing("uniform", T, E, K, g)
+    slot = torch.randint(-1, L, (T,), generator=g)
+    al = align_pairs(experts, slot, E, L, bm)
+    nb = num_blocks(T * K, E * (L + 1), bm)
+    assert al.sorted_pair.shape == (nb * bm,) and al.block_expert.shape == (nb,)
+    pairs = al.sorted_pair[al.sorted_pair >= 0]
+    assert torch.equal(pairs.sort().values, torch.arange(T * K, dtype=torch.int32))
+    for b in range(nb):
+        rows = al.sorted_pair[b * bm : (b + 1) * bm]
+        rows = rows[rows >= 0].long()
+        if al.block_expert[b] < 0:
+            assert rows.numel() == 0
+            continue
+        assert rows.numel() > 0
+        assert (experts.reshape(-1)[rows] == al.block_expert[b]).all()
+        assert (slot[rows // K] == al.block_slot[b]).all()
+    real = al.block_expert >= 0  # groups in ascending (expert, slot) order, then only padding blocks
+    group = (al.block_expert * (L + 1) + al.block_slot + 1)[real]
+    assert torch.equal(group, group.sort().values) and not real[int(real.sum()) :].any()
+    key = experts.reshape(-1) * (L + 1) + slot.repeat_interleave(K) + 1
+    assert int(real.sum()) == int(((torch.bincount(key, minlength=E * (L + 1)) + bm - 1) // bm).sum())
+
+
+def test_align_by_expert_alone():
+    g = torch.Generator().manual_seed(8)
+    _, experts = routing("sparse", 30, E, K, g)
+    al = align_pairs(experts, None, E, 0, 16)
+    assert (al.block_slot[al.block_expert >= 0] == -1).all()
+    for b in range(al.num_blocks):
+        rows = al.sorted_pair[b * 16 : (b + 1) * 16]
+        rows = rows[rows >= 0].long()
+        assert (experts.reshape(-1)[rows] == al.block_expert[b]).all()
+    assert int((al.block_expert >= 0).sum()) == sum(-(-int((experts == e).sum()) // 16) for e in range(E))
+
+
+def test_dry_run_records_every_launch():
+    """engine/precompile.py dry-runs forwards under launch.collect(): every kernel of the call is recorded (so it is
+    compiled before the first step), and the torch ops around them need no kernel output."""
+    from multilora_cli.kernels.launch import collect
+
+    x, weights, experts, gate_up, down, slot, lora = _inputs(5, "uniform", torch.float32, seed=9)
+    with collect() as calls:
+        fused_moe(x, weights, experts, gate_up, down, slot, lora)
+    names = [c[0].fn.__name__ for c in calls]
+    assert names.count("_count_kernel") == names.count("_place_kernel") == 2  # by expert, by (expert, slot)
+    assert names.count("_expert_gemm_kernel") == 2 and names.count("_lora_expand_kernel") == 2
+    assert names.count("_lora_shrink_kernel") == 2 and len(names) == 12
