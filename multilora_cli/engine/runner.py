@@ -47,6 +47,28 @@ def staging_buffers(slot_bytes: int) -> int:
     return max(2, min(STAGING_BUFFERS, STAGING_BYTES // max(slot_bytes, 1)))
 
 
+def input_kv_blocks(config: EngineConfig, max_position_embeddings: int) -> int | None:
+    """KV blocks that hold every sequence the input can run (config.max_decode_batch) at max_model_len at once,
+    plus 2% (the scheduler's admission watermark is 1%) and one block per sequence (a run-ahead step's slot);
+    None when the input's size is unknown. More blocks could never be used: no sequence waits for KV, none is
+    preempted and no cached prefix is evicted, so the results are those of a cache sized by memory. A 14-line
+    demo job zeroed a 1 GiB cache on CPU for ~14 x 512 tokens (0.55 s of a 2.5 s run)."""
+    if config.max_decode_batch is None:
+        return None
+    limit = config.max_model_len or max_position_embeddings
+    blocks = config.max_decode_batch * (-(-limit // config.block_size) + 1)
+    return blocks + blocks // 50 + 2
+
+
+def precompile_tokens(config: EngineConfig) -> int:
+    """The largest prefill step the precompile dry-runs: max_num_batched_tokens, or less when the input's prompts
+    are known to be fewer tokens (config.prompt_tokens_hint, plus a decode token per sequence of a mixed step)."""
+    if config.prompt_tokens_hint is None:
+        return config.max_num_batched_tokens
+    hint = config.prompt_tokens_hint + (config.max_decode_batch or config.max_num_seqs)
+    return max(1, min(config.max_num_batched_tokens, hint))
+
+
 def pick_device(requested: str) -> torch.device:
     """The torch device of `requested` ("auto" | "cuda" | "cpu", engine/device.resolve_device): CUDA is the
     current CUDA device."""
@@ -179,7 +201,7 @@ class ModelRunner:
             self.model,
             self.graphs,
             self._meta_buffers,
-            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_batched_tokens=precompile_tokens(config),
             max_model_len=self.max_model_len,
             block_size=self.block_size,
             device=self.device,
@@ -194,9 +216,15 @@ class ModelRunner:
 
     # --- sizing ----------------------------------------------------------------------------------------------
     def _size_kv_cache(self) -> int:
-        per_block = self.model.kv_bytes_per_block(self.block_size)
+        """KV blocks: config.num_kv_blocks, else what memory allows (capped by `input_kv_blocks`)."""
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
+        blocks = self._memory_kv_blocks()
+        cap = input_kv_blocks(self.config, self.model_config.max_position_embeddings)
+        return blocks if cap is None else min(cap, blocks)
+
+    def _memory_kv_blocks(self) -> int:
+        per_block = self.model.kv_bytes_per_block(self.block_size)
         if self.device.type != "cuda":
             return max(1, self.config.cpu_kv_cache_bytes // per_block)
         free, total = torch.cuda.mem_get_info(self.device)

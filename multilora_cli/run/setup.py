@@ -73,9 +73,10 @@ def slot_choice(cfg: RunConfig, pf, n_adapters: int, econf: EngineConfig):
 def engine_config(cfg: RunConfig, pf, good: dict[str, Path]):
     """(EngineConfig, SlotChoice) of a run whose adapters `good` passed pre-flight `pf`; the host cache sized by
     engine/host_budget.py (a warning on stderr when the adapters, or --max-cpu-loras, do not fit); a file input
-    bounds the decode batches its CUDA graphs cover (io/reader.count_sequences)."""
+    bounds the decode batches its CUDA graphs cover and its KV cache (io/reader.count_sequences), and a small one
+    the prefill sizes the engine precompiles (io/reader.prompt_token_bound)."""
     from multilora_cli.engine.host_budget import choose_max_cpu_loras
-    from multilora_cli.io.reader import count_sequences
+    from multilora_cli.io.reader import count_sequences, prompt_token_bound
 
     econf = cfg.engine.engine_config(
         str(pf.model_path),
@@ -83,6 +84,7 @@ def engine_config(cfg: RunConfig, pf, good: dict[str, Path]):
         max_lora_rank=pf.max_lora_rank,
         seed=cfg.seed,
         max_decode_batch=count_sequences(cfg.input) or None,  # 0 (no line: nothing decodes) bounds nothing
+        prompt_tokens_hint=prompt_token_bound(cfg.input),
     )
     slots = slot_choice(cfg, pf, len(good), econf)
     sizes = packed_sizes(pf, good, cfg.engine.itemsize)
