@@ -29,6 +29,7 @@ from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.engine.step_inputs import build_step_inputs
 from multilora_cli.errors import EngineError
 from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta
+from multilora_cli.kernels.compile_log import compile_log
 from multilora_cli.layers.context import reset_context, set_context
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model, resolve_dtype
@@ -177,6 +178,7 @@ class ModelRunner:
         self.grammar = None  # engine/grammar/rows.GrammarRows, set by the engine at its first constrained request
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
         self._last_done = 0.0  # when the last step's ids were read (step times, `_log`)
+        self.first_done: float | None = None  # when the first step's ids were read (perf_counter; startup stats)
         self._turn = 0
         self._host_ids = (
             [torch.empty(config.max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(2)]
@@ -196,7 +198,9 @@ class ModelRunner:
                 lazy=config.lazy_capture,
             )
         # every Triton kernel the run will launch, compiled in parallel now (a cold cache compiled them one by
-        # one inside the graph warm-ups and the first prefill steps)
+        # one inside the graph warm-ups and the first prefill steps); the compile log tells compiles from loads
+        self._compile_log = compile_log() if self.device.type == "cuda" else None
+        at_start = self._compile_log.snapshot() if self._compile_log is not None else None
         self.precompiled, self.precompile_seconds = precompile(
             self.model,
             self.graphs,
@@ -208,6 +212,20 @@ class ModelRunner:
         )
         if self.graphs is not None and not self.graphs.lazy:
             self.graphs.capture()
+        self._triton_ready = self._compile_log.snapshot() if self._compile_log is not None else None
+        self._triton_start = at_start
+
+    def triton_counts(self) -> dict:
+        """Triton compiles and cache loads (kernels/compile_log.py) while the runner started (model load,
+        precompile, eager capture: "triton_at_start") and since ("triton_in_steps": lazy captures, step sizes no
+        dry run met); {} on CPU or with a Triton without the listener."""
+        log = self._compile_log
+        if log is None or not log.supported:
+            return {}
+        return {
+            "triton_at_start": log.since(self._triton_start, self._triton_ready),
+            "triton_in_steps": log.since(self._triton_ready),
+        }
 
     @property
     def capture_seconds(self) -> float:
@@ -435,6 +453,8 @@ class ModelRunner:
         while that one ran) to its ids being read back: the steps' times add up to wall time, not more."""
         now = time.perf_counter()
         since, self._last_done = max(launched.t0, self._last_done), now
+        if self.first_done is None:
+            self.first_done = now
         if self.step_log is None:
             return
         batch = launched.batch
