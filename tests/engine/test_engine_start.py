@@ -19,6 +19,15 @@ def test_input_kv_blocks_hold_every_sequence_at_max_model_len():
     assert input_kv_blocks(EngineConfig(model="m"), 512) is None  # stdin: unknown
 
 
+def test_process_seconds_counts_from_the_process_start():
+    import subprocess
+    import sys
+
+    code = "import time; time.sleep(0.3); from multilora_cli.engine.startup import process_seconds as p; print(p())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert 0.3 <= float(out) < 30
+
+
 def test_precompile_tokens_follow_the_prompt_hint():
     assert precompile_tokens(EngineConfig(model="m")) == 8192
     assert precompile_tokens(EngineConfig(model="m", prompt_tokens_hint=120, max_decode_batch=14)) == 134
@@ -41,6 +50,11 @@ def test_a_kv_cache_capped_by_the_input_gives_the_same_tokens(tmp_path, n):
         try:
             blocks[bound] = engine.runner.num_blocks
             got[bound] = [[s.token_ids for s in r.samples] for r in engine.generate_all(reqs)]
+            stats: dict = {}
+            engine.annotate_stats(stats)  # the run's "startup" section (engine/startup.py)
+            st = stats["startup"]
+            assert st["kv_blocks"] == blocks[bound] and st["precompiled"] == 0  # CPU: no Triton, no precompile
+            assert st["first_step_s"] >= st["process_s"] > 0 and "triton_at_start" not in st
         finally:
             engine.close()
     assert blocks[3 * n] == input_kv_blocks(cfg, engine.runner.model_config.max_position_embeddings)
