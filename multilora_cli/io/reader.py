@@ -90,13 +90,13 @@ LINE_SLACK = 8  # tokens a tokenizer may add to a plain prompt (BOS, a leading-s
 CHAT_SLACK = 64  # ... to a chat line: the template's own text (role headers, a default system prompt)
 
 
-def prompt_token_bound(path: str, max_bytes: int = PROMPT_BOUND_BYTES) -> int | None:
+def prompt_token_bound(path: str, max_bytes: int = PROMPT_BOUND_BYTES, enough: int = 1 << 16) -> int | None:
     """Estimated upper bound on the prompt tokens of all lines of a regular file of at most `max_bytes` (None:
     stdin, a pipe, a larger file). A token covers at least one byte of text (byte-level BPE; SentencePiece with
     byte fallback), so a line counts its prompt's (and continuation's) UTF-8 bytes plus LINE_SLACK, a chat line
     its messages' JSON bytes plus CHAT_SLACK, token ids their count, a failed line nothing. A hint, not a
     limit: the engine precompiles prefill steps up to it (engine/precompile.py), and a larger step compiles its
-    kernels when it comes."""
+    kernels when it comes. Parsing stops once the count passes `enough` (more than any step budget)."""
     if path == "-":
         return None
     try:
@@ -120,6 +120,8 @@ def prompt_token_bound(path: str, max_bytes: int = PROMPT_BOUND_BYTES) -> int | 
                 continue
             fmt = get_format(detect_format(obj))
         total += _line_tokens(parse_line(raw, key, key + 1, fmt))
+        if total > enough:
+            break
     return total
 
 

@@ -147,6 +147,7 @@ def test_prompt_token_bound_counts_text_bytes_ids_and_chats(tmp_path):
     batch.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert prompt_token_bound(str(batch)) == 2 + LINE_SLACK + 4
     assert prompt_token_bound(str(p), max_bytes=10) is None  # a large input: no estimate
+    assert prompt_token_bound(str(p), enough=12) == 3 + LINE_SLACK + 5 + LINE_SLACK  # stops once past `enough`
     assert prompt_token_bound("-") is None and prompt_token_bound(str(tmp_path / "missing.jsonl")) is None
 
 
