@@ -133,6 +133,9 @@ class ModelRunner:
         self.model_config = model_config
         self.device = pick_device(config.device)
         self.dtype = resolve_dtype(model_config.torch_dtype, config.dtype, self.device)
+        # Triton's compiles vs cache loads from here on (kernels/compile_log.py; the stats' "startup")
+        self._compile_log = compile_log() if self.device.type == "cuda" else None
+        self._triton_start = self._compile_log.snapshot() if self._compile_log is not None else None
         self.max_loras = config.max_loras if use_lora else 0
         self.model = load_model(
             Path(config.model),
@@ -199,8 +202,6 @@ class ModelRunner:
             )
         # every Triton kernel the run will launch, compiled in parallel now (a cold cache compiled them one by
         # one inside the graph warm-ups and the first prefill steps); the compile log tells compiles from loads
-        self._compile_log = compile_log() if self.device.type == "cuda" else None
-        at_start = self._compile_log.snapshot() if self._compile_log is not None else None
         self.precompiled, self.precompile_seconds = precompile(
             self.model,
             self.graphs,
@@ -213,7 +214,6 @@ class ModelRunner:
         if self.graphs is not None and not self.graphs.lazy:
             self.graphs.capture()
         self._triton_ready = self._compile_log.snapshot() if self._compile_log is not None else None
-        self._triton_start = at_start
 
     def triton_counts(self) -> dict:
         """Triton compiles and cache loads (kernels/compile_log.py) while the runner started (model load,
