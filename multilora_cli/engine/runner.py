@@ -28,7 +28,7 @@ from multilora_cli.engine.slot_writer import SlotWriter
 from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.engine.step_inputs import build_step_inputs
 from multilora_cli.errors import EngineError
-from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta
+from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta, driver_warm
 from multilora_cli.kernels.compile_log import compile_log
 from multilora_cli.layers.context import reset_context, set_context
 from multilora_cli.models.config import ModelConfig
@@ -133,6 +133,8 @@ class ModelRunner:
         self.model_config = model_config
         self.device = pick_device(config.device)
         self.dtype = resolve_dtype(model_config.torch_dtype, config.dtype, self.device)
+        if self.device.type == "cuda":
+            driver_warm.join()  # Triton's driver, if a run started building it early (kernels/driver_warm.py)
         # Triton's compiles vs cache loads from here on (kernels/compile_log.py; the stats' "startup")
         self._compile_log = compile_log() if self.device.type == "cuda" else None
         self._triton_start = self._compile_log.snapshot() if self._compile_log is not None else None
