@@ -11,7 +11,18 @@ costs. Also counts the kernels Triton compiled in each pass. The engine captures
 does, lazily inside the steps (`--eager-capture`: all at start, as before), and `ttft_s` is a run's time to its
 first sampled token: imports + engine start + the first pass's first step (this tool's writing of the model
 and adapter folders is left out). Weights are random (no checkpoint read:
-a real 8B model adds its load time).
+a real 8B model adds its load time). `triton_*` fields: Triton's own count of compiles and cache loads, with the
+seconds inside `triton.compile` (kernels/compile_log.py), at engine start and in each pass.
+
+The demo job (issue 36: <= 12 s cold, <= 4 s warm), as a user runs it, each run a fresh process
+(benchmarks/cold_start_demo.py; builds DIR with `multilora demo` first if it has no prompts.jsonl):
+
+    python -m benchmarks.profile_cold_start --demo demo --runs cold,warm,warm --out $OUT/demo-start.json
+
+Per run: wall_s, process_s (process start -> engine start: imports, pre-flight), engine_s, precompile_s,
+capture_s, first_step_s (process start -> first step's ids), triton_at_start / triton_in_steps (compiled vs
+loaded) and the cache entries it added; plus import times of fresh processes (python, torch, torch + triton, the
+run path's modules).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from multilora_cli.bench.adapters import SyntheticAdapters, SyntheticEngine  # n
 from multilora_cli.bench.model_dir import write_model_dir  # noqa: E402
 from multilora_cli.bench.suite import engine_config  # noqa: E402
 from multilora_cli.bench.workload import Workload  # noqa: E402
+from multilora_cli.kernels.compile_log import compile_log  # noqa: E402
 from multilora_cli.models.config import ModelConfig  # noqa: E402
 
 IMPORT_S = time.perf_counter() - T0
@@ -55,7 +67,18 @@ def main() -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--eager-capture", action="store_true", help="capture every decode graph at start")
     p.add_argument("--out", required=True)
+    p.add_argument("--demo", metavar="DIR", help="profile the demo job in DIR instead (fresh processes)")
+    p.add_argument("--runs", default="cold,warm,warm", help="--demo: cold / warm runs, in order")
+    p.add_argument("--job-args", default="", help="--demo: extra `multilora run` flags, e.g. '--device cpu'")
     args = p.parse_args()
+    if args.demo:
+        from benchmarks.cold_start_demo import profile_demo
+
+        report = profile_demo(Path(args.demo), args.runs.split(","), args.job_args.split())
+        report.update(command=command_line("benchmarks.profile_cold_start"), torch=torch.__version__)
+        report["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        save_report(report, args.out)
+        return 0
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     work = Workload(
@@ -96,13 +119,16 @@ def main() -> int:
             arena_s=round(engine.arena_seconds, 2),
             precompile_s=round(engine.runner.precompile_seconds, 2),
             precompiled=engine.runner.precompiled,
+            **engine.runner.triton_counts(),  # triton_at_start (triton_in_steps: per pass below)
         )
+        report.pop("triton_in_steps", None)
+        log = compile_log()
         for i, tag in enumerate(("first", "second")):
             reqs = work.requests(cfg.vocab_size) if i == 0 else replace(work, seed=1).requests(cfg.vocab_size)
             if i:
                 for j, r in enumerate(reqs):
                     r.adapter = f"second{j % args.adapters}"
-            before = compiled_count()
+            before, logged = compiled_count(), log.snapshot()
             engine.runner.step_log = []
             t = time.perf_counter()
             engine.generate_all(reqs)
@@ -114,6 +140,8 @@ def main() -> int:
                 report["ttft_s"] = round(IMPORT_S + report["engine_s"] + engine.runner.step_log[0].seconds, 2)
                 report["capture_in_first_pass_s"] = round(engine.runner.capture_seconds - report["capture_s"], 2)
             report[f"{tag}_pass_compiles"] = compiled_count() - before
+            if log.supported:
+                report[f"{tag}_pass_triton"] = log.since(logged)
         engine.close()
     report["wall_s"] = round(time.perf_counter() - T0, 2)
     print(json.dumps(report), flush=True)

@@ -185,6 +185,10 @@ class EngineConfig:
     # most sequences the input can decode at once (io/reader.count_sequences; None = unknown): CUDA graphs are
     # captured, and their kernels compiled, only for the buckets up to it (a 14-line job needs 5 of 20)
     max_decode_batch: int | None = None
+    # estimated upper bound on the input's prompt tokens (io/reader.prompt_token_bound; None = unknown): the
+    # precompile dry-runs prefill steps only up to it plus max_decode_batch (a 14-line job: one size, not six);
+    # a larger step still runs, compiling its kernels when it comes
+    prompt_tokens_hint: int | None = None
     # capture each decode graph at the first step of its bucket instead of all at start: the first token comes
     # sooner and a run captures only what it reaches (benchmarks capture at start to time steady steps)
     lazy_capture: bool = True
@@ -237,6 +241,8 @@ class EngineConfig:
             raise ConfigError(f"gpu_memory_utilization must be in [{lo}, {hi}], got {self.gpu_memory_utilization}")
         if self.max_decode_batch is not None and self.max_decode_batch < 1:
             raise ConfigError(f"max_decode_batch must be >= 1, got {self.max_decode_batch}")
+        if self.prompt_tokens_hint is not None and self.prompt_tokens_hint < 0:
+            raise ConfigError(f"prompt_tokens_hint must be >= 0, got {self.prompt_tokens_hint}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         pt = self.prefetch_threads

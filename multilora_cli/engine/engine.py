@@ -27,6 +27,7 @@ from multilora_cli.engine.scheduler import Scheduler
 from multilora_cli.engine.scoring import score_of, scoring_ids
 from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.slots import SlotManager
+from multilora_cli.engine.startup import StartupClock
 from multilora_cli.engine.tokenizer import Tokenizer
 from multilora_cli.errors import ConfigError, EngineError, MultiloraError, RequestError
 from multilora_cli.models.config import ModelConfig
@@ -55,6 +56,7 @@ class Engine:
         model_config: ModelConfig | None = None,
         scans: dict | None = None,
     ):
+        self.startup = StartupClock()  # the stats' "startup" section (engine/startup.py)
         self.config = config
         self.adapters = {name: Path(p) for name, p in (adapters or {}).items()}
         self._scans = {n: s for n, s in (scans or {}).items() if n in self.adapters and s.path == self.adapters[n]}
@@ -117,6 +119,7 @@ class Engine:
         self._prefix_ids: dict[str | None, str | None] = {}  # adapter -> its prefix-cache identity (_prefix_id)
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
+        self.startup.ready()
 
     # --- adapters ---------------------------------------------------------------------------------------------
     def _load_cpu(self, name: str):
@@ -495,7 +498,9 @@ class Engine:
         return self.slots.loads
 
     def annotate_stats(self, stats: dict) -> None:
-        """A run's hook for engine-specific stats sections: one engine adds none (EngineStats is all of it)."""
+        """A run's hook for engine-specific stats sections: "startup", what this engine paid before its first
+        step (engine/startup.py)."""
+        stats["startup"] = self.startup.section(self.runner, self.arena_seconds)
 
     def print_summary(self, stats: dict) -> None:
         """A run's hook for engine-specific summary lines: one engine prints none."""

@@ -4,7 +4,8 @@ A cold process (empty Triton cache: a fresh container, a new machine) compiled ~
 time: in the warm-ups of the decode graphs and inside the first prefill steps of each size, ~15 s of a 35 s
 one-shot run (benchmarks/RESULTS.md, "cold start"). Here the runner dry-runs the forwards it will run with
 Triton launches recorded instead of run: every decode-graph bucket, and one prefill step per token bucket of
-the kernel tables (`kernels.blocks.token_bucket`) up to max_num_batched_tokens, without and with a cached
+the kernel tables (`kernels.blocks.token_bucket`; below 256 tokens one per class of their blocks) up to
+max_num_batched_tokens (a run's input may bound it: runner.precompile_tokens), without and with a cached
 prefix, one sampling launch (kernels/sample.py) on the model's logits, and the logprob rows kernels
 (kernels/logprobs.py) at k 0 (scoring) and 5. The distinct variants are then
 compiled from a thread pool. With a warm cache the pass still dry-runs and loads them (measured 1.0-2.6 s on
@@ -28,10 +29,20 @@ from multilora_cli.layers.context import StepContext, reset_context, set_context
 EXACT_MAX = 256  # the kernel tables key on the exact token count up to here (one decode graph per size)
 
 
-def prefill_sizes(max_tokens: int) -> list[int]:
-    """Token counts of the dry prefill steps: EXACT_MAX (a chunk or mixed step), then each power-of-two bucket
-    above it up to the bucket of `max_tokens`."""
-    sizes = [min(EXACT_MAX, max_tokens)]
+CLASS_STEP = 16  # the kernel tables below EXACT_MAX change only at multiples of 16 tokens (kernels/blocks.py)
+
+
+def prefill_sizes(max_tokens: int, skip: tuple[int, ...] | list[int] = ()) -> list[int]:
+    """Token counts of the dry prefill steps. Up to EXACT_MAX the tables key on the exact count, but their
+    blocks change only where the row tiles (16 rows) or a threshold (16, 64, 128 tokens) do, so one size per
+    step of CLASS_STEP covers every count: 8 for 1-15 tokens, then 16, 32, ... below min(max_tokens, EXACT_MAX),
+    and that count itself (its step's class); sizes in `skip` (decode buckets, dry-run by their graphs) are left
+    out, but for that last one, the size of a chunk or mixed step, also dry-run with a cached prefix. Above
+    EXACT_MAX each power-of-two bucket up to the bucket of `max_tokens`. A small job's eager steps (the demo's
+    41 and 129 tokens) then find their kernels compiled instead of compiling them one by one mid-run."""
+    top = min(EXACT_MAX, max_tokens)  # in the class of the multiple of CLASS_STEP above it
+    small = [t for t in (8, *range(CLASS_STEP, EXACT_MAX + 1, CLASS_STEP)) if t < top] + [top]
+    sizes = [t for t in small if t not in skip or t == top]  # the largest always: a chunk or mixed step's size
     b = EXACT_MAX * 2
     while b <= token_bucket(max_tokens):
         sizes.append(b)
@@ -112,10 +123,12 @@ def precompile(
     with collect() as calls:
         if graphs is not None:
             graphs.dry_run()
-        for i, t in enumerate(prefill_sizes(max_num_batched_tokens)):
+        sizes = prefill_sizes(max_num_batched_tokens, tuple(graphs.sizes) if graphs is not None else ())
+        paged = min(EXACT_MAX, max_num_batched_tokens)
+        for t in sizes:
             lora = meta_buffers.build([0] * t) if meta_buffers is not None else None
-            # the first size also with a cached prefix: the paged variant of the prefill attention kernel
-            for prefix in (0, block_size) if i == 0 else (0,):
+            # one size also with a cached prefix: the paged variant of the prefill attention kernel
+            for prefix in (0, block_size) if t == paged else (0,):
                 ids, pos, ctx = _prefill_inputs(t, min(seq_len, t), prefix, block_size, device, lora)
                 set_context(ctx)
                 try:

@@ -28,7 +28,8 @@ from multilora_cli.engine.slot_writer import SlotWriter
 from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.engine.step_inputs import build_step_inputs
 from multilora_cli.errors import EngineError
-from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta
+from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta, driver_warm
+from multilora_cli.kernels.compile_log import compile_log
 from multilora_cli.layers.context import reset_context, set_context
 from multilora_cli.models.config import ModelConfig
 from multilora_cli.models.loader import load_model, resolve_dtype
@@ -45,6 +46,28 @@ def staging_buffers(slot_bytes: int) -> int:
     """How many staging buffers of `slot_bytes` (one slot of every LoRA layer) to keep: 8 rank-16 Llama-3-8B
     slots (84 MB each), 3 at rank 64 (336 MB)."""
     return max(2, min(STAGING_BUFFERS, STAGING_BYTES // max(slot_bytes, 1)))
+
+
+def input_kv_blocks(config: EngineConfig, max_position_embeddings: int) -> int | None:
+    """KV blocks that hold every sequence the input can run (config.max_decode_batch) at max_model_len at once,
+    plus 2% (the scheduler's admission watermark is 1%) and one block per sequence (a run-ahead step's slot);
+    None when the input's size is unknown. More blocks could never be used: no sequence waits for KV, none is
+    preempted and no cached prefix is evicted, so the results are those of a cache sized by memory. A 14-line
+    demo job zeroed a 1 GiB cache on CPU for ~14 x 512 tokens (0.55 s of a 2.5 s run)."""
+    if config.max_decode_batch is None:
+        return None
+    limit = config.max_model_len or max_position_embeddings
+    blocks = config.max_decode_batch * (-(-limit // config.block_size) + 1)
+    return blocks + blocks // 50 + 2
+
+
+def precompile_tokens(config: EngineConfig) -> int:
+    """The largest prefill step the precompile dry-runs: max_num_batched_tokens, or less when the input's prompts
+    are known to be fewer tokens (config.prompt_tokens_hint, plus a decode token per sequence of a mixed step)."""
+    if config.prompt_tokens_hint is None:
+        return config.max_num_batched_tokens
+    hint = config.prompt_tokens_hint + (config.max_decode_batch or config.max_num_seqs)
+    return max(1, min(config.max_num_batched_tokens, hint))
 
 
 def pick_device(requested: str) -> torch.device:
@@ -110,6 +133,11 @@ class ModelRunner:
         self.model_config = model_config
         self.device = pick_device(config.device)
         self.dtype = resolve_dtype(model_config.torch_dtype, config.dtype, self.device)
+        if self.device.type == "cuda":
+            driver_warm.join()  # Triton's driver, if a run started building it early (kernels/driver_warm.py)
+        # Triton's compiles vs cache loads from here on (kernels/compile_log.py; the stats' "startup")
+        self._compile_log = compile_log() if self.device.type == "cuda" else None
+        self._triton_start = self._compile_log.snapshot() if self._compile_log is not None else None
         self.max_loras = config.max_loras if use_lora else 0
         self.model = load_model(
             Path(config.model),
@@ -155,6 +183,7 @@ class ModelRunner:
         self.grammar = None  # engine/grammar/rows.GrammarRows, set by the engine at its first constrained request
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
         self._last_done = 0.0  # when the last step's ids were read (step times, `_log`)
+        self.first_done: float | None = None  # when the first step's ids were read (perf_counter; startup stats)
         self._turn = 0
         self._host_ids = (
             [torch.empty(config.max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(2)]
@@ -174,18 +203,31 @@ class ModelRunner:
                 lazy=config.lazy_capture,
             )
         # every Triton kernel the run will launch, compiled in parallel now (a cold cache compiled them one by
-        # one inside the graph warm-ups and the first prefill steps)
+        # one inside the graph warm-ups and the first prefill steps); the compile log tells compiles from loads
         self.precompiled, self.precompile_seconds = precompile(
             self.model,
             self.graphs,
             self._meta_buffers,
-            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_batched_tokens=precompile_tokens(config),
             max_model_len=self.max_model_len,
             block_size=self.block_size,
             device=self.device,
         )
         if self.graphs is not None and not self.graphs.lazy:
             self.graphs.capture()
+        self._triton_ready = self._compile_log.snapshot() if self._compile_log is not None else None
+
+    def triton_counts(self) -> dict:
+        """Triton compiles and cache loads (kernels/compile_log.py) while the runner started (model load,
+        precompile, eager capture: "triton_at_start") and since ("triton_in_steps": lazy captures, step sizes no
+        dry run met); {} on CPU or with a Triton without the listener."""
+        log = self._compile_log
+        if log is None or not log.supported:
+            return {}
+        return {
+            "triton_at_start": log.since(self._triton_start, self._triton_ready),
+            "triton_in_steps": log.since(self._triton_ready),
+        }
 
     @property
     def capture_seconds(self) -> float:
@@ -194,9 +236,15 @@ class ModelRunner:
 
     # --- sizing ----------------------------------------------------------------------------------------------
     def _size_kv_cache(self) -> int:
-        per_block = self.model.kv_bytes_per_block(self.block_size)
+        """KV blocks: config.num_kv_blocks, else what memory allows (capped by `input_kv_blocks`)."""
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
+        blocks = self._memory_kv_blocks()
+        cap = input_kv_blocks(self.config, self.model_config.max_position_embeddings)
+        return blocks if cap is None else min(cap, blocks)
+
+    def _memory_kv_blocks(self) -> int:
+        per_block = self.model.kv_bytes_per_block(self.block_size)
         if self.device.type != "cuda":
             return max(1, self.config.cpu_kv_cache_bytes // per_block)
         free, total = torch.cuda.mem_get_info(self.device)
@@ -407,6 +455,8 @@ class ModelRunner:
         while that one ran) to its ids being read back: the steps' times add up to wall time, not more."""
         now = time.perf_counter()
         since, self._last_done = max(launched.t0, self._last_done), now
+        if self.first_done is None:
+            self.first_done = now
         if self.step_log is None:
             return
         batch = launched.batch

@@ -104,7 +104,9 @@ class Tokenizer:
         self.eos_token_ids = list(dict.fromkeys(eos_token_ids or []))
         self.chat_template = chat_template
         self.name = name
-        self._template = compile_chat_template(chat_template, name) if chat_template else None
+        # compiled at the first chat line: a job of plain prompts never imports jinja2 (cold start, issue 36); a
+        # template that does not compile fails each chat line (ModelError, an error record), not the whole run
+        self._template = None
         self._bound: TokenBound | None = None  # analyzed on first use (token_bound)
 
     @classmethod
@@ -209,13 +211,18 @@ class Tokenizer:
     # --- chat ----------------------------------------------------------------------------------------------
     @property
     def has_chat_template(self) -> bool:
-        return self._template is not None
+        return bool(self.chat_template)
+
+    def _compiled_template(self):
+        if self._template is None:
+            self._template = compile_chat_template(self.chat_template, self.name)  # ModelError if it cannot
+        return self._template
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         """The prompt text the chat template makes of `messages` (RequestError if it cannot)."""
         import jinja2
 
-        if self._template is None:
+        if not self.chat_template:
             raise RequestError(
                 f"messages given but {self.name} has no chat template",
                 code="no_chat_template",
@@ -226,7 +233,8 @@ class Tokenizer:
             raise RequestError("messages must be a list of objects with a 'role' (and 'content')")
         variables = {**self.special_tokens, **kwargs}
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+            template = self._compiled_template()
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
         except jinja2.exceptions.TemplateError as e:
             raise RequestError(f"the chat template rejected the messages: {e}", code="chat_template") from e
 

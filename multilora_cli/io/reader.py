@@ -84,6 +84,58 @@ def count_sequences(path: str, max_n: int = 128) -> int | None:
     return sum(_line_n(line, max_n) if b'"n"' in line else 1 for line in lines)
 
 
+# Files up to this size are parsed for `prompt_token_bound`; a larger input fills the largest prefill steps anyway.
+PROMPT_BOUND_BYTES = 1 << 20
+LINE_SLACK = 8  # tokens a tokenizer may add to a plain prompt (BOS, a leading-space piece)
+CHAT_SLACK = 64  # ... to a chat line: the template's own text (role headers, a default system prompt)
+
+
+def prompt_token_bound(path: str, max_bytes: int = PROMPT_BOUND_BYTES, enough: int = 1 << 16) -> int | None:
+    """Estimated upper bound on the prompt tokens of all lines of a regular file of at most `max_bytes` (None:
+    stdin, a pipe, a larger file). A token covers at least one byte of text (byte-level BPE; SentencePiece with
+    byte fallback), so a line counts its prompt's (and continuation's) UTF-8 bytes plus LINE_SLACK, a chat line
+    its messages' JSON bytes plus CHAT_SLACK, token ids their count, a failed line nothing. A hint, not a
+    limit: the engine precompiles prefill steps up to it (engine/precompile.py), and a larger step compiles its
+    kernels when it comes. Parsing stops once the count passes `enough` (more than any step budget)."""
+    if path == "-":
+        return None
+    try:
+        p = expand_user(path)
+        st = os.stat(p)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+        return None
+    lines = _file_lines(path)
+    if lines is None:
+        return None
+    fmt, total = None, 0
+    for key, raw in enumerate(lines):
+        if fmt is None:
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            fmt = get_format(detect_format(obj))
+        total += _line_tokens(parse_line(raw, key, key + 1, fmt))
+        if total > enough:
+            break
+    return total
+
+
+def _line_tokens(spec: LineSpec) -> int:
+    if spec.error is not None:
+        return 0  # an error record runs nothing
+    if spec.prompt_token_ids is not None:
+        return len(spec.prompt_token_ids)
+    if spec.messages is not None:
+        return len(json.dumps(spec.messages, ensure_ascii=False).encode()) + CHAT_SLACK
+    text = (spec.prompt or "") + (spec.continuation or "")
+    return len(text.encode("utf-8", "surrogatepass")) + LINE_SLACK
+
+
 def _line_n(raw: bytes, max_n: int) -> int:
     """The `n` a line asks for: an int in 1..max_n, 1 when none is given or the line fails (an error record runs
     nothing), max_n when the JSON cannot be read (the bound must not fall short)."""

@@ -46,10 +46,17 @@ class EngineFlags:
         return 4 if self.dtype == "float32" else 2
 
     def engine_config(
-        self, model: str, *, max_loras: int, max_lora_rank: int, seed: int | None, max_decode_batch: int | None = None
+        self,
+        model: str,
+        *,
+        max_loras: int,
+        max_lora_rank: int,
+        seed: int | None,
+        max_decode_batch: int | None = None,
+        prompt_tokens_hint: int | None = None,
     ) -> EngineConfig:
-        """The EngineConfig of these flags for base `model` (a local directory), pre-flight's slot sizes and the
-        input's bound on sequences decoding at once (None: unknown, e.g. stdin)."""
+        """The EngineConfig of these flags for base `model` (a local directory), pre-flight's slot sizes, the
+        input's bound on sequences decoding at once and its estimated prompt tokens (None: unknown, e.g. stdin)."""
         defaulted = {"max_cpu_loras": self.max_cpu_loras, "max_num_seqs": self.max_num_seqs, "seed": seed}
         return EngineConfig(
             model=model,
@@ -63,6 +70,7 @@ class EngineFlags:
             prefix_cache=self.prefix_cache,
             load_format=self.load_format,
             max_decode_batch=max_decode_batch,
+            prompt_tokens_hint=prompt_tokens_hint,
             quantization=self.quantization,
             **{k: v for k, v in defaulted.items() if v is not None},  # not given: EngineConfig's default
         )

@@ -217,6 +217,10 @@ class RunJob:
             refuse_clobbering(source, in_name, {"-o": cfg.output, "--errors": cfg.errors, "--stats": cfg.stats})
             check_ledger_clash(cfg)
             self._pf = pf = preflight_run(cfg)
+            if cfg.engine.device != "cpu":  # Triton's CUDA driver builds while the engine starts (cold: a C compile)
+                from multilora_cli.kernels import driver_warm
+
+                driver_warm.start()
             self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
             self._base_names = base_aliases([cfg.model, pf.model], Path(pf.model_path), [*pf.adapters, *pf.errors])
             engine_cfg, self._slots = engine_config(cfg, pf, self._good)

@@ -73,9 +73,11 @@ def slot_choice(cfg: RunConfig, pf, n_adapters: int, econf: EngineConfig):
 def engine_config(cfg: RunConfig, pf, good: dict[str, Path]):
     """(EngineConfig, SlotChoice) of a run whose adapters `good` passed pre-flight `pf`; the host cache sized by
     engine/host_budget.py (a warning on stderr when the adapters, or --max-cpu-loras, do not fit); a file input
-    bounds the decode batches its CUDA graphs cover (io/reader.count_sequences)."""
+    bounds the decode batches its CUDA graphs cover, its KV cache and the adapters its slots and host cache are
+    sized for (io/reader.count_sequences), and a small one the prefill sizes the engine precompiles
+    (io/reader.prompt_token_bound)."""
     from multilora_cli.engine.host_budget import choose_max_cpu_loras
-    from multilora_cli.io.reader import count_sequences
+    from multilora_cli.io.reader import count_sequences, prompt_token_bound
 
     econf = cfg.engine.engine_config(
         str(pf.model_path),
@@ -83,9 +85,13 @@ def engine_config(cfg: RunConfig, pf, good: dict[str, Path]):
         max_lora_rank=pf.max_lora_rank,
         seed=cfg.seed,
         max_decode_batch=count_sequences(cfg.input) or None,  # 0 (no line: nothing decodes) bounds nothing
+        prompt_tokens_hint=prompt_token_bound(cfg.input),
     )
-    slots = slot_choice(cfg, pf, len(good), econf)
-    sizes = packed_sizes(pf, good, cfg.engine.itemsize)
+    # a line names one adapter: a file of L lines (each line's n counted) uses at most L of them, so slots, host
+    # cache and page-locked arena are sized for the largest L, not for every adapter of an --adapter-dir
+    used = len(good) if econf.max_decode_batch is None else min(len(good), econf.max_decode_batch)
+    slots = slot_choice(cfg, pf, used, econf)
+    sizes = sorted(packed_sizes(pf, good, cfg.engine.itemsize), reverse=True)[:used]
     if not sizes:  # no adapter (a base-only run): nothing to cache
         return replace(econf, max_loras=slots.max_loras), slots
     in_flight = min(slots.max_loras, econf.max_num_seqs)  # reads a wave ahead (SlotManager.read_ahead)

@@ -94,3 +94,30 @@ def test_lazy_capture_gives_the_eager_capture_tokens(tmp_path):
             torch.cuda.empty_cache()
     assert got[True] == got[False]
     assert captured[True] and set(captured[True]) < set(captured[False]) and max(captured[True]) <= 8
+
+
+def test_a_small_input_precompiles_fewer_prefill_variants_and_gives_the_same_tokens(tmp_path):
+    """prompt_tokens_hint (io/reader.prompt_token_bound of a run's file) bounds the dry-run prefill sizes: fewer
+    variants are compiled at start, and the tokens equal those of an engine that precompiled every size."""
+    model_dir = write_model_dir("tiny", tmp_path / "model")
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    reqs = [Request(key=i, id=str(i), prompt_token_ids=[5 + i, 9, 11, 12 + i], sampling=sp) for i in range(3)]
+    got, variants = {}, {}
+    for hint in (None, 20):
+        cfg = EngineConfig(
+            model=str(model_dir), device="cuda", load_format="dummy", max_decode_batch=3, prompt_tokens_hint=hint
+        )
+        engine = Engine(cfg)
+        try:
+            variants[hint] = engine.runner.precompiled
+            got[hint] = [r.token_ids for r in engine.generate_all(reqs)]
+            stats: dict = {}
+            engine.annotate_stats(stats)
+            assert stats["startup"]["kv_blocks"] == engine.runner.num_blocks
+        finally:
+            engine.close()
+            del engine
+            gc.collect()
+            torch.cuda.empty_cache()
+    assert 0 < variants[20] < variants[None]
+    assert got[20] == got[None]

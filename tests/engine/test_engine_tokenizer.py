@@ -132,8 +132,10 @@ def test_bad_directories(tmp_path):
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     cfg["chat_template"] = "{% for m in messages %}{{ m.content }"
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = Tokenizer.from_dir(d)  # loads: the template compiles at the first chat line (plain prompts never need it)
+    assert tok.encode_request(Request(key=0, id="p", prompt="hi")) == tok.encode("hi")
     with pytest.raises(ModelError, match="does not compile"):
-        Tokenizer.from_dir(d)
+        tok.encode_request(Request(key=1, id="c", messages=[{"role": "user", "content": "hi"}]))
 
 
 def test_generation_config_defaults(tmp_path):

@@ -56,3 +56,22 @@ def test_a_run_sizes_its_host_cache_from_the_scans(capsys):
     told = RunConfig("in.jsonl", adapters=["x"], engine=EngineFlags(device="cpu", max_cpu_loras=10))
     assert engine_config(told, pf, good)[0].max_cpu_loras == 10
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_small_input_sizes_slots_and_host_cache_for_the_adapters_its_lines_can_name(tmp_path):
+    """300 adapters in the folder, 3 lines (one asking n=2): at most 4 adapters can be named, so the CPU default
+    slots and the host cache (and with it the page-locked arena) hold 4, not 300."""
+    from multilora_cli.run.config import EngineFlags, RunConfig
+    from multilora_cli.run.setup import engine_config
+    from tests.engine.test_slot_budget import LLAMA3_8B
+
+    scan = SimpleNamespace(stored_dtype=torch.float32, stored_nbytes=2 * MB, config=SimpleNamespace(use_dora=False))
+    good = {f"a{i}": None for i in range(300)}
+    pf = SimpleNamespace(
+        max_loras=8, max_lora_rank=16, model_config=LLAMA3_8B, model_path="/m", scans={n: scan for n in good}
+    )
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"adapter": "a1", "prompt": "x"}\n{"adapter": "a7", "prompt": "y", "n": 2}\n{"prompt": "z"}\n')
+    econf, slots = engine_config(RunConfig(str(inp), adapters=["x"], engine=EngineFlags(device="cpu")), pf, good)
+    assert econf.max_decode_batch == 4 and econf.max_loras == 4 and econf.max_cpu_loras == 4
+    assert "4 adapters" in slots.to_dict()["host_cache"]

@@ -2,19 +2,47 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from multilora_cli.engine.cuda_graphs import graph_batch_sizes
 from multilora_cli.engine.precompile import _prefill_inputs, precompile, prefill_sizes
-from multilora_cli.kernels.blocks import token_bucket
+from multilora_cli.kernels.blocks import expand_blocks, shrink_blocks, silu_blocks, token_bucket
+from multilora_cli.kernels.sgmv_expand import partial_sum_args
 
 
 def test_prefill_sizes_cover_every_bucket_up_to_the_step_budget():
-    assert prefill_sizes(8192) == [256, 512, 1024, 2048, 4096, 8192]
-    assert prefill_sizes(5000) == [256, 512, 1024, 2048, 4096, 8192]  # 5000 tokens use the 8192 bucket
-    assert prefill_sizes(300) == [256, 512]
-    assert prefill_sizes(100) == [100]
+    graphs = graph_batch_sizes(256)  # a large input: its decode graphs dry-run every step of 16 up to 256
+    big = [256, 512, 1024, 2048, 4096, 8192]
+    assert prefill_sizes(8192, graphs) == big
+    assert prefill_sizes(5000, graphs) == big  # 5000 tokens use the 8192 bucket
+    assert prefill_sizes(300, graphs) == [256, 512]
+    assert prefill_sizes(100) == [8, 16, 32, 48, 64, 80, 96, 100]  # no graphs: a size per class below 100
+    assert prefill_sizes(100, [1, 2, 4, 8, 14]) == [16, 32, 48, 64, 80, 96, 100]  # the demo's buckets
+    assert prefill_sizes(5) == [5]
     for t in range(1, 9000, 37):  # every step size's table key is a dry-run size or exact (<= 256)
         assert t <= 256 or token_bucket(t) in prefill_sizes(9000)
+
+
+# (in, out, slices) of LoRA modules: Llama-3-8B's qkv, o, gate_up, down; the demo's tiny model
+SHAPES = [(4096, 6144, 3), (4096, 4096, 1), (4096, 28672, 2), (14336, 4096, 1), (128, 256, 3), (128, 512, 2)]
+
+
+def _tables(t: int) -> tuple:
+    """Everything the SGMV launches of a t-token step take from the tables (what makes a kernel variant)."""
+    out = [silu_blocks(t), partial_sum_args(torch.empty(8, 1), t)["VEC"]]
+    for i, o, n in SHAPES:
+        out += [shrink_blocks(t, i, n, 16), expand_blocks(t, o, n, 16)]
+    return tuple(out)
+
+
+@pytest.mark.parametrize("limit, skip", [(256, ()), (256, (1, 2, 4, 8, 14)), (100, (1, 2, 3)), (41, ())])
+def test_the_small_prefill_sizes_meet_every_step_size_s_blocks(limit, skip):
+    """Below 256 tokens the tables key on the exact count: every count up to `limit` must get the blocks of a
+    dry-run size (or of a decode bucket in `skip`), or its step would compile mid-run."""
+    met = {_tables(t) for t in [*prefill_sizes(limit, skip), *skip]}
+    missed = [t for t in range(1, limit + 1) if _tables(t) not in met]
+    assert missed == []
 
 
 def test_prefill_inputs_are_a_consistent_context():

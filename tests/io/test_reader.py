@@ -10,7 +10,15 @@ import pytest
 
 from multilora_cli.errors import InputError
 from multilora_cli.io.line import OPENAI, SIMPLE
-from multilora_cli.io.reader import InputReader, count_records, count_sequences, open_input
+from multilora_cli.io.reader import (
+    CHAT_SLACK,
+    LINE_SLACK,
+    InputReader,
+    count_records,
+    count_sequences,
+    open_input,
+    prompt_token_bound,
+)
 
 
 class CountingStream(io.RawIOBase):
@@ -116,6 +124,31 @@ def test_count_sequences_bounds_what_the_lines_can_decode_at_once(tmp_path):
     assert count_sequences(str(p)) == 1 + 4 + 3 + 1 + 1 + 1 + 128
     assert count_sequences("-") is None
     assert count_sequences(str(tmp_path / "missing.jsonl")) is None
+
+
+def test_prompt_token_bound_counts_text_bytes_ids_and_chats(tmp_path):
+    p = tmp_path / "in.jsonl"
+    msgs = [{"role": "user", "content": "hé"}]
+    lines = [
+        '{"prompt": "abc"}',
+        '{"prompt": "hé", "continuation": " x"}',  # a scoring line: prompt + continuation, UTF-8 bytes
+        json.dumps({"messages": msgs}),
+        '{"prompt": "bad", "temperature": "hot"}',  # fails as it is parsed later: still counted (a bound)
+        '{"prompt": 3}',  # an error record runs nothing
+        "",
+    ]
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    chat = len(json.dumps(msgs, ensure_ascii=False).encode()) + CHAT_SLACK
+    assert prompt_token_bound(str(p)) == 3 + LINE_SLACK + 5 + LINE_SLACK + chat + 3 + LINE_SLACK
+    batch = tmp_path / "batch.jsonl"  # the OpenAI batch format, detected as the reader does; token-id prompts
+    body = {"model": "m", "prompt": "xy"}
+    rows = [{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": body}]
+    rows.append({**rows[0], "custom_id": "b", "body": {**body, "prompt": [5, 6, 7, 8]}})
+    batch.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert prompt_token_bound(str(batch)) == 2 + LINE_SLACK + 4
+    assert prompt_token_bound(str(p), max_bytes=10) is None  # a large input: no estimate
+    assert prompt_token_bound(str(p), enough=12) == 3 + LINE_SLACK + 5 + LINE_SLACK  # stops once past `enough`
+    assert prompt_token_bound("-") is None and prompt_token_bound(str(tmp_path / "missing.jsonl")) is None
 
 
 @pytest.mark.parametrize(
