@@ -35,7 +35,7 @@ from multilora_cli.adapters.scan import (
     scan_adapter,
     scan_ident,
 )
-from multilora_cli.engine.packed import PackedAdapter, PackPlan, packed_adapter, plan_pack
+from multilora_cli.engine.packed import PackedAdapter, PackPlan, fill_magnitudes, packed_adapter, plan_pack
 from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import ModelConfig
 
@@ -74,7 +74,10 @@ def plan_read(
     if len(stored) != 1:
         return None
     fdtype = stored.pop()
-    plan = plan_pack({k: (m.rank, m.in_features, m.out_features, m.scaling) for k, m in scan.modules.items()})
+    plan = plan_pack(
+        {k: (m.rank, m.in_features, m.out_features, m.scaling) for k, m in scan.modules.items()},
+        [k for k, m in scan.modules.items() if m.key_m is not None],  # DoRA: magnitudes packed after A / B
+    )
     spans = []
     for key, ab, off in plan.order:
         spec = scan.modules[key]
@@ -103,16 +106,18 @@ def read_packed(
         return None
     try:
         flat = block.tensor(rp.plan.total, dtype)
+        ab = rp.plan.ab_total  # A / B blocks; the DoRA magnitudes follow them
         if rp.stored == dtype:
-            values, target = flat, block.memoryview()
+            values, target = flat[:ab], block.memoryview()
         else:
-            values = torch.empty(rp.plan.total, dtype=rp.stored)
+            values = torch.empty(ab, dtype=rp.stored)
             target = memoryview(values.view(torch.uint8).numpy())
         read_spans(rp.scan.weights_path, target, rp.spans, rp.scan)
         check_finite(values, rp.plan, rp.scan)
-        if values is not flat:
-            flat.copy_(values)
-        magnitudes = read_magnitudes(rp.scan)  # DoRA: a few KB per module, read apart from the packed bytes
+        if rp.stored != dtype:
+            flat[:ab].copy_(values)
+        # DoRA: a few KB per module, read apart from the A / B bytes, then packed behind them (one op)
+        magnitudes = fill_magnitudes(flat, rp.plan, read_magnitudes(rp.scan))
     except BaseException:
         arena.release(block)
         raise
