@@ -85,11 +85,12 @@ class PackPlan:
     # float32 view of any 2- or 4-byte dtype); mags: ((layer, PEFT module), float32 offset in it, out) sorted
     mag_off: int = 0
     mags: tuple[tuple[tuple[int, str], int, int], ...] = ()
+    ab_end: int = -1  # with magnitudes: where the A/B blocks end (mag_off, or one before it: a zeroed pad)
 
     @property
     def ab_total(self) -> int:
         """Elements of the A/B blocks (the magnitude region follows them)."""
-        return self.mag_off if self.mags else self.total
+        return self.ab_end if self.mags else self.total
 
     @property
     def mag_floats(self) -> int:
@@ -152,7 +153,7 @@ def plan_pack(
     if not mag:
         return PackPlan(groups, total, tuple(order), where)
     mag_off = total + total % 2
-    return PackPlan(groups, mag_off + 2 * floats, tuple(order), where, mag_off, tuple(mag))
+    return PackPlan(groups, mag_off + 2 * floats, tuple(order), where, mag_off, tuple(mag), total)
 
 
 def magnitude_region(flat: torch.Tensor, plan: PackPlan) -> torch.Tensor:
@@ -167,6 +168,8 @@ def fill_magnitudes(
     """Copy the DoRA magnitudes into `flat`'s region (one op; padding zeroed) and return them as views of it."""
     if not plan.mags:
         return {}
+    if plan.ab_end < plan.mag_off:
+        flat[plan.ab_end : plan.mag_off].zero_()  # the pad to an even offset: defined bytes
     region = magnitude_region(flat, plan)
     srcs = [magnitudes[n].reshape(-1).float() for n, _, _ in plan.mags]
     pad = region.numel() - plan.mag_floats

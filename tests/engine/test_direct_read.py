@@ -40,6 +40,9 @@ def ckpts(tmp_path_factory):
             use_rslora=True,
         ),
         "bin": build_adapter(base, root / "bin", r=4, targets=("q_proj",), seed=4, safetensors=False),
+        "dora": build_adapter(
+            base, root / "dora", r=4, alpha=8, targets=("q_proj", "v_proj", "up_proj"), seed=5, use_dora=True
+        ),
     }
     for dt, tag in ((torch.bfloat16, "all_bf16"), (torch.float16, "all_fp16")):
         out[tag] = _recast(out["all"], root / tag, lambda k, t, dt=dt: t.to(dt))
@@ -58,7 +61,7 @@ def _arena(mb=64):
     return PinnedArena(mb << 20, cuda=False)
 
 
-@pytest.mark.parametrize("tag", ["all", "qv", "pattern", "all_bf16", "all_fp16"])
+@pytest.mark.parametrize("tag", ["all", "qv", "pattern", "all_bf16", "all_fp16", "dora"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_bit_identical_to_load_then_pack(ckpts, tag, dtype):
     cfg, paths = ckpts
@@ -66,7 +69,7 @@ def test_bit_identical_to_load_then_pack(ckpts, tag, dtype):
     got = read_packed(paths[tag], tag, cfg, dtype, arena)
     want = pack_adapter(load_adapter(paths[tag], tag, cfg, dtype=dtype), pin=False, dtype=dtype)
     assert isinstance(got, PackedAdapter) and got.block is not None and arena.allocs == 1
-    assert got.flat.dtype == dtype and torch.equal(got.flat, want.flat)
+    assert got.flat.dtype == dtype and torch.equal(got.flat.view(torch.uint8), want.flat.view(torch.uint8))
     assert got.groups == want.groups and got.layout == want.layout
     assert (got.max_rank, got.min_rank, got.num_params) == (want.max_rank, want.min_rank, want.num_params)
     ref = load_adapter(paths[tag], tag, cfg)
@@ -80,6 +83,11 @@ def test_bit_identical_to_load_then_pack(ckpts, tag, dtype):
         ref.stored_nbytes,
         ref.module_names,
     )
+    # DoRA: the magnitudes are in the block, behind A / B (one copy to the device), in float32 whatever the dtype
+    assert set(got.magnitudes) == set(ref.magnitudes) and (tag == "dora") == bool(ref.magnitudes)
+    for key, m in ref.magnitudes.items():
+        assert torch.equal(got.magnitudes[key], m)
+        assert got.flat.data_ptr() <= got.magnitudes[key].data_ptr() < got.flat.data_ptr() + got.flat.nbytes
 
 
 def test_falls_back_where_it_does_not_apply(ckpts):
