@@ -66,6 +66,7 @@ class SlotWriter:
         self._plans: dict[tuple, torch.Tensor] = {}
         self._dst_base = self.modules[0][1].lora.a if self.modules else None
         self._dora: DoraNorms | None = None  # DoRA scale rows, written per install (engine/dora.py)
+        self._rank_cache: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # `_rank_rows`
         self._mag_index: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # packed magnitudes -> row, per layout
         # CUDA: loads run on this stream; `_evicted[slot]`: an event after the steps that may still read the slot
         self.stream = torch.cuda.Stream(device) if self.cuda else None
@@ -118,7 +119,7 @@ class SlotWriter:
                 m_row = m_row.pin_memory().to(self.device, non_blocking=True) if self.cuda else m_row
         if self._dora is not None:  # after A / B / ranks / scales are in the slot: the norms read them
             self._dora.write(slot, m_row)
-        elif getattr(adapter, "magnitudes", None):
+        elif getattr(adapter, "magnitudes", None) and self.modules:
             raise EngineError(
                 f"adapter {adapter.name!r} is a DoRA adapter but the engine was started without DoRA rows",
                 hint="this is a bug: the engine enables DoRA when any adapter of the run uses it",
@@ -165,21 +166,8 @@ class SlotWriter:
         """One H2D copy of `p.flat` into the staging buffer (unless staged ahead), one scatter launch of its blocks
         into `slot` (CPU: one foreach copy). Returns the DoRA magnitudes as a device row (`DoraNorms.write`), or
         None without (or without DoRA rows), read from the same copy before its buffer is given back."""
-        n = len(self.modules)
-        ranks = np.zeros((n, self.width), dtype=np.int32)
-        scales = np.zeros((n, self.width), dtype=np.float32)
         groups = p.groups
-        for j, (key, module) in enumerate(self.modules):
-            g = groups.get(key)
-            if g is not None:
-                k = len(g.ranks)
-                if k != module.lora.n_slices:
-                    raise ValueError(f"layer {key[0]} {key[1]}: {k} slices for a {module.lora.n_slices}-slice module")
-                ranks[j, :k] = g.ranks
-                scales[j, :k] = g.scalings
-        if len(groups) > sum(1 for key, _ in self.modules if key in groups):
-            extra = sorted(set(groups) - {key for key, _ in self.modules})
-            raise ValueError(f"adapter {p.name!r} adapts {extra[0]}, which has no LoRA module here")
+        rank_src, scale_src = self._rank_rows(p)
         flat = p.flat
         staged = self.stager.take(p) if self.stager is not None else None
         if staged is not None:  # copied to the device by the prefetch thread: only the scatter is left
@@ -209,11 +197,41 @@ class SlotWriter:
         if staged is not None:
             self.stager.release(staged)
         _, rank_dst, scale_dst = self._destinations(slot, None)
-        self._ranks_dev.copy_(self._host(ranks), non_blocking=True)
-        self._scales_dev.copy_(self._host(scales), non_blocking=True)
-        torch._foreach_copy_(rank_dst, self._rank_src)
-        torch._foreach_copy_(scale_dst, self._scale_src)
+        torch._foreach_copy_(rank_dst, rank_src)
+        torch._foreach_copy_(scale_dst, scale_src)
         return m_row
+
+    def _rank_rows(self, p: PackedAdapter) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per module, the device rows of ranks and scalings `p` puts in a slot, cached per (layout, scalings): a
+        run's adapters mostly share a few, so a load copies them device to device (no host buffer, no H2D copy,
+        no per-module Python loop). Checks that every module `p` adapts exists here with its slice count."""
+        groups = p.groups
+        key = (p.layout, tuple(g.scalings for g in groups.values()))
+        hit = self._rank_cache.get(key)
+        if hit is not None:
+            return hit
+        n = len(self.modules)
+        ranks = np.zeros((n, self.width), dtype=np.int32)
+        scales = np.zeros((n, self.width), dtype=np.float32)
+        for j, (mkey, module) in enumerate(self.modules):
+            g = groups.get(mkey)
+            if g is not None:
+                k = len(g.ranks)
+                if k != module.lora.n_slices:
+                    raise ValueError(f"layer {mkey[0]} {mkey[1]}: {k} slices for a {module.lora.n_slices}-slice module")
+                ranks[j, :k] = g.ranks
+                scales[j, :k] = g.scalings
+        if len(groups) > sum(1 for mkey, _ in self.modules if mkey in groups):
+            extra = sorted(set(groups) - {mkey for mkey, _ in self.modules})
+            raise ValueError(f"adapter {p.name!r} adapts {extra[0]}, which has no LoRA module here")
+        if len(self._rank_cache) >= 256:  # distinct layouts x scalings of a run: few; bound it anyway
+            self._rank_cache.clear()
+        r_dev = self._host(ranks).to(self.device, non_blocking=True)
+        s_dev = self._host(scales).to(self.device, non_blocking=True)
+        widths = [m.lora.n_slices for _, m in self.modules]
+        hit = ([r_dev[j, :k] for j, k in enumerate(widths)], [s_dev[j, :k] for j, k in enumerate(widths)])
+        self._rank_cache[key] = hit
+        return hit
 
     def _plan(self, key, groups, base: torch.Tensor) -> torch.Tensor:
         """The scatter plan of a layout, cached: slot 0's destinations with each one's slot stride (the launch
