@@ -163,18 +163,24 @@ def magnitude_region(flat: torch.Tensor, plan: PackPlan) -> torch.Tensor:
 
 
 def fill_magnitudes(
-    flat: torch.Tensor, plan: PackPlan, magnitudes: Mapping[tuple[int, str], torch.Tensor]
+    flat: torch.Tensor, plan: PackPlan, magnitudes: Mapping[tuple[int, str], torch.Tensor] | torch.Tensor
 ) -> dict[tuple[int, str], torch.Tensor]:
-    """Copy the DoRA magnitudes into `flat`'s region (one op; padding zeroed) and return them as views of it."""
+    """Copy the DoRA magnitudes ({(layer, PEFT module): m}, or all of them as one vector in `plan.mags` order, any
+    floating dtype) into `flat`'s region (one op; padding zeroed) and return them as float32 views of it."""
     if not plan.mags:
         return {}
     if plan.ab_end < plan.mag_off:
         flat[plan.ab_end : plan.mag_off].zero_()  # the pad to an even offset: defined bytes
     region = magnitude_region(flat, plan)
-    srcs = [magnitudes[n].reshape(-1).float() for n, _, _ in plan.mags]
-    pad = region.numel() - plan.mag_floats
-    torch.cat(srcs + [torch.zeros(pad)] if pad else srcs, out=region)
-    return {n: region[off : off + out] for n, off, out in plan.mags}
+    n = plan.mag_floats
+    if isinstance(magnitudes, torch.Tensor):
+        region[:n].copy_(magnitudes)
+        region[n:].zero_()
+    else:
+        srcs = [magnitudes[k].reshape(-1).float() for k, _, _ in plan.mags]
+        pad = region.numel() - n
+        torch.cat(srcs + [torch.zeros(pad)] if pad else srcs, out=region)
+    return {k: region[off : off + out] for k, off, out in plan.mags}
 
 
 class PackedModules(Mapping):

@@ -117,6 +117,21 @@ def test_nan_named_like_load_adapter_and_block_returned(ckpts, tmp_path):
     assert arena.free_bytes == arena.nbytes - 4096
 
 
+def test_nonfinite_magnitude_named_like_load_adapter(ckpts, tmp_path):
+    cfg, paths = ckpts
+    bad = _recast(paths["dora"], tmp_path / "nan_m", lambda k, t: t)
+    f = bad / "adapter_model.safetensors"
+    sd = load_file(f)
+    key = next(k for k in sorted(sd) if "layers.1.self_attn.v_proj.lora_magnitude_vector" in k)
+    sd[key][2] = float("nan")
+    save_file(sd, f)
+    with pytest.raises(AdapterError) as want:
+        load_adapter(bad, "nan_m", cfg)
+    with pytest.raises(AdapterError) as got:
+        read_packed(bad, "nan_m", cfg, torch.bfloat16, _arena())
+    assert got.value.message == want.value.message and "v_proj" in got.value.message
+
+
 def test_structural_errors_are_load_adapters(ckpts, tmp_path):
     cfg, paths = ckpts
     other = ModelConfig(
@@ -212,10 +227,15 @@ def phi3_ckpts(tmp_path_factory):
         ),
     }
     out["pattern_bf16"] = _recast(out["pattern"], root / "pattern_bf16", lambda k, t: t.bfloat16())
+    out["dora_bf16"] = _recast(
+        build_adapter(base, root / "dora", r=4, targets=("qkv_proj", "gate_up_proj"), seed=4, use_dora=True),
+        root / "dora_bf16",
+        lambda k, t: t.bfloat16(),
+    )
     return ModelConfig.from_dir(base), out
 
 
-@pytest.mark.parametrize("tag", ["all", "pattern", "pattern_bf16"])
+@pytest.mark.parametrize("tag", ["all", "pattern", "pattern_bf16", "dora_bf16"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_checkpoint_modules_read_bit_identical(phi3_ckpts, tag, dtype):
     """A fused module's slices (its lora_A read once per slice, its lora_B rows as sub-spans) land as load_adapter
@@ -223,6 +243,10 @@ def test_fused_checkpoint_modules_read_bit_identical(phi3_ckpts, tag, dtype):
     cfg, paths = phi3_ckpts
     got = read_packed(paths[tag], tag, cfg, dtype, _arena())
     want = pack_adapter(load_adapter(paths[tag], tag, cfg, dtype=dtype), pin=False, dtype=dtype)
-    assert torch.equal(got.flat, want.flat) and got.groups == want.groups
+    assert torch.equal(got.flat.view(torch.uint8), want.flat.view(torch.uint8)) and got.groups == want.groups
     assert {name for _, name in got.modules} >= {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+    if tag.startswith("dora"):  # each slice's rows of the fused magnitude vector, read as sub-spans
+        ref = load_adapter(paths[tag], tag, cfg)
+        assert set(got.magnitudes) == set(ref.magnitudes) and len(ref.magnitudes) == 2 * 5
+        assert all(torch.equal(got.magnitudes[k], m) for k, m in ref.magnitudes.items())
     assert all(g.uniform for (_, fused), g in got.groups.items() if fused in ("qkv_proj", "gate_up_proj"))
