@@ -324,3 +324,12 @@ def test_slot_sweep_judges_the_default_against_the_best():
     assert uni["default_vs_best"] == 700 / 720 and uni["vs_64"] == 0.7 and uni["met"]
     assert zipf["vs_64"] is None and zipf["default_vs_best"] == 500 / 600 and not zipf["met"]
     assert "| p 1000 zipf x8 | 1000 |" in "\n".join(sweep_lines([uni, zipf]))
+
+
+def test_slot_load_bench_smoke():
+    """benchmarks.bench_slot_load on CPU: every arm timed, and the batched DoRA norms equal the per-slice ones."""
+    from benchmarks.bench_slot_load import main
+
+    report = main(["--device", "cpu", "--layers", "2", "--hidden", "64", "--loads", "1", "--repeats", "1"])
+    assert set(report["arms"]) == {"plain", "dora", "dora_per_slice"}
+    assert report["dora_extra_bytes"] > 0 and report["dora_rel_diff_vs_per_slice"] < 1e-5
