@@ -49,7 +49,8 @@ def test_packed_dora_loads_on_cuda_are_peft_norms(tmp_path, dtype, tol):
 
 def test_load_stream_overlaps_free_slots_and_waits_for_evicted_ones(tmp_path):
     _, model, writer, _, packed = _setup(tmp_path, torch.float32)
-    writer.install(0, packed["dora_all"])  # warm: Triton compile, cached plans and indexes
+    writer.install(0, packed["dora_all"])  # warm: Triton compile, cached plans and indexes, allocator pools
+    writer.install(1, packed["dora_some"])
     torch.cuda.synchronize()
     compute = torch.cuda.current_stream()
     torch.cuda._sleep(SLEEP)  # a long "step" on the compute stream
