@@ -109,17 +109,17 @@ class SlotWriter:
 
     def _install(self, slot: int, adapter) -> None:
         if isinstance(adapter, PackedAdapter) and adapter.flat is not None:
-            m_row = self._install_packed(slot, adapter)
+            m_row = self._install_packed(slot, adapter)  # the magnitudes from the packed copy, if it has them
         else:
             self._install_views(slot, adapter)
-            mags = getattr(adapter, "magnitudes", None) if self._dora is not None else None
             m_row = None
-            if mags:
+        mags = getattr(adapter, "magnitudes", None)
+        if self._dora is not None:  # after A / B / ranks / scales are in the slot: the norms read them
+            if m_row is None and mags:  # not packed (CPU, MoE): one row built on the host, one copy
                 m_row = self._dora.host_row(mags)
                 m_row = m_row.pin_memory().to(self.device, non_blocking=True) if self.cuda else m_row
-        if self._dora is not None:  # after A / B / ranks / scales are in the slot: the norms read them
             self._dora.write(slot, m_row)
-        elif getattr(adapter, "magnitudes", None) and self.modules:
+        elif mags and self.modules:
             raise EngineError(
                 f"adapter {adapter.name!r} is a DoRA adapter but the engine was started without DoRA rows",
                 hint="this is a bug: the engine enables DoRA when any adapter of the run uses it",
