@@ -42,8 +42,9 @@ class SlotWriter:
     """Writes adapters into the slots of `modules` ({(layer, fused name): LoRALinear}) on `device`.
 
     Python-side tensor views are the expensive part of a load (~900 of them), so they are cached: destination
-    views per (slot, ranks of every slice), source views into the staging buffer per source layout. No host
-    sync: small host buffers come fresh from PyTorch's pinned allocator, which keeps them until the copy ran.
+    views per (slot, ranks of every slice), source views into the staging buffer per source layout, scatter plans
+    and rank / scaling rows (on the device) per packed layout. No host sync: small host buffers come fresh from
+    PyTorch's pinned allocator, which keeps them until the copy ran.
     """
 
     def __init__(self, modules: dict[tuple[int, str], LoRALinear], device: torch.device):
