@@ -109,9 +109,9 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _load_ops(tmp_path, layers: int) -> _Ops:
+def _load_ops(tmp_path, layers: int, name: str = "dora_all") -> _Ops:
     _, writer, ad = _setup(tmp_path, layers)
-    p = pack_adapter(ad["dora_all"], pin=False)
+    p = pack_adapter(ad[name], pin=False)
     writer.install(0, p)  # warm: cached views and gather index
     with _Ops() as ops:
         writer.install(0, p)
@@ -124,3 +124,5 @@ def test_a_dora_load_is_batched_and_never_reads_back(tmp_path):
     two, four = _load_ops(tmp_path / "two", 2), _load_ops(tmp_path / "four", 4)
     assert two.readbacks == 0 and four.readbacks == 0
     assert four.ops - two.ops <= 5 * 8, (two.ops, four.ops)  # measured 4 per module (a per-slice path: ~200)
+    plain = _load_ops(tmp_path / "plain", 4, "plain")  # a plain load: the copies and the rank / scaling rows
+    assert plain.readbacks == 0 and plain.ops <= 8, plain.ops
