@@ -167,7 +167,7 @@ def run_multilora_row(
             for name in {r.adapter for r in reqs if r.adapter is not None}:
                 engine.slots.warm(name)
         st = engine.stats
-        loads0, evict0 = st.slot_loads, st.slot_evictions
+        loads0, evict0, preload0 = st.slot_loads, st.slot_evictions, engine.slots.preloads
         bm = engine.block_manager
         lookup0, hits0 = bm.prompt_tokens, bm.hit_tokens
         install_s = _time_installs(engine)
@@ -213,6 +213,7 @@ def run_multilora_row(
             precompiled=engine.runner.precompiled,
             slot_loads=engine.stats.slot_loads - loads0,
             slot_evictions=engine.stats.slot_evictions - evict0,
+            slot_preloads=engine.slots.preloads - preload0,  # loads made while a step ran (Scheduler.preload)
             enforce_eager=enforce_eager,
             preemptions=engine.stats.preemptions,
             install_host_s=install_s[0],

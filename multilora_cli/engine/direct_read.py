@@ -35,7 +35,7 @@ from multilora_cli.adapters.scan import (
     scan_adapter,
     scan_ident,
 )
-from multilora_cli.engine.packed import PackedAdapter, PackPlan, packed_adapter, plan_pack
+from multilora_cli.engine.packed import PackedAdapter, PackPlan, fill_magnitudes, packed_adapter, plan_pack
 from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import ModelConfig
 
@@ -53,6 +53,10 @@ class ReadPlan:
     stored: torch.dtype
     dtype: torch.dtype
     ident: tuple | None
+    # DoRA: the magnitudes' file spans (begin, end, byte offset in a scratch of mag_dtype, in `plan.mags` order);
+    # mag_dtype None: read tensor by tensor (`read_magnitudes`: mixed dtypes, or none)
+    mag_spans: tuple[tuple[int, int, int], ...] = ()
+    mag_dtype: torch.dtype | None = None
 
     @property
     def nbytes(self) -> int:
@@ -74,7 +78,10 @@ def plan_read(
     if len(stored) != 1:
         return None
     fdtype = stored.pop()
-    plan = plan_pack({k: (m.rank, m.in_features, m.out_features, m.scaling) for k, m in scan.modules.items()})
+    plan = plan_pack(
+        {k: (m.rank, m.in_features, m.out_features, m.scaling) for k, m in scan.modules.items()},
+        [k for k, m in scan.modules.items() if m.key_m is not None],  # DoRA: magnitudes packed after A / B
+    )
     spans = []
     for key, ab, off in plan.order:
         spec = scan.modules[key]
@@ -83,7 +90,16 @@ def plan_read(
             row = spec.rank * fdtype.itemsize
             begin, end = begin + spec.b_rows[0] * row, begin + spec.b_rows[1] * row
         spans.append((begin, end, off * fdtype.itemsize))
-    return ReadPlan(scan, plan, tuple(sorted(spans)), fdtype, dtype, scan.ident)
+    mdtypes = {tf.dtype(scan.modules[k].key_m) for k, _, _ in plan.mags}
+    mdtype = mdtypes.pop() if len(mdtypes) == 1 else None
+    mspans = []
+    for key, off, _ in plan.mags if mdtype is not None else ():
+        spec = scan.modules[key]
+        begin, end = tf.span(spec.key_m)
+        if spec.b_rows is not None:  # a fused module's slice: its rows of the magnitude vector
+            begin, end = begin + spec.b_rows[0] * mdtype.itemsize, begin + spec.b_rows[1] * mdtype.itemsize
+        mspans.append((begin, end, off * mdtype.itemsize))
+    return ReadPlan(scan, plan, tuple(sorted(spans)), fdtype, dtype, scan.ident, tuple(mspans), mdtype)
 
 
 def read_packed(
@@ -103,22 +119,39 @@ def read_packed(
         return None
     try:
         flat = block.tensor(rp.plan.total, dtype)
+        ab = rp.plan.ab_total  # A / B blocks; the DoRA magnitudes follow them
         if rp.stored == dtype:
-            values, target = flat, block.memoryview()
+            values, target = flat[:ab], block.memoryview()
         else:
-            values = torch.empty(rp.plan.total, dtype=rp.stored)
+            values = torch.empty(ab, dtype=rp.stored)
             target = memoryview(values.view(torch.uint8).numpy())
         read_spans(rp.scan.weights_path, target, rp.spans, rp.scan)
         check_finite(values, rp.plan, rp.scan)
-        if values is not flat:
-            flat.copy_(values)
-        magnitudes = read_magnitudes(rp.scan)  # DoRA: a few KB per module, read apart from the packed bytes
+        if rp.stored != dtype:
+            flat[:ab].copy_(values)
+        magnitudes = _read_magnitudes(rp, flat)
     except BaseException:
         arena.release(block)
         raise
     packed = packed_adapter(rp.scan, flat, rp.plan, block, arena)
     packed.magnitudes = magnitudes
     return packed
+
+
+def _read_magnitudes(rp: ReadPlan, flat: torch.Tensor) -> dict:
+    """DoRA: the magnitudes packed behind A / B in `flat` (float32), as views of it ({} for a plain LoRA). One
+    preadv into a scratch vector, one finiteness pass and one converting copy, rather than ~4 torch calls per
+    module on this reader thread (each one a GIL hand-off with the step loop); a non-finite value is named by
+    `read_magnitudes`, which reads them tensor by tensor as `load_adapter` does."""
+    plan = rp.plan
+    if not plan.mags:
+        return {}
+    if rp.mag_dtype is not None:
+        scratch = torch.empty(plan.mag_floats, dtype=rp.mag_dtype)
+        read_spans(rp.scan.weights_path, memoryview(scratch.view(torch.uint8).numpy()), rp.mag_spans, rp.scan)
+        if all_finite(scratch):
+            return fill_magnitudes(flat, plan, scratch)
+    return fill_magnitudes(flat, plan, read_magnitudes(rp.scan))  # raises the NaN / Inf error
 
 
 def read_spans(file: Path, target: memoryview, spans: Iterable[tuple[int, int, int]], scan: AdapterScan) -> None:

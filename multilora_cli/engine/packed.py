@@ -6,6 +6,9 @@ per fused module (layer, "qkv_proj" ...) whose slices are all adapted at the sam
     A block [n_slices, r, in]      -> slot a[slot, :, :r, :]  (dense when r == max_rank, or one slice)
     B block [out_total, r]         -> slot b[slot, :, :r]     (the device copy transposes into rank-major slots)
 other modules (some slices missing, or ranks differ): per adapted slice A [r, in] and B [out_slice, r].
+A DoRA adapter's magnitudes follow the A/B blocks as float32 bytes (at an even element offset, so a float32 view of
+the region is aligned whatever the buffer's dtype): m [out] per (layer, PEFT module), in sorted order. They go over
+with the same one copy as A and B; the slot load turns them into its scale rows on the device (engine/dora.py).
 Every block is a source tensor as PEFT stores it, so packing is one `torch.cat` (one memcpy, GIL released)
 rather than hundreds of small and strided copies on the prefetch thread. The returned adapter's modules are
 views of that buffer (A [r, in], B [out, r], made when first used), so it is still an ordinary `LoraAdapter` for
@@ -15,7 +18,7 @@ buffer straight from a checkpoint file.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +52,7 @@ class PackedAdapter(LoraAdapter):
     flat: torch.Tensor | None = None
     groups: dict[tuple[int, str], PackedGroup] = field(default_factory=dict)
     layout: tuple = ()  # hashable summary of `groups` (offsets + ranks): equal layouts share cached views
+    plan: PackPlan | None = None  # where everything sits in `flat` (the DoRA magnitudes too)
     staged: tuple | None = None  # set by engine/staging.py: (buffer index, copy-done event) of a device copy
     block: object | None = None  # engine/pinned.PinnedBlock, or None (pageable or pinned by PyTorch)
 
@@ -77,17 +81,35 @@ class PackPlan:
     total: int
     order: tuple[tuple[tuple[int, str], str, int], ...]
     where: dict[tuple[int, str], tuple[tuple[int, str], int, int, int]]
+    # DoRA: the magnitude region starts at element mag_off (even) and holds 2 elements per float32 (room for a
+    # float32 view of any 2- or 4-byte dtype); mags: ((layer, PEFT module), float32 offset in it, out) sorted
+    mag_off: int = 0
+    mags: tuple[tuple[tuple[int, str], int, int], ...] = ()
+    ab_end: int = -1  # with magnitudes: where the A/B blocks end (mag_off, or one before it: a zeroed pad)
+
+    @property
+    def ab_total(self) -> int:
+        """Elements of the A/B blocks (the magnitude region follows them)."""
+        return self.ab_end if self.mags else self.total
+
+    @property
+    def mag_floats(self) -> int:
+        return sum(out for _, _, out in self.mags)
 
     def layout(self, dtype: torch.dtype) -> tuple:
         return (
             dtype,
             self.total,
             tuple((k, g.uniform, g.ranks, g.outs, g.a_off, g.b_off, g.slice_offs) for k, g in self.groups.items()),
+            self.mags,
         )
 
 
-def plan_pack(shapes: dict[tuple[int, str], tuple[int, int, int, float]]) -> PackPlan:
-    """The slot-like layout above for modules (layer, PEFT name) -> (rank, in, out, scaling)."""
+def plan_pack(
+    shapes: dict[tuple[int, str], tuple[int, int, int, float]], mags: Iterable[tuple[int, str]] = ()
+) -> PackPlan:
+    """The slot-like layout above for modules (layer, PEFT name) -> (rank, in, out, scaling); `mags`: the modules
+    with a DoRA magnitude (each of `shapes`' out features)."""
     by_group: dict[tuple[int, str], list] = {}
     for (layer, name), shp in shapes.items():
         fused, i = FUSED[name]
@@ -124,7 +146,41 @@ def plan_pack(shapes: dict[tuple[int, str], tuple[int, int, int, float]]) -> Pac
     offs = {(n, ab): off for n, ab, off in order}
     slice_of = {n: (g, i) for g in groups for i, n in enumerate((g[0], m) for m in SLICES[g[1]])}
     where = {n: (*slice_of[n], offs[(n, "a")], offs[(n, "b")]) for n in sorted(shapes)}
-    return PackPlan(groups, total, tuple(order), where)
+    mag, floats = [], 0
+    for n in sorted(mags):
+        mag.append((n, floats, shapes[n][2]))
+        floats += shapes[n][2]
+    if not mag:
+        return PackPlan(groups, total, tuple(order), where)
+    mag_off = total + total % 2
+    return PackPlan(groups, mag_off + 2 * floats, tuple(order), where, mag_off, tuple(mag), total)
+
+
+def magnitude_region(flat: torch.Tensor, plan: PackPlan) -> torch.Tensor:
+    """The float32 view of `flat`'s magnitude region (the packed magnitudes first, then padding for 4-byte dtypes);
+    `flat` may be the host buffer or its device copy."""
+    return flat[plan.mag_off : plan.total].view(torch.float32)
+
+
+def fill_magnitudes(
+    flat: torch.Tensor, plan: PackPlan, magnitudes: Mapping[tuple[int, str], torch.Tensor] | torch.Tensor
+) -> dict[tuple[int, str], torch.Tensor]:
+    """Copy the DoRA magnitudes ({(layer, PEFT module): m}, or all of them as one vector in `plan.mags` order, any
+    floating dtype) into `flat`'s region (one op; padding zeroed) and return them as float32 views of it."""
+    if not plan.mags:
+        return {}
+    if plan.ab_end < plan.mag_off:
+        flat[plan.ab_end : plan.mag_off].zero_()  # the pad to an even offset: defined bytes
+    region = magnitude_region(flat, plan)
+    n = plan.mag_floats
+    if isinstance(magnitudes, torch.Tensor):
+        region[:n].copy_(magnitudes)
+        region[n:].zero_()
+    else:
+        srcs = [magnitudes[k].reshape(-1).float() for k, _, _ in plan.mags]
+        pad = region.numel() - n
+        torch.cat(srcs + [torch.zeros(pad)] if pad else srcs, out=region)
+    return {k: region[off : off + out] for k, off, out in plan.mags}
 
 
 class PackedModules(Mapping):
@@ -175,6 +231,7 @@ def packed_adapter(src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, 
         flat=flat,
         groups=plan.groups,
         layout=plan.layout(flat.dtype),
+        plan=plan,
         block=block,
     )
     if block is not None:
@@ -187,7 +244,8 @@ def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None =
     when it has room, else a fresh buffer (pinned by PyTorch if `pin`)."""
     mods = adapter.modules
     dtype = dtype or next(iter(mods.values())).a.dtype
-    plan = plan_pack({k: (m.rank, m.a.shape[1], m.b.shape[0], m.scaling) for k, m in mods.items()})
+    mags = getattr(adapter, "magnitudes", None) or {}
+    plan = plan_pack({k: (m.rank, m.a.shape[1], m.b.shape[0], m.scaling) for k, m in mods.items()}, mags)
     block = arena.alloc(plan.total * dtype.itemsize) if arena is not None else None
     flat = (
         block.tensor(plan.total, dtype) if block is not None else torch.empty(plan.total, dtype=dtype, pin_memory=pin)
@@ -197,5 +255,8 @@ def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None =
     # does the transpose into the rank-major slots)
     srcs = [getattr(mods[n], ab) for n, ab, _ in plan.order]
     if srcs:
-        torch.cat([t.to(dtype).reshape(-1) for t in srcs], out=flat)
-    return packed_adapter(adapter, flat, plan, block, arena)
+        torch.cat([t.to(dtype).reshape(-1) for t in srcs], out=flat[: plan.ab_total])
+    packed = packed_adapter(adapter, flat, plan, block, arena)
+    if mags:  # views of the buffer: the magnitudes travel with A / B (and are not kept twice)
+        packed.magnitudes = fill_magnitudes(flat, plan, mags)
+    return packed

@@ -158,11 +158,9 @@ class ModelRunner:
             self._slot_writer.enable_dora()
         self._expert_modules = self.model.expert_lora_modules()  # MoE: {layer: MoeExperts} with LoRA slots
         if self.device.type == "cuda" and self._lora_modules:
-            # allocated before the KV cache is sized, so their bytes are counted; one slot's worth each
-            numel = sum(
-                m.lora.max_rank * (m.lora.n_slices * m.lora.in_features + m.lora.out_features)
-                for m in self._lora_modules.values()
-            )
+            # allocated before the KV cache is sized, so their bytes are counted; one slot's worth each (with
+            # DoRA: and the magnitudes packed behind A / B)
+            numel = self._slot_writer.staged_numel
             self._slot_writer.stager = DeviceStager(
                 self.device, numel, self.dtype, n_buffers=staging_buffers(numel * self.dtype.itemsize)
             )

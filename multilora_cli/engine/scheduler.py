@@ -221,6 +221,14 @@ class Scheduler(Admission, Forking):
         self.num_ahead_steps += 1
         return ahead
 
+    def preload(self, limit: int) -> int:
+        """While a step runs: load up to `limit` of the next admissions' adapters that are read already into a
+        free slot (or one whose adapter has no queued work), so the admission finds them resident instead of
+        loading them between steps (`SlotManager.preload`)."""
+        if not len(self._waiting):
+            return 0
+        return self.slots.preload(self._prefetch_order(), keep=self._waiting, limit=limit)
+
     def _prefetch_order(self) -> list[str]:
         """`upcoming_adapters`, recomputed only when queues, seats or slots moved: in steady decode it would be
         the same list every step (0.2-0.4 ms of Python per step in the 64- and 256-adapter bench rows). At most

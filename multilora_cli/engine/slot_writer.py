@@ -14,17 +14,26 @@ into the rank-major slots on the way) from a plan cached per (slot, adapter layo
 blocks runs one copy kernel per block and took 2.4-3.2x the scatter's host time per load (H200), so CUDA always
 scatters; on CPU the packed blocks go over in one foreach copy of their views.
 The slot tensors are addressed through `LoraWeights`' logical views (a[slot, i, :r], b[slot, lo:hi, :r]), so any
-storage layout of `LoraWeights` works. Everything stays on the current stream: a step after the install sees it.
+storage layout of `LoraWeights` works.
+DoRA adapters: their magnitudes come in the same packed buffer (engine/packed.py), are gathered into one row on the
+device, and `DoraNorms` (engine/dora.py) turns them into the slot's scale rows in a few batched ops, no host sync.
+Streams (CUDA): a load is enqueued on the writer's own load stream, so its copies, scatter and DoRA norms run
+beside the step already enqueued on the compute stream; the compute stream then waits for it (an event) before
+the next step, the first that may read the slot. A slot that was evicted (`clear`) is written only after the
+steps enqueued before its eviction (which may still read it) have run; a free slot nobody reads waits for none.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
-from multilora_cli.engine.dora import row_norms_sq, write_scales
-from multilora_cli.engine.packed import PackedAdapter
+from multilora_cli.engine.dora import DoraNorms
+from multilora_cli.engine.packed import PackedAdapter, magnitude_region
 from multilora_cli.engine.staging import DeviceStager
+from multilora_cli.errors import EngineError
 from multilora_cli.kernels.scatter import scatter_blocks, scatter_plan
 from multilora_cli.layers.lora import LoRALinear
 
@@ -33,8 +42,9 @@ class SlotWriter:
     """Writes adapters into the slots of `modules` ({(layer, fused name): LoRALinear}) on `device`.
 
     Python-side tensor views are the expensive part of a load (~900 of them), so they are cached: destination
-    views per (slot, ranks of every slice), source views into the staging buffer per source layout. No host
-    sync: small host buffers come fresh from PyTorch's pinned allocator, which keeps them until the copy ran.
+    views per (slot, ranks of every slice), source views into the staging buffer per source layout, scatter plans
+    and rank / scaling rows (on the device) per packed layout. No host sync: small host buffers come fresh from
+    PyTorch's pinned allocator, which keeps them until the copy ran.
     """
 
     def __init__(self, modules: dict[tuple[int, str], LoRALinear], device: torch.device):
@@ -56,24 +66,65 @@ class SlotWriter:
         # from the first module's A tensor
         self._plans: dict[tuple, torch.Tensor] = {}
         self._dst_base = self.modules[0][1].lora.a if self.modules else None
-        self.dora = any(m.lora.dora is not None for _, m in self.modules)  # DoRA scale rows to write per install
-        self._w_sq: dict | None = None  # DoRA: ||W_row||² per module, computed once (engine/dora.py)
+        self._dora: DoraNorms | None = None  # DoRA scale rows, written per install (engine/dora.py)
+        self._rank_cache: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # `_rank_rows`
+        self._mag_index: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # packed magnitudes -> row, per layout
+        # CUDA: loads run on this stream; `_evicted[slot]`: an event after the steps that may still read the slot
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self._evicted: dict[int, torch.cuda.Event] = {}
+
+    @property
+    def dora(self) -> bool:
+        return self._dora is not None
 
     def enable_dora(self) -> None:
         """Give every module DoRA scale rows (ones), before CUDA graphs are captured so they include the scaling."""
-        for _, m in self.modules:
-            m.lora.enable_dora()
-        self._w_sq = {key: row_norms_sq(m.weight) for key, m in self.modules}
-        self.dora = bool(self.modules)
+        if self.modules and self._dora is None:
+            self._dora = DoraNorms(self.modules, self.device)
+
+    @property
+    def staged_numel(self) -> int:
+        """Elements of the largest packed adapter these slots take (A / B at the max rank, and DoRA magnitudes):
+        what a device staging buffer must hold (engine/staging.py)."""
+        numel = sum(
+            m.lora.max_rank * (m.lora.n_slices * m.lora.in_features + m.lora.out_features) for _, m in self.modules
+        )
+        if self._dora is not None:  # engine/packed.py: an even offset, then 2 elements per float32
+            numel += 1 + 2 * self._dora.total
+        return numel
 
     def install(self, slot: int, adapter) -> None:
         """Copy `adapter` (adapters.peft.LoraAdapter: slices_for(layer, fused)) into `slot` of every module."""
+        if self.stream is None:
+            self._install(slot, adapter)
+            return
+        compute = torch.cuda.current_stream(self.device)
+        evicted = self._evicted.pop(slot, None)
+        if evicted is not None:
+            self.stream.wait_event(evicted)
+        with torch.cuda.stream(self.stream):
+            self._install(slot, adapter)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        compute.wait_event(done)  # the next step (the first that may read the slot) runs after the load
+
+    def _install(self, slot: int, adapter) -> None:
         if isinstance(adapter, PackedAdapter) and adapter.flat is not None:
-            self._install_packed(slot, adapter)
+            m_row = self._install_packed(slot, adapter)  # the magnitudes from the packed copy, if it has them
         else:
             self._install_views(slot, adapter)
-        if self.dora:  # after A / B are in the slot: DoRA's norms read them (engine/dora.py)
-            write_scales(self.modules, slot, adapter, self._w_sq)
+            m_row = None
+        mags = getattr(adapter, "magnitudes", None)
+        if self._dora is not None:  # after A / B / ranks / scales are in the slot: the norms read them
+            if m_row is None and mags:  # not packed (CPU, MoE): one row built on the host, one copy
+                m_row = self._dora.host_row(mags)
+                m_row = m_row.pin_memory().to(self.device, non_blocking=True) if self.cuda else m_row
+            self._dora.write(slot, m_row)
+        elif mags and self.modules:
+            raise EngineError(
+                f"adapter {adapter.name!r} is a DoRA adapter but the engine was started without DoRA rows",
+                hint="this is a bug: the engine enables DoRA when any adapter of the run uses it",
+            )
 
     def _install_views(self, slot: int, adapter) -> None:
         n = len(self.modules)
@@ -112,24 +163,12 @@ class SlotWriter:
         torch._foreach_copy_(rank_dst, self._rank_src)
         torch._foreach_copy_(scale_dst, self._scale_src)
 
-    def _install_packed(self, slot: int, p: PackedAdapter) -> None:
+    def _install_packed(self, slot: int, p: PackedAdapter) -> torch.Tensor | None:
         """One H2D copy of `p.flat` into the staging buffer (unless staged ahead), one scatter launch of its blocks
-        into `slot` (CPU: one foreach copy)."""
-        n = len(self.modules)
-        ranks = np.zeros((n, self.width), dtype=np.int32)
-        scales = np.zeros((n, self.width), dtype=np.float32)
+        into `slot` (CPU: one foreach copy). Returns the DoRA magnitudes as a device row (`DoraNorms.write`), or
+        None without (or without DoRA rows), read from the same copy before its buffer is given back."""
         groups = p.groups
-        for j, (key, module) in enumerate(self.modules):
-            g = groups.get(key)
-            if g is not None:
-                k = len(g.ranks)
-                if k != module.lora.n_slices:
-                    raise ValueError(f"layer {key[0]} {key[1]}: {k} slices for a {module.lora.n_slices}-slice module")
-                ranks[j, :k] = g.ranks
-                scales[j, :k] = g.scalings
-        if len(groups) > sum(1 for key, _ in self.modules if key in groups):
-            extra = sorted(set(groups) - {key for key, _ in self.modules})
-            raise ValueError(f"adapter {p.name!r} adapts {extra[0]}, which has no LoRA module here")
+        rank_src, scale_src = self._rank_rows(p)
         flat = p.flat
         staged = self.stager.take(p) if self.stager is not None else None
         if staged is not None:  # copied to the device by the prefetch thread: only the scatter is left
@@ -150,13 +189,50 @@ class SlotWriter:
             dst, src = self._packed_views(slot, groups, base)
             if dst:
                 torch._foreach_copy_(dst, src, non_blocking=True)
+        m_row = None
+        if self._dora is not None and p.plan is not None and p.plan.mags:
+            idx = self._mag_index.get(p.plan.mags)
+            if idx is None:
+                idx = self._mag_index[p.plan.mags] = self._dora.packed_index(p.plan.mags)
+            m_row = torch.where(idx[1], magnitude_region(base, p.plan)[idx[0]], math.nan)  # [total] float32
         if staged is not None:
             self.stager.release(staged)
         _, rank_dst, scale_dst = self._destinations(slot, None)
-        self._ranks_dev.copy_(self._host(ranks), non_blocking=True)
-        self._scales_dev.copy_(self._host(scales), non_blocking=True)
-        torch._foreach_copy_(rank_dst, self._rank_src)
-        torch._foreach_copy_(scale_dst, self._scale_src)
+        torch._foreach_copy_(rank_dst, rank_src)
+        torch._foreach_copy_(scale_dst, scale_src)
+        return m_row
+
+    def _rank_rows(self, p: PackedAdapter) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per module, the device rows of ranks and scalings `p` puts in a slot, cached per (layout, scalings): a
+        run's adapters mostly share a few, so a load copies them device to device (no host buffer, no H2D copy,
+        no per-module Python loop). Checks that every module `p` adapts exists here with its slice count."""
+        groups = p.groups
+        key = (p.layout, tuple(g.scalings for g in groups.values()))
+        hit = self._rank_cache.get(key)
+        if hit is not None:
+            return hit
+        n = len(self.modules)
+        ranks = np.zeros((n, self.width), dtype=np.int32)
+        scales = np.zeros((n, self.width), dtype=np.float32)
+        for j, (mkey, module) in enumerate(self.modules):
+            g = groups.get(mkey)
+            if g is not None:
+                k = len(g.ranks)
+                if k != module.lora.n_slices:
+                    raise ValueError(f"layer {mkey[0]} {mkey[1]}: {k} slices for a {module.lora.n_slices}-slice module")
+                ranks[j, :k] = g.ranks
+                scales[j, :k] = g.scalings
+        if len(groups) > sum(1 for mkey, _ in self.modules if mkey in groups):
+            extra = sorted(set(groups) - {mkey for mkey, _ in self.modules})
+            raise ValueError(f"adapter {p.name!r} adapts {extra[0]}, which has no LoRA module here")
+        if len(self._rank_cache) >= 256:  # distinct layouts x scalings of a run: few; bound it anyway
+            self._rank_cache.clear()
+        r_dev = self._host(ranks).to(self.device, non_blocking=True)
+        s_dev = self._host(scales).to(self.device, non_blocking=True)
+        widths = [m.lora.n_slices for _, m in self.modules]
+        hit = ([r_dev[j, :k] for j, k in enumerate(widths)], [s_dev[j, :k] for j, k in enumerate(widths)])
+        self._rank_cache[key] = hit
+        return hit
 
     def _plan(self, key, groups, base: torch.Tensor) -> torch.Tensor:
         """The scatter plan of a layout, cached: slot 0's destinations with each one's slot stride (the launch
@@ -224,9 +300,12 @@ class SlotWriter:
         _, rank_dst, scale_dst = self._destinations(slot, None)
         torch._foreach_zero_(rank_dst)
         torch._foreach_zero_(scale_dst)
-        if self.dora:  # not needed for correctness (an install rewrites the row), but a cleared slot reads as plain
-            for _, m in self.modules:
-                m.lora.dora[slot].fill_(1.0)
+        if self._dora is not None:  # not needed for correctness (an install rewrites it), but a cleared slot is plain
+            self._dora.rows[slot].fill_(1.0)
+        if self.cuda:  # a load into this slot waits for the steps enqueued so far (they may still read it)
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self.device))
+            self._evicted[slot] = ev
 
     def _host(self, arr: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(arr)

@@ -22,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from multilora_cli.errors import MultiloraError
+
 BASE_SLOT = -1
 
 
@@ -73,6 +75,7 @@ class SlotManager:
         self.cpu_hits = 0  # misses served from the host cache
         self.prefetches = 0  # background reads started
         self.not_ready = 0  # acquire(wait=False) calls deferred because a read / device copy was in flight
+        self.preloads = 0  # loads made by `preload`, ahead of the admission that then hits
         self.adapter_loads: dict[str, int] = {}
         self.read_wait_seconds = 0.0  # caller's time blocked on reads (in flight, or made on its own thread)
 
@@ -173,6 +176,34 @@ class SlotManager:
         staging = self._staging.get(name)  # the device copy chained after the read
         return staging is None or staging.done()
 
+    def preload(self, names: Iterable[str], keep: Container[str] = (), limit: int = 1) -> int:
+        """Install up to `limit` of `names` (the next admissions' adapters, in order) ahead of their admission, so
+        that their loads run while a step is in flight rather than between steps (the engine calls this after
+        launching a step; on CUDA a load goes on the slot writer's own stream). Only adapters already read into
+        the host cache with no device copy in flight (never waits, never reads on this thread), and only into a
+        free slot or in place of an unpinned adapter outside `keep` and `names` (one with queued work is never
+        displaced). Returns how many were installed; a failing install is left for the admission to report."""
+        names = list(names)
+        keep = _Either(keep, set(names))  # nor one this very list is about to use
+        done = 0
+        for name in names:
+            if done >= limit:
+                break
+            if name is None or name in self._slot_of or name not in self._cpu:
+                continue
+            staging = self._staging.get(name)
+            if staging is not None and not staging.done():
+                continue
+            if not self._free_slots and next((n for n in self._idle if n not in keep), None) is None:
+                break  # no slot to take without displacing queued work
+            try:
+                self.acquire(name, keep=keep)
+            except (MultiloraError, ValueError):
+                continue
+            self.preloads += 1
+            done += 1
+        return done
+
     def retain(self, name: str | None) -> None:
         """Pin a resident adapter for one more running sequence."""
         if name is None:
@@ -260,6 +291,7 @@ class SlotManager:
             "cpu_hits": self.cpu_hits,
             "prefetches": self.prefetches,
             "not_ready": self.not_ready,
+            "preloads": self.preloads,
             "adapter_loads": dict(self.adapter_loads),
         }
 
@@ -279,3 +311,15 @@ class SlotManager:
             while len(self._cpu) > self.max_cpu_loras:
                 self._cpu.popitem(last=False)
         return obj
+
+
+class _Either:
+    """In either of two containers (the `keep` of `SlotManager.preload`)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container, b: Container):
+        self.a, self.b = a, b
+
+    def __contains__(self, x: object) -> bool:
+        return x in self.a or x in self.b

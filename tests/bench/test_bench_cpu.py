@@ -383,3 +383,12 @@ def test_synthetic_moe_adapters_hold_expert_lora_and_run(tmp_path, monkeypatch):
     report = run_suite(parse_rows("3,base", work), path, torch.device("cpu"), log=lambda m: None)
     assert report["failed"] == [] and [r["system"] for r in report["rows"]] == ["multilora", "multilora-base"]
     assert all(r["output_tokens"] == 10 * 4 for r in report["rows"])
+
+
+def test_slot_load_bench_smoke():
+    """benchmarks.bench_slot_load on CPU: every arm timed, and the batched DoRA norms equal the per-slice ones."""
+    from benchmarks.bench_slot_load import main
+
+    report = main(["--device", "cpu", "--layers", "2", "--hidden", "64", "--loads", "1", "--repeats", "1"])
+    assert set(report["arms"]) == {"plain", "dora", "dora_per_slice"}
+    assert report["dora_extra_bytes"] > 0 and report["dora_rel_diff_vs_per_slice"] < 1e-5

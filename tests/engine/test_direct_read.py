@@ -40,6 +40,9 @@ def ckpts(tmp_path_factory):
             use_rslora=True,
         ),
         "bin": build_adapter(base, root / "bin", r=4, targets=("q_proj",), seed=4, safetensors=False),
+        "dora": build_adapter(
+            base, root / "dora", r=4, alpha=8, targets=("q_proj", "v_proj", "up_proj"), seed=5, use_dora=True
+        ),
     }
     for dt, tag in ((torch.bfloat16, "all_bf16"), (torch.float16, "all_fp16")):
         out[tag] = _recast(out["all"], root / tag, lambda k, t, dt=dt: t.to(dt))
@@ -58,7 +61,7 @@ def _arena(mb=64):
     return PinnedArena(mb << 20, cuda=False)
 
 
-@pytest.mark.parametrize("tag", ["all", "qv", "pattern", "all_bf16", "all_fp16"])
+@pytest.mark.parametrize("tag", ["all", "qv", "pattern", "all_bf16", "all_fp16", "dora"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_bit_identical_to_load_then_pack(ckpts, tag, dtype):
     cfg, paths = ckpts
@@ -66,7 +69,7 @@ def test_bit_identical_to_load_then_pack(ckpts, tag, dtype):
     got = read_packed(paths[tag], tag, cfg, dtype, arena)
     want = pack_adapter(load_adapter(paths[tag], tag, cfg, dtype=dtype), pin=False, dtype=dtype)
     assert isinstance(got, PackedAdapter) and got.block is not None and arena.allocs == 1
-    assert got.flat.dtype == dtype and torch.equal(got.flat, want.flat)
+    assert got.flat.dtype == dtype and torch.equal(got.flat.view(torch.uint8), want.flat.view(torch.uint8))
     assert got.groups == want.groups and got.layout == want.layout
     assert (got.max_rank, got.min_rank, got.num_params) == (want.max_rank, want.min_rank, want.num_params)
     ref = load_adapter(paths[tag], tag, cfg)
@@ -80,6 +83,11 @@ def test_bit_identical_to_load_then_pack(ckpts, tag, dtype):
         ref.stored_nbytes,
         ref.module_names,
     )
+    # DoRA: the magnitudes are in the block, behind A / B (one copy to the device), in float32 whatever the dtype
+    assert set(got.magnitudes) == set(ref.magnitudes) and (tag == "dora") == bool(ref.magnitudes)
+    for key, m in ref.magnitudes.items():
+        assert torch.equal(got.magnitudes[key], m)
+        assert got.flat.data_ptr() <= got.magnitudes[key].data_ptr() < got.flat.data_ptr() + got.flat.nbytes
 
 
 def test_falls_back_where_it_does_not_apply(ckpts):
@@ -107,6 +115,21 @@ def test_nan_named_like_load_adapter_and_block_returned(ckpts, tmp_path):
     assert got.value.message == want.value.message and "up_proj: lora_B contains NaN or Inf" in got.value.message
     arena.alloc(1)  # the failed read's block went back
     assert arena.free_bytes == arena.nbytes - 4096
+
+
+def test_nonfinite_magnitude_named_like_load_adapter(ckpts, tmp_path):
+    cfg, paths = ckpts
+    bad = _recast(paths["dora"], tmp_path / "nan_m", lambda k, t: t)
+    f = bad / "adapter_model.safetensors"
+    sd = load_file(f)
+    key = next(k for k in sorted(sd) if "layers.1.self_attn.v_proj.lora_magnitude_vector" in k)
+    sd[key][2] = float("nan")
+    save_file(sd, f)
+    with pytest.raises(AdapterError) as want:
+        load_adapter(bad, "nan_m", cfg)
+    with pytest.raises(AdapterError) as got:
+        read_packed(bad, "nan_m", cfg, torch.bfloat16, _arena())
+    assert got.value.message == want.value.message and "v_proj" in got.value.message
 
 
 def test_structural_errors_are_load_adapters(ckpts, tmp_path):
@@ -204,10 +227,15 @@ def phi3_ckpts(tmp_path_factory):
         ),
     }
     out["pattern_bf16"] = _recast(out["pattern"], root / "pattern_bf16", lambda k, t: t.bfloat16())
+    out["dora_bf16"] = _recast(
+        build_adapter(base, root / "dora", r=4, targets=("qkv_proj", "gate_up_proj"), seed=4, use_dora=True),
+        root / "dora_bf16",
+        lambda k, t: t.bfloat16(),
+    )
     return ModelConfig.from_dir(base), out
 
 
-@pytest.mark.parametrize("tag", ["all", "pattern", "pattern_bf16"])
+@pytest.mark.parametrize("tag", ["all", "pattern", "pattern_bf16", "dora_bf16"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_checkpoint_modules_read_bit_identical(phi3_ckpts, tag, dtype):
     """A fused module's slices (its lora_A read once per slice, its lora_B rows as sub-spans) land as load_adapter
@@ -215,6 +243,10 @@ def test_fused_checkpoint_modules_read_bit_identical(phi3_ckpts, tag, dtype):
     cfg, paths = phi3_ckpts
     got = read_packed(paths[tag], tag, cfg, dtype, _arena())
     want = pack_adapter(load_adapter(paths[tag], tag, cfg, dtype=dtype), pin=False, dtype=dtype)
-    assert torch.equal(got.flat, want.flat) and got.groups == want.groups
+    assert torch.equal(got.flat.view(torch.uint8), want.flat.view(torch.uint8)) and got.groups == want.groups
     assert {name for _, name in got.modules} >= {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+    if tag.startswith("dora"):  # each slice's rows of the fused magnitude vector, read as sub-spans
+        ref = load_adapter(paths[tag], tag, cfg)
+        assert set(got.magnitudes) == set(ref.magnitudes) and len(ref.magnitudes) == 2 * 5
+        assert all(torch.equal(got.magnitudes[k], m) for k, m in ref.magnitudes.items())
     assert all(g.uniform for (_, fused), g in got.groups.items() if fused in ("qkv_proj", "gate_up_proj"))

@@ -110,3 +110,34 @@ def test_dora_eviction_and_reload_recompute_the_same_norms(tiny):
     assert loads["dora"] + loads["dora_qv"] >= 3  # a DoRA adapter was loaded again (its rows checked above)
     assert torch.equal(rows["plain"], torch.ones_like(rows["plain"]))  # plain LoRA slot: all ones
     assert (rows["dora"] != 1).all()  # all-linear DoRA: every output feature rescaled
+
+
+def test_slot_loads_made_ahead_of_admission_change_nothing(tiny):
+    """Scheduler.preload (on by default on CUDA, where the loads overlap the step in flight; set here on CPU):
+    adapters already read are installed between a step's launch and its read-back, into free slots or over
+    adapters with no queued work. The tokens are HF + PEFT's, and a DoRA adapter evicted and loaded again (ahead
+    or not) has the rows of its first load."""
+    base, adapters = tiny
+    plan = ["dora", "plain", "dora_qv", None, "dora", "plain", "dora_qv", "dora"] * 2
+    prompts = _prompts(len(plan), seed=8)
+    want = _hf_greedy(base, adapters, prompts, plan, new=NEW)
+    # one seat, two slots: the idle slot takes the next adapter ahead; reads on this thread (no prefetch threads),
+    # so which adapters are in the host cache, and hence the preloads, are the same every run
+    engine = _engine(base, adapters, max_loras=2, max_num_seqs=1, prefetch_threads=0)
+    engine.preloads_per_step = 2
+    mods = engine.runner._lora_modules
+    rows = {}
+
+    def install(slot, name, obj, inner=engine.runner.install_adapter):
+        inner(slot, name, obj)
+        got = torch.cat([m.lora.dora[slot] for m in mods.values()])
+        if name in rows:
+            assert torch.equal(got, rows[name]), name
+        rows[name] = got.clone()
+
+    engine.slots._install = install
+    for _ in range(2):
+        got = engine.generate_all(_requests(prompts, plan))
+        assert [r.token_ids for r in got] == want
+    assert engine.slots.preloads >= 2
+    assert sum(engine.slots.adapter_loads.values()) > len(KINDS)  # evictions and reloads happened

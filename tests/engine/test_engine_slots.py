@@ -270,3 +270,22 @@ def test_pool_size_does_not_grow_reads_ahead_or_victim_search():
     assert set(m.resident) == {"a", "c", "d"} and m.is_pinned("c")
     m.acquire("e", keep={"a"})  # d is newer than a, but a has queued work
     assert set(m.resident) == {"a", "c", "e"}
+
+
+def test_preload_takes_only_read_adapters_and_never_displaces_queued_work():
+    b = Backing()
+    m = b.manager(max_loras=3, max_cpu_loras=8)
+    for name in ("a", "b", "c", "d"):
+        m.warm(name)  # read into the host cache (as the prefetch threads leave them)
+    m.acquire("a")
+    m.retain("a")  # running: pinned
+    assert m.preload(["x", "b", "c", "d"], limit=1) == 1  # x is not read: skipped, never read here
+    assert m.is_resident("b") and not m.is_resident("x") and b.disk_reads == ["a", "b", "c", "d"]
+    # c takes the free slot; then b (kept) and c (on the list) are the idle ones: d waits
+    assert m.preload(["b", "c", "d"], keep={"b"}, limit=5) == 1
+    assert m.is_resident("c") and not m.is_resident("d") and m.is_resident("b")
+    assert m.preload(["d"], keep={"c"}) == 1  # b has no queued work now: d takes its slot
+    assert m.resident.keys() == {"a", "c", "d"} and m.is_pinned("a")
+    loads = m.loads
+    assert m.acquire("d") == m.slot_of("d") and m.loads == loads  # the admission then hits
+    assert m.preloads == 3 and m.stats()["preloads"] == 3
