@@ -16,6 +16,7 @@ import torch
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.experts import load_experts
 from multilora_cli.adapters.scan import all_finite, nonfinite, read_magnitudes, scan_adapter
+from multilora_cli.adapters.vocab import VocabWeights, read_vocab
 from multilora_cli.models.config import FUSED, FUSED_MODULES, ModelConfig
 from multilora_cli.models.moe_config import SHARED_FUSED
 
@@ -65,19 +66,26 @@ class LoraAdapter:
 
     # MoE expert LoRA: {(layer, "gate" | "up" | "down"): (A [E, r, in], B [E, out, r], scaling)} (adapters/experts.py)
     experts: dict[tuple[int, str], tuple] = field(default_factory=dict)
+    # LoRA on embed_tokens / lm_head and modules_to_save copies of them (adapters/vocab.py); None: none
+    vocab: VocabWeights | None = None
+
+    def _ranks(self) -> list[int]:
+        ranks = [m.rank for m in self.modules.values()] + [a.shape[1] for a, _, _ in self.experts.values()]
+        return ranks + ([self.vocab.max_rank] if self.vocab is not None and self.vocab.max_rank else [])
 
     @property
     def max_rank(self) -> int:
-        return max([m.rank for m in self.modules.values()] + [a.shape[1] for a, _, _ in self.experts.values()])
+        return max(self._ranks(), default=0)
 
     @property
     def min_rank(self) -> int:
-        return min([m.rank for m in self.modules.values()] + [a.shape[1] for a, _, _ in self.experts.values()])
+        return min(self._ranks(), default=0)
 
     @property
     def num_params(self) -> int:
         dense = sum(m.a.numel() + m.b.numel() for m in self.modules.values())
-        return dense + sum(a.numel() + b.numel() for a, b, _ in self.experts.values())
+        vocab = self.vocab.num_params if self.vocab is not None else 0
+        return dense + vocab + sum(a.numel() + b.numel() for a, b, _ in self.experts.values())
 
     @property
     def nbytes(self) -> int:
@@ -141,4 +149,5 @@ def load_adapter(
         stored_nbytes=scan.stored_nbytes,
         module_names=scan.module_names,
         magnitudes=read_magnitudes(scan),
+        vocab=read_vocab(tf, scan.vocab, dtype, name, scan.weights_path),
     )

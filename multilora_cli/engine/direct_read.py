@@ -35,6 +35,7 @@ from multilora_cli.adapters.scan import (
     scan_adapter,
     scan_ident,
 )
+from multilora_cli.adapters.vocab import read_vocab
 from multilora_cli.engine.packed import PackedAdapter, PackPlan, packed_adapter, plan_pack
 from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import ModelConfig
@@ -68,6 +69,8 @@ def plan_read(
     if scan is None:
         scan = scan_adapter(path, name, model_config)
     tf = scan.tensors
+    if not scan.modules:  # embed_tokens / lm_head only (adapters/vocab.py): nothing to pack
+        return None
     if tf.span(next(iter(scan.modules.values())).key_a) is None:
         return None  # .bin: torch.load has it in memory already
     stored = {d for m in scan.modules.values() for d in (m.dtype_a, m.dtype_b)}
@@ -113,11 +116,14 @@ def read_packed(
         if values is not flat:
             flat.copy_(values)
         magnitudes = read_magnitudes(rp.scan)  # DoRA: a few KB per module, read apart from the packed bytes
+        # embed_tokens / lm_head LoRA and copies (adapters/vocab.py): vocabulary-sized, never in the slots' layout
+        vocab = read_vocab(rp.scan.tensors, rp.scan.vocab, dtype, name, rp.scan.weights_path)
     except BaseException:
         arena.release(block)
         raise
     packed = packed_adapter(rp.scan, flat, rp.plan, block, arena)
     packed.magnitudes = magnitudes
+    packed.vocab = vocab
     return packed
 
 
