@@ -16,7 +16,8 @@ import torch
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.experts import load_experts
 from multilora_cli.adapters.scan import all_finite, nonfinite, read_magnitudes, scan_adapter
-from multilora_cli.adapters.vocab import VocabWeights, read_vocab
+from multilora_cli.adapters.vocab import VocabScan, VocabWeights
+from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import FUSED, FUSED_MODULES, ModelConfig
 from multilora_cli.models.moe_config import SHARED_FUSED
 
@@ -151,3 +152,31 @@ def load_adapter(
         magnitudes=read_magnitudes(scan),
         vocab=read_vocab(tf, scan.vocab, dtype, name, scan.weights_path),
     )
+
+
+def read_vocab(tf, scan: VocabScan, dtype: torch.dtype | None, name: str, file) -> VocabWeights | None:
+    """Read the tensors `scan` names from `tf` (converted to `dtype`), None when there are none. NaN / Inf is
+    refused as for any LoRA tensor."""
+    if not scan:
+        return None
+
+    def get(key: str) -> torch.Tensor:
+        t = tf.get(key)
+        if not all_finite(t):
+            raise AdapterError(
+                f"adapter {name!r}: {file}: {key} contains NaN or Inf values",
+                hint="the adapter is broken (diverged training?); use another checkpoint",
+            )
+        return t.to(dtype) if dtype is not None else t
+
+    out = VocabWeights()
+    for module, spec in scan.lora.items():
+        mod = LoraModule(a=get(spec.key_a), b=get(spec.key_b), scaling=spec.scaling)
+        if module == "embed_tokens":
+            out.embed = mod
+        else:
+            out.head = mod
+    out.embed_full = get(scan.full["embed_tokens"]) if "embed_tokens" in scan.full else None
+    out.head_full = get(scan.full["lm_head"]) if "lm_head" in scan.full else None
+    out.base_copies = {m: tf.get(k) for m, k in scan.base.items()}
+    return out

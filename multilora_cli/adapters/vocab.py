@@ -132,7 +132,13 @@ def check_vocab(name: str, where: str, tf, keys: dict[str, dict[str, str]], conf
             want_in, want_out = (vocab_size, hidden) if module == "embed_tokens" else (hidden, vocab_size)
             if vocab_size is not None and (sa[1], sb[0]) != (want_in, want_out):
                 raise _misfit(at, f"LoRA maps {sa[1]} -> {sb[0]} features, the base's {module} {want_in} -> {want_out}")
-            full = kinds["A"].rsplit(f"{module}.", 1)[0] + module
+            full = kinds["A"].removeprefix("base_model.model.").rsplit(f"{module}.", 1)[0] + module
+            if not config.target_matches(full):
+                raise AdapterError(
+                    f"{at} has LoRA tensors but adapter_config.json target_modules does not select it "
+                    "(PEFT would ignore them)",
+                    hint="fix target_modules or re-save the adapter with PEFT",
+                )
             r = sa[0]
             if r != config.rank_for(full):
                 raise AdapterError(
@@ -140,6 +146,12 @@ def check_vocab(name: str, where: str, tf, keys: dict[str, dict[str, str]], conf
                     hint="fix adapter_config.json so PEFT and multilora agree",
                 )
             out.lora[module] = VocabLoraSpec(kinds["A"], kinds["B"], r, config.scaling_for(full, r))
+        if "full" in kinds and not any(m.split(".")[-1] == module for m in config.modules_to_save or []):
+            raise AdapterError(
+                f"{at}: the checkpoint holds a trained copy ({kinds['full']}) but adapter_config.json "
+                "modules_to_save does not name it (PEFT would ignore it)",
+                hint="fix modules_to_save or re-save the adapter with PEFT",
+            )
         for kind, into in (("full", out.full), ("base", out.base)):
             if kind not in kinds:
                 continue
@@ -164,33 +176,3 @@ def _misfit(at: str, what: str) -> AdapterError:
         hint="pass the base model the adapter was trained on with --model (multilora does not serve resized "
         "vocabularies)",
     )
-
-
-def read_vocab(tf, scan: VocabScan, dtype: torch.dtype | None, name: str, file) -> VocabWeights | None:
-    """Read the tensors `scan` names from `tf` (converted to `dtype`), None when there are none. NaN / Inf is
-    refused as for any LoRA tensor."""
-    if not scan:
-        return None
-    from multilora_cli.adapters.peft import LoraModule
-    from multilora_cli.adapters.scan import all_finite
-
-    def get(key: str) -> torch.Tensor:
-        t = tf.get(key)
-        if not all_finite(t):
-            raise AdapterError(
-                f"adapter {name!r}: {file}: {key} contains NaN or Inf values",
-                hint="the adapter is broken (diverged training?); use another checkpoint",
-            )
-        return t.to(dtype) if dtype is not None else t
-
-    out = VocabWeights()
-    for module, spec in scan.lora.items():
-        mod = LoraModule(a=get(spec.key_a), b=get(spec.key_b), scaling=spec.scaling)
-        if module == "embed_tokens":
-            out.embed = mod
-        else:
-            out.head = mod
-    out.embed_full = get(scan.full["embed_tokens"]) if "embed_tokens" in scan.full else None
-    out.head_full = get(scan.full["lm_head"]) if "lm_head" in scan.full else None
-    out.base_copies = {m: tf.get(k) for m, k in scan.base.items()}
-    return out

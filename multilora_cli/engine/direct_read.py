@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from multilora_cli.adapters.peft import read_vocab
 from multilora_cli.adapters.scan import (
     AdapterScan,
     all_finite,
@@ -35,7 +36,6 @@ from multilora_cli.adapters.scan import (
     scan_adapter,
     scan_ident,
 )
-from multilora_cli.adapters.vocab import read_vocab
 from multilora_cli.engine.packed import PackedAdapter, PackPlan, packed_adapter, plan_pack
 from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import ModelConfig
