@@ -29,3 +29,16 @@ def full_copy_bytes(config: ModelConfig, itemsize: int = 2) -> int:
     """Bytes of one modules_to_save copy of embed_tokens or lm_head [V, H] on the GPU (one per slot holding an
     adapter with one): Llama-3-8B 1.05 GB in bf16."""
     return config.vocab_size * config.hidden_size * itemsize
+
+
+def vocab_slot_bytes(config: ModelConfig, scans, max_rank: int, itemsize: int) -> int:
+    """Bytes per GPU slot that a run's embed_tokens / lm_head adapters add (`scans`: each adapter's
+    adapters/vocab.VocabScan): the vocabulary-sized LoRA slots when any adapter has such a LoRA, and a full copy
+    per module when any adapter has a modules_to_save copy of it (the engine keeps up to one per slot)."""
+    total = 0
+    for module in ("embed_tokens", "lm_head"):
+        if any(module in v.lora for v in scans):
+            total += vocab_lora_slot_bytes(config, module, max_rank, itemsize)
+        if any(module in v.full for v in scans):
+            total += full_copy_bytes(config, itemsize)
+    return total

@@ -174,3 +174,18 @@ def test_changed_base_layer_copy_is_refused(tiny, tmp_path):
     )
     assert got[0].error is not None and "base layer that differs" in got[0].error.message
     assert got[1].error is None
+
+
+def test_triton_kernels_match_hf_peft(tiny, monkeypatch):
+    """MULTILORA_KERNELS=triton: the CUDA path's SGMV kernels (the embedding LoRA as an expand of A_embᵀ[id], the
+    lm_head LoRA on the logits) under the interpreter give HF + PEFT's tokens too."""
+    import os
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 before triton is imported")
+    monkeypatch.setenv("MULTILORA_KERNELS", "triton")
+    base, adapters = tiny
+    plan = ["emb", "head", None, "plain", "emb", "head"]
+    prompts = _prompts(len(plan), seed=9)
+    got = _engine(base, adapters, max_loras=3).generate_all(_requests(prompts, plan, new=3))
+    assert [r.token_ids for r in got] == _hf_greedy_each(base, adapters, prompts, plan, new=3)
