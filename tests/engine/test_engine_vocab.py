@@ -145,10 +145,15 @@ def test_eviction_and_reload_give_the_same_tokens(tiny):
     assert tight.runner.vocab.head_full.shape[0] == 1  # one copy slot for one GPU slot (two adapters have one)
 
 
-@pytest.mark.parametrize("kind", ["emb", "head", "mts_head"])
-def test_tied_embedding_base(tmp_path, kind):
-    """lm_head tied to embed_tokens: an lm_head adapter changes only the head, an embedding one only the input."""
-    base, adapters = _build(tmp_path, "llama-tied", {kind: KINDS[kind]})
+@pytest.mark.parametrize(
+    "arch,kind",
+    [("llama-tied", "emb"), ("llama-tied", "head"), ("llama-tied", "mts_head"), ("gemma2", "emb"), ("gemma2", "head")],
+)
+def test_tied_embedding_base(tmp_path, arch, kind):
+    """lm_head tied to embed_tokens: an lm_head adapter changes only the head, an embedding one only the input.
+    Gemma 2 (tied too): the embedding delta is scaled by sqrt(H) with the embedding, the head's LoRA is added
+    before the final soft-capping."""
+    base, adapters = _build(tmp_path, arch, {kind: KINDS[kind]})
     plan = [kind, None, kind]
     prompts = _prompts(len(plan), seed=8)
     got = _engine(base, adapters, max_loras=2).generate_all(_requests(prompts, plan))
