@@ -194,3 +194,26 @@ def test_triton_kernels_match_hf_peft(tiny, monkeypatch):
     prompts = _prompts(len(plan), seed=9)
     got = _engine(base, adapters, max_loras=3).generate_all(_requests(prompts, plan, new=3))
     assert [r.token_ids for r in got] == _hf_greedy_each(base, adapters, prompts, plan, new=3)
+
+
+def test_scoring_sees_the_adapted_head_and_embedding(tiny):
+    """Scoring lines (continuation logprobs) of lm_head / copy / embedding adapters and the base, in one batch,
+    equal HF + PEFT's log_softmax."""
+    from multilora_cli.engine.scoring import encode_pair
+
+    base, adapters = tiny
+    plan = ["head", "mts_head", "emb", None]
+    pairs = [("w1 w2 w3", " w4 w5"), ("w9 w8 w7", " w11 w2"), ("w3 ", "w3 w3 w3"), ("w5", " w6")]
+    engine = _engine(base, adapters, max_loras=4)
+    reqs = [
+        Request(key=i, id=str(i), adapter=a, prompt=ctx, continuation=cont)
+        for i, (a, (ctx, cont)) in enumerate(zip(plan, pairs))
+    ]
+    fwd = _hf_logits(base, adapters)
+    for req, res in zip(reqs, engine.generate_all(reqs)):
+        assert res.error is None
+        whole, n_ctx = encode_pair(engine.tokenizer, req.prompt, req.continuation)
+        lsm = torch.log_softmax(fwd(torch.tensor([whole[:-1]]), req.adapter).double(), -1)
+        want = [float(lsm[n_ctx - 1 + j, t]) for j, t in enumerate(whole[n_ctx:])]
+        assert len(res.score.token_logprobs) == len(want)
+        assert all(abs(a - b) < 1e-4 for a, b in zip(res.score.token_logprobs, want)), req.adapter
