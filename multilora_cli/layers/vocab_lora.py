@@ -55,6 +55,7 @@ class VocabAdapters:
         self.embed_full_of = torch.full((max_loras + 1,), -1, dtype=torch.long, device=device)
         self._embed_of = [-1] * max_loras
         self._head_of = [-1] * max_loras
+        self._head_lora = [(0, 0.0)] * max_loras  # host copy of the head's (rank, scaling) per slot: no device sync
         self._free = {"embed": list(range(embed_full - 1, -1, -1)), "head": list(range(head_full - 1, -1, -1))}
 
     @property
@@ -78,6 +79,7 @@ class VocabAdapters:
         if vocab.head is not None:
             self._need(self.head, "lm_head LoRA")
             self.head.set_slot(slot, [(vocab.head.a, vocab.head.b, vocab.head.scaling)])
+            self._head_lora[slot] = (vocab.head.rank, vocab.head.scaling)
         if vocab.embed_full is not None:
             f = self._take("embed", self.embed_full)
             self.embed_full[f].copy_(vocab.embed_full, non_blocking=True)
@@ -93,6 +95,7 @@ class VocabAdapters:
         for w in (self.embed, self.head):
             if w is not None:
                 w.clear_slot(slot)
+        self._head_lora[slot] = (0, 0.0)
         if self._embed_of[slot] >= 0:
             self._free["embed"].append(self._embed_of[slot])
             self._embed_of[slot] = -1
@@ -137,13 +140,12 @@ class VocabAdapters:
             if logits.dtype == hidden.dtype:  # the step's logits: SGMV, like every LoRA layer
                 kernels.add_lora(logits, hidden, self.head, build_lora_meta(slots, hidden.device))
             else:  # fp32 logits (logprobs): the delta in fp32 too, per slot group
-                ranks, scales = self.head.rank[:, 0].tolist(), self.head.scale[:, 0].tolist()
                 for s in np.unique(slots[slots >= 0]).tolist():
-                    r = ranks[s]
+                    r, scaling = self._head_lora[s]
                     if r == 0:
                         continue
                     idx = torch.from_numpy(np.flatnonzero(slots == s)).to(hidden.device)
-                    u = (hidden[idx].float() @ self.head.a[s, 0, :r].float().T) * scales[s]  # [n, r]
+                    u = (hidden[idx].float() @ self.head.a[s, 0, :r].float().T) * scaling  # [n, r]
                     logits[idx] += u @ self.head.b[s, :, :r].float().T
         if self.head_full is not None:
             for s in np.unique(slots[slots >= 0]).tolist():
