@@ -181,6 +181,8 @@ def classify_key(key: str) -> tuple[str, int, str, str] | str:
     if m and _PARENT.get(m.group("name")) == m.group("parent"):
         return m.group("module"), int(m.group("layer")), m.group("name"), "M"
     if "lora_magnitude_vector" in key:
+        if "embed_tokens" in key or "lm_head" in key:  # DoRA is served on the decoder's linear layers only
+            return "DoRA on embed_tokens / lm_head (use_dora with them in target_modules)"
         return "DoRA (lora_magnitude_vector tensors)"
     # LoRA on embed_tokens / lm_head and their modules_to_save copies are read by adapters/vocab.py first: what
     # reaches here is something else about them

@@ -113,3 +113,9 @@ def test_nan_in_a_copy_is_refused(made):
     with pytest.raises(AdapterError, match="NaN or Inf"):
         load_adapter(bad, "nan", cfg)
     assert torch.isnan(load_file(bad / "adapter_model.safetensors")["base_model.model.lm_head.weight"]).any()
+
+
+def test_dora_on_the_head_is_refused_by_name(made):
+    from multilora_cli.adapters.tensors import classify_key
+
+    assert "DoRA on embed_tokens / lm_head" in classify_key("base_model.model.lm_head.lora_magnitude_vector")
