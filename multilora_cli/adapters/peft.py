@@ -178,5 +178,5 @@ def read_vocab(tf, scan: VocabScan, dtype: torch.dtype | None, name: str, file) 
             out.head = mod
     out.embed_full = get(scan.full["embed_tokens"]) if "embed_tokens" in scan.full else None
     out.head_full = get(scan.full["lm_head"]) if "lm_head" in scan.full else None
-    out.base_copies = {m: tf.get(k) for m, k in scan.base.items()}
+    out.base_copies = {m: (lambda k=k: tf.get(k)) for m, k in scan.base.items()}
     return out

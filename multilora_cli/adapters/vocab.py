@@ -16,6 +16,7 @@ Anything else about these modules (DoRA on them, biases, LoRA and modules_to_sav
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -86,14 +87,15 @@ class VocabScan:
 @dataclass(slots=True)
 class VocabWeights:
     """The loaded vocab modules of an adapter. embed: a = lora_embedding_A [r, V], b = lora_embedding_B [H, r];
-    head: a = lora_A [r, H], b = lora_B [V, r]; *_full: modules_to_save copies [V, H]; base_copies: saved base
-    layers [V, H] the engine compares with the base's (and then drops)."""
+    head: a = lora_A [r, H], b = lora_B [V, r]; *_full: modules_to_save copies [V, H]; base_copies: module ->
+    a reader of its saved base layer [V, H], which the engine compares with the base's once per adapter (read only
+    then: a Llama-3-8B copy is 1-2 GB)."""
 
     embed: object | None = None  # adapters.peft.LoraModule
     head: object | None = None
     embed_full: torch.Tensor | None = None
     head_full: torch.Tensor | None = None
-    base_copies: dict[str, torch.Tensor] = field(default_factory=dict)
+    base_copies: dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
 
     @property
     def max_rank(self) -> int:

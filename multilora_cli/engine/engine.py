@@ -83,6 +83,7 @@ class Engine:
         self.max_model_len = self.runner.max_model_len
         t0 = time.perf_counter()
         self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
+        self._base_checked: set = set()  # (adapter, file identity) whose saved base embed / head equal the base's
         self.arena, self.host_cache_loras = self._make_arena()
         self.arena_seconds = time.perf_counter() - t0  # startup: planning the adapters' reads, page-locking the arena
         self.slots = SlotManager(
@@ -149,10 +150,16 @@ class Engine:
         vocab = getattr(adapter, "vocab", None)
         if vocab is None or not vocab.base_copies:
             return adapter
+        from multilora_cli.adapters.scan import file_ident
+
+        checked = (adapter.name, file_ident(adapter.weights_path))  # read and compared once per adapter file
+        if checked in self._base_checked:
+            vocab.base_copies = {}
+            return adapter
         model = self.runner.model
-        for module, copy in vocab.base_copies.items():
+        for module, read in vocab.base_copies.items():
             base = model.model.embed_tokens.weight if module == "embed_tokens" else model.lm_head.weight
-            if not torch.equal(copy.to(base.device, base.dtype), base):
+            if not torch.equal(read().to(base.device, base.dtype), base):
                 raise UnsupportedAdapterError(
                     f"adapter {adapter.name!r} ({adapter.weights_path}) saves a {module} base layer that differs "
                     "from the base model's (trained or changed embeddings), which multilora cannot serve yet",
@@ -160,6 +167,7 @@ class Engine:
                     f"[{module!r}] instead of a LoRA on it",
                 )
         vocab.base_copies = {}  # equal to the base's: nothing to keep (a copy is [V, H])
+        self._base_checked.add(checked)
         return adapter
 
     def _check_rank(self, adapter):

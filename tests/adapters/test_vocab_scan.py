@@ -61,7 +61,7 @@ def test_loads_with_the_base_shapes(made):
     _, cfg, head, mts = made
     a = load_adapter(head, "head", cfg)
     assert a.vocab.head.a.shape == (8, cfg.hidden_size) and a.vocab.head.b.shape == (cfg.vocab_size, 8)
-    assert a.vocab.head.scaling == 2.0 and "lm_head" in a.vocab.base_copies  # PEFT's copy of the base head
+    assert a.vocab.head.scaling == 2.0 and a.vocab.base_copies["lm_head"]().shape == (cfg.vocab_size, cfg.hidden_size)
     b = load_adapter(mts, "mts", cfg)
     assert b.vocab.head_full.shape == (cfg.vocab_size, cfg.hidden_size) and b.vocab.embed is None
     assert b.num_params == sum(m.a.numel() + m.b.numel() for m in b.modules.values()) + b.vocab.head_full.numel()

@@ -142,6 +142,8 @@ def test_eviction_and_reload_give_the_same_tokens(tiny):
         got = tight.generate_all(_requests(prompts, plan))
         assert [r.token_ids for r in got] == [r.token_ids for r in roomy]
     assert tight.slots.evictions >= 4
+    # PEFT's saved base embed / head of the LoRA adapters: compared with the base's once each, not at every reload
+    assert sorted(n for n, _ in tight._base_checked) == ["emb", "head"]
     assert tight.runner.vocab.head_full.shape[0] == 1  # one copy slot for one GPU slot (two adapters have one)
 
 
