@@ -119,3 +119,16 @@ def test_dora_on_the_head_is_refused_by_name(made):
     from multilora_cli.adapters.tensors import classify_key
 
     assert "DoRA on embed_tokens / lm_head" in classify_key("base_model.model.lm_head.lora_magnitude_vector")
+
+
+def test_slot_bytes_of_a_run(made):
+    """What `multilora run`'s default --max-loras adds per slot for a run's vocab adapters (run/setup.py)."""
+    from multilora_cli.adapters.costs import full_copy_bytes, vocab_lora_slot_bytes, vocab_slot_bytes
+    from multilora_cli.adapters.scan import scan_adapter
+
+    _, cfg, head, mts = made
+    scans = [scan_adapter(p, p.name, cfg).vocab for p in (head, mts)]
+    v, h = cfg.vocab_size, cfg.hidden_size
+    assert vocab_lora_slot_bytes(cfg, "lm_head", 16) == 2 * 16 * (v + h)
+    assert vocab_slot_bytes(cfg, scans, 16, 2) == 2 * 16 * (v + h) + full_copy_bytes(cfg) == 2 * (16 * (v + h) + v * h)
+    assert vocab_slot_bytes(cfg, scans[:1], 16, 2) == vocab_lora_slot_bytes(cfg, "lm_head", 16)
