@@ -1,6 +1,7 @@
 """Build tiny real models and adapters for tests: transformers writes the base, PEFT writes adapters.
 
-PEFT initialises lora_B to zero (a no-op adapter), so every builder randomises lora_B before saving; a DoRA
+PEFT initialises lora_B (an embedding LoRA: lora_embedding_A) to zero (a no-op adapter), so every builder randomises
+both factors before saving, and perturbs modules_to_save copies (else equal to the base's); a DoRA
 adapter (use_dora=True) also gets its magnitudes scaled by random factors in [0.5, 1.5], so m != ||W + s·B·A||.
 """
 
@@ -148,8 +149,10 @@ def build_adapter(
     pm = peft.get_peft_model(model, cfg)
     with torch.no_grad():
         for name, p in pm.named_parameters():
-            if "lora_B" in name or "lora_A" in name:
+            if "lora_B" in name or "lora_A" in name or "lora_embedding_" in name:
                 p.normal_(0, 0.1)
+            elif "modules_to_save" in name:  # a trained copy of embed_tokens / lm_head: not the base's any more
+                p.add_(torch.empty_like(p).normal_(0, 0.05))
             elif "lora_magnitude_vector" in name:
                 p.mul_(torch.empty_like(p).uniform_(0.5, 1.5))
     pm.save_pretrained(out, safe_serialization=safetensors)

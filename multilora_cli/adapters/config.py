@@ -206,6 +206,16 @@ class AdapterConfig:
         return alpha / math.sqrt(r) if self.use_rslora else alpha / r
 
     # Features -----------------------------------------------------------------------------------
+    def names_vocab_modules(self) -> bool:
+        """Whether this config may give the adapter embed_tokens / lm_head tensors (LoRA on them, or
+        modules_to_save copies): a cheap test before reading the header (a target regex is taken as maybe)."""
+        heads = ("embed_tokens", "lm_head")
+        if any(m.split(".")[-1] in heads for m in self.modules_to_save or []):
+            return True
+        if isinstance(self.target_modules, str):
+            return self.target_modules != "all-linear"
+        return any(t.split(".")[-1] in heads for t in self.target_modules or [])
+
     def unsupported(self) -> list[str]:
         """PEFT features this adapter uses that multilora cannot serve yet, each named for the user."""
         out = []
@@ -217,12 +227,11 @@ class AdapterConfig:
         # served), so A / B are stored and applied exactly as without it.
         if self.extra.get("lora_bias"):
             out.append("LoRA bias (lora_bias=true)")
-        if self.modules_to_save:
-            out.append(f"modules_to_save={list(self.modules_to_save)} (fully trained modules)")
-        targets = [self.target_modules] if isinstance(self.target_modules, str) else (self.target_modules or [])
-        for head in ("embed_tokens", "lm_head"):
-            if any(t == head or t.endswith(f".{head}") for t in targets):
-                out.append(f"LoRA on {head} ({'embedding' if head == 'embed_tokens' else 'output head'} LoRA)")
+        # modules_to_save copies of embed_tokens / lm_head and LoRA on them are served (adapters/vocab.py); a
+        # trained copy of any other module (a norm, a classifier head) is not
+        other = [m for m in self.modules_to_save or [] if m.split(".")[-1] not in ("embed_tokens", "lm_head")]
+        if other:
+            out.append(f"modules_to_save={other} (fully trained modules other than embed_tokens / lm_head)")
         params = self.extra.get("target_parameters") or []
         other = [p for p in params if not _expert_param(str(p))]
         router = [p for p in other if str(p).split(".")[-2:-1] == ["gate"]]

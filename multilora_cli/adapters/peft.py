@@ -16,6 +16,8 @@ import torch
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.experts import load_experts
 from multilora_cli.adapters.scan import all_finite, nonfinite, read_magnitudes, scan_adapter
+from multilora_cli.adapters.vocab import VocabScan, VocabWeights
+from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import FUSED, FUSED_MODULES, ModelConfig
 from multilora_cli.models.moe_config import SHARED_FUSED
 
@@ -65,19 +67,26 @@ class LoraAdapter:
 
     # MoE expert LoRA: {(layer, "gate" | "up" | "down"): (A [E, r, in], B [E, out, r], scaling)} (adapters/experts.py)
     experts: dict[tuple[int, str], tuple] = field(default_factory=dict)
+    # LoRA on embed_tokens / lm_head and modules_to_save copies of them (adapters/vocab.py); None: none
+    vocab: VocabWeights | None = None
+
+    def _ranks(self) -> list[int]:
+        ranks = [m.rank for m in self.modules.values()] + [a.shape[1] for a, _, _ in self.experts.values()]
+        return ranks + ([self.vocab.max_rank] if self.vocab is not None and self.vocab.max_rank else [])
 
     @property
     def max_rank(self) -> int:
-        return max([m.rank for m in self.modules.values()] + [a.shape[1] for a, _, _ in self.experts.values()])
+        return max(self._ranks(), default=0)
 
     @property
     def min_rank(self) -> int:
-        return min([m.rank for m in self.modules.values()] + [a.shape[1] for a, _, _ in self.experts.values()])
+        return min(self._ranks(), default=0)
 
     @property
     def num_params(self) -> int:
         dense = sum(m.a.numel() + m.b.numel() for m in self.modules.values())
-        return dense + sum(a.numel() + b.numel() for a, b, _ in self.experts.values())
+        vocab = self.vocab.num_params if self.vocab is not None else 0
+        return dense + vocab + sum(a.numel() + b.numel() for a, b, _ in self.experts.values())
 
     @property
     def nbytes(self) -> int:
@@ -141,4 +150,33 @@ def load_adapter(
         stored_nbytes=scan.stored_nbytes,
         module_names=scan.module_names,
         magnitudes=read_magnitudes(scan),
+        vocab=read_vocab(tf, scan.vocab, dtype, name, scan.weights_path),
     )
+
+
+def read_vocab(tf, scan: VocabScan, dtype: torch.dtype | None, name: str, file) -> VocabWeights | None:
+    """Read the tensors `scan` names from `tf` (converted to `dtype`), None when there are none. NaN / Inf is
+    refused as for any LoRA tensor."""
+    if not scan:
+        return None
+
+    def get(key: str) -> torch.Tensor:
+        t = tf.get(key)
+        if not all_finite(t):
+            raise AdapterError(
+                f"adapter {name!r}: {file}: {key} contains NaN or Inf values",
+                hint="the adapter is broken (diverged training?); use another checkpoint",
+            )
+        return t.to(dtype) if dtype is not None else t
+
+    out = VocabWeights()
+    for module, spec in scan.lora.items():
+        mod = LoraModule(a=get(spec.key_a), b=get(spec.key_b), scaling=spec.scaling)
+        if module == "embed_tokens":
+            out.embed = mod
+        else:
+            out.head = mod
+    out.embed_full = get(scan.full["embed_tokens"]) if "embed_tokens" in scan.full else None
+    out.head_full = get(scan.full["lm_head"]) if "lm_head" in scan.full else None
+    out.base_copies = {m: (lambda k=k: tf.get(k)) for m, k in scan.base.items()}
+    return out

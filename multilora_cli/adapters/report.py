@@ -140,10 +140,11 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         for k, ms in sorted(groups.items(), key=lambda kv: (kv[0][0], min(layer for layer, _ in kv[1])))
     ]
     rows += _expert_rows(adapter, config)
+    rows += _vocab_rows(adapter, config)
     num_params = sum(r.params for r in rows)
     extras = _extras(adapter, model_config)
-    alphas = [r.alpha for r in rows]
-    scalings = [r.scaling for r in rows]
+    alphas = [r.alpha for r in rows] or [config.lora_alpha]  # (a modules_to_save-only adapter has no rows)
+    scalings = [r.scaling for r in rows] or [0.0]
     return InspectReport(
         source=spec,
         path=str(path),
@@ -158,7 +159,8 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
         use_rslora=config.use_rslora,
         target_modules=config.target_modules,
         modules_adapted=[m for m in CHECKPOINT_MODULES if any(r.module == m for r in rows)]
-        + sorted({r.module for r in rows if r.module.startswith(("experts.", "shared_expert."))}),
+        + sorted({r.module for r in rows if r.module.startswith(("experts.", "shared_expert."))})
+        + [m for m in ("embed_tokens", "lm_head") if any(r.module == m for r in rows)],
         layers=sorted(set(adapter.layers) | {layer for layer, _ in adapter.experts}),
         num_layers=model_config.num_hidden_layers if model_config else None,
         num_params=num_params,
@@ -176,9 +178,34 @@ def build_report(spec: str, model: str | None = None) -> InspectReport:
 
 def _extras(adapter, model_config: ModelConfig | None) -> list[ExtraCost]:
     """What the adapter holds beyond LoRA pairs, and its cost (engine/dora.py, engine/slot_budget.py)."""
-    from multilora_cli.adapters.costs import dora_slot_bytes
+    from multilora_cli.adapters.costs import dora_slot_bytes, full_copy_bytes, vocab_lora_slot_bytes
 
     out = []
+    vocab = adapter.vocab
+    for module, m in (("embed_tokens", vocab.embed), ("lm_head", vocab.head)) if vocab is not None else ():
+        if m is not None:  # its A / B are module rows; the run's slots are vocabulary-sized
+            out.append(
+                ExtraCost(
+                    kind=f"{module}_lora",
+                    params=0,
+                    bytes_bf16=0,
+                    slot_bytes=vocab_lora_slot_bytes(model_config, module, m.rank) if model_config else None,
+                    note=f"LoRA on {module}: vocabulary-sized slots in every GPU slot of the run (here at its rank "
+                    f"{m.rank}; the run's --max-lora-rank sizes them)",
+                )
+            )
+    for module, t in (("embed_tokens", vocab.embed_full), ("lm_head", vocab.head_full)) if vocab is not None else ():
+        if t is not None:
+            out.append(
+                ExtraCost(
+                    kind=f"{module}_modules_to_save",
+                    params=t.numel(),
+                    bytes_bf16=2 * t.numel(),
+                    slot_bytes=full_copy_bytes(model_config, 2) if model_config else None,
+                    note=f"modules_to_save: a full trained {module} [{t.shape[0]}, {t.shape[1]}], one copy on the GPU "
+                    "per slot this adapter holds",
+                )
+            )
     if adapter.magnitudes:
         # a fused checkpoint module's slices share its vector: count each stored value once, by its rows
         n = sum(m.numel() for m in adapter.magnitudes.values())
@@ -192,6 +219,19 @@ def _extras(adapter, model_config: ModelConfig | None) -> list[ExtraCost]:
             )
         )
     return out
+
+
+def _vocab_rows(adapter, config: AdapterConfig) -> list[ModuleRow]:
+    """LoRA on embed_tokens / lm_head (adapters/vocab.py) as module rows without layers: embed_tokens maps V -> H
+    (its A is [r, V]), lm_head H -> V."""
+    vocab, rows = adapter.vocab, []
+    for module, m in (("embed_tokens", vocab.embed), ("lm_head", vocab.head)) if vocab is not None else ():
+        if m is None:
+            continue
+        fin, fout = m.a.shape[1], m.b.shape[0]
+        alpha = m.scaling * (m.rank**0.5 if config.use_rslora else m.rank)
+        rows.append(ModuleRow(module, [], m.rank, alpha, m.scaling, fin, fout, m.rank * (fin + fout)))
+    return rows
 
 
 def _expert_rows(adapter, config: AdapterConfig) -> list[ModuleRow]:

@@ -20,6 +20,7 @@ import torch
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.experts import check_dense_on_sparse, check_experts, expert_key, shared_key
 from multilora_cli.adapters.tensors import TensorFile, classify_key, weights_file
+from multilora_cli.adapters.vocab import VocabScan, check_vocab, vocab_key
 from multilora_cli.errors import AdapterError, UnsupportedAdapterError
 from multilora_cli.models.config import CHECKPOINT_FUSED, ModelConfig
 
@@ -60,10 +61,11 @@ class AdapterScan:
     ident: tuple | None = None  # `file_ident` of the config and weights, taken before they were read
     expert_keys: list[str] = field(default_factory=list)  # MoE expert LoRA (adapters/experts.py), read at load
     expert_rank: int = 0  # largest rank of the expert LoRA (checked against a MoE base's shapes)
+    vocab: VocabScan = field(default_factory=VocabScan)  # embed_tokens / lm_head LoRA and copies (adapters/vocab.py)
 
     @property
     def max_rank(self) -> int:
-        return max([m.rank for m in self.modules.values()] + [self.expert_rank])
+        return max([m.rank for m in self.modules.values()] + [self.expert_rank, self.vocab.max_rank])
 
     @property
     def base_model(self) -> str | None:
@@ -87,7 +89,12 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
     pairs: dict[tuple[int, str], dict[str, str]] = {}
     full_names: dict[tuple[int, str], str] = {}
     features, experts = [], []
+    vocab: dict[str, dict[str, str]] = {}  # embed_tokens / lm_head: {"A" | "B" | "full" | "base": key}
     for key in tf.keys():
+        vk = vocab_key(key)
+        if vk is not None:
+            vocab.setdefault(vk[1], {})[vk[2]] = key
+            continue
         moe = expert_key(key)
         if moe is True:
             experts.append(key)
@@ -104,7 +111,7 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         full_names[(layer, module)] = full
     if features:
         raise unsupported(name, wfile, features)
-    if not pairs and not experts:
+    if not pairs and not experts and not any(set(k) - {"base"} for k in vocab.values()):
         raise AdapterError(f"adapter {name!r}: {wfile} holds no LoRA tensors", hint="re-save the adapter with PEFT")
 
     ident = (config_ident, weights_ident) if config_ident and weights_ident else None
@@ -119,6 +126,11 @@ def scan_adapter(path: Path, name: str, model_config: ModelConfig | None = None)
         ident=ident,
         expert_keys=experts,
     )
+    vocab_size, hidden = (model_config.vocab_size, model_config.hidden_size) if model_config else (None, None)
+    scan.vocab = check_vocab(name, str(wfile), tf, vocab, config, vocab_size, hidden)
+    for key in [k for kinds in vocab.values() for kind, k in kinds.items() if kind in ("A", "B", "full")]:
+        scan.stored_nbytes += math.prod(tf.shape(key)) * tf.dtype(key).itemsize
+        scan.stored_dtype = scan.stored_dtype or tf.dtype(key)
     for key in experts:  # expert LoRA counts in the stored bytes like any pair (its shapes: adapters/experts.py)
         dt = tf.dtype(key)
         if not dt.is_floating_point:

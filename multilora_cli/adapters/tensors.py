@@ -181,13 +181,17 @@ def classify_key(key: str) -> tuple[str, int, str, str] | str:
     if m and _PARENT.get(m.group("name")) == m.group("parent"):
         return m.group("module"), int(m.group("layer")), m.group("name"), "M"
     if "lora_magnitude_vector" in key:
+        if "embed_tokens" in key or "lm_head" in key:  # DoRA is served on the decoder's linear layers only
+            return "DoRA on embed_tokens / lm_head (use_dora with them in target_modules)"
         return "DoRA (lora_magnitude_vector tensors)"
+    # LoRA on embed_tokens / lm_head and their modules_to_save copies are read by adapters/vocab.py first: what
+    # reaches here is something else about them
     if "lora_embedding_A" in key or "lora_embedding_B" in key:
-        return "embedding LoRA (lora_embedding_A/B)"
+        return f"embedding LoRA on a module other than embed_tokens ({key})"
     if "lm_head" in key:
-        return "LoRA on lm_head" if ".lora_" in key else "a trained lm_head (modules_to_save)"
+        return f"an lm_head tensor multilora does not serve ({key})"
     if "embed_tokens" in key:
-        return "trained embed_tokens (modules_to_save or trainable tokens)"
+        return f"an embed_tokens tensor multilora does not serve ({key}; trainable tokens?)"
     if key.endswith(".bias"):
         return "LoRA bias (lora_B.bias)" if ".lora_B" in key else "trained biases"
     if m or ".lora_A" in key or ".lora_B" in key:

@@ -51,6 +51,10 @@ def analyze(r: Resolved) -> Report:
         a_params += sa.add(
             "dora_params", "DoRA magnitude parameters", ad.dora_params, n(ad.dora_params), "Σ adapted out features"
         )
+    if ad.full_params:  # modules_to_save copies of embed_tokens / lm_head: whole [V, H] weights
+        a_params += sa.add(
+            "full_params", "modules_to_save parameters", ad.full_params, n(ad.full_params), "V×H per copied module"
+        )
     a_bytes = sa.add(
         "bytes", "bytes per adapter", a_params * db, size(a_params * db), f"{n(a_params)} params × {db} B ({s.dtype})"
     )
@@ -119,6 +123,7 @@ def analyze(r: Resolved) -> Report:
     slot_bytes = sum(ad.max_rank * (m.in_features + m.out_features) * m.layers for m in ad.modules) * db
     if ad.dora_params:  # float32 scale rows per slot, every LoRA module (adapters/costs.py)
         slot_bytes += dora_slot_bytes(cfg)
+    slot_bytes += ad.full_params * db  # modules_to_save copies: one per slot holding the adapter
     sm.add(
         "slot_bytes",
         f"{r.max_loras} GPU slots (at rank {ad.max_rank})",

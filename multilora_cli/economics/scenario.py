@@ -147,6 +147,16 @@ def default_slots(
     one = slot_bytes(cfg, adapter.max_rank, dtype_bytes)
     if adapter.dora_params:  # a run with a DoRA adapter: float32 scale rows per slot too (adapters/costs.py)
         one += dora_slot_bytes(cfg)
+    # modules_to_save copies of embed_tokens / lm_head; LoRA on them (rows "embed_tokens" / "lm_head")
+    one += adapter.full_params * dtype_bytes
+    one += (
+        sum(
+            adapter.max_rank * (m.in_features + m.out_features)
+            for m in adapter.modules
+            if m.module in ("embed_tokens", "lm_head")
+        )
+        * dtype_bytes
+    )
     return choose_max_loras(
         SlotInputs(
             adapters=s.tenants,

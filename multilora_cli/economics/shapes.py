@@ -44,6 +44,8 @@ class AdapterShape:
     source: str
     ranks: list[int] = field(default_factory=list)
     dora_params: int = 0  # DoRA: magnitude values (one per output feature of each adapted module), 0 for LoRA
+    # modules_to_save copies of embed_tokens / lm_head ([V, H] each): stored, moved and held per GPU slot
+    full_params: int = 0
 
     def __post_init__(self) -> None:
         if not self.modules:
@@ -99,7 +101,7 @@ def shape_from_flags(model: ModelConfig, rank: int, targets: tuple[str, ...]) ->
 
 
 def shape_from_modules(
-    entries: list[tuple[int, str, int, int, int]], source: str, dora_params: int = 0
+    entries: list[tuple[int, str, int, int, int]], source: str, dora_params: int = 0, full_params: int = 0
 ) -> AdapterShape:
     """Group per-layer LoRA modules `(layer, module, rank, in, out)` into one row per (module, rank, in, out)."""
     groups: dict[tuple[str, int, int, int], int] = {}
@@ -109,4 +111,4 @@ def shape_from_modules(
     order = {m: k for k, m in enumerate(LINEAR_MODULES)}
     rows = [ModuleShape(m, i, o, r, n) for (m, r, i, o), n in groups.items()]
     rows.sort(key=lambda s: (order.get(s.module, len(order)), s.module, s.rank))  # MoE experts.* rows last
-    return AdapterShape(rows, source=source, dora_params=dora_params)
+    return AdapterShape(rows, source=source, dora_params=dora_params, full_params=full_params)

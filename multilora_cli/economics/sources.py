@@ -69,7 +69,13 @@ def load_adapter_shape(path: Path, model: ModelConfig) -> AdapterShape:
     for (layer, part), (a, b, _) in adapter.experts.items():
         entries += [(layer, f"experts.{part}", a.shape[1], a.shape[2], b.shape[1])] * a.shape[0]
     dora = sum(m.numel() for m in adapter.magnitudes.values())  # DoRA's magnitudes: stored and moved with A / B
-    return shape_from_modules(entries, source=str(path), dora_params=dora)
+    full, vocab = 0, adapter.vocab
+    if vocab is not None:  # LoRA on embed_tokens (V -> H) / lm_head (H -> V): one "layer" each; copies [V, H]
+        for module, m in (("embed_tokens", vocab.embed), ("lm_head", vocab.head)):
+            if m is not None:
+                entries.append((0, module, m.rank, m.a.shape[1], m.b.shape[0]))
+        full = sum(t.numel() for t in (vocab.embed_full, vocab.head_full) if t is not None)
+    return shape_from_modules(entries, source=str(path), dora_params=dora, full_params=full)
 
 
 @dataclass(slots=True)

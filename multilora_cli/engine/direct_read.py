@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from multilora_cli.adapters.peft import read_vocab
 from multilora_cli.adapters.scan import (
     AdapterScan,
     all_finite,
@@ -72,6 +73,8 @@ def plan_read(
     if scan is None:
         scan = scan_adapter(path, name, model_config)
     tf = scan.tensors
+    if not scan.modules:  # embed_tokens / lm_head only (adapters/vocab.py): nothing to pack
+        return None
     if tf.span(next(iter(scan.modules.values())).key_a) is None:
         return None  # .bin: torch.load has it in memory already
     stored = {d for m in scan.modules.values() for d in (m.dtype_a, m.dtype_b)}
@@ -130,11 +133,14 @@ def read_packed(
         if rp.stored != dtype:
             flat[:ab].copy_(values)
         magnitudes = _read_magnitudes(rp, flat)
+        # embed_tokens / lm_head LoRA and copies (adapters/vocab.py): vocabulary-sized, never in the slots' layout
+        vocab = read_vocab(rp.scan.tensors, rp.scan.vocab, dtype, name, rp.scan.weights_path)
     except BaseException:
         arena.release(block)
         raise
     packed = packed_adapter(rp.scan, flat, rp.plan, block, arena)
     packed.magnitudes = magnitudes
+    packed.vocab = vocab
     return packed
 
 

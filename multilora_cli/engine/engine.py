@@ -29,7 +29,7 @@ from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.slots import SlotManager
 from multilora_cli.engine.startup import StartupClock
 from multilora_cli.engine.tokenizer import Tokenizer
-from multilora_cli.errors import ConfigError, EngineError, MultiloraError, RequestError
+from multilora_cli.errors import ConfigError, EngineError, MultiloraError, RequestError, UnsupportedAdapterError
 from multilora_cli.models.config import ModelConfig
 
 # slot loads per step made ahead of admission while the step runs (Scheduler.preload): a plain load is ~0.2 ms
@@ -83,11 +83,13 @@ class Engine:
             self.model_config,
             use_lora=bool(self.adapters),
             dora=self._uses_dora(),
+            vocab=self._vocab_parts(),
             eos_token_ids=self.eos_token_ids,
         )
         self.max_model_len = self.runner.max_model_len
         t0 = time.perf_counter()
         self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
+        self._base_checked: set = set()  # (adapter, file identity) whose saved base embed / head equal the base's
         self.arena, self.host_cache_loras = self._make_arena()
         self.arena_seconds = time.perf_counter() - t0  # startup: planning the adapters' reads, page-locking the arena
         self.slots = SlotManager(
@@ -147,9 +149,36 @@ class Engine:
                 planned=self._read_plans.get(name),
             )
             if packed is not None:
-                return self._check_rank(packed)
+                return self._check_base_copies(self._check_rank(packed))
         adapter = load_adapter(self.adapters[name], name, self.model_config, dtype=self.runner.dtype)
-        return self._pack(self._check_rank(adapter))
+        return self._pack(self._check_base_copies(self._check_rank(adapter)))
+
+    def _check_base_copies(self, adapter):
+        """An adapter with LoRA on embed_tokens / lm_head carries PEFT's copy of that base layer, which PEFT
+        loads over the base's (adapters/vocab.py): served when it equals the base's weight (then dropped), refused
+        when it differs (a trained or resized vocabulary: the copy would have to be a per-adapter weight)."""
+        vocab = getattr(adapter, "vocab", None)
+        if vocab is None or not vocab.base_copies:
+            return adapter
+        from multilora_cli.adapters.scan import file_ident
+
+        checked = (adapter.name, file_ident(adapter.weights_path))  # read and compared once per adapter file
+        if checked in self._base_checked:
+            vocab.base_copies = {}
+            return adapter
+        model = self.runner.model
+        for module, read in vocab.base_copies.items():
+            base = model.model.embed_tokens.weight if module == "embed_tokens" else model.lm_head.weight
+            if not torch.equal(read().to(base.device, base.dtype), base):
+                raise UnsupportedAdapterError(
+                    f"adapter {adapter.name!r} ({adapter.weights_path}) saves a {module} base layer that differs "
+                    "from the base model's (trained or changed embeddings), which multilora cannot serve yet",
+                    hint="merge the adapter with PEFT merge_and_unload, or save it with modules_to_save "
+                    f"[{module!r}] instead of a LoRA on it",
+                )
+        vocab.base_copies = {}  # equal to the base's: nothing to keep (a copy is [V, H])
+        self._base_checked.add(checked)
+        return adapter
 
     def _check_rank(self, adapter):
         if adapter.max_rank > self.config.max_lora_rank:
@@ -165,8 +194,8 @@ class Engine:
         that copy is an async DMA; a fresh pinned buffer per adapter stalled the running steps (7,951 vs 10,068
         tok/s pageable). When the arena is full: pageable memory, whose ~13 ms synchronous copy the prefetch
         thread makes ahead for the next loads (engine/staging.py)."""
-        if self.runner.device.type != "cuda" or self.model_config.moe is not None:
-            return adapter
+        if self.runner.device.type != "cuda" or self.model_config.moe is not None or not adapter.modules:
+            return adapter  # (no modules: an embed_tokens / lm_head-only adapter, nothing to pack)
         from multilora_cli.engine.packed import pack_adapter
 
         return pack_adapter(adapter, pin=False, dtype=self.runner.dtype, arena=self.arena)
@@ -183,6 +212,34 @@ class Engine:
             except MultiloraError:
                 pass
         return False
+
+    def _vocab_parts(self) -> dict:
+        """Which embed_tokens / lm_head slots the run needs (layers/vocab_lora.py), from the adapters' headers:
+        {} when no adapter has any; full-weight copies one per adapter that has one, at most one per slot.
+        Only adapters whose config names these modules are scanned (an unreadable one: its load reports it)."""
+        from multilora_cli.adapters.config import AdapterConfig
+        from multilora_cli.adapters.scan import scan_adapter
+
+        embed_lora = head_lora = False
+        embed_full = head_full = 0
+        for name, path in self.adapters.items():
+            try:
+                if not AdapterConfig.from_dir(path).names_vocab_modules():
+                    continue
+                scan = self._scans.get(name) or scan_adapter(path, name, self.model_config)
+            except MultiloraError:
+                continue
+            v = scan.vocab
+            embed_lora |= "embed_tokens" in v.lora
+            head_lora |= "lm_head" in v.lora
+            embed_full += "embed_tokens" in v.full
+            head_full += "lm_head" in v.full
+        if not (embed_lora or head_lora or embed_full or head_full):
+            return {}
+        n = self.config.max_loras
+        return dict(
+            embed_lora=embed_lora, head_lora=head_lora, embed_full=min(embed_full, n), head_full=min(head_full, n)
+        )
 
     def _adapter_nbytes(self, name: str) -> int:
         """Packed size of adapter `name` in the run dtype, from its file header (no tensor is read). With the

@@ -59,15 +59,18 @@ class PackedAdapter(LoraAdapter):
     # from `groups`, not `modules`: those would make every view (PackedModules)
     @property
     def max_rank(self) -> int:
-        return max(max(g.ranks) for g in self.groups.values())
+        vocab = self.vocab.max_rank if self.vocab is not None else 0
+        return max([vocab] + [max(g.ranks) for g in self.groups.values()])
 
     @property
     def min_rank(self) -> int:
-        return min(r for g in self.groups.values() for r in g.ranks if r)
+        vocab = [self.vocab.max_rank] if self.vocab is not None and self.vocab.max_rank else []
+        return min(vocab + [r for g in self.groups.values() for r in g.ranks if r], default=0)
 
     @property
     def num_params(self) -> int:
-        return sum(r * (g.in_features + o) for g in self.groups.values() for r, o in zip(g.ranks, g.outs) if r)
+        vocab = self.vocab.num_params if self.vocab is not None else 0
+        return vocab + sum(r * (g.in_features + o) for g in self.groups.values() for r, o in zip(g.ranks, g.outs) if r)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +231,7 @@ def packed_adapter(src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, 
         stored_nbytes=src.stored_nbytes,
         module_names=dict(src.module_names),
         magnitudes=dict(getattr(src, "magnitudes", {})),  # a scan (direct_read) sets them after
+        vocab=src.vocab if isinstance(src, LoraAdapter) else None,  # a scan's: direct_read reads them after
         flat=flat,
         groups=plan.groups,
         layout=plan.layout(flat.dtype),

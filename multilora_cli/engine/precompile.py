@@ -137,6 +137,13 @@ def precompile(
                     reset_context()
         if graphs is not None:
             graphs.lora_key = None  # the shared LoRA buffers were rewritten
+        vocab = getattr(model.model, "vocab", None)
+        if vocab is not None and vocab.head is not None:  # lm_head LoRA: its SGMV on the logits, per decode size
+            w = model.lm_head.weight
+            for n in graphs.sizes if graphs is not None else (1,):
+                model.compute_logits(
+                    torch.zeros(n, w.shape[1], device=device, dtype=w.dtype), upcast=False, slots=[0] * n
+                )
         _dry_sample(
             model.compute_logits(
                 torch.zeros(1, model.lm_head.weight.shape[1], device=device, dtype=model.lm_head.weight.dtype),

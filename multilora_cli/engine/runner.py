@@ -127,6 +127,7 @@ class ModelRunner:
         use_lora: bool = True,
         lora_targets: set[str] | None = None,
         dora: bool = False,
+        vocab: dict | None = None,
         eos_token_ids: tuple[int, ...] | list[int] = (),
     ):
         self.config = config
@@ -156,6 +157,9 @@ class ModelRunner:
         self._slot_writer = SlotWriter(self._lora_modules, self.device)
         if dora and use_lora:  # some adapter of the run is DoRA: scale rows in every module, before graph capture
             self._slot_writer.enable_dora()
+        # embed_tokens / lm_head adapters in the run (layers/vocab_lora.py: embed_lora, head_lora, embed_full,
+        # head_full): their slots before the KV cache is sized (so it counts them) and before graph capture
+        self.vocab = self._enable_vocab(vocab) if vocab and use_lora else None
         self._expert_modules = self.model.expert_lora_modules()  # MoE: {layer: MoeExperts} with LoRA slots
         if self.device.type == "cuda" and self._lora_modules:
             # allocated before the KV cache is sized, so their bytes are counted; one slot's worth each (with
@@ -232,6 +236,19 @@ class ModelRunner:
         """Seconds spent capturing decode graphs so far (at start; inside the steps with lazy capture)."""
         return self.graphs.capture_seconds if self.graphs is not None else 0.0
 
+    def _enable_vocab(self, parts: dict):
+        try:
+            return self.model.enable_vocab(**parts)
+        except torch.OutOfMemoryError:
+            full = parts.get("embed_full", 0) + parts.get("head_full", 0)
+            cfg = self.model_config
+            each = cfg.vocab_size * cfg.hidden_size * self.dtype.itemsize
+            raise EngineError(
+                f"no GPU memory for the adapters' embed_tokens / lm_head slots ({full} full-weight copies of "
+                f"{each / 2**20:.0f} MiB each for modules_to_save, plus vocabulary-sized LoRA slots)",
+                hint="lower --max-loras (the copies are one per slot, up to the adapters that have them)",
+            ) from None
+
     # --- sizing ----------------------------------------------------------------------------------------------
     def _size_kv_cache(self) -> int:
         """KV blocks: config.num_kv_blocks, else what memory allows (capped by `input_kv_blocks`)."""
@@ -269,6 +286,14 @@ class ModelRunner:
     def install_adapter(self, slot: int, name: str, adapter) -> None:
         """Copy a loaded adapter (adapters.peft.LoraAdapter) into `slot` of every LoRA layer."""
         self._slot_writer.install(slot, adapter)
+        vocab = getattr(adapter, "vocab", None)
+        if self.vocab is not None:
+            self.vocab.install(slot, vocab)
+        elif vocab is not None:
+            raise EngineError(
+                f"internal: adapter {name!r} adapts embed_tokens / lm_head but the engine has no slots for them",
+                hint="this is a bug: the engine sizes those slots from the run's adapters",
+            )
         experts = getattr(adapter, "experts", {})
         for layer, module in self._expert_modules.items():
             parts = {p: experts[(layer, p)] for p in ("gate", "up", "down") if (layer, p) in experts}
@@ -294,6 +319,8 @@ class ModelRunner:
 
     def evict_adapter(self, slot: int, name: str) -> None:
         self._slot_writer.clear(slot)
+        if self.vocab is not None:
+            self.vocab.clear(slot)
         for module in self._expert_modules.values():
             module.lora.clear_slot(slot)
 
@@ -352,7 +379,9 @@ class ModelRunner:
         seqs = batch.sampled_seqs()
         if not seqs:
             return self._done(Launched(batch, None, None, None, t0, graph, lp))
-        logits = self.model.compute_logits(hidden, upcast=False)  # [N, V] model dtype
+        # each row's slot, for lm_head adapters (layers/vocab_lora.py); None: the head is the base's for every row
+        row_slots = np.asarray([s.slot for s in seqs]) if self.vocab is not None and self.vocab.adapts_head else None
+        logits = self.model.compute_logits(hidden, upcast=False, slots=row_slots)  # [N, V] model dtype
         if mask is None and _greedy(seqs):
             # the sampler's greedy rows without its bookkeeping; argmax over the model-dtype logits picks the
             # index an fp32 copy would (the upcast is exact) and skips a [N, V] fp32 write (256 x 128k: ~50 us)
@@ -371,12 +400,19 @@ class ModelRunner:
             # from fp32 logits of the rows that ask (Model.compute_logits_fp32: the sampler's model-dtype logits
             # are rounded too coarsely for a log-likelihood), in chunks of rows
             if len(rows) == len(seqs):  # every row asks: no gather
-                h, chosen = hidden, ids
+                h, chosen, hs = hidden, ids, row_slots
             else:
                 at = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
                 h, chosen = hidden.index_select(0, at), ids[at]
+                hs = row_slots[rows] if row_slots is not None else None
             lm_head = self.model.compute_logits_fp32
-            lp.sampled = logprob_rows(lambda lo, hi: lm_head(h[lo:hi]), h.shape[0], logits.shape[-1], chosen, max(ks))
+            lp.sampled = logprob_rows(
+                lambda lo, hi: lm_head(h[lo:hi], None if hs is None else hs[lo:hi]),
+                h.shape[0],
+                logits.shape[-1],
+                chosen,
+                max(ks),
+            )
             lp.sampled_owners, lp.sampled_ks = owners, ks
         if self.device.type != "cuda":
             return Launched(batch, ids, ids, None, t0, graph, lp)
@@ -399,13 +435,14 @@ class ModelRunner:
         """hidden: [T, H] of the step -> [R, 2 + 2k] for its prompt rows (engine/logprobs.py)."""
         n = len(prows.rows)
         both = torch.tensor(prows.rows + prows.targets, dtype=torch.long).to(self.device, non_blocking=True)
-        return prompt_logprobs(
-            self.model.compute_logits_fp32,
-            hidden,
-            both[:n],
-            both[n:],
-            max(prows.ks),
-            self.vocab_size,
+        if self.vocab is None or not self.vocab.adapts_head:
+            return prompt_logprobs(
+                self.model.compute_logits_fp32, hidden, both[:n], both[n:], max(prows.ks), self.vocab_size
+            )
+        slots = np.asarray([s.slot for s in prows.owners])  # each prompt row's adapter: lm_head adapters
+        rows, lm_head = both[:n], self.model.compute_logits_fp32
+        return logprob_rows(
+            lambda lo, hi: lm_head(hidden[rows[lo:hi]], slots[lo:hi]), n, self.vocab_size, both[n:], max(prows.ks)
         )
 
     def _forward_eager(self, batch: ScheduledBatch, rope_long: np.ndarray | None = None, feed=None):

@@ -23,6 +23,7 @@ from multilora_cli.layers.linear import FusedLinear
 from multilora_cli.layers.lora import LoRALinear
 from multilora_cli.layers.norm import GemmaRMSNorm, RMSNorm
 from multilora_cli.layers.rotary import RotaryEmbedding, apply_rotary
+from multilora_cli.layers.vocab_lora import VocabAdapters
 from multilora_cli.models.config import FUSED_MODULES, ModelConfig
 from multilora_cli.models.moe import MoeExperts, SparseMoeBlock
 
@@ -157,6 +158,7 @@ class LlamaModel(nn.Module):
         )
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, linear) for i in range(cfg.num_hidden_layers))
         self.norm = norm_class(cfg)(cfg.hidden_size, cfg.rms_norm_eps)
+        self.vocab: VocabAdapters | None = None  # embed_tokens / lm_head adapters (`LlamaForCausalLM.enable_vocab`)
         self.rotary = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
         # Gemma 3: sliding layers rotate with their own base (rope_local_theta) and scaling
         self.local_rotary = (
@@ -167,9 +169,11 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [T, hidden]
+        ctx = get_context()
+        if self.vocab is not None:  # embedding LoRA / modules_to_save copies per token's slot, before the scale
+            h = self.vocab.embed_rows(h, input_ids, ctx.lora if ctx is not None else None)
         if self.embed_scale is not None:
             h = h * self.embed_scale.to(h.dtype)
-        ctx = get_context()
         long = ctx.rope_long if ctx is not None else None
         rope = {"global": self.rotary(positions, long)}  # cos, sin: [T, rotary_dim] each, shared by the layers
         if self.local_rotary is not None:
@@ -231,22 +235,44 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: [T] -> final-normed hidden states [T, hidden]."""
         return self.model(input_ids, positions)
 
-    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+    def enable_vocab(self, **parts) -> VocabAdapters:
+        """Give the model slots for embed_tokens / lm_head adapters (layers/vocab_lora.py; `parts`: its
+        embed_lora, head_lora, embed_full, head_full), before CUDA graphs are captured."""
+        cfg = self.config
+        self.model.vocab = VocabAdapters(
+            self.max_loras,
+            self.max_lora_rank,
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=self.dtype,
+            device=self.device,
+            **parts,
+        )
+        return self.model.vocab
+
+    def _head(self, logits: torch.Tensor, hidden: torch.Tensor, slots) -> torch.Tensor:
+        vocab = self.model.vocab
+        if vocab is None or slots is None:
+            return logits
+        return vocab.head_logits(logits, hidden, slots)
+
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True, slots=None) -> torch.Tensor:
         """hidden: [N, hidden] (e.g. each sequence's last token) -> logits [N, vocab] float32 (upcast=False: in
         the model dtype, e.g. for a greedy argmax, which picks the same index from either). Gemma 2's final
-        soft-capping tanh(x / cap) * cap is applied here, in float32, before any sampler sees the logits."""
-        logits = self.lm_head(hidden)
+        soft-capping tanh(x / cap) * cap is applied here, in float32, before any sampler sees the logits.
+        slots: [N] host ints, each row's LoRA slot, for lm_head adapters (layers/vocab_lora.py); None: base."""
+        logits = self._head(self.lm_head(hidden), hidden, slots)
         cap = self.config.final_softcap
         if cap is not None:
             capped = torch.tanh(logits.float() / cap) * cap
             return capped if upcast else capped.to(logits.dtype)
         return logits.float() if upcast else logits
 
-    def compute_logits_fp32(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits_fp32(self, hidden: torch.Tensor, slots=None) -> torch.Tensor:
         """hidden: [N, hidden] -> fp32 logits [N, vocab] whose LM-head products are accumulated and kept in fp32,
         never rounded to the model dtype (logprobs: a bf16 logit of magnitude 8 is off by up to 0.03, more than
         a log-likelihood may be). CUDA: one bf16 GEMM with an fp32 output; elsewhere fp32 math. Gemma 2's final
-        soft-capping as in `compute_logits`."""
+        soft-capping as in `compute_logits`; `slots` as there."""
         w, b = self.lm_head.weight, self.lm_head.bias
         if w.dtype != torch.float32 and hidden.is_cuda:
             logits = torch.mm(hidden.to(w.dtype), w.t(), out_dtype=torch.float32)
@@ -254,6 +280,7 @@ class LlamaForCausalLM(nn.Module):
             logits = torch.nn.functional.linear(hidden.float(), w.float())
         if b is not None:
             logits = logits + b.float()
+        logits = self._head(logits, hidden, slots)
         cap = self.config.final_softcap
         return torch.tanh(logits / cap) * cap if cap is not None else logits
 

@@ -58,6 +58,10 @@ def slot_choice(cfg: RunConfig, pf, n_adapters: int, econf: EngineConfig):
         from multilora_cli.adapters.costs import dora_slot_bytes
 
         one += dora_slot_bytes(mc)
+    if spare is not None:  # embed_tokens / lm_head adapters (layers/vocab_lora.py): their slots and copies too
+        from multilora_cli.adapters.costs import vocab_slot_bytes
+
+        one += vocab_slot_bytes(mc, [s.vocab for s in pf.scans.values()], pf.max_lora_rank, eng.itemsize)
     return choose_max_loras(
         SlotInputs(
             adapters=n_adapters,

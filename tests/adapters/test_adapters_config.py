@@ -126,10 +126,8 @@ def test_invalid_config_values_raise(raw, message):
     "raw, feature",
     [
         ({"lora_bias": True}, "lora_bias"),
-        ({"modules_to_save": ["lm_head"]}, "modules_to_save=['lm_head']"),
+        ({"modules_to_save": ["lm_head", "score"]}, "modules_to_save=['score']"),
         ({"peft_type": "IA3"}, "peft_type IA3"),
-        ({"target_modules": ["q_proj", "embed_tokens"]}, "LoRA on embed_tokens"),
-        ({"target_modules": ["lm_head"]}, "LoRA on lm_head"),
         ({"trainable_token_indices": [1, 2]}, "trainable_token_indices"),
     ],
 )
@@ -138,6 +136,9 @@ def test_unsupported_features_are_named(raw, feature):
     assert any(feature in f for f in feats), feats
     assert AdapterConfig.from_dict({"target_modules": ["q_proj"]}).unsupported() == []
     assert AdapterConfig.from_dict({"target_modules": ["q_proj"], "use_dora": True}).unsupported() == []  # served
+    # served too (adapters/vocab.py): LoRA on embed_tokens / lm_head, modules_to_save copies of them
+    for raw in ({"target_modules": ["q_proj", "embed_tokens", "lm_head"]}, {"modules_to_save": ["lm_head"]}):
+        assert AdapterConfig.from_dict({"target_modules": ["q_proj"], **raw}).unsupported() == []
 
 
 @pytest.mark.parametrize("raw", [{"bias": "all"}, {"bias": "lora_only"}, {"fan_in_fan_out": True}])

@@ -103,13 +103,11 @@ def bad(zoo, llama_base, qwen2_base, good_adapter, tmp_path_factory):
     # Real PEFT checkpoints using features we cannot serve.
     dora = zoo.adapter("dora", llama_base, use_dora=True)  # served (test_dora_is_servable_with_its_cost)
     a["bias"] = zoo.adapter("bias", qwen2_base, bias="all")
-    a["modules_to_save"] = zoo.adapter("mts", llama_base, modules_to_save=["lm_head"])
-    a["embedding"] = zoo.adapter("emb", llama_base, targets=["embed_tokens", "q_proj"])
-    a["lm_head"] = zoo.adapter("head", llama_base, targets=["q_proj", "lm_head"])
-    # The same, with the config edited so only the tensors give the feature away.
-    a["embedding_keys"] = derive(
-        a["embedding"], root / "emb_keys", config=lambda c: c.update(target_modules=["q_proj"])
-    )
+    # embed_tokens / lm_head adapters are served (test_vocab_adapters_are_servable_with_their_cost), but not with a
+    # config that does not select what the tensors hold, nor a modules_to_save copy of another module
+    emb = zoo.adapter("emb", llama_base, targets=["embed_tokens", "q_proj"])
+    a["embedding_keys"] = derive(emb, root / "emb_keys", config=lambda c: c.update(target_modules=["q_proj"]))
+    a["modules_to_save"] = zoo.adapter("mts_norm", llama_base, modules_to_save=["norm"])
     # DoRA's checkpoint and config disagreeing: magnitudes without use_dora, use_dora without magnitudes
     a["dora_keys"] = derive(dora, root / "dora_keys", config=lambda c: c.update(use_dora=False))
     a["dora_no_magnitude"] = derive(g, root / "dora_no_magnitude", config=lambda c: c.update(use_dora=True))
@@ -164,10 +162,8 @@ CASES = {
     "dora_keys": (["q_proj: it has a DoRA lora_magnitude_vector but adapter_config.json has no use_dora"], True),
     "dora_no_magnitude": (["q_proj: use_dora is set but it has no lora_magnitude_vector"], True),
     "bias": (["trained biases (bias='all')"], True),
-    "modules_to_save": (["modules_to_save=['lm_head']"], True),
-    "embedding": (["LoRA on embed_tokens"], True),
-    "embedding_keys": (["embedding LoRA (lora_embedding_A/B)"], True),
-    "lm_head": (["LoRA on lm_head"], True),
+    "modules_to_save": (["modules_to_save=['norm']"], True),
+    "embedding_keys": (["embed_tokens has LoRA tensors but adapter_config.json target_modules does not select"], True),
     "ia3": (["peft_type IA3 (only LoRA adapters are served)"], True),
     "garbage": (["adapter_model.safetensors is corrupt or truncated", "re-download"], True),
     "truncated": (["adapter_model.safetensors is corrupt or truncated", "past the end of the file"], True),
@@ -281,3 +277,34 @@ def test_inspect_verdict_is_one_line_however_long(bad):
     assert p.returncode == 1
     verdict = p.stdout.rstrip().splitlines()[-1]
     assert verdict.startswith("servable by multilora: no, because") and "maps 128 -> 128" in verdict, p.stdout
+
+
+def test_vocab_adapters_are_servable_with_their_cost(cli, zoo, llama_base):
+    """LoRA on embed_tokens / lm_head and modules_to_save copies (once refused) are served: inspect lists the LoRA
+    as module rows and each one's GPU slot cost (a copy: [V, H] per slot that holds the adapter)."""
+    from multilora_cli.adapters.costs import full_copy_bytes, vocab_lora_slot_bytes
+    from multilora_cli.models.config import ModelConfig
+
+    cfg = ModelConfig.from_dir(llama_base)
+    vh = cfg.vocab_size * cfg.hidden_size
+    lora = zoo.adapter("emb_head", llama_base, targets=["embed_tokens", "q_proj", "lm_head"])
+    rc, out, err = cli("inspect", lora, "--model", llama_base, "--json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["servable"] is True, err
+    rows = {r["module"]: r for r in rep["modules"]}
+    assert rows["embed_tokens"]["in_features"] == cfg.vocab_size and rows["embed_tokens"]["out_features"] == 64
+    assert rows["lm_head"]["params"] == 8 * (64 + cfg.vocab_size) and rows["lm_head"]["layers"] == []
+    assert rep["modules_adapted"] == ["q_proj", "embed_tokens", "lm_head"]
+    kinds = {e["kind"]: e for e in rep["extras"]}
+    assert kinds["lm_head_lora"]["slot_bytes"] == vocab_lora_slot_bytes(cfg, "lm_head", 8) > 0
+    assert kinds["embed_tokens_lora"]["slot_bytes"] == vocab_lora_slot_bytes(cfg, "embed_tokens", 8)
+    copy = zoo.adapter("mts_head", llama_base, modules_to_save=["lm_head"])
+    rc, out, err = cli("inspect", copy, "--model", llama_base, "--json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["servable"] is True, err
+    (extra,) = rep["extras"]
+    assert extra["kind"] == "lm_head_modules_to_save" and extra["params"] == vh
+    assert extra["slot_bytes"] == full_copy_bytes(cfg) == 2 * vh
+    assert rep["bytes_bf16"] == 2 * (rep["num_params"] + vh)
+    rc, out, _ = cli("inspect", copy, "--model", llama_base)
+    assert rc == 0 and "servable by multilora: yes" in out and "modules_to_save" in out and "per GPU slot" in out

@@ -258,3 +258,25 @@ def test_data_parallel_stats_size_one_replica_per_worker(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(InputError, match="world_size must be a positive whole number"):
         compute(Scenario(tenants=100, model="llama-2-7b", stats=str(path)))
+
+
+def test_vocab_adapters_count_their_lora_and_copies(tiny, tmp_path):
+    """economics --adapter: LoRA on lm_head is a module row (H -> V) in the adapter's params and slots; a
+    modules_to_save copy of lm_head counts V x H in the adapter's bytes and in every GPU slot."""
+    from multilora_cli.models.config import ModelConfig
+    from tests.builders import build_adapter
+
+    cfg = ModelConfig.from_dir(tiny["base"])
+    vh = cfg.vocab_size * cfg.hidden_size
+    head = build_adapter(tiny["base"], tmp_path / "head", r=8, targets=("q_proj", "v_proj", "lm_head"))
+    rep = compute(Scenario(tenants=5, adapter=str(head), max_loras=4))
+    plain = compute(Scenario(tenants=5, adapter=str(tiny["qv"]), max_loras=4))
+    assert ("lm_head", 8, 1) in [(m["module"], m["rank"], m["layers"]) for m in rep.modules]
+    lora = 8 * (cfg.hidden_size + cfg.vocab_size)
+    assert rep.section("adapter")["params"] == plain.section("adapter")["params"] + lora
+    assert rep.section("memory")["slot_bytes"] == plain.section("memory")["slot_bytes"] + 4 * 2 * lora
+    mts = build_adapter(tiny["base"], tmp_path / "mts", r=8, targets=("q_proj", "v_proj"), modules_to_save=["lm_head"])
+    rep = compute(Scenario(tenants=5, adapter=str(mts), max_loras=4))
+    a = rep.section("adapter")
+    assert a["full_params"] == vh and a["bytes"] == 2 * (a["params"] + vh)
+    assert rep.section("memory")["slot_bytes"] == plain.section("memory")["slot_bytes"] + 4 * 2 * vh
