@@ -19,11 +19,6 @@ from tests.models.helpers import Blocks, check_chunked_prefill, check_generation
 
 pytestmark = pytest.mark.gpu
 
-# Open in issue 33: Phi-3 LongRoPE in bf16 lands further from HF fp32 than the bound.
-LONGROPE_BF16 = pytest.param(
-    "phi3-longrope", marks=pytest.mark.xfail(strict=False, reason="bf16 LongRoPE error above the bound (issue 33)")
-)
-
 
 def _hf(path, dtype=torch.float32):
     return hf_model(path, dtype)
@@ -38,7 +33,7 @@ def test_fp32_on_cuda_matches_hf(base_path, arch):
     check_chunked_prefill(ours, _hf(path), cfg.vocab_size, atol=1e-3)
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen3", "gemma2", "gemma3", "phi3", LONGROPE_BF16])
+@pytest.mark.parametrize("arch", ["llama3", "qwen3", "gemma2", "gemma3", "phi3", "phi3-longrope"])
 def test_bf16_on_cuda_within_hf_bf16_error(base_path, arch):
     path = base_path(arch)
     cfg = ModelConfig.from_dir(path)
@@ -49,8 +44,11 @@ def test_bf16_on_cuda_within_hf_bf16_error(base_path, arch):
     ours.allocate_kv_cache(16, 16)
     got = run_prefill(ours, Blocks(16, 16), {0: (ids, 0)})
     assert (got - ref).abs().max().item() <= 4 * hf_err + 1e-3
+    # 7 + 4 decode steps stay below LongRoPE's switch (12 on the tiny model): the full-forward reference of a
+    # sequence past the switch rotates all its positions with the long factors, so a prompt that crosses it while
+    # decoding has no consistent reference for its prefill rows (fp32 tests cover the crossing with `generate`)
     check_generation(
-        ours, _hf(path), cfg.vocab_size, [9, 30], block_size=16, atol=8 * hf_err + 1e-3, check_argmax=False
+        ours, _hf(path), cfg.vocab_size, [7, 30], block_size=16, atol=8 * hf_err + 1e-3, check_argmax=False
     )
 
 
