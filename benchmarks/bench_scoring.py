@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.timing import default_report_path, engine_workload_args, parser, report_start, save_report
+from benchmarks.timing import engine_workload_args, parser, report_start, write_report
 
 SCORING_TARGET, LOGPROBS_TARGET = 10.0, 0.9
 
@@ -242,9 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             ratio = report["scoring_multilora"]["tokens_per_s"] / hf["tokens_per_s"]
             report["scoring_ratio"] = dict(ratio=ratio, target=SCORING_TARGET, met=ratio >= SCORING_TARGET)
             log(f"scoring hf-peft: {hf['tokens_per_s']:,.0f} prompt tok/s -> multilora {ratio:.1f}x (target >= 10)")
-    out = args.out or default_report_path("scoring", info["name"])
-    save_report(report, out)
-    log(f"wrote {out}")
+    write_report(report, args.out, "scoring", info["name"])
     return 0
 
 

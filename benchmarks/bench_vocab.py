@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.timing import default_report_path, engine_workload_args, parser, report_start, save_report
+from benchmarks.timing import engine_workload_args, parser, report_start, write_report
 
 VOCAB_LORA_TARGET = 0.9
 
@@ -148,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     report["target"] = {"vocab_lora": VOCAB_LORA_TARGET}
     for arm, r in report["ratios"].items():
         print(f"{arm} / plain: {r:.3f}x")
-    out = args.out or default_report_path("vocab", info["name"])
-    save_report(report, out)
-    print(f"wrote {out}")
+    write_report(report, args.out, "vocab", info["name"])
     return 0
 
 

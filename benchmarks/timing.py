@@ -165,8 +165,12 @@ def report_start(module: str, argv: list[str] | None, args: argparse.Namespace, 
     return report
 
 
-def default_report_path(kind: str, device_name: str) -> Path:
-    """benchmarks/results/KIND-DEVICE.json, DEVICE the device name's letters and digits ('nvidia-h200'): where a
-    tool writes when --out is not given."""
-    slug = "".join(c if c.isalnum() else "-" for c in device_name.lower()).strip("-")[:40] or "device"
-    return RESULTS_DIR / f"{kind}-{slug}.json"
+def write_report(report: dict, out: Path | None, kind: str, device_name: str) -> Path:
+    """Save the report to `out`, else to benchmarks/results/KIND-DEVICE.json (DEVICE the device name's letters and
+    digits: 'nvidia-h200'), and say where. Returns the path."""
+    if out is None:
+        slug = "".join(c if c.isalnum() else "-" for c in device_name.lower()).strip("-")[:40] or "device"
+        out = RESULTS_DIR / f"{kind}-{slug}.json"
+    save_report(report, out)
+    print(f"wrote {out}")
+    return out
