@@ -23,7 +23,6 @@ Writes benchmarks/results/scoring-<device>.json and prints both ratios.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import replace
@@ -32,9 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.timing import command_line, parser
+from benchmarks.timing import engine_workload_args, parser, report_start, write_report
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCORING_TARGET, LOGPROBS_TARGET = 10.0, 0.9
 
 
@@ -169,29 +167,19 @@ def main(argv: list[str] | None = None) -> int:
     from multilora_cli.models.config import ModelConfig
 
     ap = parser(__doc__)
-    ap.add_argument("--preset", default="llama-3-8b")
-    ap.add_argument("--adapters", type=int, default=64)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--requests", type=int, default=1024)
+    engine_workload_args(ap, requests=1024)
     ap.add_argument("--context-len", type=int, default=512)
     ap.add_argument("--continuation-len", type=int, default=16)
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--hf-batches", type=int, default=4)
     ap.add_argument("--gen-requests", type=int, default=512)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--skip-hf", action="store_true", help="no HF + PEFT baseline (scoring ratio not computed)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     info = device_info(device)
     log = print
-    report: dict = {"command": command_line("benchmarks.bench_scoring", argv), "device": info, "args": dict(vars(args))}
-    report["args"]["out"] = str(args.out) if args.out else None
+    report = report_start("benchmarks.bench_scoring", argv, args, info)
     seq_len = args.context_len + args.continuation_len
     work = Workload(
         preset=args.preset,
@@ -254,11 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             ratio = report["scoring_multilora"]["tokens_per_s"] / hf["tokens_per_s"]
             report["scoring_ratio"] = dict(ratio=ratio, target=SCORING_TARGET, met=ratio >= SCORING_TARGET)
             log(f"scoring hf-peft: {hf['tokens_per_s']:,.0f} prompt tok/s -> multilora {ratio:.1f}x (target >= 10)")
-    slug = "".join(c if c.isalnum() else "-" for c in info["name"].lower()).strip("-")[:40] or "device"
-    out = args.out or RESULTS_DIR / f"scoring-{slug}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    log(f"wrote {out}")
+    write_report(report, args.out, "scoring", info["name"])
     return 0
 
 

@@ -18,7 +18,6 @@ benchmarks/results/vocab-<device>.json.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import replace
@@ -26,9 +25,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.timing import command_line, parser
+from benchmarks.timing import engine_workload_args, parser, report_start, write_report
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 VOCAB_LORA_TARGET = 0.9
 
 
@@ -108,22 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     from multilora_cli.models.config import ModelConfig
 
     ap = parser(__doc__)
-    ap.add_argument("--preset", default="llama-3-8b")
-    ap.add_argument("--adapters", type=int, default=64)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--requests", type=int, default=512)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=128)
+    engine_workload_args(ap, requests=512)
     ap.add_argument("--copies", type=int, default=4, help="adapters with a modules_to_save lm_head (head_copy arm)")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     info = device_info(device)
-    report: dict = {"command": command_line("benchmarks.bench_vocab", argv), "device": info, "args": dict(vars(args))}
-    report["args"]["out"] = str(args.out) if args.out else None
+    report = report_start("benchmarks.bench_vocab", argv, args, info)
     work = Workload(
         preset=args.preset,
         num_adapters=args.adapters,
@@ -160,11 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     report["target"] = {"vocab_lora": VOCAB_LORA_TARGET}
     for arm, r in report["ratios"].items():
         print(f"{arm} / plain: {r:.3f}x")
-    slug = "".join(c if c.isalnum() else "-" for c in info["name"].lower()).strip("-")[:40] or "device"
-    out = args.out or RESULTS_DIR / f"vocab-{slug}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_report(report, args.out, "vocab", info["name"])
     return 0
 
 

@@ -136,3 +136,41 @@ def save_report(report: dict, path: str | Path, start: float | None = None) -> N
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
+
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def engine_workload_args(ap: argparse.ArgumentParser, requests: int) -> None:
+    """The flags of the engine benchmarks' synthetic workload (bench_vocab, bench_scoring): a preset's shapes,
+    `--adapters` rank-`--rank` adapters, `--requests` requests of `--prompt-len` + `--output-len` tokens, the best
+    of `--repeats` timed runs at `--max-num-seqs` running sequences, on `--device`, the report to `--out`."""
+    ap.add_argument("--preset", default="llama-3-8b")
+    ap.add_argument("--adapters", type=int, default=64)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=requests)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", type=Path, default=None)
+
+
+def report_start(module: str, argv: list[str] | None, args: argparse.Namespace, device: dict) -> dict:
+    """A report's first fields: the command line, the device (bench.suite.device_info), the arguments (--out as a
+    string)."""
+    report: dict = {"command": command_line(module, argv), "device": device, "args": dict(vars(args))}
+    report["args"]["out"] = str(args.out) if args.out else None
+    return report
+
+
+def write_report(report: dict, out: Path | None, kind: str, device_name: str) -> Path:
+    """Save the report to `out`, else to benchmarks/results/KIND-DEVICE.json (DEVICE the device name's letters and
+    digits: 'nvidia-h200'), and say where. Returns the path."""
+    if out is None:
+        slug = "".join(c if c.isalnum() else "-" for c in device_name.lower()).strip("-")[:40] or "device"
+        out = RESULTS_DIR / f"{kind}-{slug}.json"
+    save_report(report, out)
+    print(f"wrote {out}")
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from multilora_cli.adapters.report import InspectReport, layer_ranges
+from multilora_cli.adapters.report import InspectReport
 
 PIPE_WIDTH = 160  # columns when stdout is not a terminal and COLUMNS is unset
 
@@ -108,3 +108,19 @@ def render(rep: InspectReport, console=None) -> None:
             highlight=False,
             soft_wrap=True,
         )  # one line: easy to grep, whatever its length
+
+
+def layer_ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    out, start, prev = [], None, None
+    for i in sorted(layers):
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}-{prev}" if prev > start else f"{start}")
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+    return ", ".join(out)

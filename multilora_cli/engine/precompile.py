@@ -5,7 +5,7 @@ time: in the warm-ups of the decode graphs and inside the first prefill steps of
 one-shot run (benchmarks/RESULTS.md, "cold start"). Here the runner dry-runs the forwards it will run with
 Triton launches recorded instead of run: every decode-graph bucket, and one prefill step per token bucket of
 the kernel tables (`kernels.blocks.token_bucket`; below 256 tokens one per class of their blocks) up to
-max_num_batched_tokens (a run's input may bound it: runner.precompile_tokens), without and with a cached
+max_num_batched_tokens (a run's input may bound it: runner_sizing.precompile_tokens), without and with a cached
 prefix, one sampling launch (kernels/sample.py) on the model's logits, and the logprob rows kernels
 (kernels/logprobs.py) at k 0 (scoring) and 5. The distinct variants are then
 compiled from a thread pool. With a warm cache the pass still dry-runs and loads them (measured 1.0-2.6 s on

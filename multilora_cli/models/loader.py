@@ -23,14 +23,13 @@ from pathlib import Path
 import torch
 
 from multilora_cli.errors import ModelError, UnsupportedModelError
-from multilora_cli.kernels import fp8 as fp8_kernels
 from multilora_cli.kernels.fp8 import DEFAULT_SMALL_M
-from multilora_cli.layers.linear import FusedLinear
-from multilora_cli.layers.norm import GemmaRMSNorm
 from multilora_cli.models.config import FUSED, ModelConfig
+from multilora_cli.models.dummy_weights import init_dummy_weights
 from multilora_cli.models.llama import LlamaForCausalLM
-from multilora_cli.models.moe_names import expert_target, expert_view, parts_per_param, rename
+from multilora_cli.models.moe_names import expert_target, parts_per_param, rename
 from multilora_cli.models.quantization import Fp8Format
+from multilora_cli.models.weight_copy import copy_expert, copy_into, num_slices, unreadable
 
 _DTYPES = {
     "float32": torch.float32,
@@ -95,22 +94,13 @@ def checkpoint_files(path: Path) -> dict[str, Path]:
             with safe_open(single, framework="pt") as f:
                 return {name: single for name in f.keys()}
         except Exception as e:  # noqa: BLE001 - SafetensorError (truncated, not safetensors), OSError
-            raise _unreadable(single, e) from None
+            raise unreadable(single, e) from None
     if any(path.glob("*.bin")) or any(path.glob("*.pt")):
         raise ModelError(
             f"{path}: only PyTorch .bin weights found",
             hint="multilora reads safetensors; re-save with transformers save_pretrained()",
         )
     raise ModelError(f"{path}: no model.safetensors or model.safetensors.index.json")
-
-
-def _unreadable(file: Path, e: Exception, tensor: str | None = None) -> ModelError:
-    what = f"tensor {tensor} of " if tensor else ""
-    why = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return ModelError(
-        f"{what}{file}: not a readable safetensors file ({why})",
-        hint="the file is truncated or corrupt: download the model again",
-    )
 
 
 def _target(name: str) -> tuple[str, int | None]:
@@ -174,7 +164,7 @@ def load_model(
     with torch.device(device), _default_dtype(dtype):
         model = LlamaForCausalLM(config, **model_kw)
     params = dict(model.named_parameters())  # tied lm_head.weight is deduplicated away
-    todo = {(n, i) for n, p in params.items() for i in range(_num_slices(model, n))}
+    todo = {(n, i) for n, p in params.items() for i in range(num_slices(model, n))}
     experts_done: dict[str, set] = {}  # 3D expert parameter -> {(expert, part)} loaded from per-expert tensors
     by_file: dict[Path, list[str]] = {}
     for name, f in files.items():
@@ -184,12 +174,12 @@ def load_model(
             try:
                 f = safe_open(file, framework="pt")
             except Exception as e:  # noqa: BLE001 - SafetensorError (truncated, not safetensors), OSError
-                raise _unreadable(file, e) from None
+                raise unreadable(file, e) from None
             with f:
                 for name in names:
                     hit = expert_target(name) if config.moe is not None else None
                     if hit is not None and hit[0] in params:
-                        _copy_expert(params[hit[0]], hit, f, name, file)
+                        copy_expert(params[hit[0]], hit, f, name, file)
                         experts_done.setdefault(hit[0], set()).add(hit[1:])
                         continue
                     pname, idx = _target(rename(name) if config.moe is not None else name)
@@ -199,9 +189,9 @@ def load_model(
                     try:
                         tensor = f.get_tensor(name)
                     except Exception as e:  # noqa: BLE001 - a shard's index names a tensor the file lacks, I/O
-                        raise _unreadable(file, e, name) from None
+                        raise unreadable(file, e, name) from None
                     todo.difference_update(
-                        _copy_into(model, params[pname], pname, idx, tensor, name, file, quantization)
+                        copy_into(model, params[pname], pname, idx, tensor, name, file, quantization)
                     )
     for pname, done in experts_done.items():
         if len(done) == params[pname].shape[0] * parts_per_param(pname):
@@ -214,143 +204,3 @@ def load_model(
             hint="the checkpoint does not match its config.json",
         )
     return model.eval()
-
-
-def _copy_expert(param: torch.Tensor, hit: tuple[str, int, str], f, name: str, file: Path) -> None:
-    """Copy one expert's checkpoint tensor into its rows of a 3D expert parameter (models/moe_names.py)."""
-    pname, expert, part = hit
-    if expert >= param.shape[0]:
-        raise ModelError(f"{file}: tensor {name} is expert {expert}, but the config has {param.shape[0]} experts")
-    dst = expert_view(param, expert, part)
-    try:
-        tensor = f.get_tensor(name)
-    except Exception as e:  # noqa: BLE001 - a shard's index names a tensor the file lacks, I/O
-        raise _unreadable(file, e, name) from None
-    if tuple(tensor.shape) != tuple(dst.shape):
-        raise ModelError(
-            f"{file}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}",
-            hint="the checkpoint does not match its config.json",
-        )
-    dst.copy_(tensor)
-
-
-def _module_of(model: torch.nn.Module, pname: str) -> torch.nn.Module:
-    return model.get_submodule(pname.rsplit(".", 1)[0]) if "." in pname else model
-
-
-def _num_slices(model: torch.nn.Module, pname: str) -> int:
-    mod = _module_of(model, pname)
-    return len(mod.slice_sizes) if isinstance(mod, FusedLinear) else 1
-
-
-def _copy_into(
-    model,
-    param: torch.Tensor,
-    pname: str,
-    idx: int | None,
-    tensor: torch.Tensor,
-    name: str,
-    file: Path,
-    quantization: Fp8Format | None = None,
-) -> set[tuple[str, int]]:
-    """Copy `tensor` into `param` (slice `idx` of a fused module, or whole: Phi-3's qkv_proj fills its 3 slices);
-    returns the (parameter, slice) pairs it filled (an online-quantized weight fills its weight_scale too)."""
-    mod = _module_of(model, pname)
-    slices = [idx or 0]
-    if isinstance(mod, FusedLinear) and idx is None and len(mod.slice_sizes) > 1:
-        if not model.config.fused_checkpoint:
-            raise ModelError(f"{file.name}: tensor {name} maps to fused {pname} without a slice")
-        slices = list(range(len(mod.slice_sizes)))
-    fp8_mod = isinstance(mod, FusedLinear) and mod.fp8 is not None
-    if tensor.dtype == fp8_kernels.FP8 and not (fp8_mod and param is mod.weight):
-        raise ModelError(
-            f"{file}: tensor {name} is float8_e4m3fn where multilora expects unquantized weights",
-            hint="the checkpoint does not match its quantization_config",
-        )
-    if fp8_mod and param is not mod.weight and param is not mod.bias:
-        return _copy_scale(mod, param, pname, idx, slices, tensor, name, file)
-    dst = mod.slice_view(param, idx) if isinstance(mod, FusedLinear) and idx is not None else param.data
-    if tuple(tensor.shape) != tuple(dst.shape):
-        raise ModelError(
-            f"{file}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}",
-            hint="the checkpoint does not match its config.json",
-        )
-    done = {(pname, i) for i in slices}
-    if fp8_mod and param is mod.weight and tensor.dtype != fp8_kernels.FP8:
-        if quantization is None or not quantization.online:
-            raise ModelError(
-                f"{file}: tensor {name} is {str(tensor.dtype).removeprefix('torch.')}, expected float8_e4m3fn "
-                f"(config.json declares {quantization.method if quantization else 'fp8'})",
-                hint="the checkpoint does not match its quantization_config",
-            )
-        wq, scale = fp8_kernels.quantize_rows(tensor.to(dst.device))  # [rows, in] e4m3, [rows] fp32
-        dst.copy_(wq)
-        scale_name = pname.removesuffix("weight") + "weight_scale"
-        (mod.slice_view(mod.weight_scale, idx) if idx is not None else mod.weight_scale.data).copy_(scale)
-        return done | {(scale_name, i) for i in slices}
-    dst.copy_(tensor)
-    return done
-
-
-def _copy_scale(
-    mod: FusedLinear, param, pname: str, idx: int | None, slices: list[int], tensor, name: str, file: Path
-) -> set[tuple[str, int]]:
-    """weight_scale: one number (per tensor, repeated over the rows it scales) or one per row ([rows] / [rows, 1]);
-    input_scale: one number per checkpoint projection."""
-    dst = mod.slice_view(param, idx) if idx is not None else param.data
-    t = tensor.float()
-    if param is mod.input_scale and idx is None and t.numel() == 1:
-        dst.fill_(t.item())  # Phi-3's fused projection: one input scale for its slices
-    elif t.numel() == 1:
-        dst.copy_(t.reshape(()).expand(dst.shape))
-    elif param is mod.weight_scale and t.numel() == dst.numel() and t.dim() <= 2 and t.shape[0] == dst.shape[0]:
-        dst.copy_(t.reshape(dst.shape))
-    else:
-        raise ModelError(
-            f"{file}: tensor {name} has shape {tuple(tensor.shape)}, expected one scale per tensor or per output "
-            f"channel ({dst.shape[0]}, 1)",
-            hint="block-wise and other FP8 scale layouts are not served",
-        )
-    return {(pname, i) for i in slices}
-
-
-@torch.no_grad()
-def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
-    """Random weights in place, drawn on the model's device: matrices ~ N(0, std^2) (HF's initializer_range),
-    norm weights 1, biases 0. Deterministic for a seed and device; values only need to keep activations finite."""
-    gen = None
-    fp8_params = set()
-    for m in model.modules():
-        if isinstance(m, FusedLinear) and m.fp8 is not None:
-            fp8_params |= {id(p) for p in (m.weight, m.weight_scale, m.input_scale) if p is not None}
-    for name, p in model.named_parameters():
-        if gen is None:
-            gen = torch.Generator(device=p.device).manual_seed(seed)
-        if id(p) in fp8_params:
-            continue
-        if p.dim() >= 2:
-            p.normal_(0.0, std, generator=gen)
-        elif name.endswith("bias"):
-            p.zero_()
-        else:  # RMSNorm weights
-            p.fill_(1.0)
-    for m in model.modules():
-        if isinstance(m, GemmaRMSNorm):  # its weight is an offset: 0 is the identity scale
-            m.weight.zero_()
-        if isinstance(m, FusedLinear) and m.fp8 is not None:
-            _dummy_fp8(m, gen, std)
-
-
-def _dummy_fp8(m: FusedLinear, gen: torch.Generator, std: float, rows: int = 4096) -> None:
-    """Random FP8 weights drawn `rows` rows at a time in the compute dtype and quantized per channel: a 70B base is
-    never materialised in bf16 (one chunk at a time: 4096 x 28672 bf16 = 235 MB at most)."""
-    for lo in range(0, m.out_features, rows):
-        hi = min(lo + rows, m.out_features)
-        w = torch.empty(hi - lo, m.in_features, device=m.weight.device, dtype=m.compute_dtype).normal_(
-            0.0, std, generator=gen
-        )
-        wq, scale = fp8_kernels.quantize_rows(w)
-        m.weight.data[lo:hi].copy_(wq)
-        m.weight_scale.data[lo:hi].copy_(scale)
-    if m.input_scale is not None:
-        m.input_scale.data.fill_(1.0 / fp8_kernels.FP8_MAX)  # activations of |x| <= 1 span the e4m3 range

@@ -31,25 +31,12 @@ from multilora_cli.io.writer import refuse_clobbering
 from multilora_cli.run.config import RunConfig, base_aliases
 from multilora_cli.run.engine_api import EngineFactory, JobEngine
 from multilora_cli.run.ledger import RunLedger, check_ledger_clash
+from multilora_cli.run.lines import admit, stat_name, to_request, unique_ids
 from multilora_cli.run.logprobs import line_logprobs
 from multilora_cli.run.outputs import RunOutputs
 from multilora_cli.run.plan import EnginePlan
-from multilora_cli.run.setup import engine_config, note, preflight_run, why
+from multilora_cli.run.setup import engine_config, note, preflight_run
 from multilora_cli.run.signal_after import SignalAfter
-
-# Error records whose line could not be read far enough to name an adapter are tallied apart from "base".
-UNREAD = "(unread)"
-UNREAD_CODES = frozenset(
-    {
-        "invalid_json",
-        "invalid_utf8",
-        "missing_custom_id",
-        "invalid_method",
-        "invalid_url",
-        "missing_body",
-        "missing_model",
-    }
-)
 
 
 def local_engine(plan: EnginePlan) -> JobEngine:
@@ -87,59 +74,17 @@ class RunJob:
                 self._ledger.note_line(key, raw)
             yield parse_line(raw, key, lineno, reader.format)
 
-    def _unique(self, specs: Iterator[LineSpec]) -> Iterator[LineSpec]:
-        """Duplicate ids (compared as text: 7 and "7" collide) fail the later line."""
-        for spec in specs:
-            if spec.id is not None:
-                k = str(spec.id)
-                if k in self._seen:
-                    spec.fail(f"duplicate id {spec.id!r}: an earlier line has the same id", "duplicate_id")
-                else:
-                    self._seen.add(k)
-            yield spec
-
     # -- streaming ------------------------------------------------------------------------------------------
-    def _admit(self, spec: LineSpec) -> str | None:
-        """Map the line's adapter name to an engine adapter (None = base); fail unknown / broken ones."""
-        name = spec.adapter
-        if spec.error is not None or name is None or name in self._base_names:
-            return None
-        if name in self._good:
-            return name
-        if name in self._pf.errors:
-            err = self._pf.errors[name]
-            spec.fail(f"adapter {name!r} failed pre-flight: {why(name, err)}", err.code)
-        else:
-            known = ", ".join(sorted(self._good)) or "none"
-            spec.fail(
-                f"unknown adapter {name!r} (known: {known}; add it with --adapters {name}=PATH)", "unknown_adapter"
-            )
-        return None
-
     def _requests(self, specs: Iterator[LineSpec]):
-        from multilora_cli.engine.request import Request
-
         for spec in specs:
-            if self._ledger is not None:  # before _admit: the tag must not depend on what it marks failed
+            if self._ledger is not None:  # before admit: the tag must not depend on what it marks failed
                 self._ledger.mark(spec)
-            adapter = self._admit(spec)
+            adapter = admit(spec, self._good, self._base_names, self._pf.errors)
             params = self._resolver.resolve(spec) if spec.error is None else None
             if spec.error is not None:
                 self._emit_error(spec, spec.error.code, spec.error.one_line())
                 continue
-            req = Request(
-                key=spec.key,
-                id=str(spec.id),
-                adapter=adapter,
-                prompt=spec.prompt,
-                messages=spec.messages,
-                prompt_token_ids=spec.prompt_token_ids,
-                sampling=params,
-                continuation=spec.continuation,
-                generate=spec.generate,
-                echo=spec.echo,
-            )
-            spec.prompt = spec.messages = spec.prompt_token_ids = None  # the engine holds them now
+            req = to_request(spec, adapter, params)
             with self._lock:
                 self._inflight[spec.key] = (spec, adapter)
                 self._active[adapter] += 1
@@ -148,18 +93,12 @@ class RunJob:
     def _emit_error(self, spec: LineSpec, code: str, message: str, adapter: str | None = None) -> None:
         record = self._fmt.error_record(spec, code, message)
         with self._lock:
-            self.stats.add_error(adapter or self._stat_name(spec), code)
+            self.stats.add_error(adapter or stat_name(spec, self._base_names), code)
             self.writer.put(spec.key, record, is_error=True, tag=self._tag(spec.key))
             self._wrote()
 
     def _tag(self, key: int) -> str | None:
         return self._ledger.pop_tag(key) if self._ledger is not None else None
-
-    def _stat_name(self, spec: LineSpec) -> str | None:
-        name = spec.adapter
-        if name is None and spec.error is not None and (spec.error.code in UNREAD_CODES or "adapter_raw" in spec.meta):
-            return UNREAD  # the line never said which adapter: not a base request
-        return None if name is None or name in self._base_names else str(name)
 
     def _wrote(self) -> None:
         """After each record handed to the writer (under the lock): the progress line, and the tests' hook."""
@@ -230,7 +169,7 @@ class RunJob:
                 note("reading requests from the terminal (stdin): one JSON object per line, Ctrl-D to end", cfg.quiet)
             reader = InputReader(source, in_name)
             self._fmt = reader.format
-            specs = self._unique(self._parse(reader))
+            specs = unique_ids(self._parse(reader), self._seen)
             outputs = RunOutputs(cfg, self._ledger)
             resume = outputs.check(specs, reader.format)
             self.stats.resumed, self.stats.kept_errors = resume.kept, resume.kept_errors

@@ -99,14 +99,20 @@ def test_falls_back_where_it_does_not_apply(ckpts):
     assert hog is not None and read_packed(paths["all"], "all", cfg, torch.float32, full) is None
 
 
-def test_nan_named_like_load_adapter_and_block_returned(ckpts, tmp_path):
-    cfg, paths = ckpts
-    bad = _recast(paths["all"], tmp_path / "nan", lambda k, t: t)
+def _poison(src: Path, dst: Path, part: str, index: tuple[int, ...], value: float) -> Path:
+    """A copy of the checkpoint `src` whose first tensor (by name) with `part` in its name holds `value` at
+    `index`."""
+    bad = _recast(src, dst, lambda k, t: t)
     f = bad / "adapter_model.safetensors"
     sd = load_file(f)
-    key = next(k for k in sorted(sd) if "layers.1.mlp.up_proj.lora_B" in k)
-    sd[key][3, 1] = float("inf")
+    sd[next(k for k in sorted(sd) if part in k)][index] = value
     save_file(sd, f)
+    return bad
+
+
+def test_nan_named_like_load_adapter_and_block_returned(ckpts, tmp_path):
+    cfg, paths = ckpts
+    bad = _poison(paths["all"], tmp_path / "nan", "layers.1.mlp.up_proj.lora_B", (3, 1), float("inf"))
     with pytest.raises(AdapterError) as want:
         load_adapter(bad, "nan", cfg)
     arena = _arena()
@@ -119,12 +125,9 @@ def test_nan_named_like_load_adapter_and_block_returned(ckpts, tmp_path):
 
 def test_nonfinite_magnitude_named_like_load_adapter(ckpts, tmp_path):
     cfg, paths = ckpts
-    bad = _recast(paths["dora"], tmp_path / "nan_m", lambda k, t: t)
-    f = bad / "adapter_model.safetensors"
-    sd = load_file(f)
-    key = next(k for k in sorted(sd) if "layers.1.self_attn.v_proj.lora_magnitude_vector" in k)
-    sd[key][2] = float("nan")
-    save_file(sd, f)
+    bad = _poison(
+        paths["dora"], tmp_path / "nan_m", "layers.1.self_attn.v_proj.lora_magnitude_vector", (2,), float("nan")
+    )
     with pytest.raises(AdapterError) as want:
         load_adapter(bad, "nan_m", cfg)
     with pytest.raises(AdapterError) as got:

@@ -13,6 +13,7 @@ from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
 from tests.builders import build_adapter, build_base, build_tokenizer
+from tests.engine.mixed_rows import assert_batch_and_rows_alone
 from tests.engine.test_engine_generate import _hf_greedy
 
 NEW = 5
@@ -51,15 +52,28 @@ def _engine(base, adapters, **kw) -> Engine:
     return Engine(EngineConfig(model=str(base), device="cpu", max_lora_rank=8, **kw), adapters)
 
 
+def _check_reloads(engine: Engine) -> dict[str, torch.Tensor]:
+    """Wraps the engine's slot installs: each adapter's DoRA scale rows (every LoRA module's, concatenated) are
+    kept from its first load, and every later load of it must give the same rows. Returns those rows by name."""
+    mods = engine.runner.adapters.lora_modules
+    rows: dict[str, torch.Tensor] = {}
+
+    def install(slot, name, obj, inner=engine.runner.install_adapter):
+        inner(slot, name, obj)
+        got = torch.cat([m.lora.dora[slot] for m in mods.values()])
+        if name in rows:
+            assert torch.equal(got, rows[name]), name
+        rows[name] = got.clone()
+
+    engine.slots._install = install
+    return rows
+
+
 def test_mixed_batch_matches_hf_peft_and_rows_alone(tiny):
     base, adapters = tiny
     prompts = _prompts(len(PLAN))
-    engine = _engine(base, adapters, max_loras=3)
-    got = engine.generate_all(_requests(prompts, PLAN))
-    assert [r.error for r in got] == [None] * len(PLAN)
-    assert [r.token_ids for r in got] == _hf_greedy(base, adapters, prompts, PLAN, new=NEW)
-    alone = [engine.generate_all([r])[0].token_ids for r in _requests(prompts, PLAN)]
-    assert alone == [r.token_ids for r in got]
+    want = _hf_greedy(base, adapters, prompts, PLAN, new=NEW)
+    assert_batch_and_rows_alone(_engine(base, adapters, max_loras=3), lambda: _requests(prompts, PLAN), want)
 
 
 def test_dora_changes_the_tokens(tiny, tmp_path):
@@ -92,17 +106,7 @@ def test_dora_eviction_and_reload_recompute_the_same_norms(tiny):
     prompts = _prompts(len(plan), seed=6)
     roomy = _engine(base, adapters, max_loras=3).generate_all(_requests(prompts, plan))
     tight = _engine(base, adapters, max_loras=1)
-    mods = tight.runner._lora_modules
-    rows = {}
-
-    def install(slot, name, obj, inner=tight.runner.install_adapter):
-        inner(slot, name, obj)
-        got = torch.cat([m.lora.dora[slot] for m in mods.values()])
-        if name in rows:
-            assert torch.equal(got, rows[name]), name
-        rows[name] = got.clone()
-
-    tight.slots._install = install
+    rows = _check_reloads(tight)
     for _ in range(2):
         got = tight.generate_all(_requests(prompts, plan))
         assert [r.token_ids for r in got] == [r.token_ids for r in roomy]
@@ -125,17 +129,7 @@ def test_slot_loads_made_ahead_of_admission_change_nothing(tiny):
     # so which adapters are in the host cache, and hence the preloads, are the same every run
     engine = _engine(base, adapters, max_loras=2, max_num_seqs=1, prefetch_threads=0)
     engine.preloads_per_step = 2
-    mods = engine.runner._lora_modules
-    rows = {}
-
-    def install(slot, name, obj, inner=engine.runner.install_adapter):
-        inner(slot, name, obj)
-        got = torch.cat([m.lora.dora[slot] for m in mods.values()])
-        if name in rows:
-            assert torch.equal(got, rows[name]), name
-        rows[name] = got.clone()
-
-    engine.slots._install = install
+    _check_reloads(engine)
     for _ in range(2):
         got = engine.generate_all(_requests(prompts, plan))
         assert [r.token_ids for r in got] == want

@@ -41,7 +41,7 @@ def _reqs(prompts):
 def test_fp32_cuda_dora_equals_hf_peft(setup, eager, max_loras):
     base, adapters, prompts, (want, _) = setup
     engine = _engine(base, adapters, dtype="float32", enforce_eager=eager, max_loras=max_loras)
-    assert all(m.lora.dora is not None for m in engine.runner._lora_modules.values())
+    assert all(m.lora.dora is not None for m in engine.runner.adapters.lora_modules.values())
     got = engine.generate_all(_reqs(prompts))
     assert [r.error for r in got] == [None] * len(PLAN)
     assert [r.token_ids for r in got] == want
@@ -59,5 +59,7 @@ def test_bf16_cuda_dora_close_to_hf_fp32(setup):
     same = sum(a == b for r, w in zip(got, want) for a, b in zip(r.token_ids, w))
     assert same >= 0.75 * NEW * len(PLAN)
     # the norms came from the bf16 slots in float32: close to PEFT's fp32 norms from the fp32 weights
-    assert torch.isfinite(torch.cat([m.lora.dora.flatten() for m in engine.runner._lora_modules.values()])).all()
+    assert torch.isfinite(
+        torch.cat([m.lora.dora.flatten() for m in engine.runner.adapters.lora_modules.values()])
+    ).all()
     engine.close()

@@ -36,5 +36,5 @@ def test_single_request_adapters_many_slots_and_few(tmp_path):
         got = [r.token_ids for r in engine.generate_all(_requests(prompts, plan))]
         assert got == want, slots
         assert max(s.adapters for s in engine.runner.step_log) == min(slots, 16)
-        assert len(engine.runner._slot_writer._plans) == 1  # one layout: one plan for all the slots it used
+        assert len(engine.runner.adapters.writer._plans) == 1  # one layout: one plan for all the slots it used
         engine.close()

@@ -139,13 +139,13 @@ def test_stop_strings_are_not_matched_before_min_tokens(llama):
 
 
 def test_greedy_rows_take_the_fast_path_only_without_processing(llama):
-    from multilora_cli.engine.runner import _greedy
     from multilora_cli.engine.sequence import Sequence
+    from multilora_cli.engine.step_logits import all_greedy
 
     def seq(**sp):
         return Sequence.from_request(0, Request(key=0, id="a", sampling=SamplingParams(**sp)), [1, 2])
 
-    assert _greedy([seq(), seq(temperature=0.5, top_k=1)])
+    assert all_greedy([seq(), seq(temperature=0.5, top_k=1)])
     for sp in (dict(repetition_penalty=1.1), dict(logit_bias={3: 1}), dict(min_tokens=1), dict(presence_penalty=1)):
-        assert not _greedy([seq(), seq(**sp)])
+        assert not all_greedy([seq(), seq(**sp)])
     assert replace(SamplingParams(), min_p=0.5).processes_logits is False  # min_p alone changes no argmax

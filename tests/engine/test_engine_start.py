@@ -8,7 +8,7 @@ import pytest
 from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
-from multilora_cli.engine.runner import input_kv_blocks, precompile_tokens
+from multilora_cli.engine.runner_sizing import input_kv_blocks, precompile_tokens
 from tests.builders import build_mixed
 
 

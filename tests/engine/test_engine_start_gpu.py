@@ -18,7 +18,7 @@ from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.precompile import prefill_sizes
 from multilora_cli.engine.request import Request
-from multilora_cli.engine.runner import precompile_tokens
+from multilora_cli.engine.runner_sizing import precompile_tokens
 
 pytestmark = pytest.mark.gpu
 

@@ -14,6 +14,7 @@ from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
 from tests.builders import build_adapter, build_base, build_tokenizer, load_peft
+from tests.engine.mixed_rows import assert_batch_and_rows_alone
 from tests.engine.test_engine_generate import _hf_greedy
 
 NEW = 5
@@ -102,12 +103,8 @@ def test_each_kind_alone_matches_hf_peft(tiny, kind):
 def test_mixed_batch_matches_hf_peft_and_rows_alone(tiny):
     base, adapters = tiny
     prompts = _prompts(len(MIXED))
-    engine = _engine(base, adapters, max_loras=6)
-    got = engine.generate_all(_requests(prompts, MIXED))
-    assert [r.error for r in got] == [None] * len(MIXED)
-    assert [r.token_ids for r in got] == _hf_greedy_each(base, adapters, prompts, MIXED)
-    alone = [engine.generate_all([r])[0].token_ids for r in _requests(prompts, MIXED)]
-    assert alone == [r.token_ids for r in got]
+    want = _hf_greedy_each(base, adapters, prompts, MIXED)
+    assert_batch_and_rows_alone(_engine(base, adapters, max_loras=6), lambda: _requests(prompts, MIXED), want)
 
 
 def test_logprobs_of_head_rows_equal_hf_log_softmax(tiny):

@@ -107,7 +107,7 @@ def test_slot_manager_stages_the_next_loads_right_after_reading_them():
 
 
 def test_staging_buffer_count_follows_the_memory_budget():
-    from multilora_cli.engine.runner import staging_buffers
+    from multilora_cli.engine.runner_sizing import staging_buffers
 
     assert staging_buffers(84 << 20) == 8  # rank-16 Llama-3-8B slot: the cap
     assert staging_buffers(336 << 20) == 3  # rank 64: what fits in 1 GiB

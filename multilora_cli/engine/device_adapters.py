@@ -1,0 +1,93 @@
+"""`DeviceAdapters`: the runner's adapter slots of every kind on one device, loaded and cleared together.
+
+    dense LoRA layers: SlotWriter (engine/slot_writer.py; DoRA scale rows when the run has a DoRA adapter, and
+                       on CUDA its device staging buffers for slot loads made ahead);
+    embed_tokens / lm_head: the model's vocab slots (layers/vocab_lora.py), None when no adapter has them;
+    MoE experts: each sparse layer's expert LoRA slots, tensor by tensor.
+
+All of them exist before the KV cache is sized (so it counts their bytes) and before graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from multilora_cli.engine.runner_sizing import staging_buffers
+from multilora_cli.engine.slot_writer import SlotWriter
+from multilora_cli.engine.staging import DeviceStager
+from multilora_cli.errors import EngineError
+from multilora_cli.models.config import ModelConfig
+
+
+class DeviceAdapters:
+    """`dora`: some adapter of the run is DoRA; `vocab`: the vocab slots' sizes (Model.enable_vocab's keywords:
+    embed_lora, head_lora, embed_full, head_full), None or empty without them."""
+
+    def __init__(
+        self, model, model_config: ModelConfig, device: torch.device, dtype: torch.dtype, *, dora: bool, vocab
+    ):
+        self.device = device
+        self.lora_modules = model.lora_modules()
+        self.writer = SlotWriter(self.lora_modules, device)
+        if dora:  # scale rows in every module, before graph capture
+            self.writer.enable_dora()
+        self.vocab = _enable_vocab(model, vocab, model_config, dtype) if vocab else None
+        self.expert_modules = model.expert_lora_modules()  # MoE: {layer: MoeExperts} with LoRA slots
+        if device.type == "cuda" and self.lora_modules:
+            # one slot's worth each (with DoRA: and the magnitudes packed behind A / B)
+            numel = self.writer.staged_numel
+            self.writer.stager = DeviceStager(device, numel, dtype, n_buffers=staging_buffers(numel * dtype.itemsize))
+
+    def install(self, slot: int, name: str, adapter) -> None:
+        """Copy a loaded adapter (adapters.peft.LoraAdapter) into `slot` of every LoRA layer."""
+        self.writer.install(slot, adapter)
+        vocab = getattr(adapter, "vocab", None)
+        if self.vocab is not None:
+            self.vocab.install(slot, vocab)
+        elif vocab is not None:
+            raise EngineError(
+                f"internal: adapter {name!r} adapts embed_tokens / lm_head but the engine has no slots for them",
+                hint="this is a bug: the engine sizes those slots from the run's adapters",
+            )
+        experts = getattr(adapter, "experts", {})
+        for layer, module in self.expert_modules.items():
+            parts = {p: experts[(layer, p)] for p in ("gate", "up", "down") if (layer, p) in experts}
+            module.lora.set_slot(slot, {p: (a.to(self.device), b.to(self.device), s) for p, (a, b, s) in parts.items()})
+
+    def clear(self, slot: int) -> None:
+        self.writer.clear(slot)
+        if self.vocab is not None:
+            self.vocab.clear(slot)
+        for module in self.expert_modules.values():
+            module.lora.clear_slot(slot)
+
+    def stage(self, adapter) -> bool:
+        """Copy a packed adapter to the device ahead of its slot load (thread-safe; the prefetch thread calls
+        this). False where there is nothing to gain: on CPU, or no buffer to spare."""
+        stager = self.writer.stager
+        return stager is not None and getattr(adapter, "flat", None) is not None and stager.stage(adapter)
+
+    @property
+    def staging_buffers(self) -> int:
+        """Device staging buffers (0 without: CPU, or no LoRA)."""
+        stager = self.writer.stager
+        return len(stager.buffers) if stager is not None else 0
+
+    def staging_stats(self) -> dict:
+        """Counters of the device staging buffers: staged, taken (slot loads that skipped the host copy),
+        reclaimed, skipped; {} without them."""
+        stager = self.writer.stager
+        return stager.stats() if stager is not None else {}
+
+
+def _enable_vocab(model, parts: dict, cfg: ModelConfig, dtype: torch.dtype):
+    try:
+        return model.enable_vocab(**parts)
+    except torch.OutOfMemoryError:
+        full = parts.get("embed_full", 0) + parts.get("head_full", 0)
+        each = cfg.vocab_size * cfg.hidden_size * dtype.itemsize
+        raise EngineError(
+            f"no GPU memory for the adapters' embed_tokens / lm_head slots ({full} full-weight copies of "
+            f"{each / 2**20:.0f} MiB each for modules_to_save, plus vocabulary-sized LoRA slots)",
+            hint="lower --max-loras (the copies are one per slot, up to the adapters that have them)",
+        ) from None
