@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks.timing import command_line, ints, parser
 from multilora_cli.engine.request import Result, Sample, TokenLogprob
 from multilora_cli.io.line import LineSpec
@@ -98,6 +100,11 @@ def vocabulary(n: int, rng: random.Random) -> list[str]:
     return texts
 
 
+def f32(v: float) -> float:
+    """A logprob as the engine hands it: an fp32 row's value as a Python float (17 significant digits in repr)."""
+    return float(np.float32(v))
+
+
 def line_result(texts: list[str], tokens: int, k: int, rng: random.Random) -> Result:
     """One finished line of `tokens` generated tokens, k top logprobs each (ids Zipf-like: a few are frequent)."""
     v = len(texts)
@@ -108,9 +115,9 @@ def line_result(texts: list[str], tokens: int, k: int, rng: random.Random) -> Re
     entries = []
     for _ in range(tokens):
         top = sorted({draw() for _ in range(k * 2)}, key=lambda _: rng.random())[:k]
-        lps = sorted((-rng.expovariate(0.5) for _ in top), reverse=True)
+        lps = sorted((f32(-rng.expovariate(0.5)) for _ in top), reverse=True)
         tid = top[0] if top and rng.random() < 0.7 else draw()
-        lp = lps[0] if top and tid == top[0] else -rng.expovariate(0.3)
+        lp = lps[0] if top and tid == top[0] else f32(-rng.expovariate(0.3))
         entries.append(TokenLogprob(tid, lp, [(i, texts[i], p) for i, p in zip(top, lps)], texts[tid]))
     ids = [e.id for e in entries]
     text = "".join(e.token for e in entries)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multilora_cli.errors import RequestError
-from multilora_cli.io.logprob_json import Entry
+from multilora_cli.io.logprob_records import Entry
 
 SIMPLE = "simple"
 OPENAI = "openai"
@@ -27,7 +27,7 @@ Choice = tuple[str, str | None]  # one of a line's n > 1 samples in its record: 
 
 @dataclass(slots=True)
 class LineLogprobs:
-    """The logprobs a line's record shows, as entries (io/logprob_json.Entry: id, token, logprob, top [(id, token,
+    """The logprobs a line's record shows, as entries (io/logprob_records.Entry: id, token, logprob, top [(id, token,
     logprob)], the engine's TokenLogprob as it is); io/logprob_json.py writes each format's shape of them.
 
     choices: per sample (index order), one entry per generated token; None where the line did not ask.

@@ -1,118 +1,186 @@
-"""Logprob entries -> the JSON text of each format's shapes, as `json.dumps(..., ensure_ascii=False)` writes the
-dicts of io/logprob_records.py, without building them.
+"""Logprob entries -> the JSON text of each format's shapes: the bytes `json.dumps(..., ensure_ascii=False)` writes
+for the plain values of io/logprob_records.py, without building them.
 
-Why: at k 5 a generated token's entry is 7 small dicts; making them and encoding them cost ~6 us a token on the
-thread that runs the engine's steps (benchmarks/bench_records.py). Here a token id's text is escaped once per
-run (`TokenJson` caches each id's fragments) and an entry is a few string concatenations.
-
-Byte-identical to json.dumps by construction: strings are escaped by json.dumps itself (once, cached), floats
-written with float.__repr__ (json's own formatting; inf / -inf / nan as Infinity / -Infinity / NaN), ints with
-int.__repr__, None as null, separators ", " and ": ". OpenAI completions' top_logprobs is a dict
-{token: logprob}: two top ids with the same text keep the first one's position and the last one's value, as the
-dict does (the fragment dict below is keyed by the escaped text, and escaping is one-to-one).
-tests/io/test_logprob_json.py compares both on random entries.
+Why: at k 5 a generated token's entry was 7 small dicts; making and encoding them cost ~5-20 us a token on the
+thread that runs the engine's steps (benchmarks/bench_records.py). Here the Python work is one pass over a line's
+entries; per top token there is none (C-level map / zip / join):
+- a token id's fragments (its text escaped by json.dumps, the simple and chat object heads, its UTF-8 bytes) are
+  made once per run and cached by id (`TokenJson`); a line's ids are looked up with map(dict.__getitem__) and its
+  texts checked against the cached ones with one list comparison (an id with another text is escaped anew);
+- all of a line's logprobs are written in one call and split (`numbers`): by orjson when it is installed (~0.1 us a
+  number against ~0.5 for repr; its text turned into repr's where they differ: exponents padded to two digits,
+  values under 1e-4 in exponent form), else by json.dumps of the flat list (json's own float formatting: repr,
+  Infinity / -Infinity / NaN, null);
+- the text is the fragments, numbers and the separators between them (cached per k), joined once.
+OpenAI completions' top_logprobs is a dict {token: logprob}: two top ids with one text (byte tokens that each read
+U+FFFD) keep the first one's place and the last one's value, as they do in a dict keyed by the escaped text.
+tests/io/test_logprob_json.py compares every shape with json.dumps of the plain values on random entries.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Protocol
+import re
+from itertools import accumulate, chain
+from operator import add
 
-_repr = float.__repr__
-_SPECIAL = {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}
+from multilora_cli.io import logprob_records
+from multilora_cli.io.logprob_records import Entry
 
+try:
+    import orjson
+except ImportError:  # (a dependency; without it the numbers go through json.dumps, the same text, slower)
+    orjson = None
 
-class Entry(Protocol):
-    """One token's logprob entry (engine/request.TokenLogprob has this shape): `top` is (id, text, logprob) for
-    the k most likely tokens, most likely first; `logprob` None for a prompt's first token."""
-
-    id: int
-    token: str
-    logprob: float | None
-    top: list[tuple[int, str, float]]
-
-
-def num(v) -> str:
-    """A logprob as json.dumps writes it."""
-    if v.__class__ is float:
-        s = _repr(v)
-        return _SPECIAL.get(s, s) if s[-1] in "fn" else s
-    return json.dumps(v)  # None, an int (or anything else: as json does, TypeError included)
+_EXPONENT = re.compile(r"e([+-])(\d)(?!\d)")  # orjson's e-7 is repr's e-07
+_SMALL = re.compile(r"0\.0000(0*)([1-9])(\d*)")  # orjson's 0.00001 is repr's 1e-05 (repr: exponent below 1e-4)
 
 
-class _Frags:
-    """One token id's JSON fragments (its text escaped once)."""
+def _exponent_form(m: re.Match) -> str:
+    if m.string[m.start() - 1] in "0123456789":  # inside a number (9350.00009...): not a leading 0.
+        return m.group(0)
+    zeros, digit, rest = m.groups()
+    e = 5 + len(zeros)
+    return f"{digit}.{rest}e-{e:02d}" if rest else f"{digit}e-{e:02d}"
 
-    __slots__ = ("text", "string", "simple", "chat", "bytes", "chars")
 
-    def __init__(self, token_id: int, text: str):
-        self.text = text
-        self.string = json.dumps(text, ensure_ascii=False)  # "text" (also a dict key)
-        self.simple = f'{{"id": {int.__repr__(token_id)}, "token": {self.string}, "logprob": '
-        self.chat = f'{{"token": {self.string}, "logprob": '
-        self.bytes = f', "bytes": {json.dumps(list(text.encode("utf-8")))}'
-        self.chars = len(text)
+def numbers_json(values: tuple) -> list[str]:
+    """Each value's JSON text as json.dumps writes it (None as null; floats by repr, non-finite as json's)."""
+    return json.dumps(values)[1:-1].split(", ")  # no number's text holds ", "
+
+
+def numbers_orjson(values: tuple) -> list[str]:
+    """numbers_json's texts, from orjson's: the same shortest digits, the layout made repr's. orjson writes
+    inf / nan as null: a line holding one goes through json."""
+    try:
+        s = orjson.dumps(values).decode()
+    except TypeError:  # (orjson.JSONEncodeError) a value orjson does not take (an int past 64 bits, ...)
+        return numbers_json(values)
+    if "null" in s and s.count("null") != values.count(None):
+        return numbers_json(values)
+    if "e" in s:
+        s = _EXPONENT.sub(r"e\g<1>0\2", s)
+    if "0.0000" in s:
+        s = _SMALL.sub(_exponent_form, s)
+    return s[1:-1].split(",")
+
+
+numbers = numbers_json if orjson is None else numbers_orjson
+
+_HEAD = ', "top_logprobs": ['
+
+
+def _seps(k: int) -> list[str]:
+    """What follows each of an entry's k + 1 logprobs (its own, then its top ones) in the simple and chat shapes,
+    the entries' ", " included."""
+    return [_HEAD + "]}, "] if k == 0 else [_HEAD, *["}, "] * (k - 1), "}]}, "]
 
 
 class TokenJson:
-    """Per-run cache of each token id's JSON fragments and the writers of the three shapes from entries.
-
-    Keyed by id; a hit is used only when its text is the entry's (the same string object, or equal), so a
-    cache shared by callers with other texts for an id stays correct (it re-escapes)."""
+    """Per-run cache of each token id's JSON fragments, and the writers of the three shapes from entries."""
 
     def __init__(self) -> None:
-        self._by_id: dict[int, _Frags] = {}
+        self._text: dict[int, str] = {}  # id -> the text its fragments were made from
+        self._string: dict[int, str] = {}  # id -> "text" (json.dumps of it)
+        self._key: dict[int, str] = {}  # id -> "text": (a dict key in completions' top_logprobs)
+        self._simple: dict[int, str] = {}  # id -> {"id": id, "token": "text", "logprob":
+        self._chat: dict[int, str] = {}  # id -> {"token": "text", "logprob":
+        self._bytes: dict[int, str] = {}  # id -> , "bytes": [...]
+        self._chars: dict[int, int] = {}  # id -> len(text)
+        self._seps: dict[int, list[str]] = {}
 
-    def _frags(self, token_id: int, text: str) -> _Frags:
-        f = self._by_id.get(token_id)
-        if f is None or (f.text is not text and f.text != text):
-            f = self._by_id[token_id] = _Frags(token_id, text)
-        return f
+    def _add(self, token_id: int, text: str) -> None:
+        s = json.dumps(text, ensure_ascii=False)
+        self._text[token_id], self._string[token_id], self._key[token_id] = text, s, s + ": "
+        self._simple[token_id] = f'{{"id": {int.__repr__(token_id)}, "token": {s}, "logprob": '
+        self._chat[token_id] = f'{{"token": {s}, "logprob": '
+        self._bytes[token_id] = f', "bytes": {json.dumps(list(text.encode("utf-8")))}'
+        self._chars[token_id] = len(text)
+
+    def _flat(self, entries: list[Entry]) -> tuple[tuple[int, ...], list[str], list[int]] | None:
+        """(ids, logprobs' JSON texts, k per entry) over every entry's own token then its top tokens, the ids'
+        fragments cached; None when the texts disagree within the line (one id, two texts)."""
+        flat: list[tuple] = []
+        ks: list[int] = []
+        for e in entries:
+            flat.append((e.id, e.token, e.logprob))
+            flat += e.top
+            ks.append(len(e.top))
+        ids, texts, values = zip(*flat)
+        if list(map(self._text.get, ids)) != list(texts):
+            for i, t in zip(ids, texts):
+                known = self._text.get(i)
+                if known is not t and known != t:
+                    self._add(i, t)
+            if list(map(self._text.get, ids)) != list(texts):
+                return None
+        return ids, numbers(values), ks
+
+    def _sep_list(self, ks: list[int]) -> list[str]:
+        seps: list[str] = []
+        table = self._seps
+        for k in ks:
+            s = table.get(k)
+            if s is None:
+                s = table[k] = _seps(k)
+            seps += s
+        seps[-1] = seps[-1][:-2]  # the last entry: no ", " after it
+        return seps
 
     # -- simple format: [{"id", "token", "logprob", "top_logprobs": [{"id", "token", "logprob"}]}] --------------
-    def simple_entry(self, e: Entry) -> str:
-        frags = self._frags
-        top = ", ".join([frags(i, s).simple + num(v) + "}" for i, s, v in e.top])
-        return f'{frags(e.id, e.token).simple}{num(e.logprob)}, "top_logprobs": [{top}]}}'
-
     def simple(self, entries: list[Entry]) -> str:
         """The simple format's "logprobs" value."""
-        return "[" + ", ".join([self.simple_entry(e) for e in entries]) + "]"
+        if not entries:
+            return "[]"
+        flat = self._flat(entries)
+        if flat is None:
+            return json.dumps(logprob_records.simple(entries), ensure_ascii=False)
+        ids, nums, ks = flat
+        parts = zip(map(self._simple.__getitem__, ids), nums, self._sep_list(ks))
+        return "[" + "".join(chain.from_iterable(parts)) + "]"
 
     def simple_prompt(self, entries: list[Entry]) -> str:
         """The simple format's "prompt_logprobs": null for the first prompt token, then its entries."""
-        return "[" + ", ".join(["null", *[self.simple_entry(e) for e in entries[1:]]]) + "]"
-
-    # -- OpenAI /v1/completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} ---------------------
-    def legacy(self, entries: list[Entry], text_offset: int) -> str:
-        frags = self._frags
-        tokens, lps, tops, offsets = [], [], [], []
-        at = text_offset
-        for e in entries:
-            f = frags(e.id, e.token)
-            tokens.append(f.string)
-            lps.append(num(e.logprob))
-            if e.logprob is None:
-                tops.append("null")
-            else:
-                d = {frags(i, s).string: v for i, s, v in e.top}  # duplicate texts collapse as the dict's do
-                tops.append("{" + ", ".join([f"{k}: {num(v)}" for k, v in d.items()]) + "}")
-            offsets.append(int.__repr__(at))
-            at += f.chars
-        return (
-            f'{{"tokens": [{", ".join(tokens)}], "token_logprobs": [{", ".join(lps)}], '
-            f'"top_logprobs": [{", ".join(tops)}], "text_offset": [{", ".join(offsets)}]}}'
-        )
+        rest = self.simple(entries[1:])
+        return "[null]" if rest == "[]" else "[null, " + rest[1:]
 
     # -- OpenAI /v1/chat/completions: {"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal"} ------
     def chat(self, entries: list[Entry]) -> str:
-        frags = self._frags
-        out = []
-        for e in entries:
-            top = []
-            for i, s, v in e.top:
-                f = frags(i, s)
-                top.append(f.chat + num(v) + f.bytes + "}")
-            f = frags(e.id, e.token)
-            out.append(f'{f.chat}{num(e.logprob)}{f.bytes}, "top_logprobs": [{", ".join(top)}]}}')
-        return f'{{"content": [{", ".join(out)}], "refusal": null}}'
+        if not entries:
+            return '{"content": [], "refusal": null}'
+        flat = self._flat(entries)
+        if flat is None:
+            return json.dumps(logprob_records.chat(entries), ensure_ascii=False)
+        ids, nums, ks = flat
+        parts = zip(map(self._chat.__getitem__, ids), nums, map(self._bytes.__getitem__, ids), self._sep_list(ks))
+        return '{"content": [' + "".join(chain.from_iterable(parts)) + '], "refusal": null}'
+
+    # -- OpenAI /v1/completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} ---------------------
+    def legacy(self, entries: list[Entry], text_offset: int) -> str:
+        if not entries:
+            return '{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}'
+        flat = self._flat(entries)
+        if flat is None:
+            return json.dumps(logprob_records.legacy(entries, text_offset), ensure_ascii=False)
+        ids, nums, ks = flat
+        own, lps, tops = [], [], []
+        key = self._key.__getitem__
+        at = 0
+        for e, k in zip(entries, ks):
+            own.append(ids[at])
+            lps.append(nums[at])
+            if e.logprob is None:
+                tops.append("null")
+            elif k == 0:
+                tops.append("{}")
+            else:
+                # keyed by the escaped text (one-to-one with the text): two ids with one text collapse as they do
+                # in the plain dict, the first one's place, the last one's value
+                d = dict(zip(map(key, ids[at + 1 : at + 1 + k]), nums[at + 1 : at + 1 + k]))
+                tops.append("{" + ", ".join(map(add, d, d.values())) + "}")
+            at += 1 + k
+        offsets = accumulate(map(self._chars.__getitem__, own[:-1]), initial=text_offset)
+        return (
+            f'{{"tokens": [{", ".join(map(self._string.__getitem__, own))}], "token_logprobs": [{", ".join(lps)}], '
+            f'"top_logprobs": [{", ".join(tops)}], "text_offset": [{", ".join(map(str, offsets))}]}}'
+        )

@@ -1,6 +1,6 @@
 """Logprob entries -> the shapes each format's records use, as plain dicts and lists.
 
-An entry (io/logprob_json.Entry: engine/request.TokenLogprob's shape) is written by the simple format as
+An entry (`Entry`: engine/request.TokenLogprob's shape) is written by the simple format as
 {"id", "token", "logprob", "top_logprobs": [{"id", "token", "logprob"}]} (`entry`). OpenAI's shapes:
 - /v1/completions (legacy): {"tokens": [str], "token_logprobs": [float | null], "top_logprobs": [{token: logprob}
   | null], "text_offset": [int]}: text_offset is each token's character offset in prompt + completion (the prompt's
@@ -15,7 +15,17 @@ values are the definition it is tested against, and what a record's RawJson stan
 
 from __future__ import annotations
 
-from multilora_cli.io.logprob_json import Entry
+from typing import Protocol
+
+
+class Entry(Protocol):
+    """One token's logprob entry (engine/request.TokenLogprob has this shape): `top` is (id, text, logprob) for
+    the k most likely tokens, most likely first; `logprob` None for a prompt's first token."""
+
+    id: int
+    token: str
+    logprob: float | None
+    top: list[tuple[int, str, float]]
 
 
 def entry(t: Entry) -> dict:

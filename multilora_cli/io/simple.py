@@ -37,7 +37,8 @@ from multilora_cli.io.line import (
     check_messages,
     json_type,
 )
-from multilora_cli.io.logprob_json import Entry, TokenJson
+from multilora_cli.io.logprob_json import TokenJson
+from multilora_cli.io.logprob_records import Entry
 from multilora_cli.io.record_json import RawJson
 from multilora_cli.io.unserved import UNKNOWN, near_miss, refusal
 

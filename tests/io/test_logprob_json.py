@@ -10,12 +10,13 @@ import json
 import math
 import random
 
+import numpy as np
 import pytest
 
 from multilora_cli.engine.request import TokenLogprob
 from multilora_cli.io import logprob_records
 from multilora_cli.io.line import LineLogprobs, LineSpec
-from multilora_cli.io.logprob_json import TokenJson, num
+from multilora_cli.io.logprob_json import TokenJson, numbers_json, numbers_orjson
 from multilora_cli.io.openai_batch import CHAT, COMPLETIONS, OpenAIBatchFormat
 from multilora_cli.io.record_json import _MARK, RawJson, encode_record, plain_record
 from multilora_cli.io.simple import SimpleFormat
@@ -114,9 +115,22 @@ def test_a_text_changed_under_an_id_is_escaped_anew():
     assert tj.simple(b) == dumps([old_entry(t) for t in b])
 
 
-def test_num_writes_what_json_writes():
-    for v in (None, 0, 7, -0.0, 1e-05, -1e16, 0.1, -2.5, -math.inf, math.inf, math.nan, -3.4028234663852886e38):
-        assert num(v) == json.dumps(v)
+def test_one_id_with_two_texts_in_a_line_and_ids_sharing_a_text():
+    tj = TokenJson()
+    line = [TokenLogprob(3, -1.0, [(3, "x", -1.0), (4, "\ufffd", -2.0)], "x"), TokenLogprob(3, -0.5, [], "y")]
+    old = [old_entry(t) for t in line]
+    assert tj.simple(line) == dumps(old)
+    assert tj.chat(line) == dumps(old_chat(old)) and tj.legacy(line, 2) == dumps(old_legacy(old, 2))
+    # ids 4 and 5 both read U+FFFD: completions' {token: logprob} keeps one key, at the first place, last value
+    shared = [TokenLogprob(9, -0.1, [(4, "\ufffd", -1.0), (9, "é", -1.5), (5, "\ufffd", -3.0)], "é")]
+    want = dumps(old_legacy([old_entry(t) for t in shared], 0))
+    assert '"top_logprobs": [{"\ufffd": -3.0, "é": -1.5}]' in want and tj.legacy(shared, 0) == want
+
+
+def test_numbers_are_written_as_json_writes_them():
+    values = [0.0, -0.0, 1e-05, -1e16, 0.1, -2.5, -math.inf, math.inf, math.nan, -3.4028234663852886e38, 0, None]
+    line = [TokenLogprob(1, v, [(2, "a", w) for w in values[:i]], "b") for i, v in enumerate(values)]
+    assert TokenJson().simple(line) == dumps([old_entry(t) for t in line])
 
 
 def _old_simple_record(spec, text, finish, pt, ct, choices, lp: LineLogprobs) -> dict:
@@ -202,3 +216,26 @@ def test_a_record_holding_the_marker_itself_is_still_exact():
     assert encode_record({"a": raw, "b": raw}) == b'{"a": [1, 2], "b": [1, 2]}\n'
     with pytest.raises(TypeError):
         encode_record({"a": object()})
+
+
+SPECIAL = [0.0, -0.0, 1e-4, 1e-5, 1.2e-4, 9.999e-5, 1e16, 1e15, 9999999999999998.0, 5e-324, 1e22, 1e-100, 0.1, 123.0]
+SPECIAL += [-1.0, -1.1920928955078125e-07, 0, 7, None, -math.inf, math.inf, math.nan, 2**70, True]
+
+
+@pytest.mark.parametrize("numbers", [numbers_json, pytest.param(numbers_orjson, id="orjson")])
+def test_numbers_are_json_dumps_texts(numbers):
+    if numbers is numbers_orjson:
+        pytest.importorskip("orjson")
+    rng = np.random.default_rng(0)
+    # every float32 exponent (logprobs come from fp32 rows), then doubles of many magnitudes, then odd values
+    mant = rng.integers(1 << 23, 1 << 24, 200).astype(np.float64)
+    for e in range(-149, 128, 3):
+        v = (-mant * 2.0 ** (e - 23)).astype(np.float32).astype(np.float64)
+        values = tuple(v[np.isfinite(v)].tolist())
+        assert numbers(values) == json.dumps(values)[1:-1].split(", ")
+    for scale in 10.0 ** np.arange(-12.0, 22.0):
+        values = tuple((-rng.exponential(scale, 300)).tolist())
+        assert numbers(values) == json.dumps(values)[1:-1].split(", ")
+    for i in range(len(SPECIAL)):
+        values = (-0.5, *SPECIAL[i:], -3.5e-6, None)
+        assert numbers(values) == json.dumps(values)[1:-1].split(", ")
