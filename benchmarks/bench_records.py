@@ -91,12 +91,14 @@ def new_line(fmt, spec: LineSpec, res: Result) -> bytes:
 
 # -- workload -----------------------------------------------------------------------------------------------------
 def vocabulary(n: int, rng: random.Random) -> list[str]:
-    """Word-like token texts: mostly ASCII pieces with a leading space, some accented / CJK / emoji / U+FFFD."""
-    odd = ["é", "日本", "🙂", "\ufffd", "\n", '"', "ß"]
+    """Word-like token texts: mostly ASCII pieces with a leading space, one in 17 with a non-ASCII piece, and the
+    last 128 ids byte tokens that each read U+FFFD (as in byte-level BPE vocabularies; drawn rarely below)."""
+    odd = ["é", "日本", "🙂", "\n", '"', "ß"]
     texts = []
     for i in range(n):
         word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 7)))
-        texts.append(rng.choice(odd) if i % 17 == 0 else (" " if rng.random() < 0.6 else "") + word)
+        texts.append((" " if rng.random() < 0.6 else "") + word + (rng.choice(odd) if i % 17 == 0 else ""))
+    texts[-128:] = ["\ufffd"] * min(n, 128)
     return texts
 
 

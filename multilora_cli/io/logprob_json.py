@@ -13,7 +13,8 @@ entries; per top token there is none (C-level map / zip / join):
   Infinity / -Infinity / NaN, null);
 - the text is the fragments, numbers and the separators between them (cached per k), joined once.
 OpenAI completions' top_logprobs is a dict {token: logprob}: two top ids with one text (byte tokens that each read
-U+FFFD) keep the first one's place and the last one's value, as they do in a dict keyed by the escaped text.
+U+FFFD) keep the first one's place and the last one's value: a line holding an id whose text another id has too
+builds its dicts, keyed by the escaped text (one-to-one with the text).
 tests/io/test_logprob_json.py compares every shape with json.dumps of the plain values on random entries.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from itertools import accumulate, chain
-from operator import add
+from operator import add, itemgetter
 
 from multilora_cli.io import logprob_records
 from multilora_cli.io.logprob_records import Entry
@@ -67,6 +68,7 @@ def numbers_orjson(values: tuple) -> list[str]:
 
 numbers = numbers_json if orjson is None else numbers_orjson
 
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 _HEAD = ', "top_logprobs": ['
 
 
@@ -87,6 +89,8 @@ class TokenJson:
         self._chat: dict[int, str] = {}  # id -> {"token": "text", "logprob":
         self._bytes: dict[int, str] = {}  # id -> , "bytes": [...]
         self._chars: dict[int, int] = {}  # id -> len(text)
+        self._owner: dict[str, int] = {}  # text -> the first id seen with it
+        self._shared: set[int] = set()  # ids whose text another id has too (completions' dict collapses them)
         self._seps: dict[int, list[str]] = {}
 
     def _add(self, token_id: int, text: str) -> None:
@@ -96,8 +100,11 @@ class TokenJson:
         self._chat[token_id] = f'{{"token": {s}, "logprob": '
         self._bytes[token_id] = f', "bytes": {json.dumps(list(text.encode("utf-8")))}'
         self._chars[token_id] = len(text)
+        owner = self._owner.setdefault(text, token_id)
+        if owner != token_id:
+            self._shared.update((owner, token_id))
 
-    def _flat(self, entries: list[Entry]) -> tuple[tuple[int, ...], list[str], list[int]] | None:
+    def _flat(self, entries: list[Entry]) -> tuple[list[int], list[str], list[int]] | None:
         """(ids, logprobs' JSON texts, k per entry) over every entry's own token then its top tokens, the ids'
         fragments cached; None when the texts disagree within the line (one id, two texts)."""
         flat: list[tuple] = []
@@ -106,8 +113,9 @@ class TokenJson:
             flat.append((e.id, e.token, e.logprob))
             flat += e.top
             ks.append(len(e.top))
-        ids, texts, values = zip(*flat)
-        if list(map(self._text.get, ids)) != list(texts):
+        ids, texts = list(map(_first, flat)), list(map(_second, flat))  # (faster than zip(*flat))
+        values = tuple(map(_third, flat))
+        if list(map(self._text.get, ids)) != texts:
             for i, t in zip(ids, texts):
                 known = self._text.get(i)
                 if known is not t and known != t:
@@ -163,22 +171,20 @@ class TokenJson:
         if flat is None:
             return json.dumps(logprob_records.legacy(entries, text_offset), ensure_ascii=False)
         ids, nums, ks = flat
-        own, lps, tops = [], [], []
-        key = self._key.__getitem__
-        at = 0
-        for e, k in zip(entries, ks):
-            own.append(ids[at])
-            lps.append(nums[at])
+        starts = list(accumulate(map((1).__add__, ks[:-1]), initial=0))  # each entry's own token in the flat lists
+        own = list(map(ids.__getitem__, starts))
+        lps = map(nums.__getitem__, starts)
+        pairs = list(map(add, map(self._key.__getitem__, ids), nums))  # '"text": logprob' per token
+        unique = self._shared.isdisjoint(ids)
+        tops = []
+        for e, at, k in zip(entries, starts, ks):
             if e.logprob is None:
                 tops.append("null")
-            elif k == 0:
-                tops.append("{}")
-            else:
-                # keyed by the escaped text (one-to-one with the text): two ids with one text collapse as they do
-                # in the plain dict, the first one's place, the last one's value
-                d = dict(zip(map(key, ids[at + 1 : at + 1 + k]), nums[at + 1 : at + 1 + k]))
+            elif unique or self._shared.isdisjoint(ids[at + 1 : at + 1 + k]):
+                tops.append("{" + ", ".join(pairs[at + 1 : at + 1 + k]) + "}")
+            else:  # keyed by the escaped text (one-to-one with the text): the first one's place, the last one's value
+                d = dict(zip(map(self._key.__getitem__, ids[at + 1 : at + 1 + k]), nums[at + 1 : at + 1 + k]))
                 tops.append("{" + ", ".join(map(add, d, d.values())) + "}")
-            at += 1 + k
         offsets = accumulate(map(self._chars.__getitem__, own[:-1]), initial=text_offset)
         return (
             f'{{"tokens": [{", ".join(map(self._string.__getitem__, own))}], "token_logprobs": [{", ".join(lps)}], '
