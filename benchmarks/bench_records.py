@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_records                          # 3 shapes x k 0, 5, 20; ~20 s on one core
     python -m benchmarks.bench_records --tokens 64 --k 5 --repeats 3 --out records.json   # quick
+    python -m benchmarks.bench_records --shapes simple --k 5 --loop-ab    # + inline vs a writer thread
 
 A record is built and encoded on the thread that runs the engine's steps (run/job.py `_on_result` -> the
 format's ok_record -> io/writer.OrderedWriter.put -> encode_record), so its cost per token comes straight off a
@@ -15,6 +16,7 @@ texts with some non-ASCII ones, so a run's token-text cache sees repeats as it d
   io/logprob_json.py) + io/record_json.encode_record.
 Both arms produce the same bytes (checked here once per case; tests/io/test_logprob_json.py checks it on random
 entries). Arms are interleaved `--repeats` times, best of each kept; us per generated token and the ratio.
+`--loop-ab` adds a step loop finishing one such line a step, records built inline vs on a writer thread (GIL).
 """
 
 from __future__ import annotations
@@ -161,6 +163,56 @@ def case(shape: str, k: int, args, rng: random.Random) -> dict:
     return {"shape": shape, "k": k, "before_us_per_token": before, "now_us_per_token": now, "speedup": before / now}
 
 
+def loop_ab(args, rng: random.Random) -> dict:
+    """Records built on the step loop vs on a writer thread, under the GIL. A step is `--step-python-us` of
+    Python work (the host's launches and bookkeeping) then `--step-wait-us` waiting with the GIL released (the
+    device step, a CUDA sync); each step finishes one line (`--tokens` tokens, simple format, k 5). Inline: the
+    record is built and encoded on the loop; thread: the Result goes through a queue and a thread builds and
+    encodes it (what the writer could do). Reports the loop's us per step for both and for no records."""
+    import queue
+    import threading
+
+    texts = vocabulary(args.vocab, rng)
+    results = [line_result(texts, args.tokens, 5, rng) for _ in range(args.lines)]
+    fmt, spec = SimpleFormat(), LineSpec(0, 1, "line-1", adapter="legal")
+    for res in results:
+        new_line(fmt, spec, res)
+
+    def python_work(us: float) -> None:
+        end = time.perf_counter() + us * 1e-6
+        while time.perf_counter() < end:
+            pass
+
+    def loop(handle) -> float:
+        t0 = time.perf_counter()
+        for res in results * 4:
+            python_work(args.step_python_us)
+            time.sleep(args.step_wait_us * 1e-6)
+            handle(res)
+        return (time.perf_counter() - t0) / (4 * len(results)) * 1e6
+
+    def threaded() -> float:
+        q: queue.SimpleQueue = queue.SimpleQueue()
+
+        def drain() -> None:
+            while (res := q.get()) is not None:
+                new_line(fmt, spec, res)
+
+        th = threading.Thread(target=drain)
+        th.start()
+        us = loop(q.put)
+        q.put(None)
+        th.join()
+        return us
+
+    best = {"none": math.inf, "inline": math.inf, "thread": math.inf}
+    for _ in range(args.repeats):
+        best["none"] = min(best["none"], loop(lambda res: None))
+        best["inline"] = min(best["inline"], loop(lambda res: new_line(fmt, spec, res)))
+        best["thread"] = min(best["thread"], threaded())
+    return {f"{k}_us_per_step": v for k, v in best.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
     p.add_argument("--tokens", type=int, default=256, help="generated tokens per line")
@@ -171,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write the report here (JSON)")
+    p.add_argument("--loop-ab", action="store_true", help="also: records on the step loop vs on a writer thread")
+    p.add_argument("--step-python-us", type=float, default=3000.0)
+    p.add_argument("--step-wait-us", type=float, default=7000.0)
     args = p.parse_args(argv)
     rows = []
     t0 = time.perf_counter()
@@ -182,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{shape:>7} {k:>3} {r['before_us_per_token']:>14.2f} {r['now_us_per_token']:>11.2f} {r['speedup']:>7.2f}x"
             )
+    loop = None
+    if args.loop_ab:
+        loop = loop_ab(args, random.Random(args.seed))
+        print("step loop, us per step: " + ", ".join(f"{k} {v:.0f}" for k, v in loop.items()))
     if args.out is not None:
         report = {
             "command": command_line("benchmarks.bench_records", argv),
@@ -190,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             "lines": args.lines,
             "vocab": args.vocab,
             "rows": rows,
+            "loop_ab": loop,
             "seconds": time.perf_counter() - t0,
         }
         args.out.write_text(json.dumps(report, indent=2) + "\n")
