@@ -21,6 +21,7 @@ entries). Arms are interleaved `--repeats` times, best of each kept; us per gene
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import random
@@ -151,6 +152,7 @@ def case(shape: str, k: int, args, rng: random.Random) -> dict:
     best = {"before": math.inf, "now": math.inf}
     for _ in range(args.repeats):
         for arm in best:
+            gc.collect()  # (neither arm pays for the other's garbage)
             t0 = time.perf_counter()
             for res in results:
                 if arm == "before":

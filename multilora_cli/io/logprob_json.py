@@ -145,7 +145,7 @@ class TokenJson:
             return json.dumps(logprob_records.simple(entries), ensure_ascii=False)
         ids, nums, ks = flat
         parts = zip(map(self._simple.__getitem__, ids), nums, self._sep_list(ks))
-        return "[" + "".join(chain.from_iterable(parts)) + "]"
+        return "".join(chain("[", chain.from_iterable(parts), "]"))  # (one copy of a line's text, not three)
 
     def simple_prompt(self, entries: list[Entry]) -> str:
         """The simple format's "prompt_logprobs": null for the first prompt token, then its entries."""
@@ -161,7 +161,7 @@ class TokenJson:
             return json.dumps(logprob_records.chat(entries), ensure_ascii=False)
         ids, nums, ks = flat
         parts = zip(map(self._chat.__getitem__, ids), nums, map(self._bytes.__getitem__, ids), self._sep_list(ks))
-        return '{"content": [' + "".join(chain.from_iterable(parts)) + '], "refusal": null}'
+        return "".join(chain(('{"content": [',), chain.from_iterable(parts), ('], "refusal": null}',)))
 
     # -- OpenAI /v1/completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} ---------------------
     def legacy(self, entries: list[Entry], text_offset: int) -> str:

@@ -43,7 +43,8 @@ def plain_record(record: Any) -> Any:
 
 
 def _dumps_raw(record: dict) -> str | None:
-    """The line's text with RawJson texts spliced in; None if a marker collided with the record's own text."""
+    """The line's text (newline included) with RawJson texts spliced in; None if a marker collided with the
+    record's own text."""
     raws: list[str] = []
 
     def mark(o: Any) -> str:
@@ -54,22 +55,23 @@ def _dumps_raw(record: dict) -> str | None:
 
     text = json.dumps(record, ensure_ascii=False, default=mark)
     if not raws:
-        return text
+        return text + "\n"
     parts = text.split(_MARK_JSON)
     if len(parts) != len(raws) + 1:
         return None
     out = [parts[0]]
     for raw, part in zip(raws, parts[1:]):
         out += (raw, part)
+    out.append("\n")
     return "".join(out)
 
 
 def encode_record(record: dict) -> bytes:
     """One JSONL line. Lone surrogates (from \\ud800 escapes in the input) fall back to ASCII escapes."""
     try:
-        text = _dumps_raw(record)
-        if text is None:
-            text = json.dumps(record, ensure_ascii=False, default=_plain)
-        return (text + "\n").encode("utf-8")
+        line = _dumps_raw(record)
+        if line is None:
+            line = json.dumps(record, ensure_ascii=False, default=_plain) + "\n"
+        return line.encode("utf-8")
     except UnicodeEncodeError:
         return (json.dumps(record, ensure_ascii=True, default=_plain) + "\n").encode("ascii")
