@@ -97,12 +97,13 @@ def vocabulary(n: int, rng: random.Random) -> list[str]:
     """Word-like token texts: mostly ASCII pieces with a leading space, one in 17 with a non-ASCII piece, and the
     last 128 ids byte tokens that each read U+FFFD (as in byte-level BPE vocabularies; drawn rarely below)."""
     odd = ["é", "日本", "🙂", "\n", '"', "ß"]
-    texts = []
-    for i in range(n):
+    texts: dict[str, None] = {}  # (distinct, as a vocabulary's texts are but for its byte tokens)
+    while len(texts) < n:
         word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 7)))
-        texts.append((" " if rng.random() < 0.6 else "") + word + (rng.choice(odd) if i % 17 == 0 else ""))
-    texts[-128:] = ["\ufffd"] * min(n, 128)
-    return texts
+        texts[(" " if rng.random() < 0.6 else "") + word + (rng.choice(odd) if len(texts) % 17 == 0 else "")] = None
+    out = list(texts)
+    out[-128:] = ["\ufffd"] * min(n, 128)
+    return out
 
 
 def f32(v: float) -> float:

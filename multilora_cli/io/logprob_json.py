@@ -171,10 +171,32 @@ class TokenJson:
         if flat is None:
             return json.dumps(logprob_records.legacy(entries, text_offset), ensure_ascii=False)
         ids, nums, ks = flat
-        starts = list(accumulate(map((1).__add__, ks[:-1]), initial=0))  # each entry's own token in the flat lists
-        own = list(map(ids.__getitem__, starts))
-        lps = map(nums.__getitem__, starts)
+        n, k = len(entries), ks[0]
+        if ks.count(k) == n and "null" not in nums[:: k + 1] and self._shared.isdisjoint(ids):
+            # every entry has k top tokens, a logprob, and no two top texts alike (the common line): sliced
+            own, lps, tops = ids[:: k + 1], nums[:: k + 1], self._uniform_tops(ids, nums, n, k)
+        else:
+            own, lps, tops = self._tops(entries, ids, nums, ks)
+        offsets = accumulate(map(self._chars.__getitem__, own[:-1]), initial=text_offset)
+        return (
+            f'{{"tokens": [{", ".join(map(self._string.__getitem__, own))}], "token_logprobs": [{", ".join(lps)}], '
+            f'"top_logprobs": [{tops}], "text_offset": [{", ".join(map(str, offsets))}]}}'
+        )
+
+    def _uniform_tops(self, ids: list[int], nums: list[str], n: int, k: int) -> str:
+        """completions' top_logprobs items ({"text": logprob, ...} per entry) for n entries of k top tokens each."""
+        if k == 0:
+            return ", ".join(["{}"] * n)
         pairs = list(map(add, map(self._key.__getitem__, ids), nums))  # '"text": logprob' per token
+        pairs[:: k + 1] = [""] * n  # an entry's own token has no pair there
+        leads = ["}, {", "", *[", "] * (k - 1)] * n  # what comes before each token's pair
+        leads[0] = "{"
+        return "".join(chain(chain.from_iterable(zip(leads, pairs)), "}"))
+
+    def _tops(self, entries: list[Entry], ids: list[int], nums: list[str], ks: list[int]) -> tuple:
+        """(own ids, own logprob texts, top_logprobs items) entry by entry: any k, null logprobs, shared texts."""
+        starts = list(accumulate(map((1).__add__, ks[:-1]), initial=0))  # each entry's own token in the flat lists
+        pairs = list(map(add, map(self._key.__getitem__, ids), nums))
         unique = self._shared.isdisjoint(ids)
         tops = []
         for e, at, k in zip(entries, starts, ks):
@@ -185,8 +207,4 @@ class TokenJson:
             else:  # keyed by the escaped text (one-to-one with the text): the first one's place, the last one's value
                 d = dict(zip(map(self._key.__getitem__, ids[at + 1 : at + 1 + k]), nums[at + 1 : at + 1 + k]))
                 tops.append("{" + ", ".join(map(add, d, d.values())) + "}")
-        offsets = accumulate(map(self._chars.__getitem__, own[:-1]), initial=text_offset)
-        return (
-            f'{{"tokens": [{", ".join(map(self._string.__getitem__, own))}], "token_logprobs": [{", ".join(lps)}], '
-            f'"top_logprobs": [{", ".join(tops)}], "text_offset": [{", ".join(map(str, offsets))}]}}'
-        )
+        return list(map(ids.__getitem__, starts)), list(map(nums.__getitem__, starts)), ", ".join(tops)

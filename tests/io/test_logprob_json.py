@@ -87,9 +87,12 @@ CASES = [(seed, k) for seed in range(6) for k in (0, 1, 5, 20)]
 
 
 @pytest.mark.parametrize("seed,k", CASES)
-def test_each_shape_is_json_dumps_of_the_old_dicts(seed, k):
+@pytest.mark.parametrize("distinct", [False, True])
+def test_each_shape_is_json_dumps_of_the_old_dicts(seed, k, distinct):
     rng = random.Random(seed * 100 + k)
     texts = vocab(rng)
+    if distinct:  # no two ids with one text (completions' sliced path)
+        texts = [f"{t}{i}" for i, t in enumerate(texts)]
     tj = TokenJson()
     for _ in range(3):  # the cache filled by earlier calls changes nothing
         gen = entries(rng, texts, rng.randint(0, 12), k)
@@ -104,6 +107,7 @@ def test_each_shape_is_json_dumps_of_the_old_dicts(seed, k):
         both = [*prompt, *gen]
         assert tj.legacy(both, at) == dumps(old_legacy([*old_prompt, *old], at))
         assert tj.legacy(both, at) == dumps(logprob_records.legacy(both, at))
+        assert tj.legacy(gen, at) == dumps(old_legacy(old, at))  # (one k throughout: the sliced path)
         assert tj.chat(gen) == dumps(old_chat(old)) == dumps(logprob_records.chat(gen))
 
 
