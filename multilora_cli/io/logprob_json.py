@@ -5,7 +5,7 @@ Why: at k 5 a generated token's entry was 7 small dicts; making and encoding the
 thread that runs the engine's steps (benchmarks/bench_records.py). Here the Python work is one pass over a line's
 entries; per top token there is none (C-level map / zip / join):
 - a token id's fragments (its text escaped by json.dumps, the simple and chat object heads, its UTF-8 bytes) are
-  made once per run and cached by id (`TokenJson`); a line's ids are looked up with map(dict.__getitem__) and its
+  made once per run, when a shape first needs them, and cached by id (`TokenJson`); a line's ids are looked up with map(dict.__getitem__) and its
   texts checked against the cached ones with one list comparison (an id with another text is escaped anew);
 - all of a line's logprobs are written in one call and split (`numbers`): by orjson when it is installed (~0.1 us a
   number against ~0.5 for repr; its text turned into repr's where they differ: exponents padded to two digits,
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from itertools import accumulate, chain
 from operator import add, itemgetter
 
@@ -78,28 +79,45 @@ def _seps(k: int) -> list[str]:
     return [_HEAD + "]}, "] if k == 0 else [_HEAD, *["}, "] * (k - 1), "}]}, "]
 
 
+class _Fragments(dict):
+    """token id -> one of its JSON fragments, made from its text the first time it is asked for (a run builds
+    only the fragments of the shapes it writes)."""
+
+    def __init__(self, texts: dict[int, str], make: Callable[[int, str], str | int]):
+        super().__init__()
+        self._texts, self._make = texts, make
+
+    def __missing__(self, token_id: int) -> str | int:
+        v = self[token_id] = self._make(token_id, self._texts[token_id])
+        return v
+
+
+def _string(token_id: int, text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
 class TokenJson:
     """Per-run cache of each token id's JSON fragments, and the writers of the three shapes from entries."""
 
     def __init__(self) -> None:
-        self._text: dict[int, str] = {}  # id -> the text its fragments were made from
-        self._string: dict[int, str] = {}  # id -> "text" (json.dumps of it)
-        self._key: dict[int, str] = {}  # id -> "text": (a dict key in completions' top_logprobs)
-        self._simple: dict[int, str] = {}  # id -> {"id": id, "token": "text", "logprob":
-        self._chat: dict[int, str] = {}  # id -> {"token": "text", "logprob":
-        self._bytes: dict[int, str] = {}  # id -> , "bytes": [...]
-        self._chars: dict[int, int] = {}  # id -> len(text)
+        self._text: dict[int, str] = {}  # id -> the text its fragments are made from
+        t = self._text
+        self._string = _Fragments(t, _string)  # id -> "text" (json.dumps of it)
+        self._key = _Fragments(t, lambda i, x: _string(i, x) + ": ")  # "text": (a key of completions' top dicts)
+        self._simple = _Fragments(t, lambda i, x: f'{{"id": {int.__repr__(i)}, "token": {_string(i, x)}, "logprob": ')
+        self._chat = _Fragments(t, lambda i, x: f'{{"token": {_string(i, x)}, "logprob": ')
+        self._bytes = _Fragments(t, lambda i, x: f', "bytes": {json.dumps(list(x.encode("utf-8")))}')
+        self._chars = _Fragments(t, lambda i, x: len(x))
+        self._fragments = (self._string, self._key, self._simple, self._chat, self._bytes, self._chars)
         self._owner: dict[str, int] = {}  # text -> the first id seen with it
         self._shared: set[int] = set()  # ids whose text another id has too (completions' dict collapses them)
         self._seps: dict[int, list[str]] = {}
 
     def _add(self, token_id: int, text: str) -> None:
-        s = json.dumps(text, ensure_ascii=False)
-        self._text[token_id], self._string[token_id], self._key[token_id] = text, s, s + ": "
-        self._simple[token_id] = f'{{"id": {int.__repr__(token_id)}, "token": {s}, "logprob": '
-        self._chat[token_id] = f'{{"token": {s}, "logprob": '
-        self._bytes[token_id] = f', "bytes": {json.dumps(list(text.encode("utf-8")))}'
-        self._chars[token_id] = len(text)
+        if token_id in self._text:  # another text under a known id: its fragments are made anew
+            for f in self._fragments:
+                f.pop(token_id, None)
+        self._text[token_id] = text
         owner = self._owner.setdefault(text, token_id)
         if owner != token_id:
             self._shared.update((owner, token_id))
