@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multilora_cli.errors import RequestError
+from multilora_cli.io.logprob_records import Entry
 
 SIMPLE = "simple"
 OPENAI = "openai"
@@ -26,15 +27,15 @@ Choice = tuple[str, str | None]  # one of a line's n > 1 samples in its record: 
 
 @dataclass(slots=True)
 class LineLogprobs:
-    """The logprobs a line's record shows, as plain entries {"id", "token", "logprob", "top_logprobs": [{"id",
-    "token", "logprob"}, ...]} (io/logprob_records.py shapes them per format).
+    """The logprobs a line's record shows, as entries (io/logprob_records.Entry: id, token, logprob, top [(id, token,
+    logprob)], the engine's TokenLogprob as it is); io/logprob_json.py writes each format's shape of them.
 
     choices: per sample (index order), one entry per generated token; None where the line did not ask.
     prompt: one entry per prompt token, the first with logprob None (nothing predicts it); None: not asked.
     echo: the prompt's text, for OpenAI completions' `echo`."""
 
-    choices: list[list[dict] | None] | None = None
-    prompt: list[dict] | None = None
+    choices: list[list[Entry] | None] | None = None
+    prompt: list[Entry] | None = None
     echo: str | None = None
 
 

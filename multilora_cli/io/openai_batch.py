@@ -24,11 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from functools import partial
 from typing import Any
 
+from multilora_cli.io import logprob_records
 from multilora_cli.io.line import OPENAI, SAMPLING_FIELDS, Choice, LineLogprobs, LineSpec, check_messages, json_type
-from multilora_cli.io.logprob_records import chat as chat_logprobs
-from multilora_cli.io.logprob_records import legacy, simple_prompt
+from multilora_cli.io.logprob_json import TokenJson
+from multilora_cli.io.record_json import RawJson
 from multilora_cli.io.unserved import UNKNOWN, UNSUPPORTED, near_miss, refusal
 
 COMPLETIONS = "/v1/completions"
@@ -45,6 +47,9 @@ METADATA = ("user", "metadata", "store", "stream", "stream_options", "service_ti
 
 class OpenAIBatchFormat:
     name = OPENAI
+
+    def __init__(self) -> None:
+        self._json = TokenJson()  # token id -> its JSON fragments, for this run's logprob records
 
     def default_id(self, lineno: int) -> Any:
         return None  # no custom_id to echo for a line we could not read
@@ -211,7 +216,10 @@ class OpenAIBatchFormat:
             entries = lp.choices[i] if lp.choices is not None else None
             if chat:
                 choice["message"] = {"role": "assistant", "content": t}
-                choice["logprobs"] = None if entries is None else chat_logprobs(entries)
+                if entries is None:
+                    choice["logprobs"] = None
+                else:
+                    choice["logprobs"] = RawJson(self._json.chat(entries), partial(logprob_records.chat, entries))
             else:
                 choice["text"] = echo + t
                 shown = entries
@@ -219,9 +227,16 @@ class OpenAIBatchFormat:
                     shown = [*lp.prompt, *(entries or [])]
                 # echo: the prompt's tokens first, offsets from the prompt's start; else from its end
                 start = 0 if lp.echo is not None else spec.meta.get("prompt_chars", 0)
-                choice["logprobs"] = None if shown is None else legacy(shown, start)
+                if shown is None:
+                    choice["logprobs"] = None
+                else:
+                    text = self._json.legacy(shown, start)
+                    choice["logprobs"] = RawJson(text, partial(logprob_records.legacy, shown, start))
             if lp.prompt is not None and lp.echo is None and i == 0:  # vLLM's prompt_logprobs extension
-                choice["prompt_logprobs"] = simple_prompt(lp.prompt)
+                p = lp.prompt
+                choice["prompt_logprobs"] = RawJson(
+                    self._json.simple_prompt(p), partial(logprob_records.simple_prompt, p)
+                )
             choice["finish_reason"] = f
             listed.append(choice)
         body = {

@@ -23,8 +23,10 @@ Error:  {"id", "adapter", "error": {"code", "message"}}
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from multilora_cli.io import logprob_records
 from multilora_cli.io.line import (
     CONSTRAINT_FIELDS,
     SAMPLING_FIELDS,
@@ -35,7 +37,9 @@ from multilora_cli.io.line import (
     check_messages,
     json_type,
 )
-from multilora_cli.io.logprob_records import simple_prompt
+from multilora_cli.io.logprob_json import TokenJson
+from multilora_cli.io.logprob_records import Entry
+from multilora_cli.io.record_json import RawJson
 from multilora_cli.io.unserved import UNKNOWN, near_miss, refusal
 
 FIELDS = ("id", "prompt", "messages", "adapter", "model", "continuation", *SAMPLING_FIELDS, *CONSTRAINT_FIELDS)
@@ -47,6 +51,9 @@ NOT_WITH_SCORING = ("messages", "logprobs", "prompt_logprobs", "n", *CONSTRAINT_
 
 class SimpleFormat:
     name = SIMPLE
+
+    def __init__(self) -> None:
+        self._json = TokenJson()  # token id -> its JSON fragments, for this run's logprob records
 
     def default_id(self, lineno: int) -> Any:
         return lineno
@@ -131,16 +138,20 @@ class SimpleFormat:
             listed = [{"index": i, "text": t, "finish_reason": f} for i, (t, f) in enumerate(choices)]
             for c, entries in zip(listed, lps or []):
                 if entries is not None:
-                    c["logprobs"] = entries
+                    c["logprobs"] = self._logprobs(entries)
             rec = {"id": spec.id, "adapter": self._adapter(spec), "choices": listed}
         else:
             rec = {"id": spec.id, "adapter": self._adapter(spec), "text": text, "finish_reason": finish_reason}
             if lps and lps[0] is not None:
-                rec["logprobs"] = lps[0]
+                rec["logprobs"] = self._logprobs(lps[0])
         if logprobs is not None and logprobs.prompt is not None:
-            rec["prompt_logprobs"] = simple_prompt(logprobs.prompt)
+            p = logprobs.prompt
+            rec["prompt_logprobs"] = RawJson(self._json.simple_prompt(p), partial(logprob_records.simple_prompt, p))
         rec["usage"] = usage
         return rec
+
+    def _logprobs(self, entries: list[Entry]) -> RawJson:
+        return RawJson(self._json.simple(entries), partial(logprob_records.simple, entries))
 
     def score_record(self, spec: LineSpec, logprob: float, is_greedy: bool, token_logprobs: list[float]) -> dict:
         """A scoring line's record: the continuation's summed logprob, whether each token is the argmax."""

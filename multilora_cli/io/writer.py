@@ -9,7 +9,6 @@ after a kill the ledger is never behind the output.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
@@ -19,16 +18,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from multilora_cli.errors import OutputError, UsageError
+from multilora_cli.io.record_json import encode_record
 from multilora_cli.io.sink import descriptor_of, in_place, open_in_place, real_file
 from multilora_cli.paths import expand_user
-
-
-def encode_record(record: dict) -> bytes:
-    """One JSONL line. Lone surrogates (from \\ud800 escapes in the input) fall back to ASCII escapes."""
-    try:
-        return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-    except UnicodeEncodeError:
-        return (json.dumps(record, ensure_ascii=True) + "\n").encode("ascii")
 
 
 def open_output(path: str | None, *, append: bool = False, what: str = "output") -> tuple[BinaryIO, str]:
