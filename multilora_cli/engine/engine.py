@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
+from multilora_cli.engine.identities import AdapterIdentities
 from multilora_cli.engine.logprobs import entries
 from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
 from multilora_cli.engine.request import EngineStats, Request, Result, Sample, TokenLogprob
@@ -122,7 +124,9 @@ class Engine:
         )
         self._next_seq_id = 0
         self._token_texts: list[str] | None = None  # token id -> its text, for logprobs (_token_text)
-        self._prefix_ids: dict[str | None, str | None] = {}  # adapter -> its prefix-cache identity (_prefix_id)
+        self._identities = AdapterIdentities(
+            self.adapters, threads=min(1, config.prefetch_threads)
+        )  # adapter -> its prefix-cache identity (_prefix_id)
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
         # slot loads made ahead of admission while a step runs (CUDA: the loads overlap it; CPU loads are
@@ -340,7 +344,7 @@ class Engine:
             self.stop = GrammarStop(self.stop, self.grammar, self.tokenizer)
         return self.grammar
 
-    def _prefix_id(self, seq: Sequence) -> str | None:
+    def _prefix_id(self, seq: Sequence) -> str | Future | None:
         """What `seq`'s KV is cached under: its adapter's content (adapters/identity.py: the hash the --resume
         ledger records), "base" for the base model; None = no caching: the cache is off, the adapter's files
         cannot be read (its load fails the request anyway), or a LongRoPE model whose prompt is at most
@@ -353,18 +357,10 @@ class Engine:
         if long_from is not None and seq.num_prompt_tokens <= long_from:
             return None
         name = seq.adapter
-        if name not in self._prefix_ids:
-            if name is None:
-                ident = "base"
-            else:
-                from multilora_cli.adapters.identity import adapter_identity
-
-                try:
-                    ident = f"lora:{adapter_identity(self.adapters[name])}"
-                except OSError:
-                    ident = None
-            self._prefix_ids[name] = ident
-        return self._prefix_ids[name]
+        if name is None:
+            return "base"
+        # hashed on a worker (engine/identities.py); the admission claims it (Admission._try_admit)
+        return self._identities.start(name)
 
     def _error(self, request: Request, error: MultiloraError) -> Result:
         self.stats.requests += 1
@@ -576,6 +572,7 @@ class Engine:
     def close(self) -> None:
         """Stop background adapter reads; unpin the host arena."""
         self.slots.close()
+        self._identities.close()
         if self.grammar is not None:
             self.grammar.close()
         if self.arena is not None:

@@ -289,3 +289,23 @@ def test_preload_takes_only_read_adapters_and_never_displaces_queued_work():
     loads = m.loads
     assert m.acquire("d") == m.slot_of("d") and m.loads == loads  # the admission then hits
     assert m.preloads == 3 and m.stats()["preloads"] == 3
+
+
+def test_preload_fires_for_an_adapter_read_in_the_background():
+    """Issue 38: a prefetched read waits in flight until an acquire claims it; preload must count a finished one as
+    read (it saw only the host cache before, so it never fired in a run: 0 preloads at 1,000 adapters)."""
+    b = Backing(fail={"bad"})
+    m = SlotManager(4, 8, b.load_cpu, b.install, b.evict, prefetch_threads=1)
+    try:
+        m.prefetch(["a", "bad"])
+        for fut in list(m._inflight.values()):
+            fut.exception()  # wait for both reads (one fails)
+        assert m.preload(["bad", "a"], limit=2) == 1  # a failed read is left for its admission to report
+        assert m.is_resident("a") and not m.is_resident("bad") and m.preloads == 1
+        assert b.disk_reads == ["a"] and m.cpu_loads == 1  # read once, on the worker
+        loads = m.loads
+        assert m.acquire("a") == m.slot_of("a") and m.loads == loads  # the admission hits
+        with pytest.raises(AdapterError):
+            m.acquire("bad")
+    finally:
+        m.close()
