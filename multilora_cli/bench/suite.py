@@ -173,10 +173,13 @@ def run_multilora_row(
         install_s = _time_installs(engine)
         staging0 = engine.runner.staging_stats()
         sched0, wait0 = engine.schedule_seconds, engine.slots.read_wait_seconds
+        host0 = (engine.feed_seconds, engine.results_seconds, engine.preload_seconds)
+        gc_clock = _GcClock()
         engine.runner.step_log = []
         _sync(device)
         t0 = time.perf_counter()
-        results = list(engine.generate(reqs))
+        with gc_clock:
+            results = list(engine.generate(reqs))
         wall = time.perf_counter() - t0
         steps = engine.runner.step_log
         engine.runner.step_log = None
@@ -223,6 +226,13 @@ def run_multilora_row(
             arena_s=engine.arena_seconds,
             schedule_s=engine.schedule_seconds - sched0,
             read_wait_s=engine.slots.read_wait_seconds - wait0,
+            # the rest of host_outside_steps_s: feeding requests (tokenize, queue), making results, preloads (in
+            # schedule_s too), garbage collection (any thread)
+            feed_s=engine.feed_seconds - host0[0],
+            results_s=engine.results_seconds - host0[1],
+            preload_s=engine.preload_seconds - host0[2],
+            gc_s=gc_clock.seconds,
+            gc_collections=gc_clock.collections,
             slots=slots.to_dict(),
             prefix_cache={"prompt_tokens": bm.prompt_tokens - lookup0, "hit_tokens": bm.hit_tokens - hits0},
         )
@@ -236,6 +246,29 @@ def run_multilora_row(
         engine.close()
         del engine
         _free(device)
+
+
+class _GcClock:
+    """Time spent in garbage collection while inside the `with` (gc.callbacks), and how many of each generation."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._t = 0.0
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self):
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._cb)
 
 
 def _time_installs(engine) -> list[float]:

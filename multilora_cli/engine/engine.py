@@ -129,6 +129,10 @@ class Engine:
         )  # adapter -> its prefix-cache identity (_prefix_id)
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
+        # the rest of the step loop's host time, so a bench can split its time outside steps (issue 38)
+        self.feed_seconds = 0.0  # pulling + tokenizing + queueing requests (`_admit`)
+        self.results_seconds = 0.0  # finished sequences -> Results (`_finished`)
+        self.preload_seconds = 0.0  # Scheduler.preload (also counted in schedule_seconds)
         # slot loads made ahead of admission while a step runs (CUDA: the loads overlap it; CPU loads are
         # synchronous, so there is nothing to gain there)
         self.preloads_per_step = PRELOADS_PER_STEP if self.runner.device.type == "cuda" and self.adapters else 0
@@ -503,6 +507,7 @@ class Engine:
         ahead = None  # runner.Launched: a step launched before the one before it was read back
         try:
             while True:
+                t1 = time.perf_counter()
                 while not exhausted and sched.wants_more():
                     try:
                         req = next(it)
@@ -511,10 +516,11 @@ class Engine:
                         break
                     res = self._admit(req)
                     if res is not None:
+                        self.feed_seconds += time.perf_counter() - t1
                         yield res
-                for seq in sched.pop_finished():
-                    if (res := self._finished(seq)) is not None:
-                        yield res
+                        t1 = time.perf_counter()
+                self.feed_seconds += time.perf_counter() - t1
+                yield from self._results()
                 if ahead is not None:
                     launched, ahead = ahead, None
                 else:
@@ -541,20 +547,31 @@ class Engine:
                 if self.preloads_per_step:  # the next admissions' slot loads: on the load stream, beside this step
                     t1 = time.perf_counter()
                     sched.preload(self.preloads_per_step)
-                    self.schedule_seconds += time.perf_counter() - t1
+                    t2 = time.perf_counter() - t1
+                    self.schedule_seconds += t2
+                    self.preload_seconds += t2
                 ids = runner.collect(launched)
                 t1 = time.perf_counter()
                 sched.postprocess(batch, ids, self.stop)
                 self.schedule_seconds += time.perf_counter() - t1
-                for seq in sched.pop_finished():
-                    if (res := self._finished(seq)) is not None:
-                        yield res
+                yield from self._results()
         finally:
             # closed between two steps (at a yield): finish the step in flight, so none is left pending. Anything
             # else (Ctrl-C inside a step, an error) propagates as it is: the step before it is unfinished too
             if ahead is not None and sched.oldest_pending() is ahead.batch:
                 sched.postprocess(ahead.batch, runner.collect(ahead), self.stop)
             self._sync_stats(time.perf_counter() - t0)
+
+    def _results(self) -> Iterator[Result]:
+        """Results of the sequences finished since the last call (their host time: `results_seconds`, the
+        caller's time between yields not counted)."""
+        t1 = time.perf_counter()
+        for seq in self.scheduler.pop_finished():
+            if (res := self._finished(seq)) is not None:
+                self.results_seconds += time.perf_counter() - t1
+                yield res
+                t1 = time.perf_counter()
+        self.results_seconds += time.perf_counter() - t1
 
     @property
     def slot_loads(self) -> int:
