@@ -335,3 +335,15 @@ def test_every_adapter_with_a_slot_loads_once_never_evicts_and_preloads_fire():
         assert all(s.output_token_ids == expected_output(s) for s in sim.finished)
     finally:
         sim.slots.close()
+
+
+def test_evict_idle_frees_every_unpinned_slot():
+    b = Backing()
+    m = b.manager(max_loras=3, max_cpu_loras=4)
+    for name in ("a", "b", "c"):
+        m.acquire(name)
+    m.retain("b")
+    assert m.evict_idle() == 2 and m.resident == {"b": 1} and b.slots == {1: "b"}
+    m.acquire("d")
+    m.acquire("e")
+    assert m.evictions == 2 and b.disk_reads == ["a", "b", "c", "d", "e"]  # free slots again: nothing evicted
