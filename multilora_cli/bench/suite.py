@@ -169,8 +169,8 @@ def run_multilora_row(
         if host_warm and source is not None:  # adapters already read + packed in host memory, slots still cold
             for name in {r.adapter for r in reqs if r.adapter is not None}:
                 engine.slots.warm(name)
-        st = engine.stats
-        loads0, evict0, preload0 = st.slot_loads, st.slot_evictions, engine.slots.preloads
+        # live counters (engine.stats syncs at the end of a run: it misses the warm-up's evict_idle)
+        loads0, evict0, preload0 = engine.slots.loads, engine.slots.evictions, engine.slots.preloads
         bm = engine.block_manager
         lookup0, hits0 = bm.prompt_tokens, bm.hit_tokens
         install_s = _time_installs(engine)
@@ -217,8 +217,8 @@ def run_multilora_row(
             capture_s=engine.runner.capture_seconds,
             precompile_s=engine.runner.precompile_seconds,
             precompiled=engine.runner.precompiled,
-            slot_loads=engine.stats.slot_loads - loads0,
-            slot_evictions=engine.stats.slot_evictions - evict0,
+            slot_loads=engine.slots.loads - loads0,
+            slot_evictions=engine.slots.evictions - evict0,
             slot_preloads=engine.slots.preloads - preload0,  # loads made while a step ran (Scheduler.preload)
             enforce_eager=enforce_eager,
             preemptions=engine.stats.preemptions,
