@@ -171,6 +171,7 @@ def run_multilora_row(
                 engine.slots.warm(name)
         # live counters (engine.stats syncs at the end of a run: it misses the warm-up's evict_idle)
         loads0, evict0, preload0 = engine.slots.loads, engine.slots.evictions, engine.slots.preloads
+        caller0 = engine.slots.caller_reads
         bm = engine.block_manager
         lookup0, hits0 = bm.prompt_tokens, bm.hit_tokens
         install_s = _time_installs(engine)
@@ -229,6 +230,7 @@ def run_multilora_row(
             arena_s=engine.arena_seconds,
             schedule_s=engine.schedule_seconds - sched0,
             read_wait_s=engine.slots.read_wait_seconds - wait0,
+            caller_reads=engine.slots.caller_reads - caller0,  # adapter reads on the step loop's thread
             # the rest of host_outside_steps_s: feeding requests (tokenize, queue), making results, preloads (in
             # schedule_s too), garbage collection (any thread)
             feed_s=engine.feed_seconds - host0[0],

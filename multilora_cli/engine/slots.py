@@ -74,6 +74,7 @@ class SlotManager:
         self.cpu_loads = 0  # load_cpu calls (disk reads)
         self.cpu_hits = 0  # misses served from the host cache
         self.prefetches = 0  # background reads started
+        self.caller_reads = 0  # reads made on the caller's thread (no background read of it had started)
         self.not_ready = 0  # acquire(wait=False) calls deferred because a read / device copy was in flight
         self.preloads = 0  # loads made by `preload`, ahead of the admission that then hits
         self.adapter_loads: dict[str, int] = {}
@@ -274,6 +275,8 @@ class SlotManager:
         once they are read. A no-op without prefetch threads."""
         if self._pool is None:
             return
+        if len(self._inflight) >= self.read_ahead:
+            self._claim_done()
         ahead = 0
         for name in names:
             if name is None or name in self._slot_of:
@@ -290,6 +293,18 @@ class SlotManager:
                 if fut is None or (fut.done() and obj is not None and getattr(obj, "staged", None) is None):
                     src = self._inflight.get(name)
                     self._staging[name] = self._pool.submit(self._stage_loaded, obj, src)
+
+    def _claim_done(self) -> None:
+        """Move finished reads into the host cache, so they stop counting against `read_ahead`: unclaimed, they
+        held it until their admission, and with 1,000 adapters a full set of done reads for later waves blocked
+        the reads of the next admissions, which then read on the caller's thread (issue 38). A failed read
+        stays, for its acquire to report. Without a host cache they stay too (nowhere else to keep them)."""
+        if self.max_cpu_loras <= 0:
+            return
+        for name, fut in list(self._inflight.items()):
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                del self._inflight[name]
+                self._keep(name, fut.result())
 
     def _stage_loaded(self, obj: object | None, fut: Future | None) -> bool:
         """Worker: stage `obj`, or the result of the read `fut` once it is done (a failed read stages nothing)."""
@@ -316,6 +331,7 @@ class SlotManager:
             "cpu_loads": self.cpu_loads,
             "cpu_hits": self.cpu_hits,
             "prefetches": self.prefetches,
+            "caller_reads": self.caller_reads,
             "not_ready": self.not_ready,
             "preloads": self.preloads,
             "adapter_loads": dict(self.adapter_loads),
@@ -329,14 +345,20 @@ class SlotManager:
             return self._cpu[name]
         fut = self._inflight.pop(name, None)
         t0 = time.perf_counter()
+        if fut is None:
+            self.caller_reads += 1
         obj = fut.result() if fut is not None else self._load_cpu(name)  # a failed read raises here
         self.read_wait_seconds += time.perf_counter() - t0
+        self._keep(name, obj)
+        return obj
+
+    def _keep(self, name: str, obj: object) -> None:
+        """A read's result (counted) into the host cache, least recently used ones out past `max_cpu_loras`."""
         self.cpu_loads += 1
         if self.max_cpu_loras > 0:
             self._cpu[name] = obj
             while len(self._cpu) > self.max_cpu_loras:
                 self._cpu.popitem(last=False)
-        return obj
 
 
 class _Either:

@@ -347,3 +347,23 @@ def test_evict_idle_frees_every_unpinned_slot():
     m.acquire("d")
     m.acquire("e")
     assert m.evictions == 2 and b.disk_reads == ["a", "b", "c", "d", "e"]  # free slots again: nothing evicted
+
+
+def test_finished_reads_stop_holding_the_read_ahead():
+    """Issue 38: done reads waiting for their admission held `read_ahead`, so the next adapters' reads could not
+    start and their admissions read on the step loop's thread; now they move to the host cache."""
+    b = Backing()
+    m = SlotManager(8, 8, b.load_cpu, b.install, b.evict, prefetch_threads=1, read_ahead=2)
+    try:
+        m.prefetch(["a", "b"])
+        for fut in list(m._inflight.values()):
+            fut.result()
+        m.prefetch(["a", "b", "c", "d"])  # a and b are read: c and d start
+        assert m.prefetches == 4
+        for fut in list(m._inflight.values()):
+            fut.result()
+        for name in ("c", "a", "d", "b"):
+            m.acquire(name)
+        assert m.caller_reads == 0 and m.cpu_loads == 4 and sorted(b.disk_reads) == ["a", "b", "c", "d"]
+    finally:
+        m.close()
