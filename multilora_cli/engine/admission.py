@@ -16,9 +16,9 @@ against 516 for 64 adapters; with `LoadPicker`: 516).
 from __future__ import annotations
 
 import heapq
-from concurrent.futures import Future
 
 from multilora_cli.engine.batch import StepPlan
+from multilora_cli.engine.identities import PendingIdentity
 from multilora_cli.engine.sequence import SeqStatus, Sequence
 from multilora_cli.errors import MultiloraError
 
@@ -194,8 +194,8 @@ class Admission:
         if self.num_seats + seats > self.max_num_seqs or plan.budget <= 0:
             return _STOP
         bm = self.bm
-        if isinstance(seq.prefix_id, Future):  # its adapter's identity, hashed off this thread (engine/identities.py)
-            seq.prefix_id = seq.prefix_id.result()
+        if isinstance(seq.prefix_id, PendingIdentity):  # its adapter's identity, hashed off this thread
+            seq.prefix_id = seq.prefix_id.get()
         hits = bm.lookup(seq)  # cached full blocks of its prefix (prefix cache; [] when off or none)
         if self._prefix_in_flight(seq, len(hits)):
             return _WAIT

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -20,7 +19,7 @@ from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
-from multilora_cli.engine.identities import AdapterIdentities
+from multilora_cli.engine.identities import AdapterIdentities, PendingIdentity
 from multilora_cli.engine.logprobs import entries
 from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
 from multilora_cli.engine.request import EngineStats, Request, Result, Sample, TokenLogprob
@@ -348,7 +347,7 @@ class Engine:
             self.stop = GrammarStop(self.stop, self.grammar, self.tokenizer)
         return self.grammar
 
-    def _prefix_id(self, seq: Sequence) -> str | Future | None:
+    def _prefix_id(self, seq: Sequence) -> str | PendingIdentity | None:
         """What `seq`'s KV is cached under: its adapter's content (adapters/identity.py: the hash the --resume
         ledger records), "base" for the base model; None = no caching: the cache is off, the adapter's files
         cannot be read (its load fails the request anyway), or a LongRoPE model whose prompt is at most
