@@ -183,7 +183,8 @@ class SlotManager:
         launching a step; on CUDA a load goes on the slot writer's own stream). Only adapters whose host copy is
         at hand (in the host cache, or a finished background read) with no device copy in flight (never waits,
         never reads on this thread), and only into a free slot or in place of an unpinned adapter outside `keep`
-        and `names` (one with queued work is never displaced). Returns how many were installed; a failing install is left for the admission to report."""
+        and `names` (one with queued work is never displaced). Returns how many were installed; a failing install
+        is left for the admission to report."""
         names = list(names)
         keep = _Either(keep, set(names))  # nor one this very list is about to use
         done = 0
