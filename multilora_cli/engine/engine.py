@@ -123,9 +123,8 @@ class Engine:
         )
         self._next_seq_id = 0
         self._token_texts: list[str] | None = None  # token id -> its text, for logprobs (_token_text)
-        self._identities = AdapterIdentities(
-            self.adapters, threads=min(1, config.prefetch_threads)
-        )  # adapter -> its prefix-cache identity (_prefix_id)
+        # adapter -> its prefix-cache identity (`_prefix_id`), hashed on as many workers as adapter reads get
+        self._identities = AdapterIdentities(self.adapters, threads=config.prefetch_threads)
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
         # the rest of the step loop's host time, so a bench can split its time outside steps (issue 38)
