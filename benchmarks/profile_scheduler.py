@@ -36,6 +36,7 @@ ROWS = {
     "64": (64, "uniform", 64),
     "64z": (64, "zipf", 64),
     "256/64": (256, "uniform", 64),
+    "1000": (1000, "uniform", 1000),  # issue 38: every adapter has a slot
 }
 
 
@@ -87,10 +88,15 @@ def make_engine(work: Workload, base_only: bool):
     return Scheduler(cfg, bm, slots, max_model_len=cfg.max_model_len), StopChecker(max_model_len=cfg.max_model_len)
 
 
-def run(row: str, trace: list | None = None) -> dict:
+def run(row: str, trace: list | None = None, requests: int = 1024, warm: bool = False, preloads: int = 0) -> dict:
+    """One row. `warm`: the slots start as bench_e2e's warm-up leaves them (min(slots, 2 x seats) other adapters
+    resident, idle); `preloads`: `Scheduler.preload` after each schedule, as the engine does on CUDA."""
     n_ad, dist, max_loras = ROWS[row]
-    work = Workload(num_adapters=n_ad, distribution=dist, max_loras=max_loras)
+    work = Workload(num_adapters=n_ad, distribution=dist, max_loras=max_loras, num_requests=requests)
     sched, stop = make_engine(work, base_only=n_ad == 0)
+    if warm and n_ad:
+        for i in range(min(work.max_loras, 2 * work.max_num_seqs)):
+            sched.slots.acquire(f"warm{i}")
     feed = iter([make_seq(i, a, work.prompt_len, work.output_len) for i, a in enumerate(work.assignment())])
     t_sched = t_post = 0.0
     steps = done = 0
@@ -102,9 +108,10 @@ def run(row: str, trace: list | None = None) -> dict:
             break
         t0 = pc()
         b = sched.schedule()
-        t1 = pc()
-        t_sched += t1 - t0
         assert b is not None, "no progress"
+        if preloads:
+            sched.preload(preloads)
+        t_sched += pc() - t0
         ids = [fake_token(s.seed, s.num_completion_tokens) for s in b.sampled_seqs()]  # the "GPU"
         if trace is not None:
             trace.append(f"{[s.seq_id for s in b.seqs]} {b.num_new_tokens} {b.slots} {[s.seq_id for s in b.preempted]}")
@@ -119,6 +126,8 @@ def run(row: str, trace: list | None = None) -> dict:
         "sched_ms": 1e3 * t_sched / steps,
         "post_ms": 1e3 * t_post / steps,
         "loads": sched.slots.loads,
+        "evictions": sched.slots.evictions,
+        "preloads": sched.slots.preloads,
     }
 
 
@@ -126,6 +135,9 @@ def main() -> int:
     ap = parser(__doc__)
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)}")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=1024)
+    ap.add_argument("--warm", action="store_true", help="slots start full of idle warm-up adapters (bench_e2e)")
+    ap.add_argument("--preloads", type=int, default=0, help="Scheduler.preload per step (the engine: 2 on CUDA)")
     ap.add_argument("--profile", action="store_true", help="cProfile one more run of each row (top 25, tottime)")
     ap.add_argument("--trace-out", help="write every row's scheduled batches (ids, tokens, slots, preempted) here")
     args = ap.parse_args()
@@ -133,20 +145,22 @@ def main() -> int:
     lines = []
     for row in rows:
         trace: list[str] = []
-        run(row, trace)  # warm-up, and the trace (timing never changes a decision)
+        kw = dict(requests=args.requests, warm=args.warm, preloads=args.preloads)
+        run(row, trace, **kw)  # warm-up, and the trace (timing never changes a decision)
         digest = hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16]
         lines += [f"# row {row}", *trace]
-        res = [run(row) for _ in range(args.repeats)]
+        res = [run(row, **kw) for _ in range(args.repeats)]
         s = [r["sched_ms"] for r in res]
         p = [r["post_ms"] for r in res]
         print(
-            f"{row:>7}: {res[0]['steps']} steps, {res[0]['loads']} loads | schedule "
+            f"{row:>7}: {res[0]['steps']} steps, {res[0]['loads']} loads, {res[0]['evictions']} evictions, "
+            f"{res[0]['preloads']} preloads | schedule "
             f"{statistics.median(s):.3f} ms/step (min {min(s):.3f}) | postprocess {statistics.median(p):.3f} "
             f"(min {min(p):.3f}) | total {statistics.median(a + b for a, b in zip(s, p)):.3f} | trace {digest}"
         )
         if args.profile:
             prof = cProfile.Profile()
-            prof.runcall(run, row)
+            prof.runcall(run, row, **kw)
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     if args.trace_out:
         with open(args.trace_out, "w") as f:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 
 from multilora_cli.engine.batch import StepPlan
+from multilora_cli.engine.identities import PendingIdentity
 from multilora_cli.engine.sequence import SeqStatus, Sequence
 from multilora_cli.errors import MultiloraError
 
@@ -193,6 +194,8 @@ class Admission:
         if self.num_seats + seats > self.max_num_seqs or plan.budget <= 0:
             return _STOP
         bm = self.bm
+        if isinstance(seq.prefix_id, PendingIdentity):  # its adapter's identity, hashed off this thread
+            seq.prefix_id = seq.prefix_id.get()
         hits = bm.lookup(seq)  # cached full blocks of its prefix (prefix cache; [] when off or none)
         if self._prefix_in_flight(seq, len(hits)):
             return _WAIT

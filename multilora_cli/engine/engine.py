@@ -19,6 +19,7 @@ from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
+from multilora_cli.engine.identities import AdapterIdentities, PendingIdentity
 from multilora_cli.engine.logprobs import entries
 from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
 from multilora_cli.engine.request import EngineStats, Request, Result, Sample, TokenLogprob
@@ -122,9 +123,14 @@ class Engine:
         )
         self._next_seq_id = 0
         self._token_texts: list[str] | None = None  # token id -> its text, for logprobs (_token_text)
-        self._prefix_ids: dict[str | None, str | None] = {}  # adapter -> its prefix-cache identity (_prefix_id)
+        # adapter -> its prefix-cache identity (`_prefix_id`), hashed on as many workers as adapter reads get
+        self._identities = AdapterIdentities(self.adapters, threads=config.prefetch_threads)
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
+        # the rest of the step loop's host time, so a bench can split its time outside steps (issue 38)
+        self.feed_seconds = 0.0  # pulling + tokenizing + queueing requests (`_admit`)
+        self.results_seconds = 0.0  # finished sequences -> Results (`_finished`)
+        self.preload_seconds = 0.0  # Scheduler.preload (also counted in schedule_seconds)
         # slot loads made ahead of admission while a step runs (CUDA: the loads overlap it; CPU loads are
         # synchronous, so there is nothing to gain there)
         self.preloads_per_step = PRELOADS_PER_STEP if self.runner.device.type == "cuda" and self.adapters else 0
@@ -340,7 +346,7 @@ class Engine:
             self.stop = GrammarStop(self.stop, self.grammar, self.tokenizer)
         return self.grammar
 
-    def _prefix_id(self, seq: Sequence) -> str | None:
+    def _prefix_id(self, seq: Sequence) -> str | PendingIdentity | None:
         """What `seq`'s KV is cached under: its adapter's content (adapters/identity.py: the hash the --resume
         ledger records), "base" for the base model; None = no caching: the cache is off, the adapter's files
         cannot be read (its load fails the request anyway), or a LongRoPE model whose prompt is at most
@@ -353,18 +359,10 @@ class Engine:
         if long_from is not None and seq.num_prompt_tokens <= long_from:
             return None
         name = seq.adapter
-        if name not in self._prefix_ids:
-            if name is None:
-                ident = "base"
-            else:
-                from multilora_cli.adapters.identity import adapter_identity
-
-                try:
-                    ident = f"lora:{adapter_identity(self.adapters[name])}"
-                except OSError:
-                    ident = None
-            self._prefix_ids[name] = ident
-        return self._prefix_ids[name]
+        if name is None:
+            return "base"
+        # hashed on a worker (engine/identities.py); the admission claims it (Admission._try_admit)
+        return self._identities.start(name)
 
     def _error(self, request: Request, error: MultiloraError) -> Result:
         self.stats.requests += 1
@@ -507,6 +505,7 @@ class Engine:
         ahead = None  # runner.Launched: a step launched before the one before it was read back
         try:
             while True:
+                t1 = time.perf_counter()
                 while not exhausted and sched.wants_more():
                     try:
                         req = next(it)
@@ -515,10 +514,11 @@ class Engine:
                         break
                     res = self._admit(req)
                     if res is not None:
+                        self.feed_seconds += time.perf_counter() - t1
                         yield res
-                for seq in sched.pop_finished():
-                    if (res := self._finished(seq)) is not None:
-                        yield res
+                        t1 = time.perf_counter()
+                self.feed_seconds += time.perf_counter() - t1
+                yield from self._results()
                 if ahead is not None:
                     launched, ahead = ahead, None
                 else:
@@ -545,20 +545,31 @@ class Engine:
                 if self.preloads_per_step:  # the next admissions' slot loads: on the load stream, beside this step
                     t1 = time.perf_counter()
                     sched.preload(self.preloads_per_step)
-                    self.schedule_seconds += time.perf_counter() - t1
+                    t2 = time.perf_counter() - t1
+                    self.schedule_seconds += t2
+                    self.preload_seconds += t2
                 ids = runner.collect(launched)
                 t1 = time.perf_counter()
                 sched.postprocess(batch, ids, self.stop)
                 self.schedule_seconds += time.perf_counter() - t1
-                for seq in sched.pop_finished():
-                    if (res := self._finished(seq)) is not None:
-                        yield res
+                yield from self._results()
         finally:
             # closed between two steps (at a yield): finish the step in flight, so none is left pending. Anything
             # else (Ctrl-C inside a step, an error) propagates as it is: the step before it is unfinished too
             if ahead is not None and sched.oldest_pending() is ahead.batch:
                 sched.postprocess(ahead.batch, runner.collect(ahead), self.stop)
             self._sync_stats(time.perf_counter() - t0)
+
+    def _results(self) -> Iterator[Result]:
+        """Results of the sequences finished since the last call (their host time: `results_seconds`, the
+        caller's time between yields not counted)."""
+        t1 = time.perf_counter()
+        for seq in self.scheduler.pop_finished():
+            if (res := self._finished(seq)) is not None:
+                self.results_seconds += time.perf_counter() - t1
+                yield res
+                t1 = time.perf_counter()
+        self.results_seconds += time.perf_counter() - t1
 
     @property
     def slot_loads(self) -> int:
@@ -576,6 +587,7 @@ class Engine:
     def close(self) -> None:
         """Stop background adapter reads; unpin the host arena."""
         self.slots.close()
+        self._identities.close()
         if self.grammar is not None:
             self.grammar.close()
         if self.arena is not None:

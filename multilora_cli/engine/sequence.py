@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from multilora_cli.config import SamplingParams
 from multilora_cli.engine.request import Request
 from multilora_cli.errors import MultiloraError
+
+if TYPE_CHECKING:
+    from multilora_cli.engine.identities import PendingIdentity
 
 _MASK64 = (1 << 64) - 1
 
@@ -84,8 +87,9 @@ class Sequence:
     prompt_lp: list | None = None  # positions prompt_logits_from .. , each for the token after it
     prompt_logits_from: int = -1  # first prompt position whose logits are kept (-1: none)
     # prefix cache (engine/block_manager.py): the adapter identity its full blocks are registered and looked up
-    # under (None: takes no part), and the cache node of each block registered so far (block_table order)
-    prefix_id: str | None = None
+    # under (None: takes no part; a PendingIdentity while its hash runs on a worker, resolved at admission:
+    # Engine._prefix_id), and the cache node of each block registered so far (block_table order)
+    prefix_id: str | PendingIdentity | None = None
     cache_nodes: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:

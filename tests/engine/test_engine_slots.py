@@ -289,3 +289,81 @@ def test_preload_takes_only_read_adapters_and_never_displaces_queued_work():
     loads = m.loads
     assert m.acquire("d") == m.slot_of("d") and m.loads == loads  # the admission then hits
     assert m.preloads == 3 and m.stats()["preloads"] == 3
+
+
+def test_preload_fires_for_an_adapter_read_in_the_background():
+    """Issue 38: a prefetched read waits in flight until an acquire claims it; preload must count a finished one as
+    read (it saw only the host cache before, so it never fired in a run: 0 preloads at 1,000 adapters)."""
+    b = Backing(fail={"bad"})
+    m = SlotManager(4, 8, b.load_cpu, b.install, b.evict, prefetch_threads=1)
+    try:
+        m.prefetch(["a", "bad"])
+        for fut in list(m._inflight.values()):
+            fut.exception()  # wait for both reads (one fails)
+        assert m.preload(["bad", "a"], limit=2) == 1  # a failed read is left for its admission to report
+        assert m.is_resident("a") and not m.is_resident("bad") and m.preloads == 1
+        assert b.disk_reads == ["a"] and m.cpu_loads == 1  # read once, on the worker
+        loads = m.loads
+        assert m.acquire("a") == m.slot_of("a") and m.loads == loads  # the admission hits
+        with pytest.raises(AdapterError):
+            m.acquire("bad")
+    finally:
+        m.close()
+
+
+def test_every_adapter_with_a_slot_loads_once_never_evicts_and_preloads_fire():
+    """Issue 38: with slots for every adapter nothing is evicted (the 375 evictions of the 1,000-slot bench row were
+    its warm-up's adapters holding 512 slots), and the engine's per-step `Scheduler.preload` loads read adapters
+    ahead of their admission, which then hits."""
+    from multilora_cli.config import EngineConfig
+    from tests.engine.engine_sim import Sim, expected_output
+
+    sim = Sim(EngineConfig(model="m", max_loras=12, max_num_seqs=4, block_size=4), num_blocks=200, prefetch_threads=1)
+    try:
+        seqs = [make_seq(i, f"a{i % 10}", 4, max_tokens=3) for i in range(40)]
+        for s in seqs:
+            sim.sched.add(s)
+        while sim.sched.has_unfinished():
+            sim.step()
+            for fut in list(sim.slots._inflight.values()):
+                fut.result()  # the reads the step started are done by the time the next one runs
+            sim.sched.preload(2)  # as Engine.generate does beside a running step (CUDA)
+        st = sim.slots.stats()
+        assert st["evictions"] == 0 and st["loads"] == 10 and st["cpu_loads"] == 10
+        assert st["preloads"] >= 5  # most adapters were in a slot before their first admission
+        assert sorted(s.seq_id for s in sim.finished) == list(range(40))
+        assert all(s.output_token_ids == expected_output(s) for s in sim.finished)
+    finally:
+        sim.slots.close()
+
+
+def test_evict_idle_frees_every_unpinned_slot():
+    b = Backing()
+    m = b.manager(max_loras=3, max_cpu_loras=4)
+    for name in ("a", "b", "c"):
+        m.acquire(name)
+    m.retain("b")
+    assert m.evict_idle() == 2 and m.resident == {"b": 1} and b.slots == {1: "b"}
+    m.acquire("d")
+    m.acquire("e")
+    assert m.evictions == 2 and b.disk_reads == ["a", "b", "c", "d", "e"]  # free slots again: nothing evicted
+
+
+def test_finished_reads_stop_holding_the_read_ahead():
+    """Issue 38: done reads waiting for their admission held `read_ahead`, so the next adapters' reads could not
+    start and their admissions read on the step loop's thread; now they move to the host cache."""
+    b = Backing()
+    m = SlotManager(8, 8, b.load_cpu, b.install, b.evict, prefetch_threads=1, read_ahead=2)
+    try:
+        m.prefetch(["a", "b"])
+        for fut in list(m._inflight.values()):
+            fut.result()
+        m.prefetch(["a", "b", "c", "d"])  # a and b are read: c and d start
+        assert m.prefetches == 4
+        for fut in list(m._inflight.values()):
+            fut.result()
+        for name in ("c", "a", "d", "b"):
+            m.acquire(name)
+        assert m.caller_reads == 0 and m.cpu_loads == 4 and sorted(b.disk_reads) == ["a", "b", "c", "d"]
+    finally:
+        m.close()

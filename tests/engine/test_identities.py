@@ -1,0 +1,54 @@
+"""engine/identities.py: adapter identities hashed off the step loop equal adapters/identity.py's."""
+
+from __future__ import annotations
+
+from multilora_cli.adapters.identity import adapter_identity
+from multilora_cli.engine.identities import AdapterIdentities, PendingIdentity
+
+
+def _folder(path, payload: bytes):
+    path.mkdir()
+    (path / "adapter_config.json").write_text('{"r": 4}')
+    (path / "adapter_model.safetensors").write_bytes(payload)
+    return path
+
+
+def test_background_identity_equals_the_ledger_hash_and_is_hashed_once(tmp_path):
+    a = _folder(tmp_path / "a", b"x" * 5000)
+    twin = _folder(tmp_path / "twin", b"x" * 5000)
+    other = _folder(tmp_path / "other", b"y" * 5000)
+    ids = AdapterIdentities({"a": a, "twin": twin, "other": other})
+    try:
+        first = ids.start("a")
+        assert isinstance(first, PendingIdentity)  # queued on the workers, not hashed on the caller's thread
+        got = {n: ids.resolve(ids.start(n)) for n in ("a", "twin", "other")}
+        assert got["a"] == f"lora:{adapter_identity(a)}" == got["twin"] != got["other"]
+        assert ids.start("a") == got["a"]  # a finished hash is kept as the string
+    finally:
+        ids.close()
+
+
+def test_without_threads_the_identity_is_hashed_inline(tmp_path):
+    a = _folder(tmp_path / "a", b"z" * 100)
+    ids = AdapterIdentities({"a": a}, threads=0)
+    assert ids.start("a") == f"lora:{adapter_identity(a)}"
+    ids.close()
+
+
+def test_an_identity_still_queued_is_hashed_at_once_by_the_admission(tmp_path):
+    """The admission does not wait behind other adapters' hashes: a queued one is taken back and hashed on the spot."""
+    import threading
+
+    gate = threading.Event()
+    a = _folder(tmp_path / "a", b"a" * 100)
+    ids = AdapterIdentities({"a": a, "b": _folder(tmp_path / "b", b"b" * 100)}, threads=1)
+    try:
+        ids.resolve(ids.start("b"))  # (starts the worker)
+        ids._pool.submit(gate.wait, 30)  # the one worker is busy
+        pending = ids.start("a")
+        assert isinstance(pending, PendingIdentity) and not pending.done()
+        assert pending.get() == f"lora:{adapter_identity(a)}"  # not blocked by the busy worker
+        assert ids.start("a") == f"lora:{adapter_identity(a)}"
+    finally:
+        gate.set()
+        ids.close()
