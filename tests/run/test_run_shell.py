@@ -121,7 +121,15 @@ def test_ctrl_c_twice_leaves_whole_lines_no_traceback_and_resume_completes(model
     args = ["run", str(inp), *model_args(model_dir), "--max-num-seqs", "1", "-q", "-o", str(out)]
     # the first Ctrl-C: the run sends it itself right after writing its first record (run/signal_after.py)
     env = {**subprocess_env(), TEST_SIGNAL_ENV: "SIGINT:1"}
-    proc = subprocess.Popen(multilora_cmd() + args, stderr=subprocess.PIPE, env=env)
+    # SIGINT at its default, as a terminal's foreground job has it, whatever this process inherited: a job started
+    # from a script with `&` runs with SIGINT ignored, Python then installs no KeyboardInterrupt handler, and the
+    # run's own Ctrl-C would do nothing
+    proc = subprocess.Popen(
+        multilora_cmd() + args,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None and not (out.exists() and out.read_bytes().count(b"\n")):
         time.sleep(0.02)
