@@ -13,6 +13,9 @@ import random
 import numpy as np
 import pytest
 
+# the dict records as they were built before (run/logprobs.entry + io/logprob_records): the reference the new JSON
+# writer must equal byte for byte, kept in the maintained benchmark that times the two side by side
+from benchmarks.bench_records import old_chat, old_entry, old_legacy
 from multilora_cli.engine.request import TokenLogprob
 from multilora_cli.io import logprob_records
 from multilora_cli.io.line import LineLogprobs, LineSpec
@@ -20,33 +23,6 @@ from multilora_cli.io.logprob_json import TokenJson, numbers_json, numbers_orjso
 from multilora_cli.io.openai_batch import CHAT, COMPLETIONS, OpenAIBatchFormat
 from multilora_cli.io.record_json import _MARK, RawJson, encode_record, plain_record
 from multilora_cli.io.simple import SimpleFormat
-
-
-# -- the dict records as they were built before (run/logprobs.entry + io/logprob_records) --------------------------
-def old_entry(t: TokenLogprob) -> dict:
-    top = [{"id": i, "token": s, "logprob": v} for i, s, v in t.top]
-    return {"id": t.id, "token": t.token, "logprob": t.logprob, "top_logprobs": top}
-
-
-def old_legacy(entries: list[dict], text_offset: int) -> dict:
-    tokens, lps, tops, offsets = [], [], [], []
-    at = text_offset
-    for e in entries:
-        tokens.append(e["token"])
-        lps.append(e["logprob"])
-        tops.append(None if e["logprob"] is None else {t["token"]: t["logprob"] for t in e["top_logprobs"]})
-        offsets.append(at)
-        at += len(e["token"])
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-
-
-def _old_chat_token(e: dict) -> dict:
-    return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode("utf-8"))}
-
-
-def old_chat(entries: list[dict]) -> dict:
-    content = [{**_old_chat_token(e), "top_logprobs": [_old_chat_token(t) for t in e["top_logprobs"]]} for e in entries]
-    return {"content": content, "refusal": None}
 
 
 def dumps(v) -> str:
