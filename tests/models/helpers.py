@@ -6,6 +6,7 @@ import random
 
 import torch
 
+from multilora_cli.kernels import build_lora_meta
 from multilora_cli.layers.context import decode_context, prefill_context, set_context
 
 
@@ -151,3 +152,29 @@ def check_chunked_prefill(ours, hf, vocab: int, *, atol: float = 1e-4) -> None:
     torch.testing.assert_close(second[:5], ref["a"][5:], atol=atol, rtol=0)
     torch.testing.assert_close(second[5:11], ref["c"], atol=atol, rtol=0)
     torch.testing.assert_close(second[11:], ref["b"][9:], atol=atol, rtol=0)
+
+
+def check_mixed_lora_batch(model, batch_names: list, refs: list, slot_of, *, atol: float, steps: int) -> None:
+    """One packed prefill of every row (each with its adapter slot, `slot_of(name)`, -1 = base), then `steps`
+    batched decodes fed HF's greedy tokens; every logit row equals its reference. refs: per row (prompt ids,
+    HF's greedy tokens, HF's logits [len(prompt) + steps, V]), in `batch_names` order."""
+    blocks = Blocks(64, 4)
+    model.allocate_kv_cache(64, 4)
+    token_slots = [slot_of(n) for n, (p, _, _) in zip(batch_names, refs) for _ in p]
+    logits = run_prefill(
+        model, blocks, {i: (p, 0) for i, (p, _, _) in enumerate(refs)}, lora=build_lora_meta(token_slots)
+    )
+    start = 0
+    for name, (p, _, ref) in zip(batch_names, refs):
+        torch.testing.assert_close(
+            logits[start : start + len(p)], ref[: len(p)], atol=atol, rtol=0, msg=lambda m: f"prefill {name}: {m}"
+        )
+        start += len(p)
+    meta = build_lora_meta([slot_of(n) for n in batch_names])
+    for step in range(steps):
+        feed = {i: (gen[step], len(p) + step) for i, (p, gen, _) in enumerate(refs)}
+        out = run_decode(model, blocks, feed, lora=meta)
+        for i, (name, (p, _, ref)) in enumerate(zip(batch_names, refs)):
+            torch.testing.assert_close(
+                out[i], ref[len(p) + step], atol=atol, rtol=0, msg=lambda m: f"decode {step} {name}: {m}"
+            )

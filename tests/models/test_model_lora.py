@@ -10,7 +10,7 @@ from multilora_cli.kernels import build_lora_meta
 from multilora_cli.models.config import FUSED_MODULES, ModelConfig
 from multilora_cli.models.loader import load_model
 from tests.builders import build_adapter, load_peft
-from tests.models.helpers import Blocks, prompts, run_decode, run_prefill
+from tests.models.helpers import Blocks, check_mixed_lora_batch, prompts, run_prefill
 
 ATOL = 1e-4
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -77,31 +77,7 @@ def test_mixed_adapter_batch_matches_peft(base_path, adapters, arch):
     refs = _peft_reference(str(base), paths)
     slot_of = lambda n: -1 if n is None else ADAPTERS[n][0]  # noqa: E731
 
-    blocks = Blocks(64, 4)
-    model.allocate_kv_cache(64, 4)
-    token_slots = [slot_of(n) for (n, _), (p, _, _) in zip(BATCH, refs) for _ in p]
-    logits = run_prefill(
-        model, blocks, {i: (p, 0) for i, (p, _, _) in enumerate(refs)}, lora=build_lora_meta(token_slots)
-    )
-    start = 0
-    for (name, _), (p, _, ref) in zip(BATCH, refs):
-        torch.testing.assert_close(
-            logits[start : start + len(p)],
-            ref[: len(p)],
-            atol=ATOL,
-            rtol=0,
-            msg=lambda m: f"prefill, adapter {name}: {m}",
-        )
-        start += len(p)
-
-    meta = build_lora_meta([slot_of(n) for n, _ in BATCH])
-    for step in range(DECODE_STEPS):
-        feed = {i: (gen[step], len(p) + step) for i, (p, gen, _) in enumerate(refs)}
-        logits = run_decode(model, blocks, feed, lora=meta)
-        for i, ((name, _), (p, _, ref)) in enumerate(zip(BATCH, refs)):
-            torch.testing.assert_close(
-                logits[i], ref[len(p) + step], atol=ATOL, rtol=0, msg=lambda m: f"decode {step}, adapter {name}: {m}"
-            )
+    check_mixed_lora_batch(model, [n for n, _ in BATCH], refs, slot_of, atol=ATOL, steps=DECODE_STEPS)
 
 
 def test_adapters_change_the_output(base_path, adapters):
