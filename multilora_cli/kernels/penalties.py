@@ -72,6 +72,52 @@ def _lower_bound(tok_ptr, lo, hi, t):
     return lo
 
 
+@triton.jit
+def process_block(
+    row,
+    offs,
+    ok,
+    first,
+    i,
+    hist_ptr,
+    counts_ptr,
+    rep_ptr,
+    freq_ptr,
+    pres_ptr,
+    bias_start_ptr,
+    bias_tok_ptr,
+    bias_val_ptr,
+    ban_start_ptr,
+    ban_tok_ptr,
+    stride_counts,
+    H,
+    WITH_COUNTS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Processed row i of the plan at `offs` (= first + arange(BLOCK), tokens < V where `ok`): fp32 [BLOCK], 0
+    where not ok. `row` points at its logits row. The one definition: the processing kernel below and the
+    sampling kernel's fused loads (kernels/sample.py) both call it, so both see the same bits."""
+    x = tl.load(row + offs, mask=ok, other=0.0).to(tl.float32)
+    # the row's bias / ban entries that fall in this block (found by binary search: a row may bias thousands of
+    # tokens), each compared with the whole block: no scatter, no atomics
+    b0, b1 = tl.load(bias_start_ptr + i), tl.load(bias_start_ptr + i + 1)
+    for j in range(_lower_bound(bias_tok_ptr, b0, b1, first), _lower_bound(bias_tok_ptr, b0, b1, first + BLOCK)):
+        x = tl.where(offs == tl.load(bias_tok_ptr + j), x + tl.load(bias_val_ptr + j), x)
+    if WITH_COUNTS:
+        if i < H:
+            c = tl.load(counts_ptr + tl.load(hist_ptr + i) * stride_counts + offs, mask=ok, other=0)
+            gen = c & (_SEEN - 1)
+            rep = tl.load(rep_ptr + i)
+            x = tl.where(c != 0, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
+            fp = tl.load(freq_ptr + i) * gen.to(tl.float32)
+            pp = tl.load(pres_ptr + i) * (gen > 0).to(tl.float32)
+            x = x - (fp + pp)
+    n0, n1 = tl.load(ban_start_ptr + i), tl.load(ban_start_ptr + i + 1)
+    for j in range(_lower_bound(ban_tok_ptr, n0, n1, first), _lower_bound(ban_tok_ptr, n0, n1, first + BLOCK)):
+        x = tl.where(offs == tl.load(ban_tok_ptr + j), float("-inf"), x)
+    return x
+
+
 @triton.jit(do_not_specialize=["H"])
 def _process_kernel(
     logits_ptr,
@@ -99,24 +145,27 @@ def _process_kernel(
     offs = first + tl.arange(0, BLOCK)
     ok = offs < V
     r = tl.load(rows_ptr + i)
-    x = tl.load(logits_ptr + r * stride_logits + offs, mask=ok, other=0.0).to(tl.float32)
-    # the row's bias / ban entries that fall in this block (found by binary search: a row may bias thousands of
-    # tokens), each compared with the whole block: no scatter, no atomics
-    b0, b1 = tl.load(bias_start_ptr + i), tl.load(bias_start_ptr + i + 1)
-    for j in range(_lower_bound(bias_tok_ptr, b0, b1, first), _lower_bound(bias_tok_ptr, b0, b1, first + BLOCK)):
-        x = tl.where(offs == tl.load(bias_tok_ptr + j), x + tl.load(bias_val_ptr + j), x)
-    if WITH_COUNTS:
-        if i < H:
-            c = tl.load(counts_ptr + tl.load(hist_ptr + i) * stride_counts + offs, mask=ok, other=0)
-            gen = c & (_SEEN - 1)
-            rep = tl.load(rep_ptr + i)
-            x = tl.where(c != 0, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
-            fp = tl.load(freq_ptr + i) * gen.to(tl.float32)
-            pp = tl.load(pres_ptr + i) * (gen > 0).to(tl.float32)
-            x = x - (fp + pp)
-    n0, n1 = tl.load(ban_start_ptr + i), tl.load(ban_start_ptr + i + 1)
-    for j in range(_lower_bound(ban_tok_ptr, n0, n1, first), _lower_bound(ban_tok_ptr, n0, n1, first + BLOCK)):
-        x = tl.where(offs == tl.load(ban_tok_ptr + j), float("-inf"), x)
+    x = process_block(
+        logits_ptr + r * stride_logits,
+        offs,
+        ok,
+        first,
+        i,
+        hist_ptr,
+        counts_ptr,
+        rep_ptr,
+        freq_ptr,
+        pres_ptr,
+        bias_start_ptr,
+        bias_tok_ptr,
+        bias_val_ptr,
+        ban_start_ptr,
+        ban_tok_ptr,
+        stride_counts,
+        H,
+        WITH_COUNTS,
+        BLOCK,
+    )
     tl.store(out_ptr + i.to(tl.int64) * V + offs, x, mask=ok)
 
 
