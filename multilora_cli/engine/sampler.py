@@ -12,8 +12,9 @@ top-p). On CUDA a Triton kernel finds both thresholds by radix search over chunk
 elsewhere the same definition runs as torch ops. temperature 0 (greedy) and top_k 1 are argmax.
 
 Rows whose logits are processed this step (a penalty, a logit_bias, or min_tokens still banning a token) are
-gathered into an fp32 copy, processed there and drawn from it; the other rows are drawn from the model's
-logits as they are, and nothing is gathered or processed when no row asks for it. Whether a row is processed
+drawn by a second launch whose passes process each logit as they load it (kernels/sample.py, PROCESS: nothing
+is written but the draw; the torch path and greedy processed rows gather an fp32 copy instead); the other rows
+are drawn from the model's logits as they are, and nothing is processed when no row asks for it. Whether a row is processed
 depends only on its own parameters and position, so a row's token depends only on its logits, its
 SamplingParams, its history, its seed and its position, never on the other rows. The only host sync is the
 caller reading the ids.
@@ -34,6 +35,7 @@ from multilora_cli.engine.grammar.rows import GrammarMask
 from multilora_cli.engine.logits_processing import LogitsProcessing, TokenHistory, banned_now, needs_processing
 from multilora_cli.engine.sequence import Sequence, splitmix64
 from multilora_cli.kernels import use_triton
+from multilora_cli.kernels.penalties import ProcessPlan
 from multilora_cli.kernels.sample import sample_rows, sample_rows_torch
 
 _MASK64 = (1 << 64) - 1
@@ -59,6 +61,7 @@ class Draws:
     any_top_k: bool = True  # some sampled row filters by top-k / top-p / min-p: the kernel's work for it runs
     any_top_p: bool = True
     any_min_p: bool = True
+    max_top_k: int | None = None  # the largest top_k (V for a row without); None: unknown (the kernel reads it)
 
     @staticmethod
     def host_lists(params: list[SamplingParams], u: list[float], vocab_size: int) -> tuple[list[list], dict]:
@@ -81,6 +84,7 @@ class Draws:
             any_top_k=any(x < vocab_size for x in k),
             any_top_p=any(params[i].top_p < 1.0 for i in s),
             any_min_p=any(params[i].min_p > 0.0 for i in s),
+            max_top_k=max(k, default=vocab_size),
         )
         return lists, flags
 
@@ -185,8 +189,9 @@ class SamplingBatch:
         )
 
 
-def _draw(logits: torch.Tensor, d: Draws, out: torch.Tensor, triton: bool) -> None:
-    """out[r] for the rows of `d`, drawn from `logits` (rows indexed as in `d`)."""
+def _draw(logits: torch.Tensor, d: Draws, out: torch.Tensor, triton: bool, plan: ProcessPlan | None = None) -> None:
+    """out[r] for the rows of `d`, drawn from `logits` (rows indexed as in `d`). `plan` (Triton only, no greedy
+    rows): `d` indexes the plan's rows and draws from their processed logits, fused into the kernel's passes."""
     if d.greedy_rows.numel():
         out[d.greedy_rows] = logits[d.greedy_rows].argmax(dim=-1)
     if d.rows.numel():
@@ -200,9 +205,11 @@ def _draw(logits: torch.Tensor, d: Draws, out: torch.Tensor, triton: bool) -> No
                 d.u,
                 out,
                 min_p=d.min_p,
+                plan=plan,
                 any_top_k=d.any_top_k,
                 any_top_p=d.any_top_p,
                 any_min_p=d.any_min_p,
+                max_top_k=d.max_top_k,
             )
         else:
             min_p = d.min_p if d.any_min_p else None
@@ -228,9 +235,12 @@ class Sampler:
         _draw(drawn, batch.plain, out, triton)
         proc = batch.processing
         if proc is not None:
-            x = proc.apply(drawn, triton)  # [P, V] fp32
-            ids = torch.empty(x.shape[0], dtype=torch.long, device=logits.device)
-            _draw(x, batch.processing_draws, ids, triton)
+            d = batch.processing_draws
+            ids = torch.empty(proc.plan.num_rows, dtype=torch.long, device=logits.device)
+            if triton and not d.greedy_rows.numel():
+                _draw(drawn, d, ids, True, proc.plan)  # processed inside the sampling passes: no [P, V] copy
+            else:  # greedy rows take the argmax of an fp32 [P, V] processed copy
+                _draw(proc.apply(drawn, triton), d, ids, triton)
             out[proc.plan.rows] = ids
             proc.record(ids)
         return out

@@ -364,7 +364,9 @@ def _serial(
         tau = tl.maximum(tau, tau_p)
     total = _kept_sum(row, 0, V, tau, inv_t, m, min_p, r, P, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)
     target = (u * total.to(tl.float64)).to(tl.float32)
-    return _pick(row, 0, V, tau, inv_t, m, min_p, total * 0.0, target, r, P, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)
+    return _pick(
+        row, 0, V, tau, inv_t, m, min_p, total * 0.0, target, r, P, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
+    )
 
 
 @triton.jit(do_not_specialize=["LEVEL", "H"])
