@@ -127,8 +127,9 @@ class SamplingBatch:
         eos_token_ids=(),
     ) -> SamplingBatch:
         """Rows with `params`, each drawing at (seed, position). history_rows: each row's row of `history`
-        (-1: none), required where a row has a penalty; eos_token_ids: what min_tokens bans besides each row's
-        stop_token_ids. Every field goes to `device` in one copy."""
+        (-1: none), required where a row's logits are processed (its bias and stop set are read from there);
+        eos_token_ids: what min_tokens bans besides each row's stop_token_ids. Every field goes to `device` in
+        one copy."""
         u = [0.0 if sp.greedy or sp.top_k == 1 else uniform(sd, pos) for sp, sd, pos in zip(params, seeds, positions)]
         proc = []
         if any(sp.processes_logits for sp in params):
@@ -138,10 +139,10 @@ class SamplingBatch:
             lists, flags = Draws.host_lists(params, u, vocab_size)
             return cls(Draws.from_device(to_device(lists, device), flags), len(params))
         hist = history_rows if history_rows is not None else [-1] * len(params)
-        if any(params[i].needs_history and hist[i] < 0 for i in proc) or (history is None and max(hist) >= 0):
-            raise ValueError("SamplingBatch.build: a row with a penalty needs its token history row")
-        proc.sort(key=lambda i: hist[i] < 0)  # rows with a history first (stable: batch order within each)
-        num_history = sum(hist[i] >= 0 for i in proc)
+        if history is None or any(hist[i] < 0 for i in proc):
+            raise ValueError("SamplingBatch.build: a processed row (penalty, bias, bans) needs its token history row")
+        proc.sort(key=lambda i: not params[i].needs_history)  # rows with a penalty first (stable: batch order)
+        num_history = sum(params[i].needs_history for i in proc)
         taken = set(proc)
         plain = [i for i in range(len(params)) if i not in taken]
         plain_lists, plain_flags = Draws.host_lists([params[i] for i in plain], [u[i] for i in plain], vocab_size)
@@ -172,11 +173,11 @@ class SamplingBatch:
         """Rows = `seqs` (e.g. `ScheduledBatch.sampled_seqs()`), each at its `sample_position`; `ahead`: one
         position further (a step launched before the previous step's token reached the host:
         `ScheduledBatch.ahead`). `history`: the runner's TokenHistory, which gives (and writes, on a sequence's
-        first sampled step) the rows of sequences with a penalty."""
+        first sampled step) the rows of sequences that process their logits."""
         step = 1 if ahead else 0
         rows = None
-        if history is not None and any(s.sampling.needs_history for s in seqs):
-            rows = history.rows_for(seqs, ahead)
+        if history is not None and any(s.sampling.processes_logits for s in seqs):
+            rows = history.rows_for(seqs, ahead, eos_token_ids)
         return cls.build(
             [s.sampling for s in seqs],
             [s.seed for s in seqs],

@@ -70,7 +70,7 @@ def _load(row, offs, ok, start, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.con
     if PROCESS:
         x = process_block(
             row, offs, ok, start, r, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
-            WITH_COUNTS, BLOCK,
+            P[12], P[13], P[14], WITH_COUNTS, BLOCK,
         )  # fmt: skip
     else:
         x = tl.load(row + offs, mask=ok, other=0.0)
@@ -391,15 +391,18 @@ def _sample_pass(
     rep_ptr,
     freq_ptr,
     pres_ptr,
-    bias_start_ptr,
+    ban_on_ptr,
     bias_tok_ptr,
     bias_val_ptr,
-    ban_start_ptr,
+    bias_len_ptr,
     ban_tok_ptr,
+    ban_len_ptr,
+    stride_counts,
+    stride_bias,
+    stride_ban,
+    H,
     V,
     stride_row,
-    stride_counts,
-    H,
     S,
     C,
     LEVEL,
@@ -407,7 +410,6 @@ def _sample_pass(
     WITH_MIN_P: tl.constexpr,
     PROCESS: tl.constexpr,
     WITH_COUNTS: tl.constexpr,
-    TOPK_PATH: tl.constexpr,
     KEY_BITS: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -418,7 +420,7 @@ def _sample_pass(
     """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
     (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight (min-p applied from here on: it cuts
     by weight alone, so the top-p passes before it see the top-k-kept mass, as in transformers). 4: the draw, by
-    the chunk holding it. The top-k path (TOPK_PATH): MODE 1 at levels 0-3 only, then 5: the chunk's candidates
+    the chunk holding it. The top-k path: MODE 1 at levels 0-3 only, then 5: the chunk's candidates
     (top 16 key bits >= the 4-level prefix) appended to the row's buffer, 6 (one program a row): the draw from
     them (_finish), or _serial for a row with more than KC."""
     i = tl.program_id(0)
@@ -429,8 +431,8 @@ def _sample_pass(
         lr = tl.load(plan_rows_ptr + r)
     row = logits_ptr + lr * stride_row
     P = (
-        hist_ptr, counts_ptr, rep_ptr, freq_ptr, pres_ptr, bias_start_ptr, bias_tok_ptr, bias_val_ptr,
-        ban_start_ptr, ban_tok_ptr, stride_counts, H,
+        hist_ptr, counts_ptr, rep_ptr, freq_ptr, pres_ptr, ban_on_ptr, bias_tok_ptr, bias_val_ptr, bias_len_ptr,
+        ban_tok_ptr, ban_len_ptr, stride_counts, stride_bias, stride_ban, H,
     )  # fmt: skip
     inv_t = 1.0 / tl.load(temp_ptr + i)
     top_k = tl.load(top_k_ptr + i)
@@ -445,7 +447,7 @@ def _sample_pass(
     if MODE == 0:
         tl.store(pmax_ptr + i * C + c, _row_max(row, lo, hi, inv_t, r, P, PROCESS, WITH_COUNTS, BLOCK))
     elif MODE == 1:
-        if (top_k < V) | TOPK_PATH:  # the rows that filter by top-k (all rows on the top-k path)
+        if top_k < V:  # the rows that filter by top-k (every row on the top-k path)
             prefix = _resolve(part_k_ptr, S, C, i, LEVEL, top_k.to(tl.float32), CB)
             hist = tl.zeros((16,), tl.float32)
             if _chunk_live(part_k_ptr, S, C, i, c, LEVEL, prefix):
@@ -551,7 +553,7 @@ def sample_rows(
             (process_rows(logits, plan)[rows[i]], fp32), computed inside every pass: no processed copy is written
     any_top_k / any_top_p / any_min_p: whether some row has top_k < V / top_p < 1 / min_p > 0; max_top_k: the
              largest top_k (V for a row without); None: read off the tensors, a sync
-    topk_path_max: rows are drawn by the top-k path when every row has top_k <= this; candidates: its buffer
+    topk_path_max: rows are drawn by the top-k path when every row has top_k < V and <= this; candidates: its buffer
              size per row (default: 2 x the largest k, at least 256), smaller only in tests
     redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
              iterable only once the draw before it was launched (tests bisect on u this way without running the
@@ -568,7 +570,7 @@ def sample_rows(
     Full path: the chunk max, then per radix level (KEY_BITS / 4 of them) a 16-bin histogram per chunk, counts for
     top-k and weights for top-p, each program reducing the earlier levels' partial histograms itself (fixed
     order: the draw is deterministic), then the kept weight per chunk, then the draw in the chunk that holds it.
-    Top-k path (every row has top_k <= topk_path_max): 4 count levels over the top 16 key bits, then each chunk
+    Top-k path (every row has top_k < V, <= topk_path_max): 4 count levels over the top 16 key bits, then each chunk
     appends its candidates (top 16 bits >= the 4-level prefix: every top-k-kept token, a few ties more) to the
     row's buffer in vocabulary order, then one program per row draws from the buffer (exact top-k, top-p,
     min-p): 5 passes over the logits instead of up to 2 + 2 x KEY_BITS / 4 + 2.
@@ -594,7 +596,7 @@ def sample_rows(
     chunk = chunk or min(CHUNK, triton.next_power_of_2(v))
     block = min(1024, chunk)
     c = triton.cdiv(v, chunk)
-    topk_path = max_top_k <= topk_path_max
+    topk_path = max_top_k < v and max_top_k <= topk_path_max  # every row filters by a small top-k
     kc = (candidates or max(256, triton.next_power_of_2(2 * max_top_k))) if topk_path else 1
     any_p = any_top_p and not topk_path
     hist = s * c * 16 * (bits // 4)
@@ -613,15 +615,7 @@ def sample_rows(
             + [(2, lvl) for lvl in range(bits // 4) if any_top_p]
             + [(3, 0), (4, 0)]
         )
-    p = plan
-    if p is not None:
-        counts = p.counts if p.num_history else None
-        proc = [p.rows, p.hist, counts if counts is not None else p.rep, p.rep, p.freq, p.pres]
-        proc += [p.bias_start, p.bias_tok, p.bias_val, p.ban_start, p.ban_tok]
-        proc_sizes = [counts.stride(0) if counts is not None else 0, p.num_history]
-    else:
-        counts = None
-        proc, proc_sizes = [rows] * 11, [0, 0]
+    proc = [plan.rows, *plan.kernel_args()] if plan is not None else [rows] * 12 + [0, 0, 0, 0]
 
     def run(mode: int, lvl: int, u: torch.Tensor, out: torch.Tensor) -> None:
         launch(
@@ -644,15 +638,13 @@ def sample_rows(
             *proc,
             v,
             logits.stride(0),
-            *proc_sizes,
             s,
             c,
             lvl,
             MODE=mode,
             WITH_MIN_P=bool(any_min_p),
-            PROCESS=p is not None,
-            WITH_COUNTS=counts is not None,
-            TOPK_PATH=topk_path,
+            PROCESS=plan is not None,
+            WITH_COUNTS=plan is not None and bool(plan.num_history),
             KEY_BITS=bits,
             CHUNK=chunk,
             BLOCK=block,

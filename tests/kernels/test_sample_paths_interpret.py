@@ -24,21 +24,23 @@ def _draw(x, rows, temp, top_k, top_p, u, min_p, n_out, **kw):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_topk_path_equals_full_path_and_definition(dtype):
-    v, n = 1500, 6
+    v, n = 600, 6
     g = torch.Generator().manual_seed(11)
     x = (torch.randn(n, v, generator=g) * 3).to(dtype)
-    x[3, 100:400] = x[3, 0]  # many ties (all of them candidates: 300 > the k below, within 2 x k's buffer)
+    x[3, 100:300] = x[3, 0]  # many ties (all of them candidates: 200 > the k below, within 2 x k's buffer)
     rows = torch.tensor([4, 0, 3, 5, 1])
     temp = torch.tensor([1.0, 0.6, 1.3, 0.9, 2.0])
-    top_k = torch.tensor([40, 1, 250, 7, 100])
+    top_k = torch.tensor([40, 1, 150, 7, 100])
     top_p = torch.tensor([0.9, 1.0, 0.5, 0.8, 1.0])
     min_p = torch.tensor([0.05, 0.0, 0.0, 0.2, 0.01])
     for seed in range(3):
         u = torch.rand(len(rows), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         want = sample_rows_torch(x[rows], temp, top_k, top_p, u, min_p)
         topk = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256)
-        full = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256, topk_path_max=0)
-        assert topk[rows].tolist() == want.tolist() == full[rows].tolist()
+        assert topk[rows].tolist() == want.tolist()
+        if seed == 0:  # (the full path's 2 x 8 radix passes on fp32 are slow in the interpreter: once)
+            full = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256, topk_path_max=0)
+            assert full[rows].tolist() == want.tolist()
         assert topk[2].item() == -7  # rows not asked for are untouched
 
 
@@ -80,7 +82,7 @@ def test_fused_processing_equals_the_processed_copy(dtype, topk_path_max):
     top_k = torch.tensor([30, 5, 200, 60])
     top_p = torch.tensor([0.9, 1.0, 0.6, 1.0])
     min_p = torch.tensor([0.05, 0.0, 0.0, 0.02])
-    for seed in range(3):
+    for seed in range(3 if topk_path_max else 1):
         u = torch.rand(4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         want = sample_rows_torch(proc[rows], temp, top_k, top_p, u, min_p)
         got = _draw(x, rows, temp, top_k, top_p, u, min_p, 5, plan=p, chunk=256, topk_path_max=topk_path_max)
