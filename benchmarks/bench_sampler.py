@@ -131,7 +131,7 @@ def build_batch(logits: torch.Tensor, kind: str, g: torch.Generator) -> tuple[Sa
             params.append(SamplingParams(seed=i, logit_bias=bias, **KINDS["all"]))
         seqs = history_seqs(params, v, g)
         history = TokenHistory(b, v, logits.device)
-        history.rows_for(seqs)
+        history.rows_for(seqs, eos_token_ids=eos)  # (the tables and counts, written once as in the runner)
 
         def build():
             return SamplingBatch.for_seqs(seqs, v, logits.device, history=history, eos_token_ids=eos)

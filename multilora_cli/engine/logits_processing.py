@@ -98,35 +98,37 @@ class TokenHistory:
         setattr(self, name, t)
 
     def _write(self, new: list[tuple[Sequence, int, int]], eos_token_ids) -> None:
-        """Rows of `new` := their logit_bias and stop set; with a penalty, SEEN_IN_PROMPT at their prompt tokens +
-        the counts of their generated tokens."""
-        if self.bias_len is None:
-            self.bias_len = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
-            self.ban_len = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
-        bias = [sorted(seq.sampling.logit_bias.items()) for seq, _, _ in new]
-        ban = [sorted(set(stop_set(seq.sampling, eos_token_ids))) for seq, _, _ in new]
-        self._widen("bias_tok", max(map(len, bias)), torch.int64)
-        self._widen("bias_val", self.bias_tok.shape[1], torch.float32)
-        self._widen("ban_tok", max(map(len, ban)), torch.int64)
-        bw, nw = self.bias_tok.shape[1], self.ban_tok.shape[1]
-        rows = torch.tensor([row for _, row, _ in new], dtype=torch.int64)
-        bt, bv = torch.zeros(len(new), bw, dtype=torch.int64), torch.zeros(len(new), bw)
-        nt = torch.zeros(len(new), nw, dtype=torch.int64)
-        for k, (b, n) in enumerate(zip(bias, ban)):
-            bt[k, : len(b)] = torch.tensor([t for t, _ in b], dtype=torch.int64)
-            bv[k, : len(b)] = torch.tensor([v for _, v in b], dtype=torch.float32)
-            nt[k, : len(n)] = torch.tensor(n, dtype=torch.int64)
-        lens = torch.tensor([[len(b), len(n)] for b, n in zip(bias, ban)], dtype=torch.int64)
-        rows_d = rows.to(self.device)
-        self.bias_tok[rows_d] = bt.to(self.device)
-        self.bias_val[rows_d] = bv.to(self.device)
-        self.ban_tok[rows_d] = nt.to(self.device)
-        lens = lens.to(self.device)
-        self.bias_len[rows_d] = lens[:, 0]
-        self.ban_len[rows_d] = lens[:, 1]
+        """Rows of `new` := their logit_bias and stop set; with a penalty, their counts."""
+        self.write_tables([(seq.sampling, row) for seq, row, _ in new], eos_token_ids)
         counted = [(seq, row) for seq, row, _ in new if seq.sampling.needs_history]
         if counted:
             self._write_counts(counted)
+
+    def write_tables(self, entries: list[tuple[SamplingParams, int]], eos_token_ids) -> None:
+        """For each (params, row): the row's logit_bias entries (sorted by token) and stop set (with
+        `eos_token_ids` unless ignore_eos), in the tables at `row`."""
+        if self.bias_len is None:
+            self.bias_len = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
+            self.ban_len = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
+        bias = [sorted(sp.logit_bias.items()) for sp, _ in entries]
+        ban = [sorted(set(stop_set(sp, eos_token_ids))) for sp, _ in entries]
+        self._widen("bias_tok", max(map(len, bias)), torch.int64)
+        self._widen("bias_val", self.bias_tok.shape[1], torch.float32)
+        self._widen("ban_tok", max(map(len, ban)), torch.int64)
+        bw, nw, n = self.bias_tok.shape[1], self.ban_tok.shape[1], len(entries)
+        bt, bv = torch.zeros(n, bw, dtype=torch.int64), torch.zeros(n, bw)
+        nt = torch.zeros(n, nw, dtype=torch.int64)
+        for k, (b, x) in enumerate(zip(bias, ban)):
+            bt[k, : len(b)] = torch.tensor([t for t, _ in b], dtype=torch.int64)
+            bv[k, : len(b)] = torch.tensor([v for _, v in b], dtype=torch.float32)
+            nt[k, : len(x)] = torch.tensor(x, dtype=torch.int64)
+        rows = torch.tensor([row for _, row in entries], dtype=torch.int64).to(self.device)
+        lens = torch.tensor([[len(b), len(x)] for b, x in zip(bias, ban)], dtype=torch.int64).to(self.device)
+        self.bias_tok[rows] = bt.to(self.device)
+        self.bias_val[rows] = bv.to(self.device)
+        self.ban_tok[rows] = nt.to(self.device)
+        self.bias_len[rows] = lens[:, 0]
+        self.ban_len[rows] = lens[:, 1]
 
     def _write_counts(self, new: list[tuple[Sequence, int]]) -> None:
         """Count rows of `new` := SEEN_IN_PROMPT at their prompt tokens + the counts of their generated tokens."""

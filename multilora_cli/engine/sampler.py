@@ -139,8 +139,14 @@ class SamplingBatch:
             lists, flags = Draws.host_lists(params, u, vocab_size)
             return cls(Draws.from_device(to_device(lists, device), flags), len(params))
         hist = history_rows if history_rows is not None else [-1] * len(params)
+        if history is None and not any(params[i].needs_history for i in proc):
+            # (tests, tools) rows with a bias or bans only: a table of their own, written now
+            history, hist = TokenHistory(len(proc), vocab_size, device), list(hist)
+            history.write_tables([(params[i], k) for k, i in enumerate(proc)], eos_token_ids)
+            for k, i in enumerate(proc):
+                hist[i] = k
         if history is None or any(hist[i] < 0 for i in proc):
-            raise ValueError("SamplingBatch.build: a processed row (penalty, bias, bans) needs its token history row")
+            raise ValueError("SamplingBatch.build: a processed row (a penalty: always) needs its token history row")
         proc.sort(key=lambda i: not params[i].needs_history)  # rows with a penalty first (stable: batch order)
         num_history = sum(params[i].needs_history for i in proc)
         taken = set(proc)
