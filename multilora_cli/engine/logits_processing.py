@@ -161,15 +161,17 @@ def stop_set(sp: SamplingParams, eos_token_ids) -> list[int]:
     return ids
 
 
-def banned_now(sp: SamplingParams, position: int, eos_token_ids) -> list[int]:
-    """The tokens min_tokens bans at completion position `position` (tokens generated before it): the stop set
-    while position < min_tokens (transformers' MinNewTokensLengthLogitsProcessor, vLLM's min_tokens)."""
-    return stop_set(sp, eos_token_ids) if position < sp.min_tokens else []
+def bans_now(sp: SamplingParams, position: int, eos_token_ids) -> bool:
+    """Whether min_tokens bans the stop set (its stop_token_ids, and eos unless ignore_eos; the table holds it) at
+    completion position `position` (tokens generated before it): position < min_tokens and the set is not empty
+    (transformers' MinNewTokensLengthLogitsProcessor, vLLM's min_tokens). No list is built: it runs per row per
+    step."""
+    return position < sp.min_tokens and bool(sp.stop_token_ids or (eos_token_ids and not sp.ignore_eos))
 
 
-def needs_processing(sp: SamplingParams, banned: list[int]) -> bool:
+def needs_processing(sp: SamplingParams, bans: bool) -> bool:
     """Whether the row's logits change this step (else it is sampled from the raw logits, paying nothing)."""
-    return sp.needs_history or bool(sp.logit_bias) or bool(banned)
+    return sp.needs_history or bool(sp.logit_bias) or bans
 
 
 @dataclass(slots=True)
@@ -182,17 +184,17 @@ class LogitsProcessing:
 
     @staticmethod
     def host_lists(
-        params: list[SamplingParams], rows: list[int], hist: list[int], banned: list[list[int]]
+        params: list[SamplingParams], rows: list[int], hist: list[int], bans: list[bool]
     ) -> list[list[float]]:
         """The plan's per-row fields as lists of numbers for ONE host->device copy (`from_device` reads them back):
-        rows[i] is a logits row, hist[i] its table row, banned[i] its banned tokens now (the table holds which)."""
+        rows[i] is a logits row, hist[i] its table row, bans[i] whether its stop set is banned now (`bans_now`)."""
         return [
             rows,
             hist,
             [params[j].repetition_penalty for j in rows],
             [params[j].frequency_penalty for j in rows],
             [params[j].presence_penalty for j in rows],
-            [1 if ban else 0 for ban in banned],
+            [1 if ban else 0 for ban in bans],
         ]
 
     @classmethod

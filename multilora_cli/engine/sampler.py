@@ -26,13 +26,14 @@ processing; the logits passed in stay the raw model's.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from multilora_cli.config import SamplingParams
 from multilora_cli.engine.grammar.rows import GrammarMask
-from multilora_cli.engine.logits_processing import LogitsProcessing, TokenHistory, banned_now, needs_processing
+from multilora_cli.engine.logits_processing import LogitsProcessing, TokenHistory, bans_now, needs_processing
 from multilora_cli.engine.sequence import Sequence, splitmix64
 from multilora_cli.kernels import use_triton
 from multilora_cli.kernels.penalties import ProcessPlan
@@ -41,9 +42,15 @@ from multilora_cli.kernels.sample import sample_rows, sample_rows_torch
 _MASK64 = (1 << 64) - 1
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _mixed_seed(seed: int) -> int:
+    """splitmix64 of the seed, once per seed (a sequence draws at every step: half of `uniform`'s host time)."""
+    return splitmix64(seed & _MASK64)
+
+
 def uniform(seed: int, position: int) -> float:
     """u in [0, 1) with 53 random bits, a pure function of (seed, position)."""
-    x = splitmix64(splitmix64(seed & _MASK64) ^ (position & _MASK64))
+    x = splitmix64(_mixed_seed(seed) ^ (position & _MASK64))
     return (x >> 11) * (1.0 / (1 << 53))
 
 
@@ -133,8 +140,8 @@ class SamplingBatch:
         u = [0.0 if sp.greedy or sp.top_k == 1 else uniform(sd, pos) for sp, sd, pos in zip(params, seeds, positions)]
         proc = []
         if any(sp.processes_logits for sp in params):
-            banned = [banned_now(sp, pos, eos_token_ids) for sp, pos in zip(params, positions)]
-            proc = [i for i, sp in enumerate(params) if needs_processing(sp, banned[i])]
+            bans = [bans_now(sp, pos, eos_token_ids) for sp, pos in zip(params, positions)]
+            proc = [i for i, sp in enumerate(params) if needs_processing(sp, bans[i])]
         if not proc:
             lists, flags = Draws.host_lists(params, u, vocab_size)
             return cls(Draws.from_device(to_device(lists, device), flags), len(params))
@@ -155,7 +162,7 @@ class SamplingBatch:
         plain_lists[0] = [plain[j] for j in plain_lists[0]]  # greedy and sampled rows: back to logits rows
         plain_lists[1] = [plain[j] for j in plain_lists[1]]
         proc_lists, proc_flags = Draws.host_lists([params[i] for i in proc], [u[i] for i in proc], vocab_size)
-        plan_lists = LogitsProcessing.host_lists(params, proc, [hist[i] for i in proc], [banned[i] for i in proc])
+        plan_lists = LogitsProcessing.host_lists(params, proc, [hist[i] for i in proc], [bans[i] for i in proc])
         parts = to_device(plain_lists + proc_lists + plan_lists, device)
         n, m = len(plain_lists), len(proc_lists)
         return cls(
