@@ -15,6 +15,17 @@ by Triton's histogram, masses by a compare per bin; a chunk with nothing under t
 each row is cut into chunks so that a pass fills the GPU: a row costs a few passes over its logits instead of a
 [V] sort (Llama-3, 256 rows: 3.7 ms with torch.sort, see benchmarks/RESULTS.md). A row's token depends on its
 logits, parameters and u only: every reduction runs in a fixed order.
+
+Two paths. Full (top-p or min-p without top-k, or a k above TOPK_PATH_MAX): the chunk max, 4 (16-bit keys) or
+8 (fp32) count levels for top-k, as many weight levels for top-p, the kept weight per chunk, the draw: up to
+2 + 2 x 8 passes over the row. Top-k (every row has a top_k <= TOPK_PATH_MAX, the usual 20-100): 4 count levels
+over the top 16 key bits whatever the dtype, one pass appending each chunk's candidates (top 16 bits >= the
+prefix found: the top-k-kept tokens plus the few tied with the k-th in those bits) to a per-row buffer, then one
+program per row does the exact top-k, top-p, min-p and the draw on that buffer (kernels/sample_topk.py): 5
+passes over the row, no weight histogram, no max pass (the top token is a candidate).
+Processed rows (logit_bias, penalties, bans: kernels/penalties.py) pass a ProcessPlan: every load of a pass
+computes the processed fp32 logit from the model's logits, the row's token counts and its bias / ban entries
+(kernels/penalties.process_block), so no fp32 [rows, V] processed copy is written and read back.
 """
 
 from __future__ import annotations
