@@ -141,6 +141,7 @@ def _sample_pass(
     CB: tl.constexpr,
     KC: tl.constexpr,
     TT: tl.constexpr,
+    NINF16: tl.constexpr,
 ):
     """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
     (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight (min-p applied from here on: it cuts
@@ -181,11 +182,13 @@ def _sample_pass(
                 )
             tl.store(part_k_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
     elif MODE == 5:
+        # candidates: top 16 key bits >= prefix; > prefix when prefix is -inf's (a row with fewer than k finite
+        # logits, e.g. under a grammar mask: its -inf ones weigh 0, are never drawn, and would overflow the buffer)
         prefix = _resolve(part_k_ptr, S, C, i, 4, top_k.to(tl.float32), CB)
-        cnt = _chunk_counts(part_k_ptr, S, C, i, prefix, CB)
+        cnt = _chunk_counts(part_k_ptr, S, C, i, prefix, prefix != NINF16, CB)
         pos = tl.sum(tl.where(cs < c, cnt, 0.0), axis=0).to(tl.int32)  # this chunk's place in the row's buffer
         if (tl.sum(cnt, axis=0) <= KC) & (tl.sum(tl.where(cs == c, cnt, 0.0), axis=0) > 0):
-            low = _as_key(prefix << (KEY_BITS - 16), KEY_BITS)
+            low = _as_key((prefix + (prefix == NINF16).to(tl.int64)) << (KEY_BITS - 16), KEY_BITS)
             for start in range(lo, hi, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 ok = offs < hi
@@ -197,7 +200,7 @@ def _sample_pass(
                 pos += tl.sum(keep.to(tl.int32), axis=0)
     elif MODE == 6:
         prefix = _resolve(part_k_ptr, S, C, i, 4, top_k.to(tl.float32), CB)
-        n = tl.sum(_chunk_counts(part_k_ptr, S, C, i, prefix, CB), axis=0)
+        n = tl.sum(_chunk_counts(part_k_ptr, S, C, i, prefix, prefix != NINF16, CB), axis=0)
         u = tl.load(u_ptr + i)
         if n <= KC:
             tok = _finish(
@@ -330,6 +333,9 @@ def sample_rows(
     part_k = scratch[2 * s * c : 2 * s * c + hist] if any_top_k or topk_path else scratch
     part_p = scratch[2 * s * c + hist * (any_top_k or topk_path) :] if any_p else scratch
     cval = scratch[scratch.numel() - s * kc :]
+    # the top 16 bits of -inf's key in the keys' dtype (processed logits: fp32)
+    ninf = torch.full((1, 1), float("-inf"), dtype=torch.float32 if plan is not None else logits.dtype)
+    ninf16 = int(order_keys(ninf)) >> (bits - 16)
     ctok = torch.empty(s * kc if topk_path else 1, dtype=torch.int32, device=logits.device)
     if topk_path:
         passes = [(1, lvl) for lvl in range(4)] + [(5, 0), (6, 0)]
@@ -378,6 +384,7 @@ def sample_rows(
             CB=triton.next_power_of_2(c),
             KC=kc,
             TT=max(1, min(kc, 8192 // kc)),
+            NINF16=ninf16,
             num_warps=4,
         )
 

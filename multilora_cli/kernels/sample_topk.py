@@ -13,10 +13,10 @@ from multilora_cli.kernels.sample_row import _digit, _histogram, _kept_sum, _key
 
 
 @triton.jit
-def _chunk_counts(part_ptr, S, C, i, prefix, CB: tl.constexpr):
-    """[CB] f32: per chunk of row i, how many of its keys have their top 16 bits >= prefix (a 4-level prefix),
-    read off the 4 levels' count histograms part[lvl, i, :C, :16] (digits above the prefix's at each level, plus
-    the prefix's own bin at the last)."""
+def _chunk_counts(part_ptr, S, C, i, prefix, incl, CB: tl.constexpr):
+    """[CB] f32: per chunk of row i, how many of its keys have their top 16 bits > prefix (a 4-level prefix), or
+    >= it where `incl`, read off the 4 levels' count histograms part[lvl, i, :C, :16] (digits above the prefix's
+    at each level, plus the prefix's own bin at the last where incl)."""
     bins = tl.arange(0, 16)
     cs = tl.arange(0, CB)
     cnt = tl.zeros((CB,), tl.float32)
@@ -24,7 +24,7 @@ def _chunk_counts(part_ptr, S, C, i, prefix, CB: tl.constexpr):
         d = (prefix >> (12 - 4 * lvl)) & 15
         h = tl.load(part_ptr + ((lvl * S + i) * C + cs[:, None]) * 16 + bins[None, :], mask=cs[:, None] < C, other=0.0)
         if lvl == 3:
-            sel = bins >= d
+            sel = (bins > d) | ((bins == d) & incl)
         else:
             sel = bins > d
         cnt += tl.sum(tl.where(sel[None, :], h, 0.0), axis=1)

@@ -89,3 +89,22 @@ def test_fused_processing_equals_the_processed_copy(dtype, topk_path_max):
         assert got[rows].tolist() == want.tolist()
         assert got[2].item() == -7
         assert not torch.isinf(proc[rows].gather(1, want.unsqueeze(1))).any()  # never a banned token
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rows_with_fewer_finite_logits_than_k(dtype):
+    """A row masked to 6 finite logits (a grammar's) under top-k 40: its -inf logits are not candidates (they
+    weigh 0), so its 6 fit a 64-entry buffer; the draws equal the definition's and stay among the 6."""
+    v = 500
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, v, generator=g) * 2
+    allowed = torch.tensor([3, 77, 78, 200, 301, 499])
+    x[1] = torch.where(torch.isin(torch.arange(v), allowed), x[1], float("-inf"))
+    x = x.to(dtype)
+    temp, top_k = torch.tensor([1.0, 1.5]), torch.tensor([40, 40])
+    top_p, min_p = torch.tensor([0.9, 1.0]), torch.zeros(2)
+    for seed in range(3):
+        u = torch.rand(2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        want = sample_rows_torch(x, temp, top_k, top_p, u, min_p)
+        got = _draw(x, torch.arange(2), temp, top_k, top_p, u, min_p, 2, chunk=128, candidates=64)
+        assert got.tolist() == want.tolist() and got[1].item() in allowed.tolist()
