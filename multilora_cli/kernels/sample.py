@@ -30,6 +30,7 @@ computes the processed fp32 logit from the model's logits, the row's token count
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import torch
@@ -333,9 +334,7 @@ def sample_rows(
     part_k = scratch[2 * s * c : 2 * s * c + hist] if any_top_k or topk_path else scratch
     part_p = scratch[2 * s * c + hist * (any_top_k or topk_path) :] if any_p else scratch
     cval = scratch[scratch.numel() - s * kc :]
-    # the top 16 bits of -inf's key in the keys' dtype (processed logits: fp32)
-    ninf = torch.full((1, 1), float("-inf"), dtype=torch.float32 if plan is not None else logits.dtype)
-    ninf16 = int(order_keys(ninf)) >> (bits - 16)
+    ninf16 = _ninf16(torch.float32 if plan is not None else logits.dtype)
     ctok = torch.empty(s * kc if topk_path else 1, dtype=torch.int32, device=logits.device)
     if topk_path:
         passes = [(1, lvl) for lvl in range(4)] + [(5, 0), (6, 0)]
@@ -392,6 +391,13 @@ def sample_rows(
         run(mode, lvl, u, out)
     for u_again, out_again in redraws:  # the draw pass only reads the filter passes' scratch
         run(passes[-1][0], 0, u_again, out_again)
+
+
+@functools.cache
+def _ninf16(dtype: torch.dtype) -> int:
+    """The top 16 bits of -inf's key in `dtype` (the keys' dtype: processed logits are fp32)."""
+    bits = 32 if dtype == torch.float32 else 16
+    return int(order_keys(torch.full((1, 1), float("-inf"), dtype=dtype))) >> (bits - 16)
 
 
 # --- the same semantics in torch: the CPU path and the tests' reference --------------------------------------
