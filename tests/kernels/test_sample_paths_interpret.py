@@ -68,7 +68,7 @@ def test_overflowing_rows_take_the_serial_path():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("topk_path_max", [1024, 0])
+@pytest.mark.parametrize("topk_path_max", [1024, pytest.param(0, marks=pytest.mark.slow)])  # 0: full path, fp32
 def test_fused_processing_equals_the_processed_copy(dtype, topk_path_max):
     """Rows of a ProcessPlan (bias +-100, bans, penalties from a history) drawn by the kernel processing as it
     loads, on either path, equal the torch path drawing from process_rows_torch's fp32 copy."""
