@@ -108,3 +108,22 @@ def test_rows_with_fewer_finite_logits_than_k(dtype):
         want = sample_rows_torch(x, temp, top_k, top_p, u, min_p)
         got = _draw(x, torch.arange(2), temp, top_k, top_p, u, min_p, 2, chunk=128, candidates=64)
         assert got.tolist() == want.tolist() and got[1].item() in allowed.tolist()
+
+
+def test_fp32_top_k_refined_inside_the_16_bit_bucket():
+    """fp32 logits 100 apart by 2^-20 share their top 16 key bits: all 100 are candidates, and the draw's exact
+    top-k (32-bit keys) keeps the 30 largest only, as the definition does; in any chunk of the row."""
+    v = 400
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, v, generator=g) - 4
+    for r in range(3):
+        at = torch.randperm(v, generator=g)[:100]
+        x[r, at] = 5.0 + torch.arange(100) * 2.0**-20
+    temp, top_k = torch.full((3,), 0.01), torch.tensor([30, 30, 99])  # low T: the tokens differ in weight
+    top_p, min_p = torch.tensor([1.0, 0.5, 1.0]), torch.zeros(3)
+    for seed in range(3):
+        u = torch.rand(3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        want = sample_rows_torch(x, temp, top_k, top_p, u, min_p)
+        got = _draw(x, torch.arange(3), temp, top_k, top_p, u, min_p, 3, chunk=128)
+        assert got.tolist() == want.tolist()
+        assert (x[:2].gather(1, got[:2].unsqueeze(1)) >= 5.0 + 70 * 2.0**-20).all()  # among the 30 largest
