@@ -208,9 +208,9 @@ def _sample_pass(
                 cval_ptr + i * KC, ctok_ptr + i * KC, n.to(tl.int32), inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KC, TT
             )
         else:
-            tok = _serial(
-                row, V, r, P, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
-            )
+            # blocks of 256: its weight histogram's [16, block] accumulator would take 128 registers a thread at
+            # 1024 and spill the buffer's draw above (ptxas, sm_90, processed rows)
+            tok = _serial(row, V, r, P, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, 256)
         tl.store(out_ptr + r, tok.to(tl.int64))
     else:
         m = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=float("-inf")), axis=0)
