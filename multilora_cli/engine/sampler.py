@@ -37,7 +37,7 @@ from multilora_cli.engine.logits_processing import LogitsProcessing, TokenHistor
 from multilora_cli.engine.sequence import Sequence, splitmix64
 from multilora_cli.kernels import use_triton
 from multilora_cli.kernels.penalties import ProcessPlan
-from multilora_cli.kernels.sample import sample_rows, sample_rows_torch
+from multilora_cli.kernels.sample import TOPK_PATH_MAX, sample_rows, sample_rows_torch
 
 _MASK64 = (1 << 64) - 1
 
@@ -68,16 +68,23 @@ class Draws:
     any_top_k: bool = True  # some sampled row filters by top-k / top-p / min-p: the kernel's work for it runs
     any_top_p: bool = True
     any_min_p: bool = True
-    max_top_k: int | None = None  # the largest top_k (V for a row without); None: unknown (the kernel reads it)
+    # the first num_topk sampled rows take the kernel's top-k path (their own top_k < V and <= TOPK_PATH_MAX),
+    # the others its full path: each row's path is its own, never its batch's
+    num_topk: int = 0
+    max_top_k: int = 1  # the largest top_k of those first num_topk rows
 
     @staticmethod
     def host_lists(params: list[SamplingParams], u: list[float], vocab_size: int) -> tuple[list[list], dict]:
         """(lists of numbers for the one host->device copy, the flags) for rows with `params` and draws `u`,
-        numbered 0.. in that order."""
+        numbered 0.. in that order (the sampled rows: top-k path rows first)."""
         g, s = [], []
         for i, sp in enumerate(params):
             (g if sp.greedy or sp.top_k == 1 else s).append(i)
         k = [min(params[i].top_k, vocab_size) or vocab_size for i in s]
+        topk = [x < vocab_size and x <= TOPK_PATH_MAX for x in k]
+        s = [i for i, t in zip(s, topk) if t] + [i for i, t in zip(s, topk) if not t]
+        k = [x for x, t in zip(k, topk) if t] + [x for x, t in zip(k, topk) if not t]
+        num_topk = sum(topk)
         lists = [
             g,
             s,
@@ -91,7 +98,8 @@ class Draws:
             any_top_k=any(x < vocab_size for x in k),
             any_top_p=any(params[i].top_p < 1.0 for i in s),
             any_min_p=any(params[i].min_p > 0.0 for i in s),
-            max_top_k=max(k, default=vocab_size),
+            num_topk=num_topk,
+            max_top_k=max(k[:num_topk], default=1),
         )
         return lists, flags
 
@@ -210,21 +218,26 @@ def _draw(logits: torch.Tensor, d: Draws, out: torch.Tensor, triton: bool, plan:
         out[d.greedy_rows] = logits[d.greedy_rows].argmax(dim=-1)
     if d.rows.numel():
         if triton:
-            sample_rows(
-                logits,
-                d.rows,
-                d.temp,
-                d.top_k,
-                d.top_p,
-                d.u,
-                out,
-                min_p=d.min_p,
-                plan=plan,
-                any_top_k=d.any_top_k,
-                any_top_p=d.any_top_p,
-                any_min_p=d.any_min_p,
-                max_top_k=d.max_top_k,
-            )
+            v, n = logits.shape[1], d.num_topk
+            for part, topk in ((slice(0, n), True), (slice(n, None), False)):  # (views: no copy, no launch)
+                if (n if topk else d.rows.numel() - n) == 0:
+                    continue
+                sample_rows(
+                    logits,
+                    d.rows[part],
+                    d.temp[part],
+                    d.top_k[part],
+                    d.top_p[part],
+                    d.u[part],
+                    out,
+                    min_p=d.min_p[part],
+                    plan=plan,
+                    any_top_k=d.any_top_k,
+                    any_top_p=d.any_top_p,
+                    any_min_p=d.any_min_p,
+                    max_top_k=d.max_top_k if topk else v,
+                    topk_path_max=TOPK_PATH_MAX if topk else 0,
+                )
         else:
             min_p = d.min_p if d.any_min_p else None
             out[d.rows] = sample_rows_torch(logits[d.rows], d.temp, d.top_k, d.top_p, d.u, min_p)

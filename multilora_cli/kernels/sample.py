@@ -44,7 +44,9 @@ from multilora_cli.kernels.sample_topk import _chunk_counts, _finish, _serial
 
 LOG2E = 1.4426950408889634
 CHUNK = 8192  # logits per program: a 128k vocabulary x 256 rows is 4096 programs, 8 blocks of 1024 each
-TOPK_PATH_MAX = 1024  # the top-k path's largest k: its per-row draw compares all pairs of <= 2,048 candidates
+TOPK_PATH_MAX = 1024  # the top-k path's largest k
+CANDIDATES = 2048  # the top-k path's buffer per row (KC): one size for every launch, so a row's draw never depends
+# on its batch's largest k (the buffer's reductions run in an order set by its size); 2 x the largest k
 
 
 @triton.jit
@@ -282,8 +284,9 @@ def sample_rows(
             (process_rows(logits, plan)[rows[i]], fp32), computed inside every pass: no processed copy is written
     any_top_k / any_top_p / any_min_p: whether some row has top_k < V / top_p < 1 / min_p > 0; max_top_k: the
              largest top_k (V for a row without); None: read off the tensors, a sync
-    topk_path_max: rows are drawn by the top-k path when every row has top_k < V and <= this; candidates: its buffer
-             size per row (default: 2 x the largest k, at least 256), smaller only in tests
+    topk_path_max: rows are drawn by the top-k path when every row has top_k < V and <= this (the Sampler calls
+             once per path, each row by its own top_k: a row's path never depends on its batch); candidates: the
+             path's buffer size per row (CANDIDATES; smaller only in tests)
     redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
              iterable only once the draw before it was launched (tests bisect on u this way without running the
              filter passes again); the serving path passes none
@@ -326,7 +329,7 @@ def sample_rows(
     block = min(1024, chunk)
     c = triton.cdiv(v, chunk)
     topk_path = max_top_k < v and max_top_k <= topk_path_max  # every row filters by a small top-k
-    kc = (candidates or max(256, triton.next_power_of_2(2 * max_top_k))) if topk_path else 1
+    kc = (candidates or CANDIDATES) if topk_path else 1
     any_p = any_top_p and not topk_path
     hist = s * c * 16 * (bits // 4)
     scratch = torch.empty(2 * s * c + hist * (any_top_k or topk_path) + hist * any_p + s * kc, device=logits.device)

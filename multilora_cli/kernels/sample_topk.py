@@ -36,7 +36,8 @@ def _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P: tl.constex
     """The draw from a row's n <= KC candidates (cval: their logits, fp32, ctok: their ids, in vocabulary order;
     every top-k-kept token is among them): the exact top-k (k-th largest key), top-p within its survivors, min-p,
     the inverse-CDF draw. Ranks and masses above a key are compare-and-sum over all pairs, TT candidates at a
-    time (KC <= 2048: at most 4M compares, one program)."""
+    time (n x KC compares). KC is the same for every launch (kernels/sample.CANDIDATES), so a row's sums run in
+    the same order whatever its batch."""
     idx = tl.arange(0, KC)
     valid = idx < n
     x = tl.load(cval + idx, mask=valid, other=float("-inf"))
@@ -44,7 +45,7 @@ def _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P: tl.constex
     m = tl.max(tl.where(valid, x * inv_t, float("-inf")), axis=0)
     w = tl.where(valid, _weights(x, inv_t, m), 0.0)
     tau_k = tl.zeros((), tl.int64)
-    for t0 in range(0, KC, TT):  # tau_k = the largest key with >= k keys at or above it
+    for t0 in range(0, n, TT):  # tau_k = the largest key with >= k keys at or above it
         tt = t0 + tl.arange(0, TT)
         kt = tl.where(tt < n, _keys(tl.load(cval + tt, mask=tt < n, other=0.0), 32), -1)
         ge = tl.sum((key[None, :] >= kt[:, None]).to(tl.int32), axis=1)
@@ -54,7 +55,7 @@ def _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P: tl.constex
     if top_p < 1.0:  # the smallest kept key whose strictly larger kept mass is < top_p of the kept total
         need = top_p * tl.sum(wk, axis=0)
         tau_p = tl.full((), 9223372036854775807, tl.int64)
-        for t0 in range(0, KC, TT):
+        for t0 in range(0, n, TT):
             tt = t0 + tl.arange(0, TT)
             kt = tl.where(tt < n, _keys(tl.load(cval + tt, mask=tt < n, other=0.0), 32), -1)
             above = tl.sum(tl.where(key[None, :] > kt[:, None], wk[None, :], 0.0), axis=1)
