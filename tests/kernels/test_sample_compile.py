@@ -43,7 +43,7 @@ def compile(fn, constexprs, logits="*bf16", out=None):
 
 for process, bits in ((False, 16), (True, 32)):
     for mode in range(7):
-        kc = 256 if mode in (1, 5, 6) else 1
+        kc = 2048 if mode in (1, 5, 6) else 1  # (kernels/sample.CANDIDATES)
         compile(_sample_pass, dict(MODE=mode, WITH_MIN_P=True, PROCESS=process, WITH_COUNTS=process, KEY_BITS=bits,
                                    CHUNK=8192, BLOCK=1024, CB=16, KC=kc, TT=max(1, min(kc, 8192 // kc)), NINF16=127))
 compile(_process_kernel, dict(WITH_COUNTS=True, BLOCK=2048), out="*fp32")
