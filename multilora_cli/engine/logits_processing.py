@@ -116,12 +116,16 @@ class TokenHistory:
         self._widen("bias_val", self.bias_tok.shape[1], torch.float32)
         self._widen("ban_tok", max(map(len, ban)), torch.int64)
         bw, nw, n = self.bias_tok.shape[1], self.ban_tok.shape[1], len(entries)
+        # dense [n, W] host rows from flat lists (one tensor each, not one per row: 256 new sequences at once)
+        br = [k for k, b in enumerate(bias) for _ in b]
+        bc = [j for b in bias for j in range(len(b))]
+        nr = [k for k, x in enumerate(ban) for _ in x]
+        nc = [j for x in ban for j in range(len(x))]
         bt, bv = torch.zeros(n, bw, dtype=torch.int64), torch.zeros(n, bw)
         nt = torch.zeros(n, nw, dtype=torch.int64)
-        for k, (b, x) in enumerate(zip(bias, ban)):
-            bt[k, : len(b)] = torch.tensor([t for t, _ in b], dtype=torch.int64)
-            bv[k, : len(b)] = torch.tensor([v for _, v in b], dtype=torch.float32)
-            nt[k, : len(x)] = torch.tensor(x, dtype=torch.int64)
+        bt[br, bc] = torch.tensor([t for b in bias for t, _ in b], dtype=torch.int64)
+        bv[br, bc] = torch.tensor([v for b in bias for _, v in b], dtype=torch.float32)
+        nt[nr, nc] = torch.tensor([t for x in ban for t in x], dtype=torch.int64)
         rows = torch.tensor([row for _, row in entries], dtype=torch.int64).to(self.device)
         lens = torch.tensor([[len(b), len(x)] for b, x in zip(bias, ban)], dtype=torch.int64).to(self.device)
         self.bias_tok[rows] = bt.to(self.device)
