@@ -10,8 +10,13 @@ launches it (eager: the sampler is not in the decode graph): greedy = argmax ove
 path); the others = `Sampler` on them: plain (temperature only), top-p, top-k, both, min-p (with top-p), and
 `all`: every row with every parameter on (temperature, top-k, top-p, min-p, repetition / frequency / presence
 penalties over a history of HISTORY tokens per row (half prompt, half generated), a logit_bias of BIAS entries,
-min_tokens still banning the eos ids), which adds the per-row processing pass over [B, V] (gather into fp32,
-bias, penalties from the device token history, bans) and the history update after the draw. Side by side on its
+min_tokens still banning the eos ids), which adds the processing (bias, penalties from the device token
+history, bans; on the kernel path inside the sampling passes' loads, no fp32 copy) and the history update after
+the draw. Passes over [B, V] on the kernel path: top-k and `all` (top-k 50) take the top-k path, 4 count levels +
+1 candidate pass (`all` reads the bf16 logits + the int32 counts in each: 6 B a logit, 30 B in all, against 86 B
+and 19 launches when it processed into an fp32 copy first); top-p and min-p the full path, 1 max + 4 weight
+levels + kept + draw over bf16. The host build of `all` sends [B]-sized fields only (the bias entries and stop
+sets sit in the device sequence table, written once per sequence, outside the timed build). Side by side on its
 two paths: `triton` (kernels/sample.py and kernels/penalties.py: no sort) and `torch` (the same definitions as
 torch ops, with a [B, V] sort: the baseline); on the CPU the torch path only. GPU: medians of triton do_bench
 (eager launches included, as in the engine), interleaved and repeated, min taken; CPU: medians of wall times.
@@ -131,7 +136,7 @@ def build_batch(logits: torch.Tensor, kind: str, g: torch.Generator) -> tuple[Sa
             params.append(SamplingParams(seed=i, logit_bias=bias, **KINDS["all"]))
         seqs = history_seqs(params, v, g)
         history = TokenHistory(b, v, logits.device)
-        history.rows_for(seqs)
+        history.rows_for(seqs, eos_token_ids=eos)  # (the tables and counts, written once as in the runner)
 
         def build():
             return SamplingBatch.for_seqs(seqs, v, logits.device, history=history, eos_token_ids=eos)

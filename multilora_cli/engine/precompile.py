@@ -23,6 +23,7 @@ import torch
 from multilora_cli.kernels.blocks import token_bucket
 from multilora_cli.kernels.launch import collect, compile_all
 from multilora_cli.kernels.logprobs import logprob_rows_triton
+from multilora_cli.kernels.penalties import ProcessPlan
 from multilora_cli.kernels.sample import sample_rows
 from multilora_cli.layers.context import StepContext, reset_context, set_context
 
@@ -79,19 +80,34 @@ def _prefill_inputs(t: int, seq_len: int, prefix: int, block_size: int, device: 
 
 
 def _dry_sample(logits: torch.Tensor) -> None:
-    """One recorded sampling launch on logits shaped as the runner's ([N, V], model dtype, contiguous)."""
-    one = torch.zeros(1, device=logits.device)
-    sample_rows(
-        logits,
-        one.long(),
-        one + 1,
-        one.long() + logits.shape[1],
-        one + 1,
-        one.double(),
-        torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device),
-        any_top_k=True,
-        any_top_p=True,
-    )  # every pass recorded: the top-k and top-p variants too
+    """The sampling launches recorded on logits shaped as the runner's ([N, V], model dtype, contiguous): the
+    full path with every pass (top-k and top-p variants), the top-k path (k 50: the usual candidate buffer), and
+    both again with processing fused (a one-row plan with a token history: fp32 keys)."""
+    dev, v = logits.device, logits.shape[1]
+    one = torch.zeros(1, device=dev)
+    ids = one.long()
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=dev)
+    plan = ProcessPlan(
+        rows=ids,
+        hist=ids,
+        rep=one + 1,
+        freq=one,
+        pres=one,
+        ban_on=ids,
+        bias_tok=torch.zeros(1, 8, dtype=torch.int64, device=dev),
+        bias_val=torch.zeros(1, 8, device=dev),
+        bias_len=ids,
+        ban_tok=torch.zeros(1, 8, dtype=torch.int64, device=dev),
+        ban_len=ids,
+        num_history=1,
+        counts=torch.zeros(1, v, dtype=torch.int32, device=dev),
+    )
+    for p in (None, plan):
+        for k in (v, 50):  # v: the full path, every pass recorded; 50: the top-k path
+            sample_rows(
+                logits, ids, one + 1, ids + k, one + 1, one.double(), out,
+                plan=p, any_top_k=True, any_top_p=True, max_top_k=k,
+            )  # fmt: skip
 
 
 def _dry_logprobs(vocab: int, device: torch.device) -> None:

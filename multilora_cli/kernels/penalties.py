@@ -1,16 +1,20 @@
 """Logits processing for the rows that ask for it, in one pass over each such row.
 
-For each processed row i (logits row `rows[i]`), in this order on the raw logits, as transformers' generate and
-vLLM apply them (bias before the penalties, whose repetition part is multiplicative):
+For each processed row i (logits row `rows[i]`, sequence-table row t = hist[i]), in this order on the raw logits,
+as transformers' generate and vLLM apply them (bias before the penalties, whose repetition part is
+multiplicative):
     x = logits[rows[i]] as fp32
-    x[t] += bias                                      for each (t, bias) of the row's logit_bias     (OpenAI)
-    c = counts[hist[i]]                               (rows with a history: i < num_history)
+    x[tok] += val                  for (tok, val) in bias_tok / bias_val[t, :bias_len[t]]  (logit_bias, OpenAI)
+    c = counts[t]                                     (rows with a penalty: i < num_history)
     x = where(c != 0, where(x > 0, x / rep, x * rep), x)     repetition penalty, prompt + generated  (transformers)
     x -= freq * gen + pres * (gen > 0)                gen = c & (SEEN_IN_PROMPT - 1), generated only   (OpenAI)
-    x[t] = -inf                                       for each t the row bans now (min_tokens)
-`counts` holds, per history row, the generated count of each token plus SEEN_IN_PROMPT where the token is in
-the prompt (engine/logits_processing.py keeps it on the device). A row's rep 1 and freq / pres 0 change no bit.
-The Triton kernel runs on CUDA; `process_rows_torch` is the same definition in torch ops (the CPU path and the
+    x[tok] = -inf                  for tok in ban_tok[t, :ban_len[t]] if ban_on[i]   (the stop set, min_tokens)
+`counts`, `bias_*` and `ban_*` are the sequence table (engine/logits_processing.TokenHistory): per running
+sequence that processes its logits, on the device, written once when the sequence gets its row (counts: plus
+each sampled token, on the device), so a step sends only [P]-sized fields. counts[t, tok] = generated count of
+tok + SEEN_IN_PROMPT where tok is in the prompt. A row's rep 1 and freq / pres 0 change no bit.
+`process_block` is the definition on a block of a row, shared by the processing kernel here and the sampling
+kernel's fused loads (kernels/sample.py); `process_rows_torch` is the same in torch ops (the CPU path and the
 tests' reference; under TRITON_INTERPRET=1 the two agree bit for bit).
 """
 
@@ -31,13 +35,13 @@ _SEEN = tl.constexpr(SEEN_IN_PROMPT)  # the kernels' copy: a jit function reads 
 
 @dataclass(slots=True)
 class ProcessPlan:
-    """One step's processed rows, on the logits' device. P rows, the first `num_history` of them with a history.
+    """One step's processed rows, on the logits' device: P rows, the first `num_history` of them with a penalty,
+    and the sequence table they index (R rows).
 
-    rows:  [P] int64, rows of the logits;  hist: [P] int64, their rows of `counts` (-1 past num_history)
-    rep, freq, pres: [P] fp32 (1, 0, 0 = off)
-    bias_start: [P+1] int64, row i's entries are bias_tok / bias_val / bias_row[bias_start[i]:bias_start[i+1]],
-                sorted by token
-    ban_start:  [P+1] int64, likewise for ban_tok / ban_row (tokens set to -inf), sorted by token
+    rows: [P] int64, rows of the logits;  hist: [P] int64, their rows of the table
+    rep, freq, pres: [P] fp32 (1, 0, 0 = off);  ban_on: [P] int64, 1 where the row's stop set is banned now
+    bias_tok: [R, BW] int64, row t's logit_bias tokens sorted in [:bias_len[t]];  bias_val: [R, BW] fp32
+    bias_len: [R] int64;  ban_tok: [R, NW] int64, row t's stop set sorted in [:ban_len[t]];  ban_len: [R] int64
     counts: [R, V] int32, or None when num_history is 0
     """
 
@@ -46,19 +50,39 @@ class ProcessPlan:
     rep: torch.Tensor
     freq: torch.Tensor
     pres: torch.Tensor
-    bias_start: torch.Tensor
+    ban_on: torch.Tensor
     bias_tok: torch.Tensor
     bias_val: torch.Tensor
-    bias_row: torch.Tensor
-    ban_start: torch.Tensor
+    bias_len: torch.Tensor
     ban_tok: torch.Tensor
-    ban_row: torch.Tensor
+    ban_len: torch.Tensor
     num_history: int
     counts: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
         return self.rows.shape[0]
+
+    def kernel_args(self) -> list:
+        """The pointers and sizes `process_block` takes after `i`, in its order (WITH_COUNTS: counts is not None)."""
+        counts = self.counts if self.num_history else None
+        return [
+            self.hist,
+            counts if counts is not None else self.rep,  # (not read without counts)
+            self.rep,
+            self.freq,
+            self.pres,
+            self.ban_on,
+            self.bias_tok,
+            self.bias_val,
+            self.bias_len,
+            self.ban_tok,
+            self.ban_len,
+            counts.stride(0) if counts is not None else 0,
+            self.bias_tok.stride(0),
+            self.ban_tok.stride(0),
+            self.num_history,
+        ]
 
 
 @triton.jit
@@ -72,6 +96,58 @@ def _lower_bound(tok_ptr, lo, hi, t):
     return lo
 
 
+@triton.jit
+def process_block(
+    row,
+    offs,
+    ok,
+    first,
+    i,
+    hist_ptr,
+    counts_ptr,
+    rep_ptr,
+    freq_ptr,
+    pres_ptr,
+    ban_on_ptr,
+    bias_tok_ptr,
+    bias_val_ptr,
+    bias_len_ptr,
+    ban_tok_ptr,
+    ban_len_ptr,
+    stride_counts,
+    stride_bias,
+    stride_ban,
+    H,
+    WITH_COUNTS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Processed plan row i at `offs` (= first + arange(BLOCK), tokens < V where `ok`): fp32 [BLOCK], 0 where
+    not ok. `row` points at its logits row. The one definition: the processing kernel below and the sampling
+    kernel's fused loads (kernels/sample.py) both call it, so both see the same bits."""
+    x = tl.load(row + offs, mask=ok, other=0.0).to(tl.float32)
+    t = tl.load(hist_ptr + i)
+    # the row's bias / ban entries that fall in this block (found by binary search: a row may bias thousands of
+    # tokens), each compared with the whole block: no scatter, no atomics
+    b0 = t * stride_bias
+    b1 = b0 + tl.load(bias_len_ptr + t)
+    for j in range(_lower_bound(bias_tok_ptr, b0, b1, first), _lower_bound(bias_tok_ptr, b0, b1, first + BLOCK)):
+        x = tl.where(offs == tl.load(bias_tok_ptr + j), x + tl.load(bias_val_ptr + j), x)
+    if WITH_COUNTS:
+        if i < H:
+            c = tl.load(counts_ptr + t * stride_counts + offs, mask=ok, other=0)
+            gen = c & (_SEEN - 1)
+            rep = tl.load(rep_ptr + i)
+            x = tl.where(c != 0, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
+            fp = tl.load(freq_ptr + i) * gen.to(tl.float32)
+            pp = tl.load(pres_ptr + i) * (gen > 0).to(tl.float32)
+            x = x - (fp + pp)
+    n0 = t * stride_ban
+    n1 = n0 + tl.load(ban_len_ptr + t) * tl.load(ban_on_ptr + i)
+    for j in range(_lower_bound(ban_tok_ptr, n0, n1, first), _lower_bound(ban_tok_ptr, n0, n1, first + BLOCK)):
+        x = tl.where(offs == tl.load(ban_tok_ptr + j), float("-inf"), x)
+    return x
+
+
 @triton.jit(do_not_specialize=["H"])
 def _process_kernel(
     logits_ptr,
@@ -82,15 +158,18 @@ def _process_kernel(
     rep_ptr,
     freq_ptr,
     pres_ptr,
-    bias_start_ptr,
+    ban_on_ptr,
     bias_tok_ptr,
     bias_val_ptr,
-    ban_start_ptr,
+    bias_len_ptr,
     ban_tok_ptr,
+    ban_len_ptr,
+    stride_counts,
+    stride_bias,
+    stride_ban,
+    H,
     V,
     stride_logits,
-    stride_counts,
-    H,
     WITH_COUNTS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -99,24 +178,11 @@ def _process_kernel(
     offs = first + tl.arange(0, BLOCK)
     ok = offs < V
     r = tl.load(rows_ptr + i)
-    x = tl.load(logits_ptr + r * stride_logits + offs, mask=ok, other=0.0).to(tl.float32)
-    # the row's bias / ban entries that fall in this block (found by binary search: a row may bias thousands of
-    # tokens), each compared with the whole block: no scatter, no atomics
-    b0, b1 = tl.load(bias_start_ptr + i), tl.load(bias_start_ptr + i + 1)
-    for j in range(_lower_bound(bias_tok_ptr, b0, b1, first), _lower_bound(bias_tok_ptr, b0, b1, first + BLOCK)):
-        x = tl.where(offs == tl.load(bias_tok_ptr + j), x + tl.load(bias_val_ptr + j), x)
-    if WITH_COUNTS:
-        if i < H:
-            c = tl.load(counts_ptr + tl.load(hist_ptr + i) * stride_counts + offs, mask=ok, other=0)
-            gen = c & (_SEEN - 1)
-            rep = tl.load(rep_ptr + i)
-            x = tl.where(c != 0, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
-            fp = tl.load(freq_ptr + i) * gen.to(tl.float32)
-            pp = tl.load(pres_ptr + i) * (gen > 0).to(tl.float32)
-            x = x - (fp + pp)
-    n0, n1 = tl.load(ban_start_ptr + i), tl.load(ban_start_ptr + i + 1)
-    for j in range(_lower_bound(ban_tok_ptr, n0, n1, first), _lower_bound(ban_tok_ptr, n0, n1, first + BLOCK)):
-        x = tl.where(offs == tl.load(ban_tok_ptr + j), float("-inf"), x)
+    x = process_block(
+        logits_ptr + r * stride_logits, offs, ok, first, i, hist_ptr, counts_ptr, rep_ptr, freq_ptr, pres_ptr,
+        ban_on_ptr, bias_tok_ptr, bias_val_ptr, bias_len_ptr, ban_tok_ptr, ban_len_ptr, stride_counts, stride_bias,
+        stride_ban, H, WITH_COUNTS, BLOCK,
+    )  # fmt: skip
     tl.store(out_ptr + i.to(tl.int64) * V + offs, x, mask=ok)
 
 
@@ -129,47 +195,42 @@ def process_rows(logits: torch.Tensor, plan: ProcessPlan) -> torch.Tensor:
         return out
     if logits.stride(-1) != 1:
         raise ValueError("process_rows: logits must have a unit last stride")
-    counts = plan.counts if plan.num_history else None
     launch(
         _process_kernel,
         (p, triton.cdiv(v, BLOCK)),
         logits,
         out,
         plan.rows,
-        plan.hist,
-        counts if counts is not None else plan.rep,
-        plan.rep,
-        plan.freq,
-        plan.pres,
-        plan.bias_start,
-        plan.bias_tok,
-        plan.bias_val,
-        plan.ban_start,
-        plan.ban_tok,
+        *plan.kernel_args(),
         v,
         logits.stride(0),
-        counts.stride(0) if counts is not None else 0,
-        plan.num_history,
-        WITH_COUNTS=counts is not None,
+        WITH_COUNTS=bool(plan.num_history),
         BLOCK=BLOCK,
         num_warps=4,
     )
     return out
 
 
+def _entries(tok: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(plan row, column) of each entry j < n[i] of the [P, W] rows `tok`."""
+    keep = torch.arange(tok.shape[1], device=tok.device).unsqueeze(0) < n.unsqueeze(1)
+    return keep.nonzero(as_tuple=True)
+
+
 def process_rows_torch(logits: torch.Tensor, plan: ProcessPlan) -> torch.Tensor:
     """`process_rows` in torch ops: fp32 [P, V]."""
     x = logits.index_select(0, plan.rows).float()
-    if plan.bias_tok.numel():
-        x.index_put_((plan.bias_row, plan.bias_tok), plan.bias_val, accumulate=True)
+    t = plan.hist
+    i, j = _entries(plan.bias_tok, plan.bias_len[t])
+    x.index_put_((i, plan.bias_tok[t[i], j]), plan.bias_val[t[i], j], accumulate=True)
     h = plan.num_history
     if h:
-        c = plan.counts.index_select(0, plan.hist[:h])
+        c = plan.counts.index_select(0, t[:h])
         gen = c & (SEEN_IN_PROMPT - 1)
         xs = x[:h]
         rep = plan.rep[:h, None]
         xs = torch.where(c != 0, torch.where(xs > 0, xs / rep, xs * rep), xs)
         x[:h] = xs - (plan.freq[:h, None] * gen.float() + plan.pres[:h, None] * (gen > 0).float())
-    if plan.ban_tok.numel():
-        x.index_put_((plan.ban_row, plan.ban_tok), torch.tensor(float("-inf"), device=x.device))
+    i, j = _entries(plan.ban_tok, plan.ban_len[t] * plan.ban_on)
+    x.index_put_((i, plan.ban_tok[t[i], j]), torch.tensor(float("-inf"), device=x.device))
     return x

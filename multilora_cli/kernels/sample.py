@@ -15,10 +15,22 @@ by Triton's histogram, masses by a compare per bin; a chunk with nothing under t
 each row is cut into chunks so that a pass fills the GPU: a row costs a few passes over its logits instead of a
 [V] sort (Llama-3, 256 rows: 3.7 ms with torch.sort, see benchmarks/RESULTS.md). A row's token depends on its
 logits, parameters and u only: every reduction runs in a fixed order.
+
+Two paths. Full (top-p or min-p without top-k, or a k above TOPK_PATH_MAX): the chunk max, 4 (16-bit keys) or
+8 (fp32) count levels for top-k, as many weight levels for top-p, the kept weight per chunk, the draw: up to
+2 + 2 x 8 passes over the row. Top-k (every row has a top_k <= TOPK_PATH_MAX, the usual 20-100): 4 count levels
+over the top 16 key bits whatever the dtype, one pass appending each chunk's candidates (top 16 bits >= the
+prefix found: the top-k-kept tokens plus the few tied with the k-th in those bits) to a per-row buffer, then one
+program per row does the exact top-k, top-p, min-p and the draw on that buffer (kernels/sample_topk.py): 5
+passes over the row, no weight histogram, no max pass (the top token is a candidate).
+Processed rows (logit_bias, penalties, bans: kernels/penalties.py) pass a ProcessPlan: every load of a pass
+computes the processed fp32 logit from the model's logits, the row's token counts and its bias / ban entries
+(kernels/penalties.process_block), so no fp32 [rows, V] processed copy is written and read back.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import torch
@@ -26,38 +38,15 @@ import triton
 import triton.language as tl
 
 from multilora_cli.kernels.launch import launch
+from multilora_cli.kernels.penalties import ProcessPlan
+from multilora_cli.kernels.sample_row import _as_key, _digit, _histogram, _kept_sum, _keys, _load, _pick, _row_max
+from multilora_cli.kernels.sample_topk import _chunk_counts, _finish, _serial
 
 LOG2E = 1.4426950408889634
 CHUNK = 8192  # logits per program: a 128k vocabulary x 256 rows is 4096 programs, 8 blocks of 1024 each
-
-
-@triton.jit
-def _keys(raw, KEY_BITS: tl.constexpr):
-    """Logits (their storage dtype) -> keys in [0, 2^KEY_BITS) ordered as the floats (-0 before +0): int32 for
-    16-bit logits (int64 arithmetic costs two instructions per op), int64 for fp32."""
-    if KEY_BITS == 16:
-        b = raw.to(tl.int16, bitcast=True).to(tl.int32)
-        b = tl.where(b < 0, b ^ 0x7FFF, b)
-        return b + 32768
-    else:
-        b = raw.to(tl.int32, bitcast=True)
-        b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
-        return b.to(tl.int64) + 2147483648
-
-
-@triton.jit
-def _as_key(x, KEY_BITS: tl.constexpr):
-    """A key-valued int64 scalar in the keys' own type (so comparisons with them stay 32-bit where they can)."""
-    if KEY_BITS == 16:
-        return x.to(tl.int32)
-    else:
-        return x
-
-
-@triton.jit
-def _weights(raw, inv_t, m):
-    """exp(logit / T - m), the same expression in every pass (so every pass sees the same bits)."""
-    return tl.exp2((raw.to(tl.float32) * inv_t - m) * 1.4426950408889634)
+TOPK_PATH_MAX = 1024  # the top-k path's largest k
+CANDIDATES = 2048  # the top-k path's buffer per row (KC): one size for every launch, so a row's draw never depends
+# on its batch's largest k (the buffer's reductions run in an order set by its size); 2 x the largest k
 
 
 @triton.jit
@@ -72,10 +61,7 @@ def _resolve(part_ptr, S, C, i, nlvl, need, CB: tl.constexpr):
     for lvl in range(nlvl):
         ptrs = part_ptr + ((lvl * S + i) * C + cs[:, None]) * 16 + bins[None, :]
         hist = tl.sum(tl.load(ptrs, mask=cs[:, None] < C, other=0.0), axis=0)  # [16], chunks in a fixed order
-        suffix = tl.sum(tl.where(bins[None, :] >= bins[:, None], hist[None, :], 0.0), axis=1)
-        d = tl.maximum(tl.max(tl.where(above + suffix >= need, bins, -1), axis=0), 0)
-        above += tl.sum(tl.where(bins > d, hist, 0.0), axis=0)
-        prefix = prefix * 16 + d
+        prefix, above = _digit(hist, prefix, above, need)
     return prefix
 
 
@@ -102,38 +88,6 @@ def _threshold(
 
 
 @triton.jit
-def _histogram(
-    row, lo, hi, floor, prefix, shift, inv_t, m, MASS: tl.constexpr, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr
-):
-    """[16]: per digit (key >> shift) & 15 of the keys >= floor under `prefix`, their count or weight."""
-    bins = tl.arange(0, 16)
-    floor = _as_key(floor, KEY_BITS)
-    prefix = _as_key(prefix, KEY_BITS)
-    # [16, BLOCK], reduced once at the end: the block axis is the loads' layout (no shuffle of digit or w), the
-    # 16 bins repeat in each thread's registers. [BLOCK, 16] put the bins across threads: top-k over 256 rows
-    # of 128k took 2.7 ms instead of 0.8 ms on an H200 (a [16] reduction per block and int64 keys: 4.5 ms)
-    acc = tl.zeros((16, BLOCK), tl.float32)
-    counts = tl.zeros((16,), tl.int32)
-    for start in range(lo, hi, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ok = offs < hi
-        raw = tl.load(row + offs, mask=ok, other=0.0)
-        key = _keys(raw, KEY_BITS)
-        ok = ok & (key >= floor) & ((key >> (shift + 4)) == prefix)
-        digit = ((key >> shift) & 15).to(tl.int32)
-        if MASS:
-            w = tl.where(ok, _weights(raw, inv_t, m), 0.0)
-            acc += tl.where(bins[:, None] == digit[None, :], w[None, :], 0.0)
-        else:
-            # counts: Triton's warp-vote histogram, ~2x faster than the compare per bin (H200, 256 x 128k:
-            # 64-80 vs 150-155 us a pass); integers, so exact
-            counts += tl.histogram(digit, 16, mask=ok)
-    if MASS:
-        return tl.sum(acc, axis=1)
-    return counts.to(tl.float32)
-
-
-@triton.jit
 def _chunk_live(part_ptr, S, C, i, c, level, prefix):
     """Whether chunk c of row i has weight (or count) under `prefix` at `level`: its bin of the prefix's last digit
     one level up is > 0. A chunk with none would histogram to zeros, so skipping it changes no bit; under the
@@ -143,60 +97,7 @@ def _chunk_live(part_ptr, S, C, i, c, level, prefix):
     return (level == 0) | (v > 0)
 
 
-@triton.jit
-def _kept(raw, ok, tau, inv_t, m, min_p, WITH_MIN_P: tl.constexpr, KEY_BITS: tl.constexpr):
-    """The weights of the kept tokens (top-k and top-p: key >= tau; min-p: weight >= min_p), else 0."""
-    w = _weights(raw, inv_t, m)
-    keep = ok & (_keys(raw, KEY_BITS) >= tau)
-    if WITH_MIN_P:
-        keep = keep & (w >= min_p)
-    return tl.where(keep, w, 0.0)
-
-
-@triton.jit
-def _kept_sum(row, lo, hi, tau, inv_t, m, min_p, WITH_MIN_P: tl.constexpr, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
-    tau = _as_key(tau, KEY_BITS)
-    acc = tl.zeros((BLOCK,), tl.float32)
-    for start in range(lo, hi, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ok = offs < hi
-        raw = tl.load(row + offs, mask=ok, other=0.0)
-        acc += _kept(raw, ok, tau, inv_t, m, min_p, WITH_MIN_P, KEY_BITS)
-    return tl.sum(acc, axis=0)
-
-
-@triton.jit
-def _pick(
-    row,
-    lo,
-    hi,
-    tau,
-    inv_t,
-    m,
-    min_p,
-    run,
-    target,
-    WITH_MIN_P: tl.constexpr,
-    KEY_BITS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """The first kept token of [lo, hi) where run + the running kept weight exceeds target, else the last one."""
-    tau = _as_key(tau, KEY_BITS)
-    pick = tl.full((), 2147483647, tl.int32)
-    last = tl.full((), -1, tl.int32)
-    for start in range(lo, hi, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ok = offs < hi
-        raw = tl.load(row + offs, mask=ok, other=0.0)
-        w = _kept(raw, ok, tau, inv_t, m, min_p, WITH_MIN_P, KEY_BITS)
-        hit = (w > 0) & (run + tl.cumsum(w, axis=0) > target)
-        pick = tl.minimum(pick, tl.min(tl.where(hit, offs, 2147483647), axis=0))
-        last = tl.maximum(last, tl.max(tl.where(w > 0, offs, -1), axis=0))
-        run += tl.sum(w, axis=0)
-    return tl.where(pick == 2147483647, last, pick)
-
-
-@triton.jit(do_not_specialize=["LEVEL"])
+@triton.jit(do_not_specialize=["LEVEL", "H"])
 def _sample_pass(
     logits_ptr,
     rows_ptr,
@@ -210,6 +111,24 @@ def _sample_pass(
     psum_ptr,
     part_k_ptr,
     part_p_ptr,
+    cval_ptr,
+    ctok_ptr,
+    plan_rows_ptr,
+    hist_ptr,
+    counts_ptr,
+    rep_ptr,
+    freq_ptr,
+    pres_ptr,
+    ban_on_ptr,
+    bias_tok_ptr,
+    bias_val_ptr,
+    bias_len_ptr,
+    ban_tok_ptr,
+    ban_len_ptr,
+    stride_counts,
+    stride_bias,
+    stride_ban,
+    H,
     V,
     stride_row,
     S,
@@ -217,19 +136,33 @@ def _sample_pass(
     LEVEL,
     MODE: tl.constexpr,
     WITH_MIN_P: tl.constexpr,
+    PROCESS: tl.constexpr,
+    WITH_COUNTS: tl.constexpr,
     KEY_BITS: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
     CB: tl.constexpr,
+    KC: tl.constexpr,
+    TT: tl.constexpr,
+    NINF16: tl.constexpr,
 ):
     """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
     (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight (min-p applied from here on: it cuts
     by weight alone, so the top-p passes before it see the top-k-kept mass, as in transformers). 4: the draw, by
-    the chunk holding it."""
+    the chunk holding it. The top-k path: MODE 1 at levels 0-3 only, then 5: the chunk's candidates
+    (top 16 key bits >= the 4-level prefix) appended to the row's buffer, 6 (one program a row): the draw from
+    them (_finish), or _serial for a row with more than KC."""
     i = tl.program_id(0)
     c = tl.program_id(1)
-    r = tl.load(rows_ptr + i)
-    row = logits_ptr + r * stride_row
+    r = tl.load(rows_ptr + i)  # the out row; with PROCESS the plan row, whose logits row is plan_rows[r]
+    lr = r
+    if PROCESS:
+        lr = tl.load(plan_rows_ptr + r)
+    row = logits_ptr + lr * stride_row
+    P = (
+        hist_ptr, counts_ptr, rep_ptr, freq_ptr, pres_ptr, ban_on_ptr, bias_tok_ptr, bias_val_ptr, bias_len_ptr,
+        ban_tok_ptr, ban_len_ptr, stride_counts, stride_bias, stride_ban, H,
+    )  # fmt: skip
     inv_t = 1.0 / tl.load(temp_ptr + i)
     top_k = tl.load(top_k_ptr + i)
     top_p = tl.load(top_p_ptr + i)
@@ -239,35 +172,65 @@ def _sample_pass(
     lo = c * CHUNK
     hi = tl.minimum(lo + CHUNK, V)
     cs = tl.arange(0, CB)
+    shift = KEY_BITS - 4 - 4 * LEVEL
     if MODE == 0:
-        mx = tl.full((), float("-inf"), tl.float32)
-        for start in range(lo, hi, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            raw = tl.load(row + offs, mask=offs < hi, other=float("-inf"))
-            mx = tl.maximum(mx, tl.max(raw.to(tl.float32) * inv_t, axis=0))
-        tl.store(pmax_ptr + i * C + c, mx)
+        tl.store(pmax_ptr + i * C + c, _row_max(row, lo, hi, inv_t, r, P, PROCESS, WITH_COUNTS, BLOCK))
+    elif MODE == 1:
+        if top_k < V:  # the rows that filter by top-k (every row on the top-k path)
+            prefix = _resolve(part_k_ptr, S, C, i, LEVEL, top_k.to(tl.float32), CB)
+            hist = tl.zeros((16,), tl.float32)
+            if _chunk_live(part_k_ptr, S, C, i, c, LEVEL, prefix):
+                hist = _histogram(
+                    row, lo, hi, prefix * 0, prefix, shift, 1.0, 0.0, r, P, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
+                )
+            tl.store(part_k_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
+    elif MODE == 5:
+        # candidates: top 16 key bits >= prefix; > prefix when prefix is -inf's (a row with fewer than k finite
+        # logits, e.g. under a grammar mask: its -inf ones weigh 0, are never drawn, and would overflow the buffer)
+        prefix = _resolve(part_k_ptr, S, C, i, 4, top_k.to(tl.float32), CB)
+        cnt = _chunk_counts(part_k_ptr, S, C, i, prefix, prefix != NINF16, CB)
+        pos = tl.sum(tl.where(cs < c, cnt, 0.0), axis=0).to(tl.int32)  # this chunk's place in the row's buffer
+        if (tl.sum(cnt, axis=0) <= KC) & (tl.sum(tl.where(cs == c, cnt, 0.0), axis=0) > 0):
+            low = _as_key((prefix + (prefix == NINF16).to(tl.int64)) << (KEY_BITS - 16), KEY_BITS)
+            for start in range(lo, hi, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                ok = offs < hi
+                x = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
+                keep = ok & (_keys(x, KEY_BITS) >= low)
+                at = pos + tl.cumsum(keep.to(tl.int32), axis=0) - 1  # in vocabulary order
+                tl.store(cval_ptr + i * KC + at, x.to(tl.float32), mask=keep)
+                tl.store(ctok_ptr + i * KC + at, offs, mask=keep)
+                pos += tl.sum(keep.to(tl.int32), axis=0)
+    elif MODE == 6:
+        prefix = _resolve(part_k_ptr, S, C, i, 4, top_k.to(tl.float32), CB)
+        n = tl.sum(_chunk_counts(part_k_ptr, S, C, i, prefix, prefix != NINF16, CB), axis=0)
+        u = tl.load(u_ptr + i)
+        if n <= KC:
+            tok = _finish(
+                cval_ptr + i * KC, ctok_ptr + i * KC, n.to(tl.int32), inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KC, TT
+            )
+        else:
+            # blocks of 256: its weight histogram's [16, block] accumulator would take 128 registers a thread at
+            # 1024 and spill the buffer's draw above (ptxas, sm_90, processed rows)
+            tok = _serial(row, V, r, P, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, 256)
+        tl.store(out_ptr + r, tok.to(tl.int64))
     else:
         m = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=float("-inf")), axis=0)
-        shift = KEY_BITS - 4 - 4 * LEVEL
-        if MODE == 1:
-            if top_k < V:  # the rows that filter by top-k
-                prefix = _resolve(part_k_ptr, S, C, i, LEVEL, top_k.to(tl.float32), CB)
-                hist = tl.zeros((16,), tl.float32)
-                if _chunk_live(part_k_ptr, S, C, i, c, LEVEL, prefix):
-                    hist = _histogram(row, lo, hi, prefix * 0, prefix, shift, inv_t, m, False, KEY_BITS, BLOCK)
-                tl.store(part_k_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
-        elif MODE == 2:
+        if MODE == 2:
             if top_p < 1.0:
                 floor = _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, False, KEY_BITS, CB)
                 need = top_p * _level0_total(part_p_ptr, C, i, CB)  # (unused at level 0)
                 prefix = _resolve(part_p_ptr, S, C, i, LEVEL, need, CB)
                 hist = tl.zeros((16,), tl.float32)
                 if _chunk_live(part_p_ptr, S, C, i, c, LEVEL, prefix):
-                    hist = _histogram(row, lo, hi, floor, prefix, shift, inv_t, m, True, KEY_BITS, BLOCK)
+                    hist = _histogram(
+                        row, lo, hi, floor, prefix, shift, inv_t, m, r, P, True, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
+                    )
                 tl.store(part_p_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
         elif MODE == 3:
             tau = _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, True, KEY_BITS, CB)
-            tl.store(psum_ptr + i * C + c, _kept_sum(row, lo, hi, tau, inv_t, m, min_p, WITH_MIN_P, KEY_BITS, BLOCK))
+            kept = _kept_sum(row, lo, hi, tau, inv_t, m, min_p, r, P, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)
+            tl.store(psum_ptr + i * C + c, kept)
         else:
             # chunk c holds the draw if base_c <= target < end_c (ends: running sums of the chunks' kept weights
             # in chunk order); a target at or past the total (rounding) goes to the last non-empty chunk
@@ -282,7 +245,10 @@ def _sample_pass(
             target = (tl.load(u_ptr + i) * total.to(tl.float64)).to(tl.float32)
             inside = (base_c <= target) & (target < end_c)
             if (part_c > 0) & (inside | ((c == last_c) & (target >= end_c))):
-                tok = _pick(row, lo, hi, tau, inv_t, m, min_p, base_c, target, WITH_MIN_P, KEY_BITS, BLOCK)
+                tok = _pick(
+                    row, lo, hi, tau, inv_t, m, min_p, base_c, target, r, P,
+                    WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK,
+                )  # fmt: skip
                 tl.store(out_ptr + r, tok.to(tl.int64))
 
 
@@ -296,37 +262,50 @@ def sample_rows(
     out: torch.Tensor,
     *,
     min_p: torch.Tensor | None = None,
+    plan: ProcessPlan | None = None,
     any_top_k: bool | None = None,
     any_top_p: bool | None = None,
     any_min_p: bool | None = None,
+    max_top_k: int | None = None,
     chunk: int | None = None,
+    topk_path_max: int = TOPK_PATH_MAX,
+    candidates: int | None = None,
     redraws: Iterable[tuple[torch.Tensor, torch.Tensor]] = (),
 ) -> None:
-    """Draw one token for each row in `rows`; no sort, no host sync (given any_top_k / any_top_p).
+    """Draw one token for each row in `rows`; no sort, no host sync (given the any_* flags and max_top_k).
 
     logits: [N, V]  fp32 | fp16 | bf16, unit column stride
-    rows:   [S]     int64, the rows of `logits` (and of `out`) to sample
+    rows:   [S]     int64, the rows of `logits` (and of `out`) to sample; with `plan`: rows of the plan
     temp:   [S]     fp32 > 0;  top_k: [S] int64 in [1, V] (V = off);  top_p: [S] fp32 in (0, 1] (1 = off)
     u:      [S]     fp64 in [0, 1), the row's one uniform draw
-    out:    [N]     int64, written at `rows` only
+    out:    [N]     int64, written at `rows` only ([P] with `plan`)
     min_p:  [S]     fp32 in [0, 1] (0 = off), or None: off for every row
-    any_top_k / any_top_p / any_min_p: whether some row has top_k < V / top_p < 1 / min_p > 0 (None: read off
-             the tensors, a sync)
+    plan:   kernels/penalties.ProcessPlan: row i draws from plan row rows[i]'s processed logits
+            (process_rows(logits, plan)[rows[i]], fp32), computed inside every pass: no processed copy is written
+    any_top_k / any_top_p / any_min_p: whether some row has top_k < V / top_p < 1 / min_p > 0; max_top_k: the
+             largest top_k (V for a row without); None: read off the tensors, a sync
+    topk_path_max: rows are drawn by the top-k path when every row has top_k < V and <= this (the Sampler calls
+             once per path, each row by its own top_k: a row's path never depends on its batch); candidates: the
+             path's buffer size per row (CANDIDATES; smaller only in tests)
     redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
              iterable only once the draw before it was launched (tests bisect on u this way without running the
              filter passes again); the serving path passes none
 
         for i, r in enumerate(rows):
-            s = logits[r] / temp[i];  w = exp(s - max(s));  key = order_keys(logits[r])
+            x = logits[r] (or processed);  s = x / temp[i];  w = exp(s - max(s));  key = order_keys(x)
             kept = key >= (k-th largest key)                                   # top_k[i] < V
             kept &= [sum(w[kept & (key > key[t])]) < top_p[i] * sum(w[kept]) for t]   # top_p[i] < 1
             kept &= w >= min_p[i]                                               # min_p[i] > 0
             out[r] = first t in vocabulary order with cumsum(w * kept)[t] > u[i] * sum(w * kept)
 
-    Each row is cut into chunks of `chunk` logits (a program each) and a pass is a launch over all (row, chunk):
-    the chunk max, then per radix level (KEY_BITS / 4 of them) a 16-bin histogram per chunk, counts for top-k
-    and weights for top-p, each program reducing the earlier levels' partial histograms itself (fixed order:
-    the draw is deterministic), then the kept weight per chunk, then the draw in the chunk that holds it.
+    Each row is cut into chunks of `chunk` logits (a program each), a pass is a launch over all (row, chunk).
+    Full path: the chunk max, then per radix level (KEY_BITS / 4 of them) a 16-bin histogram per chunk, counts for
+    top-k and weights for top-p, each program reducing the earlier levels' partial histograms itself (fixed
+    order: the draw is deterministic), then the kept weight per chunk, then the draw in the chunk that holds it.
+    Top-k path (every row has top_k < V, <= topk_path_max): 4 count levels over the top 16 key bits, then each chunk
+    appends its candidates (top 16 bits >= the 4-level prefix: every top-k-kept token, a few ties more) to the
+    row's buffer in vocabulary order, then one program per row draws from the buffer (exact top-k, top-p,
+    min-p): 5 passes over the logits instead of up to 2 + 2 x KEY_BITS / 4 + 2.
     """
     if logits.stride(-1) != 1 or logits.dim() != 2:
         raise ValueError(f"sample_rows: logits must be [N, V] with unit last stride, got {tuple(logits.shape)}")
@@ -340,28 +319,41 @@ def sample_rows(
         any_top_p = bool((top_p < 1.0).any())
     if any_min_p is None:
         any_min_p = min_p is not None and bool((min_p > 0.0).any())
+    if max_top_k is None:
+        max_top_k = int(top_k.max())
     if min_p is None:
         min_p = top_p  # not read: WITH_MIN_P is off
-    bits = 32 if logits.dtype == torch.float32 else 16
+    # processed logits are fp32: 32-bit keys
+    bits = 32 if logits.dtype == torch.float32 or plan is not None else 16
     chunk = chunk or min(CHUNK, triton.next_power_of_2(v))
     block = min(1024, chunk)
     c = triton.cdiv(v, chunk)
+    topk_path = max_top_k < v and max_top_k <= topk_path_max  # every row filters by a small top-k
+    kc = (candidates or CANDIDATES) if topk_path else 1
+    any_p = any_top_p and not topk_path
     hist = s * c * 16 * (bits // 4)
-    scratch = torch.empty(2 * s * c + hist * (any_top_k + any_top_p), dtype=torch.float32, device=logits.device)
+    scratch = torch.empty(2 * s * c + hist * (any_top_k or topk_path) + hist * any_p + s * kc, device=logits.device)
     pmax, psum = scratch[: s * c], scratch[s * c : 2 * s * c]
-    part_k = scratch[2 * s * c : 2 * s * c + hist] if any_top_k else scratch
-    part_p = scratch[2 * s * c + hist * any_top_k :] if any_top_p else scratch
-    passes = (
-        [(0, 0)]
-        + [(1, lvl) for lvl in range(bits // 4) if any_top_k]
-        + [(2, lvl) for lvl in range(bits // 4) if any_top_p]
-        + [(3, 0), (4, 0)]
-    )
+    part_k = scratch[2 * s * c : 2 * s * c + hist] if any_top_k or topk_path else scratch
+    part_p = scratch[2 * s * c + hist * (any_top_k or topk_path) :] if any_p else scratch
+    cval = scratch[scratch.numel() - s * kc :]
+    ninf16 = _ninf16(torch.float32 if plan is not None else logits.dtype)
+    ctok = torch.empty(s * kc if topk_path else 1, dtype=torch.int32, device=logits.device)
+    if topk_path:
+        passes = [(1, lvl) for lvl in range(4)] + [(5, 0), (6, 0)]
+    else:
+        passes = (
+            [(0, 0)]
+            + [(1, lvl) for lvl in range(bits // 4) if any_top_k]
+            + [(2, lvl) for lvl in range(bits // 4) if any_top_p]
+            + [(3, 0), (4, 0)]
+        )
+    proc = [plan.rows, *plan.kernel_args()] if plan is not None else [rows] * 12 + [0, 0, 0, 0]
 
     def run(mode: int, lvl: int, u: torch.Tensor, out: torch.Tensor) -> None:
         launch(
             _sample_pass,
-            (s, c),
+            (s, 1 if mode == 6 else c),
             logits,
             rows,
             temp,
@@ -374,6 +366,9 @@ def sample_rows(
             psum,
             part_k,
             part_p,
+            cval,
+            ctok,
+            *proc,
             v,
             logits.stride(0),
             s,
@@ -381,19 +376,31 @@ def sample_rows(
             lvl,
             MODE=mode,
             WITH_MIN_P=bool(any_min_p),
+            PROCESS=plan is not None,
+            WITH_COUNTS=plan is not None and bool(plan.num_history),
             KEY_BITS=bits,
             CHUNK=chunk,
             BLOCK=block,
             # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414): ALU-bound
             # passes, more programs per SM
             CB=triton.next_power_of_2(c),
+            KC=kc,
+            TT=max(1, min(kc, 8192 // kc)),
+            NINF16=ninf16,
             num_warps=4,
         )
 
     for mode, lvl in passes:
         run(mode, lvl, u, out)
     for u_again, out_again in redraws:  # the draw pass only reads the filter passes' scratch
-        run(4, 0, u_again, out_again)
+        run(passes[-1][0], 0, u_again, out_again)
+
+
+@functools.cache
+def _ninf16(dtype: torch.dtype) -> int:
+    """The top 16 bits of -inf's key in `dtype` (the keys' dtype: processed logits are fp32)."""
+    bits = 32 if dtype == torch.float32 else 16
+    return int(order_keys(torch.full((1, 1), float("-inf"), dtype=dtype))) >> (bits - 16)
 
 
 # --- the same semantics in torch: the CPU path and the tests' reference --------------------------------------

@@ -122,6 +122,23 @@ def test_batch_invariance_any_composition_and_order(path):
     assert dup == [alone[3], *alone]
 
 
+def test_each_row_takes_the_kernel_path_of_its_own_top_k():
+    """The sampled rows with a top_k below V and TOPK_PATH_MAX come first and are drawn by the kernel's top-k path,
+    the others by its full path, whatever rows they sit with (the two paths sum the kept weights in other orders:
+    a draw at a rounding boundary would otherwise depend on the batch)."""
+    params = [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.6, top_k=8),
+        SamplingParams(),
+        SamplingParams(temperature=1.0, top_k=V),  # top_k = V: off, the full path
+        SamplingParams(temperature=0.9, top_k=20, top_p=0.5),
+    ]
+    b = SamplingBatch.build(params, [1] * 5, [0] * 5, V)
+    assert b.plain.rows.tolist() == [1, 4, 0, 3] and b.plain.num_topk == 2 and b.plain.max_top_k == 20
+    alone = SamplingBatch.build(params[4:], [1], [0], V).plain
+    assert alone.num_topk == 1 and alone.max_top_k == 20
+
+
 def test_draws_depend_on_seed_and_position_only(path):
     x = logits_rows(1, seed=3, scale=0.3).expand(64, V).contiguous()  # flat: many tokens plausible
     sp = [SamplingParams(temperature=1.0)] * 64

@@ -5,6 +5,8 @@ from the sampled ids, taken back from sequences no longer running)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from multilora_cli.engine.sampler import Sampler, SamplingBatch
 from multilora_cli.engine.sequence import SeqStatus, Sequence
 from multilora_cli.errors import EngineError
 from multilora_cli.kernels.penalties import SEEN_IN_PROMPT
+from tests.devices import KERNEL_DEVICE
 
 V = 40
 
@@ -129,3 +132,49 @@ def test_history_rows_are_written_updated_and_handed_on():
 def test_rows_with_a_penalty_need_their_history():
     with pytest.raises(ValueError, match="needs its token history row"):
         SamplingBatch.build([SamplingParams(repetition_penalty=1.1)], [0], [0], V)
+
+
+@pytest.mark.skipif(KERNEL_DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on CPU")
+@pytest.mark.parametrize("top_k", [0, 12])  # 0: the kernel's full path; 12 on every row: its top-k path
+def test_fused_kernel_draws_what_the_torch_path_draws(top_k):
+    """The Triton sampler (processing inside the sampling passes, bias and stop sets read from the sequence
+    table) against the torch path (an fp32 processed copy): the same ids over several steps, each step's draw
+    added to both histories alike. Interpreter on the CPU, the kernels on a GPU."""
+    dev = KERNEL_DEVICE
+    fields = [
+        dict(repetition_penalty=1.4, logit_bias={"3": 4.0, 17: -2.5}),
+        dict(frequency_penalty=0.8, presence_penalty=-0.5, min_tokens=4, stop_token_ids=[9]),
+        dict(logit_bias={"5": 100}, min_p=0.05),
+        dict(min_tokens=3, top_p=0.8),
+    ]
+    ids = {}
+    for triton in (False, True):
+        h = TokenHistory(6, V, dev)
+        seqs = [seq(i, [4, 1, 4], [7], temperature=0.9, top_k=top_k, **f) for i, f in enumerate(fields)]
+        got = []
+        for step in range(3):
+            b = SamplingBatch.for_seqs(seqs, V, dev, history=h, eos_token_ids=[2])
+            t = Sampler(triton)(logits(len(seqs), seed=step).to(dev), b).cpu().tolist()
+            for s, tok in zip(seqs, t):
+                s.token_ids.append(tok)
+            got.append(t)
+        ids[triton] = (got, h.counts.cpu())
+    assert ids[True][0] == ids[False][0]
+    assert torch.equal(ids[True][1], ids[False][1])
+    assert all(t[2] == 5 for t in ids[True][0])  # +100 wins every draw min-p allows
+
+
+def test_bias_and_stop_sets_are_written_once_per_sequence():
+    """A sequence's logit_bias and stop set go to its table row at its first step only (a step sends no entries);
+    a bias-only sequence met first in an ahead step gets its row (it needs no host tokens)."""
+    h = TokenHistory(3, V, "cpu")
+    a = seq(0, [1], logit_bias={"6": 1.5, "2": -1.0}, min_tokens=2, stop_token_ids=[8])
+    assert h.rows_for([a], eos_token_ids=[2]) == [0]
+    assert h.bias_tok[0, :2].tolist() == [2, 6] and h.bias_len[0] == 2 and h.bias_val[0, :2].tolist() == [-1.0, 1.5]
+    assert h.ban_tok[0, : h.ban_len[0]].tolist() == [2, 8]
+    h.bias_val[0, 0] = 7.0  # a later step does not write the row again
+    SamplingBatch.for_seqs([a], V, history=h, eos_token_ids=[2])
+    assert h.bias_val[0, 0] == 7.0
+    b = seq(1, [1], logit_bias={str(t): 1.0 for t in range(20)})  # wider than the table: it widens, a's row kept
+    assert h.rows_for([a, b], ahead=True) == [0, 1]
+    assert h.bias_tok.shape[1] >= 20 and h.bias_val[0, 0] == 7.0 and h.bias_len[1] == 20

@@ -71,10 +71,13 @@ def test_dry_sample_records_every_sampling_pass():
 
     with collect() as calls:
         _dry_sample(torch.zeros(1, 1000, dtype=torch.bfloat16))
-    modes = [kw["MODE"] for _, _, kw in calls]
-    assert modes == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 4]  # max, 4 top-k levels, 4 top-p levels, kept sum, draw
+    modes = [(kw["MODE"], kw["PROCESS"]) for _, _, kw in calls]
+    full, topk = [0] + [1] * 4 + [2] * 4 + [3, 4], [1] * 4 + [5, 6]  # max, top-k, top-p levels, kept, draw
+    full32 = [0] + [1] * 8 + [2] * 8 + [3, 4]  # processed logits: fp32 keys, 8 levels
+    assert modes == [(m, False) for m in full + topk] + [(m, True) for m in full32 + topk]
     if hasattr(calls[0][0], "params"):  # a compiled JITFunction (the interpreter's wrapper has no parameter kinds)
-        assert len({_variant(c) for c in calls}) == 5  # one variant per mode: LEVEL is not specialised on
+        # one variant per mode and path: LEVEL is not specialised on (the top-k path's count levels: its own KC)
+        assert len({_variant(c) for c in calls}) == 2 * (5 + 3)
 
 
 def test_dry_logprobs_records_the_logprob_kernels():

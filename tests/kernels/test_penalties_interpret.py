@@ -14,25 +14,26 @@ from tests.devices import KERNEL_DEVICE as DEV
 
 
 def plan(v: int, rows: list[int], num_history: int, g: torch.Generator, with_counts: bool = True) -> ProcessPlan:
+    """Plan row i on table row hist[i] (6 table rows, as the engine's sequence table), the first num_history
+    with a penalty; plan row i biases i % 4 tokens and bans (i + 1) % 3 (its stop set, banned now)."""
     p = len(rows)
     counts = None
-    hist = [-1] * p
+    hist = [5, 0, 3, 2, 4][:p]
     if with_counts:
         counts = torch.randint(0, 4, (6, v), generator=g, dtype=torch.int32)  # generated counts
         counts |= torch.where(torch.rand(6, v, generator=g) < 0.2, SEEN_IN_PROMPT, 0).int()
         counts[:, : v // 3] = torch.where(torch.rand(6, v // 3, generator=g) < 0.7, 0, counts[:, : v // 3])
-        hist[:num_history] = [5, 0, 3, 2][:num_history]
-    bias, ban = [], []
-    for i in range(p):
+    bias_tok, bias_val = torch.zeros(6, 4, dtype=torch.long), torch.zeros(6, 4)
+    ban_tok = torch.zeros(6, 2, dtype=torch.long)
+    bias_len, ban_len = torch.zeros(6, dtype=torch.long), torch.zeros(6, dtype=torch.long)
+    for i, t in enumerate(hist):
         toks = sorted(torch.randperm(v, generator=g)[: i % 4].tolist())
-        bias.append([(t, float(b)) for t, b in zip(toks, [100.0, -100.0, 2.5, -0.75])])
-        ban.append(sorted(torch.randperm(v, generator=g)[: (i + 1) % 3].tolist()))
-
-    def csr(lists):
-        start = [0]
-        for x in lists:
-            start.append(start[-1] + len(x))
-        return torch.tensor(start)
+        bias_tok[t, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+        bias_val[t, : len(toks)] = torch.tensor([100.0, -100.0, 2.5, -0.75][: len(toks)])
+        bias_len[t] = len(toks)
+        ban = sorted(torch.randperm(v, generator=g)[: (i + 1) % 3].tolist())
+        ban_tok[t, : len(ban)] = torch.tensor(ban, dtype=torch.long)
+        ban_len[t] = len(ban)
 
     def dev(t):
         return t.to(DEV)
@@ -43,13 +44,12 @@ def plan(v: int, rows: list[int], num_history: int, g: torch.Generator, with_cou
         rep=dev(torch.tensor([1.3, 0.7, 1.0, 2.0, 1.1][:p])),
         freq=dev(torch.tensor([0.5, -2.0, 0.0, 1.25, 0.3][:p])),
         pres=dev(torch.tensor([2.0, 0.4, 0.0, -1.5, 0.0][:p])),
-        bias_start=dev(csr(bias)),
-        bias_tok=dev(torch.tensor([t for b in bias for t, _ in b], dtype=torch.long)),
-        bias_val=dev(torch.tensor([x for b in bias for _, x in b], dtype=torch.float32)),
-        bias_row=dev(torch.tensor([i for i, b in enumerate(bias) for _ in b], dtype=torch.long)),
-        ban_start=dev(csr(ban)),
-        ban_tok=dev(torch.tensor([t for b in ban for t in b], dtype=torch.long)),
-        ban_row=dev(torch.tensor([i for i, b in enumerate(ban) for _ in b], dtype=torch.long)),
+        ban_on=dev(torch.ones(p, dtype=torch.long)),
+        bias_tok=dev(bias_tok),
+        bias_val=dev(bias_val),
+        bias_len=dev(bias_len),
+        ban_tok=dev(ban_tok),
+        ban_len=dev(ban_len),
         num_history=num_history if with_counts else 0,
         counts=dev(counts) if counts is not None else None,
     )
@@ -78,8 +78,8 @@ def test_neutral_parameters_change_no_bit():
     p = plan(200, [2, 0, 1], 3, g)
     for t in (p.rep, p.freq, p.pres):
         t.fill_(1.0 if t is p.rep else 0.0)
-    p.bias_start.zero_()
-    p.ban_start.zero_()
+    p.bias_len.zero_()
+    p.ban_on.zero_()  # (its stop set no longer banned)
     assert torch.equal(process_rows(x, p).cpu(), x[[2, 0, 1]].cpu())
 
 
@@ -105,9 +105,10 @@ def test_draws_from_processed_rows_match_torch(dtype):
         want = sample_rows_torch(proc.cpu(), temp, top_k, top_p, u, min_p)
         assert out.cpu().tolist() == want.tolist()
         assert not torch.isinf(proc.cpu().gather(1, want.unsqueeze(1))).any()  # a banned token never comes out
-        up = [i for i in range(n) if (p.bias_val.cpu()[p.bias_start[i] : p.bias_start[i + 1]] == 100).any()]
+        hist = p.hist.cpu()
+        up = [i for i in range(n) if p.bias_len[hist[i]] > 0 and p.bias_val.cpu()[hist[i], 0] == 100]
         for i in up:  # its +100 token (not banned) is the only one min-p keeps
-            t = p.bias_tok.cpu()[p.bias_start[i]].item()
+            t = p.bias_tok.cpu()[hist[i], 0].item()
             if not torch.isinf(proc[i, t]):
                 assert want[i].item() == t
 
@@ -123,13 +124,14 @@ def test_many_entries_across_blocks():
     bias = sorted(toks[:500].tolist())
     ban = sorted(toks[500:800].tolist())
     vals = (torch.rand(500, generator=g) * 200 - 100).tolist()
-    p.bias_start = torch.tensor([0, 500, 500], device=DEV)
-    p.bias_tok = torch.tensor(bias, device=DEV)
-    p.bias_val = torch.tensor(vals, dtype=torch.float32, device=DEV)
-    p.bias_row = torch.zeros(500, dtype=torch.long, device=DEV)
-    p.ban_start = torch.tensor([0, 0, 300], device=DEV)
-    p.ban_tok = torch.tensor(ban, device=DEV)
-    p.ban_row = torch.ones(300, dtype=torch.long, device=DEV)
+    p.bias_tok = torch.zeros(6, 500, dtype=torch.long, device=DEV)  # plan row 0 on table row 5, 1 on 0
+    p.bias_val = torch.zeros(6, 500, device=DEV)
+    p.bias_tok[5] = torch.tensor(bias, device=DEV)
+    p.bias_val[5] = torch.tensor(vals, dtype=torch.float32, device=DEV)
+    p.bias_len = torch.tensor([0, 0, 0, 0, 0, 500], device=DEV)
+    p.ban_tok = torch.zeros(6, 300, dtype=torch.long, device=DEV)
+    p.ban_tok[0] = torch.tensor(ban, device=DEV)
+    p.ban_len = torch.tensor([300, 0, 0, 0, 0, 0], device=DEV)
     got, want = process_rows(x, p), process_rows_torch(x, p)
     torch.testing.assert_close(got, want, rtol=0 if DEV == "cpu" else 1e-6, atol=0 if DEV == "cpu" else 1e-5)
     assert torch.isinf(want[1]).sum() == 300 and not torch.isinf(want[0]).any()

@@ -1,0 +1,195 @@
+"""The sampling kernel's work over a range of one row (kernels/sample.py launches it): the order keys, the
+weights exp(logit / T - max), the fused loads (processed logits when the row has a ProcessPlan), a radix level's
+histogram, the kept weights and the inverse-CDF pick. Every pass calls the same expressions, so every pass sees
+the same bits."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from multilora_cli.kernels.penalties import process_block
+
+
+@triton.jit
+def _keys(raw, KEY_BITS: tl.constexpr):
+    """Logits (their storage dtype) -> keys in [0, 2^KEY_BITS) ordered as the floats (-0 before +0): int32 for
+    16-bit logits (int64 arithmetic costs two instructions per op), int64 for fp32."""
+    if KEY_BITS == 16:
+        b = raw.to(tl.int16, bitcast=True).to(tl.int32)
+        b = tl.where(b < 0, b ^ 0x7FFF, b)
+        return b + 32768
+    else:
+        b = raw.to(tl.int32, bitcast=True)
+        b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+        return b.to(tl.int64) + 2147483648
+
+
+@triton.jit
+def _as_key(x, KEY_BITS: tl.constexpr):
+    """A key-valued int64 scalar in the keys' own type (so comparisons with them stay 32-bit where they can)."""
+    if KEY_BITS == 16:
+        return x.to(tl.int32)
+    else:
+        return x
+
+
+@triton.jit
+def _weights(raw, inv_t, m):
+    """exp(logit / T - m), the same expression in every pass (so every pass sees the same bits)."""
+    return tl.exp2((raw.to(tl.float32) * inv_t - m) * 1.4426950408889634)
+
+
+@triton.jit
+def _load(row, offs, ok, start, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
+    """The logits of `row` at offs = start + arange(BLOCK) (0 where not ok): as stored, or, when PROCESS, plan row
+    r's processed logits in fp32 (kernels/penalties.process_block, P its plan's pointers), computed here in every
+    pass instead of being written to an fp32 [rows, V] copy first."""
+    if PROCESS:
+        x = process_block(
+            row, offs, ok, start, r, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
+            P[12], P[13], P[14], WITH_COUNTS, BLOCK,
+        )  # fmt: skip
+    else:
+        x = tl.load(row + offs, mask=ok, other=0.0)
+    return x
+
+
+@triton.jit
+def _digit(hist, prefix, above, need):
+    """One radix level: the largest digit d with above + (weight of digits >= d) >= need -> (prefix * 16 + d,
+    above + weight of digits > d)."""
+    bins = tl.arange(0, 16)
+    suffix = tl.sum(tl.where(bins[None, :] >= bins[:, None], hist[None, :], 0.0), axis=1)
+    d = tl.maximum(tl.max(tl.where(above + suffix >= need, bins, -1), axis=0), 0)
+    return prefix * 16 + d, above + tl.sum(tl.where(bins > d, hist, 0.0), axis=0)
+
+
+@triton.jit
+def _histogram(
+    row,
+    lo,
+    hi,
+    floor,
+    prefix,
+    shift,
+    inv_t,
+    m,
+    r,
+    P,
+    MASS: tl.constexpr,
+    PROCESS: tl.constexpr,
+    WITH_COUNTS: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """[16]: per digit (key >> shift) & 15 of the keys >= floor under `prefix`, their count or weight."""
+    bins = tl.arange(0, 16)
+    floor = _as_key(floor, KEY_BITS)
+    prefix = _as_key(prefix, KEY_BITS)
+    # [16, BLOCK], reduced once at the end: the block axis is the loads' layout (no shuffle of digit or w), the
+    # 16 bins repeat in each thread's registers. [BLOCK, 16] put the bins across threads: top-k over 256 rows
+    # of 128k took 2.7 ms instead of 0.8 ms on an H200 (a [16] reduction per block and int64 keys: 4.5 ms)
+    acc = tl.zeros((16, BLOCK), tl.float32)
+    counts = tl.zeros((16,), tl.int32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < hi
+        raw = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
+        key = _keys(raw, KEY_BITS)
+        ok = ok & (key >= floor) & ((key >> (shift + 4)) == prefix)
+        digit = ((key >> shift) & 15).to(tl.int32)
+        if MASS:
+            w = tl.where(ok, _weights(raw, inv_t, m), 0.0)
+            acc += tl.where(bins[:, None] == digit[None, :], w[None, :], 0.0)
+        else:
+            # counts: Triton's warp-vote histogram, ~2x faster than the compare per bin (H200, 256 x 128k:
+            # 64-80 vs 150-155 us a pass); integers, so exact
+            counts += tl.histogram(digit, 16, mask=ok)
+    if MASS:
+        return tl.sum(acc, axis=1)
+    return counts.to(tl.float32)
+
+
+@triton.jit
+def _kept(raw, ok, tau, inv_t, m, min_p, WITH_MIN_P: tl.constexpr, KEY_BITS: tl.constexpr):
+    """The weights of the kept tokens (top-k and top-p: key >= tau; min-p: weight >= min_p), else 0."""
+    w = _weights(raw, inv_t, m)
+    keep = ok & (_keys(raw, KEY_BITS) >= tau)
+    if WITH_MIN_P:
+        keep = keep & (w >= min_p)
+    return tl.where(keep, w, 0.0)
+
+
+@triton.jit
+def _row_max(row, lo, hi, inv_t, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
+    """max(logit / T) over [lo, hi)."""
+    mx = tl.full((), float("-inf"), tl.float32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < hi
+        raw = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
+        mx = tl.maximum(mx, tl.max(tl.where(ok, raw.to(tl.float32) * inv_t, float("-inf")), axis=0))
+    return mx
+
+
+@triton.jit
+def _kept_sum(
+    row,
+    lo,
+    hi,
+    tau,
+    inv_t,
+    m,
+    min_p,
+    r,
+    P,
+    WITH_MIN_P: tl.constexpr,
+    PROCESS: tl.constexpr,
+    WITH_COUNTS: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    tau = _as_key(tau, KEY_BITS)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < hi
+        raw = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
+        acc += _kept(raw, ok, tau, inv_t, m, min_p, WITH_MIN_P, KEY_BITS)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _pick(
+    row,
+    lo,
+    hi,
+    tau,
+    inv_t,
+    m,
+    min_p,
+    run,
+    target,
+    r,
+    P,
+    WITH_MIN_P: tl.constexpr,
+    PROCESS: tl.constexpr,
+    WITH_COUNTS: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The first kept token of [lo, hi) where run + the running kept weight exceeds target, else the last one."""
+    tau = _as_key(tau, KEY_BITS)
+    pick = tl.full((), 2147483647, tl.int32)
+    last = tl.full((), -1, tl.int32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < hi
+        raw = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
+        w = _kept(raw, ok, tau, inv_t, m, min_p, WITH_MIN_P, KEY_BITS)
+        hit = (w > 0) & (run + tl.cumsum(w, axis=0) > target)
+        pick = tl.minimum(pick, tl.min(tl.where(hit, offs, 2147483647), axis=0))
+        last = tl.maximum(last, tl.max(tl.where(w > 0, offs, -1), axis=0))
+        run += tl.sum(w, axis=0)
+    return tl.where(pick == 2147483647, last, pick)
