@@ -10,7 +10,11 @@ import torch
 from multilora_cli.kernels.fused_moe import fused_moe
 from multilora_cli.kernels.moe_align import align_pairs, num_blocks
 from multilora_cli.kernels.moe_reference import moe_reference
+from tests.devices import needs_interpreter
 from tests.kernels.moe_cases import expert_lora, routing
+
+# CPU tensors throughout: the interpreter only (on a GPU host, tests/kernels/test_fused_moe_gpu.py runs the kernels)
+pytestmark = needs_interpreter
 
 H, INTER, E, K, L, R = 32, 48, 6, 2, 4, 8  # INTER < BN and H < BK: masked tiles
 RANKS = (8, 3, 0, 5)  # slot 2 stays empty (rank 0)
