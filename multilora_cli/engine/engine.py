@@ -34,10 +34,9 @@ from multilora_cli.errors import ConfigError, EngineError, MultiloraError, Reque
 from multilora_cli.models.config import ModelConfig
 
 # slot loads per step made ahead of admission while the step runs (Scheduler.preload): a plain load is ~0.2 ms
-# of host time, well inside a decode step; a DoRA load a few ms. 0 (off) until a GPU run has checked the path:
-# before session 18's fixes it never fired on a GPU, and a load racing a step would be a silent wrong answer.
-# Tests turn it on per engine (tests/engine/test_engine_preload*.py).
-PRELOADS_PER_STEP = 0
+# of host time, well inside a decode step; a DoRA load a few ms. A load racing a step would be a silent wrong
+# answer: tests/engine/test_engine_preload_gpu.py checks tokens against HF + PEFT with preloads on and off (H200).
+PRELOADS_PER_STEP = 2
 
 
 def device_label(device: torch.device) -> str:
