@@ -156,15 +156,19 @@ def test_a_cache_smaller_than_one_sequence_serves_it_with_a_window():
     assert sim.bm.num_free_blocks == 12
 
 
-@pytest.mark.parametrize("prompt_len", [17, 19, 20, 33])
-def test_forks_read_the_window_of_the_blocks_they_share(prompt_len):
-    """n = 3 of prompts longer than the window, prefilled in chunks of 6: sample 0 keeps the blocks its forks
-    read (from the prompt's last full block back by W) until they fork; each sample then slides on its own."""
-    sim = Sim(cfg(max_num_batched_tokens=6), num_blocks=200, window=W)
+@pytest.mark.parametrize("prompt_len", [16, 17, 19, 33])
+@pytest.mark.parametrize("two", [False, True])
+def test_forks_read_the_window_of_the_blocks_they_share(prompt_len, two):
+    """n = 3 of prompts longer than the window, prefilled in chunks of 5: sample 0 keeps the blocks its forks
+    read (from the prompt's last full block back by W) until they fork; each sample then slides on its own.
+    (16 tokens: the last chunk is token 15 alone; sliding by it would drop block 1, which the forks, querying from
+    position 12, still read.)"""
+    sim = Sim(cfg(max_num_batched_tokens=5), num_blocks=200, window=W)
     reqs = [make_seq(0, None, prompt_len, max_tokens=30, n=3, temperature=1.0)]
-    reqs.append(make_seq(1, "a", prompt_len + 2, max_tokens=25, n=2, seq_id=3, temperature=1.0))
-    check_samples(sim.run(reqs), {0: 3, 1: 2})
-    assert sim.sched.num_forks == 2 and sim.bm.num_shared > 0
+    if two:
+        reqs.append(make_seq(1, "a", prompt_len + 2, max_tokens=25, n=2, seq_id=3, temperature=1.0))
+    check_samples(sim.run(reqs), {0: 3, 1: 2} if two else {0: 3})
+    assert sim.sched.num_forks == 1 + two and sim.bm.num_shared > 0
     assert sim.bm.num_free_blocks == 200
 
 
