@@ -60,18 +60,16 @@ def _engine(base, adapters, **kw) -> Engine:
 
 
 def _spy_held(engine: Engine) -> list[tuple[int, int]]:
-    """Record (blocks held, new tokens) of every sequence in every scheduled step (wraps this engine's
-    scheduler.schedule: observation only)."""
+    """Record (blocks held, new tokens) of every sequence of every step, run-ahead ones too, as the step ends (wraps
+    this engine's scheduler.postprocess: observation only)."""
     seen: list[tuple[int, int]] = []
-    schedule = engine.scheduler.schedule
+    postprocess = engine.scheduler.postprocess
 
-    def spy():
-        b = schedule()
-        for s, n in zip(b.seqs, b.num_new_tokens) if b is not None else ():
-            seen.append((len(s.block_table) - s.num_dropped, n))
-        return b
+    def spy(batch, *a, **kw):
+        seen.extend((len(s.block_table) - s.num_dropped, n) for s, n in zip(batch.seqs, batch.num_new_tokens))
+        return postprocess(batch, *a, **kw)
 
-    engine.scheduler.schedule = spy
+    engine.scheduler.postprocess = spy
     return seen
 
 
