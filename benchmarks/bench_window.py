@@ -124,6 +124,7 @@ def main() -> int:
                 num_kv_blocks=blocks,
                 load_format="dummy",
                 lazy_capture=False,
+                prefix_cache=False,  # every run feeds the same prompts: no run may start from another's blocks
             ),
             {},
         )
