@@ -220,6 +220,8 @@ class Admission:
         if slot is None:
             return _NO_SLOT
         bm.begin(seq, hits)  # holds the hits: its first `done` tokens are computed
+        if bm.window is not None:
+            self._slide(seq, done)  # (hits wholly behind its window go back at once)
         bm.allocate(seq, done + n)  # cannot fail: checked above
         self.slots.retain(seq.adapter)
         seq.slot = slot

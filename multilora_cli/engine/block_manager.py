@@ -20,7 +20,14 @@ Invariants:
 - `free` drops one reference per block of the table; a block returns to the pool when its last holder frees it
   (finished, failed or preempted: a preempted sequence recomputes, from its cached blocks if still there). A
   registered block whose last holder frees it stays in the cache, idle: it counts as free (`num_free_blocks`) and
-  is handed out, least recently released first, only when no plain free block is left.
+  is handed out, least recently released first, only when no plain free block is left;
+- sliding window (`window` W: every layer of the model slides, models/config.py `kv_window`): a query at
+  position p reads keys at (p - W, p] only, so once a sequence's next query is at position >= p (`slide`), its
+  blocks wholly at positions <= p - W are never read again and it drops them as `free` would, early: the
+  table keeps its length (block i still covers positions [i * block_size, (i + 1) * block_size)) with
+  `block_table[:num_dropped]` set to DROPPED (-1). Every attention path starts its key loop at the window's
+  first block, so no DROPPED entry is ever read; a dropped block is whole and correct, so if registered it
+  stays in the prefix cache (idle once nobody holds it), reachable by a later sequence with that prefix.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from collections import deque
 from multilora_cli.engine.prefix_cache import PrefixIndex
 from multilora_cli.engine.sequence import Sequence
 
+DROPPED = -1  # a block-table entry released behind the sliding window (never read)
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -38,11 +47,12 @@ def cdiv(a: int, b: int) -> int:
 class BlockManager:
     """Free list and reference counts of KV blocks; grows, shares and frees `Sequence.block_table`."""
 
-    def __init__(self, num_blocks: int, block_size: int):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+    def __init__(self, num_blocks: int, block_size: int, window: int | None = None):
+        if num_blocks < 1 or block_size < 1 or (window is not None and window < 1):
+            raise ValueError(f"num_blocks, block_size, window must be >= 1, got {num_blocks}, {block_size}, {window}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.window = window  # every layer's sliding window (None: full attention somewhere: keep every block)
         # FIFO reuse keeps recently freed blocks cold a little longer (nothing depends on it).
         self._free: deque[int] = deque(range(num_blocks))
         self._refs: list[int] = [0] * num_blocks  # sequences holding each block
@@ -68,6 +78,15 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold `num_tokens` tokens of one sequence."""
         return cdiv(num_tokens, self.block_size)
+
+    def blocks_at_once(self, num_tokens: int, chunk: int) -> int:
+        """Most blocks one sequence growing to `num_tokens` tokens, fed at most `chunk` a step, holds at once: with
+        a window W a step at positions s .. s + chunk - 1 holds blocks (s - W + 1) // bs .. (s + chunk - 1) // bs
+        (`slide` dropped those before), at most cdiv(W - 1 + chunk, bs) + 1 of them."""
+        n = self.blocks_for(num_tokens)
+        if self.window is None:
+            return n
+        return min(n, cdiv(self.window - 1 + chunk, self.block_size) + 1)
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Extra blocks `seq` needs so that its table covers `num_tokens` tokens."""
@@ -153,8 +172,10 @@ class BlockManager:
             raise RuntimeError(f"share(): {num_blocks} blocks asked, the source holds {len(src.block_table)}")
         refs = self._refs
         for b in blocks:
-            refs[b] += 1
+            if b >= 0:  # (DROPPED entries: src dropped them before dst's window, see Scheduler._slide)
+                refs[b] += 1
         dst.block_table = blocks
+        dst.num_dropped = min(src.num_dropped, num_blocks)
         dst.cache_nodes = src.cache_nodes[:num_blocks]  # (fewer if src registered fewer: dst registers the rest)
         self.num_shared += num_blocks
 
@@ -162,9 +183,30 @@ class BlockManager:
         """Drop `seq`'s reference to each of its blocks, last to first (a block nobody holds returns to the pool,
         idle in the cache if registered, so the prefix's tail is evicted before its head); empty its table."""
         refs, free, park = self._refs, self._free, self.cache.park
-        for b in reversed(seq.block_table):
+        for b in reversed(seq.block_table[seq.num_dropped :]):
             refs[b] -= 1
             if refs[b] == 0 and not park(b):
                 free.append(b)
         seq.block_table = []
         seq.cache_nodes = []
+        seq.num_dropped = 0
+
+    def slide(self, seq: Sequence, first_query: int) -> None:
+        """Sliding window: `seq` asks no query at a position below `first_query` any more (the caller knows: its
+        computed tokens, its pending forks), so its blocks wholly at positions <= first_query - window, i.e. table
+        entries below (first_query - window + 1) // block_size, are never read again: drop them (DROPPED), first
+        to last, each returning to the pool (idle in the cache if registered) when its last holder drops it.
+        No-op without a window."""
+        if self.window is None:
+            return
+        upto = min((first_query - self.window + 1) // self.block_size, len(seq.block_table))
+        if upto <= seq.num_dropped:
+            return
+        table, refs, free, park = seq.block_table, self._refs, self._free, self.cache.park
+        for i in range(seq.num_dropped, upto):
+            b = table[i]
+            table[i] = DROPPED
+            refs[b] -= 1
+            if refs[b] == 0 and not park(b):
+                free.append(b)
+        seq.num_dropped = upto

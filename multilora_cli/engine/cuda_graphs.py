@@ -121,8 +121,8 @@ class DecodeGraphs:
         h[o[3] + B : o[3] + bs] = 0
         tables = h[o[4] : o[4] + bs * self.width].reshape(bs, self.width)
         for i, seq in enumerate(batch.seqs):
-            t = seq.block_table
-            tables[i, : len(t)] = t
+            t, d = seq.block_table, seq.num_dropped  # (entries behind a sliding window are never read: not copied)
+            tables[i, d : len(t)] = t[d:] if d else t
         end = o[4] + bs * self.width
         self._dev[:end].copy_(self._host[:end], non_blocking=True)
         self._copied.record()

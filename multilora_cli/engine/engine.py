@@ -105,7 +105,7 @@ class Engine:
             stage_ahead=self.runner.staging_buffers,
             read_ahead=config.max_num_seqs,  # one wave of admissions, however large the pool
         )
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, window=self.model_config.kv_window)
         self.scheduler = Scheduler(
             config,
             self.block_manager,

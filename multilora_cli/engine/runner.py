@@ -22,7 +22,7 @@ from multilora_cli.engine.device_adapters import DeviceAdapters
 from multilora_cli.engine.logits_processing import TokenHistory
 from multilora_cli.engine.logprobs import PromptRows, StepLogprobs, sampled_plan
 from multilora_cli.engine.long_rope import crossings, long_mask, recompute_batches
-from multilora_cli.engine.runner_sizing import kv_cache_blocks
+from multilora_cli.engine.runner_sizing import kv_cache_blocks, window_kv_blocks
 from multilora_cli.engine.runner_start import TritonStartLog, compile_and_capture
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
 from multilora_cli.engine.step_inputs import build_step_inputs
@@ -121,6 +121,9 @@ class ModelRunner:
     @property
     def max_model_len(self) -> int:
         limit = self.config.max_model_len or self.model_config.max_position_embeddings
+        held = window_kv_blocks(self.config, self.model_config)
+        if held is not None and held <= self.num_blocks:
+            return limit  # every layer slides: a sequence of any length holds its window's blocks only
         return min(limit, self.num_blocks * self.block_size)
 
     # --- LoRA slots (engine/device_adapters.py) ----------------------------------------------------------------

@@ -23,16 +23,30 @@ def staging_buffers(slot_bytes: int) -> int:
     return max(2, min(STAGING_BUFFERS, STAGING_BYTES // max(slot_bytes, 1)))
 
 
-def input_kv_blocks(config: EngineConfig, max_position_embeddings: int) -> int | None:
-    """KV blocks that hold every sequence the input can run (config.max_decode_batch) at max_model_len at once,
-    plus 2% (the scheduler's admission watermark is 1%) and one block per sequence (a run-ahead step's slot);
-    None when the input's size is unknown. More blocks could never be used: no sequence waits for KV, none is
-    preempted and no cached prefix is evicted, so the results are those of a cache sized by memory. A 14-line
-    demo job zeroed a 1 GiB cache on CPU for ~14 x 512 tokens (0.55 s of a 2.5 s run)."""
+def window_kv_blocks(config: EngineConfig, model_config: ModelConfig) -> int | None:
+    """Most KV blocks one sequence holds at once when every layer slides with one window W: a prefill chunk of at
+    most max_num_batched_tokens and the W - 1 positions before it (BlockManager.blocks_at_once). None without such
+    a window, or with LongRoPE (a prompt shorter than its switch keeps its blocks up to it: Scheduler._slide)."""
+    window = model_config.kv_window
+    if window is None or (model_config.rope_scaling or {}).get("rope_type") == "longrope":
+        return None
+    return -(-(window - 1 + config.max_num_batched_tokens) // config.block_size) + 1
+
+
+def input_kv_blocks(config: EngineConfig, max_position_embeddings: int, window_blocks: int | None = None) -> int | None:
+    """KV blocks that hold every sequence the input can run (config.max_decode_batch) at max_model_len at once
+    (or `window_blocks`, `window_kv_blocks`, if fewer), plus 2% (the scheduler's admission watermark is 1%) and one
+    block per sequence (a run-ahead step's slot); None when the input's size is unknown. More blocks could never be
+    used: no sequence waits for KV, none is preempted and no cached prefix is evicted, so the results are those of
+    a cache sized by memory. A 14-line demo job zeroed a 1 GiB cache on CPU for ~14 x 512 tokens (0.55 s of a
+    2.5 s run)."""
     if config.max_decode_batch is None:
         return None
     limit = config.max_model_len or max_position_embeddings
-    blocks = config.max_decode_batch * (-(-limit // config.block_size) + 1)
+    per_seq = -(-limit // config.block_size)
+    if window_blocks is not None:
+        per_seq = min(per_seq, window_blocks)
+    blocks = config.max_decode_batch * (per_seq + 1)
     return blocks + blocks // 50 + 2
 
 
@@ -53,7 +67,7 @@ def kv_cache_blocks(
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     blocks = _memory_kv_blocks(config, model_config, per_block, device, dtype)
-    cap = input_kv_blocks(config, model_config.max_position_embeddings)
+    cap = input_kv_blocks(config, model_config.max_position_embeddings, window_kv_blocks(config, model_config))
     return blocks if cap is None else min(cap, blocks)
 
 

@@ -125,7 +125,12 @@ class Scheduler(Admission, Forking):
         need_tokens = n if seq.prefill_only else n + seq.sampling.max_tokens - seq.num_completion_tokens
         if limit is not None:
             need_tokens = min(need_tokens, limit)
-        need = self.bm.blocks_for(need_tokens)
+        # with a sliding window a sequence holds only the window's blocks plus a chunk's (BlockManager.slide); a
+        # LongRoPE model keeps a short prompt's first blocks to its switch, so it is held to the whole length
+        chunk = need_tokens
+        if self.chunked_prefill and self.private_prompts_upto is None:
+            chunk = self.max_num_batched_tokens
+        need = self.bm.blocks_at_once(need_tokens, chunk)
         if need > self.bm.num_blocks:
             return self._fail(
                 seq,
@@ -202,7 +207,10 @@ class Scheduler(Admission, Forking):
                 return None
         bm, size = self.bm, self.bm.block_size
         start = [s + 1 for s in batch.start]  # N's token sits at index start: fed now, its KV at that position
+        window = bm.window is not None
         for seq, st in zip(batch.seqs, start):
+            if window:
+                self._slide(seq, st)
             if st + 1 > len(seq.block_table) * size and not bm.try_allocate(seq, st + 1):
                 return None  # the next schedule() decides who is preempted
         ahead = ScheduledBatch(
@@ -287,6 +295,7 @@ class Scheduler(Admission, Forking):
         visited and none was of the other kind: the other pass would then walk the whole list to add nothing."""
         running, ids, bm = self.running, plan.ids, self.bm
         block_size = bm.block_size
+        window = bm.window is not None
         other = False
         i = 0
         while i < len(running) and plan.budget > 0:
@@ -308,6 +317,8 @@ class Scheduler(Admission, Forking):
             else:
                 i += 1
                 continue
+            if window:
+                self._slide(seq, seq.num_computed_tokens)
             target = seq.num_computed_tokens + n
             # most steps a sequence's last block has room (a decode needs a block every block_size tokens)
             if target > len(seq.block_table) * block_size and not bm.try_allocate(seq, target):
@@ -334,6 +345,16 @@ class Scheduler(Admission, Forking):
             plan.add(seq, n)
             i += 1
         return other or i < len(running)
+
+    def _slide(self, seq: Sequence, first_query: int) -> None:
+        """Sliding window: drop `seq`'s KV blocks that no query from position `first_query` on reads
+        (BlockManager.slide), nor any query of its pending forks, nor a LongRoPE recompute."""
+        if seq.pending_forks:  # its forks query from the prompt's last full block on, over the blocks it shares
+            first_query = min(first_query, (seq.num_prompt_tokens - 1) // self.bm.block_size * self.bm.block_size)
+        limit = self.private_prompts_upto
+        if limit is not None and seq.num_prompt_tokens <= limit and first_query <= limit:
+            return  # LongRoPE: positions 0 .. limit - 1 are recomputed in place at the switch (engine/long_rope.py)
+        self.bm.slide(seq, first_query)
 
     def _victim(self, plan: StepPlan, keep: Sequence) -> Sequence | None:
         """Most recently admitted running sequence that is not in this step yet (and not `keep`)."""

@@ -71,6 +71,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)  # prompt + output; filled in __post_init__
     status: SeqStatus = SeqStatus.WAITING
     block_table: list[int] = field(default_factory=list)  # KV block ids, in position order
+    num_dropped: int = 0  # sliding window: block_table[:num_dropped] released (-1, engine/block_manager.py)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     slot: int = -1  # LoRA slot while RUNNING; -1 = base or not admitted
     finish_reason: str | None = None  # "stop" | "length" once FINISHED without error

@@ -162,7 +162,8 @@ def paged_attention_decode(
     q: [B, H, D]; k_cache/v_cache: [num_blocks, block_size, KVH, D]; block_tables: [B, max_blocks] int32;
     context_lens: [B] int32 (tokens incl. the new one, already stored). Returns out: [B, H, D] (q's dtype).
     `sliding_window`: only the last `sliding_window` tokens are attended to, and only their tiles are read (the
-    block loop starts at the window's first tile). `softcap`: scores become tanh(s / softcap) * softcap (Gemma 2).
+    block loop starts at the window's first tile, and loads nothing before the window: block-table entries of
+    blocks wholly before it may be -1, dropped blocks, engine/block_manager.py). `softcap`: scores become tanh(s / softcap) * softcap (Gemma 2).
     `max_context_len` (an upper bound, host int) lets long contexts be split over more programs; with
     `num_splits` > 1 it is required. `block_n`: context tokens per inner step (power of two >= 16);
     `num_warps` / `num_stages`: the launch's (benchmarks/bench_attention.py sweeps them).

@@ -83,7 +83,8 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], tl.float32)
     for n in range(start, hi, BLOCK_N):
         kpos = n + tl.arange(0, BLOCK_N)
-        kmask = kpos < hi
+        # (>= lo: a table entry behind the window may be a dropped block, -1: never loaded, not masked after)
+        kmask = (kpos < hi) & (kpos >= lo)
         if PAGED:
             page = tl.load(block_tables_ptr + b * stride_bt + kpos // PAGE, mask=kmask, other=0).to(tl.int64)
             k_off = page[:, None] * stride_kb + (kpos % PAGE)[:, None] * stride_ks
@@ -127,7 +128,9 @@ def paged_attention_prefill(
     q: [T, H, D] new tokens (sequence b = rows cu_seqlens_q[b]:cu_seqlens_q[b+1]); new token i of b sits at
     position (len_k - len_q) + i and sees keys at positions <= its own (and > own - sliding_window).
     With `block_tables` (and caches holding every context token, new ones included) keys/values are read
-    from the paged cache, so a cached prefix is attended to; without, k/v: [T, KVH, D] are the keys and
+    from the paged cache, so a cached prefix is attended to (with a window, the entries of blocks wholly before
+    the window of the sequence's first new token are never read: they may be -1, dropped blocks, see
+    engine/block_manager.py); without, k/v: [T, KVH, D] are the keys and
     cu_seqlens_k must equal cu_seqlens_q. `softcap`: scores become tanh(s / softcap) * softcap (Gemma 2).
     Returns [T, H, D] in q's dtype.
     """

@@ -79,12 +79,13 @@ class Attention(nn.Module):
         self.k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, k[keep])
         self.v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, v[keep])
 
-    def _gather(self, table: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first n cached tokens of a sequence with block-table row `table`: k, v [n, KVH, D]."""
+    def _gather(self, table: torch.Tensor, first: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached tokens at positions first * page .. n - 1 of a sequence with block-table row `table` (from its
+        block `first`: the ones before may be dropped, -1): k, v [n - first * page, KVH, D]."""
         page = self.k_cache.shape[1]
-        blocks = table[: -(-n // page)].long()
-        k = self.k_cache.index_select(0, blocks).flatten(0, 1)[:n]
-        v = self.v_cache.index_select(0, blocks).flatten(0, 1)[:n]
+        blocks = table[first : -(-n // page)].long()
+        k = self.k_cache.index_select(0, blocks).flatten(0, 1)[: n - first * page]
+        v = self.v_cache.index_select(0, blocks).flatten(0, 1)[: n - first * page]
         return k, v
 
     # prefill --------------------------------------------------------------------------------------
@@ -114,25 +115,29 @@ class Attention(nn.Module):
         for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
             if lq == 0:
                 continue
+            k0 = 0  # position of the first key read
             if lk == lq:
                 kb, vb = k[start : start + lq], v[start : start + lq]
-            else:
-                kb, vb = self._gather(ctx.block_tables[b], lk)
-            out[start : start + lq] = self._sdpa_causal(q[start : start + lq], kb, vb)
+            else:  # keys from the block of the first new token's window on (earlier blocks may be dropped)
+                page = self.k_cache.shape[1]
+                first = max(0, lk - lq - self.sliding_window + 1) // page if self.sliding_window else 0
+                kb, vb = self._gather(ctx.block_tables[b], first, lk)
+                k0 = first * page
+            out[start : start + lq] = self._sdpa_causal(q[start : start + lq], kb, vb, k0)
             start += lq
         return out
 
-    def _sdpa_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q: [Lq, H, D] at positions Lk-Lq .. Lk-1; k, v: [Lk, KVH, D] at positions 0 .. Lk-1
-        lq, lk = q.shape[0], k.shape[0]
+    def _sdpa_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k0: int = 0) -> torch.Tensor:
+        # q: [Lq, H, D] at positions Lk-Lq .. Lk-1; k, v: [Lk - k0, KVH, D] at positions k0 .. Lk-1
+        lq, lk = q.shape[0], k0 + k.shape[0]
         qt = q.transpose(0, 1)[None]  # [1, H, Lq, D]
-        kt = k.transpose(0, 1).repeat_interleave(self.group, dim=0)[None]  # [1, H, Lk, D]
+        kt = k.transpose(0, 1).repeat_interleave(self.group, dim=0)[None]  # [1, H, Lk - k0, D]
         vt = v.transpose(0, 1).repeat_interleave(self.group, dim=0)[None]
         if lq == lk and self.sliding_window is None and self.softcap is None:
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=self.scale)
         else:
             qpos = torch.arange(lk - lq, lk, device=q.device)[:, None]
-            kpos = torch.arange(lk, device=q.device)[None, :]
+            kpos = torch.arange(k0, lk, device=q.device)[None, :]
             mask = kpos <= qpos
             if self.sliding_window is not None:
                 mask &= kpos > qpos - self.sliding_window
@@ -174,13 +179,20 @@ class Attention(nn.Module):
         lens = ctx.seqlens_k or ctx.context_lens.tolist()
         page = self.k_cache.shape[1]
         nblocks = max(1, -(-max(lens) // page))
-        tables = ctx.block_tables[:, :nblocks].long()  # [B, nb]
+        n = torch.tensor(lens, device=q.device)[:, None]  # [B, 1]
+        if self.sliding_window is None:
+            first = torch.zeros_like(n)
+            tables = ctx.block_tables[:, :nblocks].long()  # [B, nb]
+        else:  # each row reads nb blocks from its window's first one (blocks before it may be dropped, -1)
+            first = (n - self.sliding_window).clamp_min(0) // page  # [B, 1]
+            nblocks = min(nblocks, -(-(self.sliding_window - 1) // page) + 1)
+            cols = (first + torch.arange(nblocks, device=q.device)[None, :]).clamp_max(ctx.block_tables.shape[1] - 1)
+            tables = ctx.block_tables.long().gather(1, cols)  # [B, nb] (clamped columns: past n, masked)
         k = self.k_cache[tables].flatten(1, 2)  # [B, S, KVH, D], S = nb * page
         v = self.v_cache[tables].flatten(1, 2)
         k = k.transpose(1, 2).repeat_interleave(self.group, dim=1)  # [B, H, S, D]
         v = v.transpose(1, 2).repeat_interleave(self.group, dim=1)
-        n = torch.tensor(lens, device=q.device)[:, None]  # [B, 1]
-        pos = torch.arange(k.shape[2], device=q.device)[None, :]  # [1, S]
+        pos = first * page + torch.arange(k.shape[2], device=q.device)[None, :]  # [B, S] positions read
         mask = pos < n
         if self.sliding_window is not None:
             mask &= pos >= n - self.sliding_window

@@ -199,6 +199,15 @@ class ModelConfig:
             return None
         return int(self.sliding_window)
 
+    @property
+    def kv_window(self) -> int | None:
+        """The window W every decoder layer slides with (Mistral, Phi-3, a Qwen2 whose layers all slide), or None
+        when any layer attends to the whole context. With W, no query at position >= p reads a key at a position
+        <= p - W in any layer, so the engine releases such KV blocks (engine/block_manager.py). Gemma 2 / 3 mix
+        global layers in: their KV blocks are all kept (the cache is one block table for every layer)."""
+        windows = {self.layer_sliding_window(i) for i in range(self.num_hidden_layers)}
+        return windows.pop() if len(windows) == 1 and None not in windows else None
+
     def layer_rope(self, layer: int) -> str:
         """Which RoPE decoder layer `layer` uses: "local" (Gemma 3 sliding layers: rope_local_theta) or "global"."""
         kinds = self.layer_types or []

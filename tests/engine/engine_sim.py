@@ -7,6 +7,8 @@ recomputed sequence must therefore produce exactly the tokens it would have prod
 a request with n > 1 may read KV that their sample 0 wrote, only in the prompt's full blocks they share with it.
 With the prefix cache (sequences with `prefix_id` set), a sequence may read KV another wrote only if that writer
 had the same adapter identity and the same tokens up to that position; no registered block is ever written.
+With a sliding `window` W the model reads, for queries from position s on, positions s - W + 1 .. only, and those
+must sit in blocks the sequence still holds (not dropped, engine/block_manager.py).
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ class Sim:
     prefetch_threads: int = 0
     gates: dict = field(default_factory=dict)  # adapter -> threading.Event its read waits for (slow disks)
     run_ahead: bool = False  # plan each next decode step before postprocess, as the engine does on a GPU
+    window: int | None = None  # every layer's sliding window (BlockManager drops the blocks behind it)
 
     def __post_init__(self):
-        self.bm = BlockManager(self.num_blocks, self.config.block_size)
+        self.bm = BlockManager(self.num_blocks, self.config.block_size, window=self.window)
         self.installed: dict[int, str] = {}
 
         def load_cpu(name):
@@ -132,7 +135,9 @@ class Sim:
         assert len(ids) == len(pos) == len(slot_map) == b.num_tokens == b.query_start_loc()[-1]
         holders: dict[int, list[Sequence]] = {}
         for s in self.sched.running:
-            for blk in s.block_table:
+            assert all(blk < 0 for blk in s.block_table[: s.num_dropped]), s
+            for blk in s.block_table[s.num_dropped :]:
+                assert blk >= 0, s
                 holders.setdefault(blk, []).append(s)
         for blk, seqs in holders.items():  # a block is shared by the samples of one request, or a cached prefix's
             assert self.bm.refcount(blk) == len(seqs), (blk, seqs)
@@ -153,7 +158,9 @@ class Sim:
             ctx = b.seq_lens()[i]
             shared = shared_prefix(seq, bs)
             first = seq.seq_id - seq.sample_index  # its sample 0
-            for p in range(ctx):  # everything attended to is this sequence's own, correct KV (or its prompt's)
+            lo = max(0, b.start[i] - self.window + 1) if self.window else 0  # the first query's window
+            for p in range(lo, ctx):  # everything attended to is this sequence's own, correct KV (or its prompt's)
+                assert p // bs >= seq.num_dropped, (seq, p)
                 cs = seq.block_table[p // bs] * bs + p % bs
                 tok = seq.token_ids[p] if p < seq.num_tokens else fed[i]  # (ahead: the fed token is not appended)
                 got = self.kv.get(cs)
