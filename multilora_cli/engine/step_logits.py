@@ -53,6 +53,17 @@ def add_sampled_logprobs(
     lp.sampled_owners, lp.sampled_ks = owners, ks
 
 
+def sampled_logprobs_of(lp: StepLogprobs, plan: tuple, asking: torch.Tensor, ids: torch.Tensor, device) -> None:
+    """lp.sampled as `add_sampled_logprobs` makes it, from the asking rows' fp32 logits `asking` [R, V] that the
+    sampler's own LM-head GEMM gave (Model.compute_logits_pair; R * V fits one chunk)."""
+    rows, owners, ks = plan
+    chosen = (
+        ids if len(rows) == ids.shape[0] else ids[torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)]
+    )
+    lp.sampled = logprob_rows(lambda lo, hi: asking[lo:hi], len(rows), asking.shape[1], chosen, max(ks))
+    lp.sampled_owners, lp.sampled_ks = owners, ks
+
+
 def step_prompt_logprobs(
     lm_head: LmHead, hidden: torch.Tensor, prows: PromptRows, per_row_head: bool, vocab: int, device: torch.device
 ) -> torch.Tensor:
