@@ -116,7 +116,9 @@ def test_runner_follows_the_check_and_both_paths_agree(tiny):
             assert b.samples[0].logprobs is None
             continue
         for x, y in zip(a.samples[0].logprobs, b.samples[0].logprobs, strict=True):
-            assert abs(x.logprob - y.logprob) < 1e-6 and [t for t, _, _ in x.top] == [t for t, _, _ in y.top]
-            assert np.allclose([v for _, _, v in x.top], [v for _, _, v in y.top], atol=1e-6)
+            # within 1e-6 relative: a few fp32 ulps (the two paths' GEMMs run at different row counts)
+            assert [t for t, _, _ in x.top] == [t for t, _, _ in y.top]
+            got, want = [x.logprob] + [v for _, _, v in x.top], [y.logprob] + [v for _, _, v in y.top]
+            assert np.allclose(got, want, rtol=1e-6, atol=1e-6)
     # a row's tokens do not depend on whether it or its neighbours ask (greedy rows; sampled rows draw the same u)
     assert [r.token_ids for r in one] == [r.token_ids for r in plain]
