@@ -17,7 +17,9 @@
     bf16 output (the sampler's) and with an fp32 output (the logprobs'), the fused logprob rows kernel
     (kernels/logprobs.py) against torch's separate logsumexp / gather / argmax / topk it replaced, their largest
     difference, and the fraction of LM-head outputs where the bf16 GEMM equals the fp32-output GEMM rounded to
-    bf16 at M = 1, 16, 64 and the batch (1.0 at every M would allow one GEMM: engine/logprobs.py says why not).
+    bf16 at M = 1, 16, 64 and the batch; and the one-GEMM pair (Model.compute_logits_pair: the fp32-output GEMM
+    and its rounding for the sampler) that replaces both GEMMs where the engine's start-time check passed
+    (models/head_check.py; the report's "logprob_lm_head" is that check's outcome, as the run's stats give it).
 Writes benchmarks/results/scoring-<device>.json and prints both ratios.
 """
 
@@ -136,6 +138,7 @@ def logprob_parts(model, rows: int, k: int) -> dict:
     us = {
         "lm_head_bf16": eager_time_us(lambda _: model.compute_logits(hidden, upcast=False), 1),
         "lm_head_fp32_out": eager_time_us(lambda _: model.compute_logits_fp32(hidden), 1),
+        "lm_head_one_gemm_pair": eager_time_us(lambda _: model.compute_logits_pair(hidden, None), 1),
         "fused_kernel": eager_time_us(lambda _: logprob_rows_triton(x, targets, k), 1),
         "fused_kernel_k20": eager_time_us(lambda _: logprob_rows_triton(x, targets, 20), 1),  # (the largest k)
         "torch_ops_before": eager_time_us(torch_ops, 1),
@@ -211,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
             engine.generate_all(gen_work.requests(cfg.vocab_size)[: min(64, args.gen_requests)])  # warm-up
             gen = time_generation(engine, gen_work.requests(cfg.vocab_size), args.repeats, device)
             report["generation_logprobs"] = gen
+            head = report["logprob_lm_head"] = engine.runner.head_gemms.stats()
+            log(
+                f"logprob LM head: {head['path']} ({head['one_gemm_rows']} of {head['max_rows']} row counts; {head['why']})"
+            )
             log(
                 f"generation: {gen['tokens_per_s']['logprobs5']:,.0f} tok/s with logprobs 5 vs "
                 f"{gen['tokens_per_s']['plain']:,.0f} without = {gen['ratio']:.3f}x (target >= {LOGPROBS_TARGET})"
@@ -226,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 us = parts["us"]
                 log(
                     f"logprob step parts at {args.max_num_seqs} rows (us): LM head bf16 {us['lm_head_bf16']:.0f}, "
-                    f"fp32-out {us['lm_head_fp32_out']:.0f}; fused rows {us['fused_kernel']:.0f} (k 20: "
+                    f"fp32-out {us['lm_head_fp32_out']:.0f}, one-GEMM pair {us['lm_head_one_gemm_pair']:.0f}; fused rows {us['fused_kernel']:.0f} (k 20: "
                     f"{us['fused_kernel_k20']:.0f}) vs torch ops "
                     f"{us['torch_ops_before']:.0f}; bf16 GEMM == fp32-out rounded: "
                     f"{parts['bf16_gemm_equals_fp32_rounded']}"

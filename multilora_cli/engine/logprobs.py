@@ -3,8 +3,8 @@
 Two kinds of rows (each row is one position of one sequence, scoring the token that follows it):
 - sampled rows: a sequence with `sampling.logprobs` k gets, per generated token, the logprob of the token the
   sampler chose and the k most likely tokens, from the model's raw logits (before logits processing,
-  temperature, top-k/top-p: vLLM's default "raw" logprobs), recomputed for those rows with an fp32 LM-head output
-  (Model.compute_logits_fp32: the sampler's model-dtype logits are too coarse for a log-likelihood);
+  temperature, top-k/top-p: vLLM's default "raw" logprobs), from an fp32 LM-head output for those rows (the
+  sampler's model-dtype logits are too coarse for a log-likelihood; see below);
 - prompt rows: a sequence whose prompt positions' logits are needed (`prompt_logprobs` k, or a scoring
   request's continuation) gets, per position p, the logprob of prompt token p + 1, the position's argmax and top
   k. Their hidden states go through the LM head here, in chunks of rows, so no [tokens, vocab] fp32 tensor of a
@@ -19,15 +19,13 @@ reference. On the host each sequence keeps numpy views of its rows (one append p
 into entries once, when its result is built (`entries`: columns of one stacked array, ~1.4 us a token at k 5).
 A step whose rows ask for nothing builds and computes nothing.
 
-Why the sampled rows take a second LM-head GEMM (fp32 output, asking rows only) rather than one fp32-output GEMM
-for the step whose bf16 rounding feeds the sampler: the sampler's logits must be the same bits whether or not a
-row (or its neighbour) asks for logprobs, or a greedy near-tie would make a row's text depend on its neighbours'
-requests. A bf16-output cuBLAS GEMM rounds its fp32 accumulator once, so it equals the fp32-output GEMM rounded
-to bf16 only when cuBLAS picks kernels of the same accumulation order (tile shape, split-K) for both output types;
-it picks per output dtype and M by heuristics, with no such guarantee across shapes, GPUs or versions. So the
-bf16 GEMM stays as it is for every row and the asking rows pay a second one (~0.4 ms at 256 rows of a 128k
-vocabulary on an H200). `python -m benchmarks.bench_scoring` measures both GEMMs and the fraction of outputs where
-the two agree, so the choice can be revisited with data (it would need 1.0 at every M, on every supported GPU).
+The sampled rows' fp32 logits and the sampler's model-dtype logits come from ONE fp32-output LM-head GEMM over
+the step's sampled rows, the sampler's rounded to the model dtype (Model.compute_logits_pair), where the runner's
+start-time check found that rounding gives exactly the bits of the model-dtype GEMM at that row count
+(models/head_check.py): the sampler's logits must be the same bits whether or not a row (or its neighbour) asks
+for logprobs, or a greedy near-tie would make a row's text depend on its neighbours' requests. Elsewhere the
+model-dtype GEMM runs for every row as without logprobs and the asking rows pay a second, fp32-output one
+(~0.4 ms at 256 rows of a 128k vocabulary on an H200). The run's stats say which (`startup.logprob_lm_head`).
 """
 
 from __future__ import annotations
