@@ -65,6 +65,10 @@ def test_entries_equal_rows_one_by_one():
         assert (e.id, e.token, e.logprob) == (tok, f"t{tok}", float(row[0]))
         assert e.top == [(int(row[j]), f"t{int(row[j])}", float(row[j + 1])) for j in (2, 4)]
     assert entries([], rows, lambda ids: []) == []
+    zero = [r[:2] for r in rows]  # k 0: the chosen token's logprob only, each entry its own empty top list
+    got = entries([3, 1], zero, lambda ids: [names[i] for i in ids])
+    assert [(e.id, e.logprob, e.top) for e in got] == [(3, float(rows[0][0]), []), (1, float(rows[1][0]), [])]
+    assert got[0].top is not got[1].top
 
 
 @needs_interpreter
