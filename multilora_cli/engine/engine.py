@@ -16,6 +16,7 @@ import torch
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
+from multilora_cli.engine.gc_heap import frozen_heap
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
@@ -497,7 +498,12 @@ class Engine:
         )
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
-        """Yield one Result per request, as each completes (any order). Requests are pulled lazily."""
+        """Yield one Result per request, as each completes (any order). Requests are pulled lazily. The objects
+        that exist when it begins are frozen for the collector meanwhile (engine/gc_heap.py)."""
+        with frozen_heap():
+            yield from self._generate(requests)
+
+    def _generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         it = iter(requests)
         exhausted = False
         sched = self.scheduler
