@@ -14,7 +14,7 @@
     tokens over the same adapters, the two arms interleaved `--repeats` times on one engine (best of each):
     generated tokens/s ratio. Target >= 0.9x. Each result is counted and dropped as it comes, as a run writes
     and drops its records (a list of every result kept ~460k logprob objects alive at k 5, which the garbage
-    collector walked again and again: engine/gc_heap.py).
+    collector walked again and again: engine/gc_heap.py); `--keep-results` holds them as before.
 (c) on CUDA, the logprob step's parts at `--max-num-seqs` asking rows (device us, medians): the LM head with a
     bf16 output (the sampler's) and with an fp32 output (the logprobs'), the fused logprob rows kernel
     (kernels/logprobs.py) against torch's separate logsumexp / gather / argmax / topk it replaced, their largest
@@ -100,8 +100,9 @@ def time_hf_scoring(model, rows, adapters, batch: int, batches: int, device) -> 
     return dict(batch=batch, batches=batches, seconds=wall, prompt_tokens=tokens, tokens_per_s=tokens / wall)
 
 
-def time_generation(engine, reqs, repeats: int, device) -> dict:
-    """Interleaved arms (plain, logprobs 5) on one engine: best generated tokens/s of each."""
+def time_generation(engine, reqs, repeats: int, device, keep: bool = False) -> dict:
+    """Interleaved arms (plain, logprobs 5) on one engine: best generated tokens/s of each. keep: hold every
+    result until the arm ends (the measurement before session 19), else each is dropped once counted."""
     arms = {"plain": reqs, "logprobs5": [replace(r, sampling=replace(r.sampling, logprobs=5)) for r in reqs]}
     best: dict[str, float] = {}
     for _ in range(repeats):
@@ -109,9 +110,11 @@ def time_generation(engine, reqs, repeats: int, device) -> dict:
             fresh = [replace(r) for r in rs]  # (requests are not mutated, but keep runs independent)
             _sync(device)
             t0 = time.perf_counter()
-            toks = 0
+            toks, kept = 0, []
             for r in engine.generate(fresh):  # each result counted and dropped, as `multilora run` writes it
                 toks += r.completion_tokens
+                if keep:
+                    kept.append(r)
                 if name == "logprobs5" and len(r.samples[0].logprobs) != len(r.token_ids):
                     raise RuntimeError("a logprobs request came back without one entry per token")
             _sync(device)
@@ -180,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hf-batches", type=int, default=4)
     ap.add_argument("--gen-requests", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--keep-results", action="store_true", help="(b) holds every result until its arm ends")
     ap.add_argument("--skip-hf", action="store_true", help="no HF + PEFT baseline (scoring ratio not computed)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -215,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             report["scoring_multilora"] = dict(seconds=wall, prompt_tokens=tokens, tokens_per_s=tokens / wall)
             log(f"scoring multilora: {tokens / wall:,.0f} prompt tok/s ({args.requests} requests, {wall:.2f} s)")
             engine.generate_all(gen_work.requests(cfg.vocab_size)[: min(64, args.gen_requests)])  # warm-up
-            gen = time_generation(engine, gen_work.requests(cfg.vocab_size), args.repeats, device)
+            gen = time_generation(engine, gen_work.requests(cfg.vocab_size), args.repeats, device, args.keep_results)
             report["generation_logprobs"] = gen
             head = report["logprob_lm_head"] = engine.runner.head_gemms.stats()
             log(
