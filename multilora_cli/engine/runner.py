@@ -114,9 +114,11 @@ class ModelRunner:
             self.model, config, self._meta_buffers, max_model_len=self.max_model_len, device=self.device
         )
         self._triton.ready()
-        # where one LM-head GEMM serves the sampler and the logprobs (models/head_check.py): at most the rows
-        # whose fp32 logits fit one chunk (the memory a step's logprob logits take today)
-        self.head_gemms = head_gemms(self.model, min(config.max_num_seqs, CHUNK_ELEMS // self.vocab_size))
+        # where one LM-head GEMM serves the sampler and the logprobs (models/head_check.py): row counts up to the
+        # most sequences a step can sample (the input's bound when known: a 14-line job checks 14) whose fp32
+        # logits fit one chunk (the memory the two-GEMM path's fp32 logits take); a larger step takes two GEMMs
+        rows = min(config.max_num_seqs, config.max_decode_batch or config.max_num_seqs, CHUNK_ELEMS // self.vocab_size)
+        self.head_gemms = head_gemms(self.model, rows)
 
     def triton_counts(self) -> dict:
         """Triton compiles and cache loads while the runner started and since (engine/runner_start.py)."""

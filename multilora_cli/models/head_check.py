@@ -71,6 +71,7 @@ class HeadGemms:
         }
 
 
+@torch.inference_mode()
 def check_rounding(
     model_gemm: Gemm, fp32_gemm: Gemm, max_rows: int, hidden_size: int, dtype: torch.dtype, device, seed: int = 0
 ) -> np.ndarray:
