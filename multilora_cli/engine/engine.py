@@ -90,6 +90,7 @@ class Engine:
             vocab=self._vocab_parts(),
             eos_token_ids=self.eos_token_ids,
         )
+        self.runner.token_texts = self._texts  # (a step's logprob entries are made as its ids come back)
         self.max_model_len = self.runner.max_model_len
         t0 = time.perf_counter()
         self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
@@ -487,7 +488,7 @@ class Engine:
             ids = ids[:-1]
         logprobs = None
         if seq.logprobs is not None:  # one per token id (a stop token's is dropped with it)
-            logprobs = entries(ids, seq.logprobs, self._texts)
+            logprobs = seq.logprobs[: len(ids)]
         return Sample(
             index=seq.sample_index,
             text=seq.text,

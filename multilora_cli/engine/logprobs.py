@@ -15,8 +15,9 @@ lowest id first); packed into ONE fp32 tensor [R, 2 + 2k] = (lp, argmax, id_1, l
 < 2^24 are exact in fp32; a row's own k <= k is the prefix of its row) that reaches the host with the step's
 sampled ids. On CUDA one fused Triton kernel reads the logits once for all of it (kernels/logprobs.py; torch's
 logsumexp, gather, argmax and topk made several passes and temporaries over [R, V]); elsewhere its torch
-reference. On the host each sequence keeps numpy views of its rows (one append per row and step) and turns them
-into entries once, when its result is built (`entries`: columns of one stacked array, ~1.3 us a token at k 5).
+reference. On the host a step's sampled rows become TokenLogprob entries as soon as its ids are read back, while
+the next step runs (`entries_of`: columns of the step's array, ~1.3 us a token at k 5), each appended to its
+sequence; prompt rows stay numpy views (one append per row) until the result is built (`entries`, `unpack`).
 A step whose rows ask for nothing builds and computes nothing.
 
 The sampled rows' fp32 logits and the sampler's model-dtype logits come from ONE fp32-output LM-head GEMM over
@@ -108,11 +109,13 @@ class PromptRows:
 @dataclass(slots=True)
 class StepLogprobs:
     """What a step computed for its logprob rows: packed [R, 2 + 2k] tensors (sampled, prompt) and whom each row
-    belongs to; `attach` hands each row to its sequence once the step's ids are on the host."""
+    belongs to; `attach` hands each row to its sequence once the step's ids are on the host. sampled_rows: the
+    sampled rows' places among the step's sampled sequences (None: every one, in order)."""
 
     sampled: torch.Tensor | None = None
     sampled_owners: list[Sequence] | None = None
     sampled_ks: list[int] | None = None
+    sampled_rows: list[int] | None = None
     prompt: torch.Tensor | None = None
     prompt_rows: PromptRows | None = None
 
@@ -123,21 +126,22 @@ class StepLogprobs:
         if self.prompt is not None:
             self.prompt = self.prompt.to("cpu", non_blocking=True)
 
-    def attach(self) -> None:
-        """Append each row (a numpy view, cut to the row's own k) to its sequence, after the step's done event:
-        a sampled row to `seq.logprobs` (skipped for a sequence that stopped at the step before this `ahead`
-        one: its token is dropped too), a prompt row to `seq.prompt_lp`. Per row: one view and one append."""
+    def attach(self, ids: list[int], texts: Callable[[list[int]], list[str]]) -> None:
+        """After the step's done event, with its sampled ids `ids` (one per sampled sequence) on the host: each
+        sampled row becomes its TokenLogprob now (`entries_of`: while the next step runs on the device, rather
+        than a whole sequence's at once when it finishes, when the device has nothing queued) appended to
+        `seq.logprobs` (skipped for a sequence that stopped at the step before this `ahead` one: its token is
+        dropped too); each prompt row (a numpy view, cut to the row's own k) is appended to `seq.prompt_lp`."""
         if self.sampled is not None:
-            rows = self.sampled.numpy()  # [R, 2 + 2k]
-            width, running = rows.shape[1], SeqStatus.RUNNING
-            if 2 + 2 * min(self.sampled_ks) == width:  # every row's k is the step's (the usual case): whole rows
-                for seq, row in zip(self.sampled_owners, rows):
-                    if seq.status is running:
-                        seq.logprobs.append(row)
-            else:
-                for seq, k, row in zip(self.sampled_owners, self.sampled_ks, rows):
-                    if seq.status is running:
-                        seq.logprobs.append(row[: 2 + 2 * k])
+            chosen = ids if self.sampled_rows is None else [ids[i] for i in self.sampled_rows]
+            made = entries_of(chosen, self.sampled.numpy(), texts)
+            ks, running = self.sampled_ks, SeqStatus.RUNNING
+            if min(ks) != max(ks):  # rows of a smaller k: their own top only
+                for e, k in zip(made, ks):
+                    del e.top[k:]
+            for seq, e in zip(self.sampled_owners, made):
+                if seq.status is running:
+                    seq.logprobs.append(e)
         if self.prompt is not None:
             pr, rows = self.prompt_rows, self.prompt.numpy()
             width = rows.shape[1]
@@ -157,19 +161,23 @@ def unpack(rows: list) -> list[tuple[float, int, list[tuple[int, float]]]]:
 
 
 def entries(token_ids: list[int], rows: list, texts: Callable[[list[int]], list[str]]) -> list[TokenLogprob]:
-    """TokenLogprob per (token id, kept row) pair, up to the shorter of the two (a stop token's row is dropped
-    with its id). texts: token ids -> their texts. Columns come out of one stacked array and the entries out of
-    C-level zip / map (a few numpy calls and one Python-level slice per token, not per top token): ~1.3 us a
-    token at k 5 against ~2 for a zip per token and ~3 for per-row unpacking."""
+    """TokenLogprob per (token id, kept row) pair, up to the shorter of the two. rows: numpy [2 + 2k] each, one
+    k (a sequence's prompt rows). texts: token ids -> their texts."""
     n = min(len(token_ids), len(rows))
+    return entries_of(token_ids[:n], np.stack(rows[:n]), texts) if n else []
+
+
+def entries_of(ids: list[int], arr: np.ndarray, texts: Callable[[list[int]], list[str]]) -> list[TokenLogprob]:
+    """TokenLogprob per row of `arr` [n, 2 + 2k] (packed rows) with the token ids `ids` [n]. Columns come out of
+    the array and the entries out of C-level zip / map (a few numpy calls and one Python-level slice per row, not
+    per top token): ~1.3 us a token at k 5 against ~2 for a zip per token and ~3 for per-row unpacking."""
+    n = arr.shape[0]
     if n == 0:
         return []
-    arr = np.stack(rows[:n])  # [n, 2 + 2k]
     k = (arr.shape[1] - 2) // 2
     top_ids = arr[:, 2::2].astype(np.int64).ravel().tolist()  # [n * k], row-major
     flat = list(zip(top_ids, texts(top_ids), arr[:, 3::2].ravel().tolist()))  # (id, text, logprob) [n * k]
     tops = [flat[i : i + k] for i in range(0, n * k, k)] if k else [[] for _ in range(n)]
-    ids = token_ids[:n]
     return list(map(TokenLogprob, ids, arr[:, 0].tolist(), tops, texts(ids)))
 
 

@@ -101,6 +101,7 @@ class ModelRunner:
             else None
         )
         self.grammar = None  # engine/grammar/rows.GrammarRows, set by the engine at its first constrained request
+        self.token_texts = None  # token ids -> their texts (logprob entries); set by the engine
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
         self._last_done = 0.0  # when the last step's ids were read (step times, `_log`)
         self.first_done: float | None = None  # when the first step's ids were read (perf_counter; startup stats)
@@ -293,7 +294,7 @@ class ModelRunner:
         their sequences (not in `_read_ids`: the grammar's worker reads the previous step's ids through it)."""
         out = self._read_ids(launched)
         if launched.logprobs is not None:
-            launched.logprobs.attach()
+            launched.logprobs.attach(out, self.token_texts)
         self._log(launched)
         return out
 

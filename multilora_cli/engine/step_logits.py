@@ -51,6 +51,7 @@ def add_sampled_logprobs(
         max(ks),
     )
     lp.sampled_owners, lp.sampled_ks = owners, ks
+    lp.sampled_rows = None if len(rows) == ids.shape[0] else rows
 
 
 def sampled_logprobs_of(lp: StepLogprobs, plan: tuple, asking: torch.Tensor, ids: torch.Tensor, device) -> None:
@@ -62,6 +63,7 @@ def sampled_logprobs_of(lp: StepLogprobs, plan: tuple, asking: torch.Tensor, ids
     )
     lp.sampled = logprob_rows(lambda lo, hi: asking[lo:hi], len(rows), asking.shape[1], chosen, max(ks))
     lp.sampled_owners, lp.sampled_ks = owners, ks
+    lp.sampled_rows = None if len(rows) == ids.shape[0] else rows
 
 
 def step_prompt_logprobs(
