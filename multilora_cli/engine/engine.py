@@ -16,7 +16,7 @@ import torch
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
-from multilora_cli.engine.gc_heap import frozen_heap
+from multilora_cli.engine.gc_heap import FrozenHeap
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
@@ -65,6 +65,7 @@ class Engine:
         scans: dict | None = None,
     ):
         self.startup = StartupClock()  # the stats' "startup" section (engine/startup.py)
+        self._heap = FrozenHeap()  # the start's objects frozen for the collector while a run goes (gc_heap.py)
         self.config = config
         self.adapters = {name: Path(p) for name, p in (adapters or {}).items()}
         self._scans = {n: s for n, s in (scans or {}).items() if n in self.adapters and s.path == self.adapters[n]}
@@ -501,7 +502,7 @@ class Engine:
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Yield one Result per request, as each completes (any order). Requests are pulled lazily. The objects
         that exist when it begins are frozen for the collector meanwhile (engine/gc_heap.py)."""
-        with frozen_heap():
+        with self._heap.during():
             yield from self._generate(requests)
 
     def _generate(self, requests: Iterable[Request]) -> Iterator[Result]:
@@ -594,7 +595,8 @@ class Engine:
         """A run's hook for engine-specific summary lines: one engine prints none."""
 
     def close(self) -> None:
-        """Stop background adapter reads; unpin the host arena."""
+        """Stop background adapter reads; unpin the host arena; thaw a heap freeze a run left."""
+        self._heap.thaw()
         self.slots.close()
         self._identities.close()
         if self.grammar is not None:

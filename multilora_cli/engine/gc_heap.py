@@ -1,4 +1,4 @@
-"""`frozen_heap`: while an engine generates, the objects that existed when it began (the model's modules, torch,
+"""`FrozenHeap`: while an engine generates, the objects that existed when it began (the model's modules, torch,
 transformers, the tokenizer: ~0.2-1 M objects) sit in the collector's permanent generation (`gc.freeze`), so the
 cyclic garbage collector's full collections no longer walk them.
 
@@ -11,7 +11,8 @@ Nothing about the results changes: frozen objects are still reference counted an
 cycle among them that became garbage during the run is collected after the run (`gc.unfreeze` puts them back in
 the oldest generation). The heap is left alone when the collector is off or something else froze objects (its
 own freeze is not ours to undo), and nested runs leave it to the outermost. `gc.freeze` / `gc.unfreeze` splice
-lists: O(1).
+lists: O(1). The engine's `close` thaws a freeze its run left (a run's generator that is never finished or
+closed, and sits in a reference cycle, would otherwise keep the heap frozen: the collector skips frozen objects).
 """
 
 from __future__ import annotations
@@ -21,14 +22,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-@contextmanager
-def frozen_heap() -> Iterator[bool]:
-    """Freeze the heap for the block when the collector is on and nothing is frozen yet; yields whether it did."""
-    if not gc.isenabled() or gc.get_freeze_count() > 0:
-        yield False
-        return
-    gc.freeze()
-    try:
-        yield True
-    finally:
-        gc.unfreeze()
+class FrozenHeap:
+    """One engine's freeze of the heap: at most one at a time, undone by `thaw` (at the run's end, or `close`)."""
+
+    def __init__(self):
+        self.active = False
+
+    @contextmanager
+    def during(self) -> Iterator[bool]:
+        """Freeze the heap for the block when the collector is on and nothing is frozen yet; yields whether it
+        did."""
+        if not gc.isenabled() or gc.get_freeze_count() > 0:
+            yield False
+            return
+        gc.freeze()
+        self.active = True
+        try:
+            yield True
+        finally:
+            self.thaw()
+
+    def thaw(self) -> None:
+        """Undo this engine's freeze, if one is in force."""
+        if self.active:
+            self.active = False
+            gc.unfreeze()

@@ -1,6 +1,6 @@
 """engine/gc_heap.py: while an engine generates, the objects from before the run are frozen for the collector,
 and the heap is as it was after the run (also after an abandoned one); a freeze made by someone else, a disabled
-collector and a nested run are left alone."""
+collector and a nested run are left alone; closing the engine thaws a freeze its unfinished run left."""
 
 from __future__ import annotations
 
@@ -8,33 +8,35 @@ import gc
 
 from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
-from multilora_cli.engine.gc_heap import frozen_heap
+from multilora_cli.engine.gc_heap import FrozenHeap
 from multilora_cli.engine.request import Request
 from tests.builders import build_base, build_tokenizer
 
 
 def test_frozen_for_the_block_and_nested_blocks_leave_it():
     assert gc.get_freeze_count() == 0
-    with frozen_heap() as froze:
+    heap, other = FrozenHeap(), FrozenHeap()
+    with heap.during() as froze:
         assert froze and gc.get_freeze_count() > 0
-        with frozen_heap() as inner:
+        with other.during() as inner:
             assert not inner
+        other.thaw()
         assert gc.get_freeze_count() > 0  # the inner block did not undo the outer one's freeze
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0 and not heap.active
 
 
 def test_someone_elses_freeze_and_a_disabled_collector_are_left_alone():
     gc.freeze()
     try:
         n = gc.get_freeze_count()
-        with frozen_heap() as froze:
+        with FrozenHeap().during() as froze:
             assert not froze
         assert gc.get_freeze_count() == n
     finally:
         gc.unfreeze()
     gc.disable()
     try:
-        with frozen_heap() as froze:
+        with FrozenHeap().during() as froze:
             assert not froze and gc.get_freeze_count() == 0
     finally:
         gc.enable()
@@ -54,5 +56,9 @@ def test_an_engine_run_freezes_while_it_generates(tmp_path):
         assert gc.get_freeze_count() > 0
         gen.close()
         assert gc.get_freeze_count() == 0
+        gen = engine.generate(reqs)
+        next(gen)  # one never closed: the engine's close thaws the heap
     finally:
         engine.close()
+    assert gc.get_freeze_count() == 0
+    gen.close()
