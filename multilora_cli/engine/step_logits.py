@@ -1,5 +1,8 @@
 """A step's logits beyond the sampler: which steps may skip it (every row greedy on its raw logits), and the
-logprob rows of the step's sampled tokens and of its prompt positions, from fp32 logits (engine/logprobs.py).
+logprob rows of the step's sampled tokens and of its prompt positions, from fp32 logits (engine/logprobs.py):
+the sampled rows' from the sampler's own fp32-output LM-head GEMM where the runner's check allows one GEMM
+(`sampled_logprobs_of`, models/head_check.py), else from a second GEMM over the rows that ask
+(`add_sampled_logprobs`).
 
     hidden: [N, H] model dtype (the rows that sample, or every prompt row of the step); row slots: [N] int, each
     row's adapter slot for lm_head adapters (layers/vocab_lora.py), None where the head is the base's.
