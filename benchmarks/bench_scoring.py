@@ -218,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
             wall, tokens = time_engine_scoring(engine, scoring_requests(rows, assign), device)
             report["scoring_multilora"] = dict(seconds=wall, prompt_tokens=tokens, tokens_per_s=tokens / wall)
             log(f"scoring multilora: {tokens / wall:,.0f} prompt tok/s ({args.requests} requests, {wall:.2f} s)")
-            engine.generate_all(gen_work.requests(cfg.vocab_size)[: min(64, args.gen_requests)])  # warm-up
+            warm = gen_work.requests(cfg.vocab_size)[: min(64, args.gen_requests)]
+            # warm-up of both arms (a logprobs line's first step decodes the vocabulary's token texts once)
+            engine.generate_all(
+                warm + [replace(r, key=-1 - r.key, sampling=replace(r.sampling, logprobs=5)) for r in warm]
+            )
             gen = time_generation(engine, gen_work.requests(cfg.vocab_size), args.repeats, device, args.keep_results)
             report["generation_logprobs"] = gen
             head = report["logprob_lm_head"] = engine.runner.head_gemms.stats()
