@@ -12,12 +12,16 @@
     `--hf-batches` batches after one warm-up: prompt tokens/s. Target: multilora >= 10x.
 (b) generation with `logprobs: 5` vs without: `--gen-requests` greedy requests of `--prompt-len` + `--output-len`
     tokens over the same adapters, the two arms interleaved `--repeats` times on one engine (best of each):
-    generated tokens/s ratio. Target >= 0.9x.
+    generated tokens/s ratio. Target >= 0.9x. Each result is counted and dropped as it comes, as a run writes
+    and drops its records (a list of every result kept ~460k logprob objects alive at k 5, which the garbage
+    collector walked again and again: engine/gc_heap.py); `--keep-results` holds them as before.
 (c) on CUDA, the logprob step's parts at `--max-num-seqs` asking rows (device us, medians): the LM head with a
     bf16 output (the sampler's) and with an fp32 output (the logprobs'), the fused logprob rows kernel
     (kernels/logprobs.py) against torch's separate logsumexp / gather / argmax / topk it replaced, their largest
     difference, and the fraction of LM-head outputs where the bf16 GEMM equals the fp32-output GEMM rounded to
-    bf16 at M = 1, 16, 64 and the batch (1.0 at every M would allow one GEMM: engine/logprobs.py says why not).
+    bf16 at M = 1, 16, 64 and the batch; and the one-GEMM pair (Model.compute_logits_pair: the fp32-output GEMM
+    and its rounding for the sampler) that replaces both GEMMs where the engine's start-time check passed
+    (models/head_check.py; the report's "logprob_lm_head" is that check's outcome, as the run's stats give it).
 Writes benchmarks/results/scoring-<device>.json and prints both ratios.
 """
 
@@ -96,8 +100,9 @@ def time_hf_scoring(model, rows, adapters, batch: int, batches: int, device) -> 
     return dict(batch=batch, batches=batches, seconds=wall, prompt_tokens=tokens, tokens_per_s=tokens / wall)
 
 
-def time_generation(engine, reqs, repeats: int, device) -> dict:
-    """Interleaved arms (plain, logprobs 5) on one engine: best generated tokens/s of each."""
+def time_generation(engine, reqs, repeats: int, device, keep: bool = False) -> dict:
+    """Interleaved arms (plain, logprobs 5) on one engine: best generated tokens/s of each. keep: hold every
+    result until the arm ends (the measurement before session 19), else each is dropped once counted."""
     arms = {"plain": reqs, "logprobs5": [replace(r, sampling=replace(r.sampling, logprobs=5)) for r in reqs]}
     best: dict[str, float] = {}
     for _ in range(repeats):
@@ -105,12 +110,15 @@ def time_generation(engine, reqs, repeats: int, device) -> dict:
             fresh = [replace(r) for r in rs]  # (requests are not mutated, but keep runs independent)
             _sync(device)
             t0 = time.perf_counter()
-            res = list(engine.generate(fresh))
+            toks, kept = 0, []
+            for r in engine.generate(fresh):  # each result counted and dropped, as `multilora run` writes it
+                toks += r.completion_tokens
+                if keep:
+                    kept.append(r)
+                if name == "logprobs5" and len(r.samples[0].logprobs) != len(r.token_ids):
+                    raise RuntimeError("a logprobs request came back without one entry per token")
             _sync(device)
             wall = time.perf_counter() - t0
-            toks = sum(r.completion_tokens for r in res)
-            if name == "logprobs5" and any(len(r.samples[0].logprobs) != len(r.token_ids) for r in res):
-                raise RuntimeError("a logprobs request came back without one entry per token")
             best[name] = max(best.get(name, 0.0), toks / wall)
     return dict(tokens_per_s=best, ratio=best["logprobs5"] / best["plain"], target=LOGPROBS_TARGET)
 
@@ -136,6 +144,7 @@ def logprob_parts(model, rows: int, k: int) -> dict:
     us = {
         "lm_head_bf16": eager_time_us(lambda _: model.compute_logits(hidden, upcast=False), 1),
         "lm_head_fp32_out": eager_time_us(lambda _: model.compute_logits_fp32(hidden), 1),
+        "lm_head_one_gemm_pair": eager_time_us(lambda _: model.compute_logits_pair(hidden, None), 1),
         "fused_kernel": eager_time_us(lambda _: logprob_rows_triton(x, targets, k), 1),
         "fused_kernel_k20": eager_time_us(lambda _: logprob_rows_triton(x, targets, 20), 1),  # (the largest k)
         "torch_ops_before": eager_time_us(torch_ops, 1),
@@ -174,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hf-batches", type=int, default=4)
     ap.add_argument("--gen-requests", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--keep-results", action="store_true", help="(b) holds every result until its arm ends")
     ap.add_argument("--skip-hf", action="store_true", help="no HF + PEFT baseline (scoring ratio not computed)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -208,9 +218,17 @@ def main(argv: list[str] | None = None) -> int:
             wall, tokens = time_engine_scoring(engine, scoring_requests(rows, assign), device)
             report["scoring_multilora"] = dict(seconds=wall, prompt_tokens=tokens, tokens_per_s=tokens / wall)
             log(f"scoring multilora: {tokens / wall:,.0f} prompt tok/s ({args.requests} requests, {wall:.2f} s)")
-            engine.generate_all(gen_work.requests(cfg.vocab_size)[: min(64, args.gen_requests)])  # warm-up
-            gen = time_generation(engine, gen_work.requests(cfg.vocab_size), args.repeats, device)
+            warm = gen_work.requests(cfg.vocab_size)[: min(64, args.gen_requests)]
+            # warm-up of both arms (a logprobs line's first step decodes the vocabulary's token texts once)
+            engine.generate_all(
+                warm + [replace(r, key=-1 - r.key, sampling=replace(r.sampling, logprobs=5)) for r in warm]
+            )
+            gen = time_generation(engine, gen_work.requests(cfg.vocab_size), args.repeats, device, args.keep_results)
             report["generation_logprobs"] = gen
+            head = report["logprob_lm_head"] = engine.runner.head_gemms.stats()
+            log(
+                f"logprob LM head: {head['path']} ({head['one_gemm_rows']} of {head['max_rows']} row counts; {head['why']})"
+            )
             log(
                 f"generation: {gen['tokens_per_s']['logprobs5']:,.0f} tok/s with logprobs 5 vs "
                 f"{gen['tokens_per_s']['plain']:,.0f} without = {gen['ratio']:.3f}x (target >= {LOGPROBS_TARGET})"
@@ -226,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 us = parts["us"]
                 log(
                     f"logprob step parts at {args.max_num_seqs} rows (us): LM head bf16 {us['lm_head_bf16']:.0f}, "
-                    f"fp32-out {us['lm_head_fp32_out']:.0f}; fused rows {us['fused_kernel']:.0f} (k 20: "
+                    f"fp32-out {us['lm_head_fp32_out']:.0f}, one-GEMM pair {us['lm_head_one_gemm_pair']:.0f}; fused rows {us['fused_kernel']:.0f} (k 20: "
                     f"{us['fused_kernel_k20']:.0f}) vs torch ops "
                     f"{us['torch_ops_before']:.0f}; bf16 GEMM == fp32-out rounded: "
                     f"{parts['bf16_gemm_equals_fp32_rounded']}"

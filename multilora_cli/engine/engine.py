@@ -16,6 +16,7 @@ import torch
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
+from multilora_cli.engine.gc_heap import FrozenHeap
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
@@ -63,6 +64,7 @@ class Engine:
         scans: dict | None = None,
     ):
         self.startup = StartupClock()  # the stats' "startup" section (engine/startup.py)
+        self._heap = FrozenHeap()  # the start's objects frozen for the collector while a run goes (gc_heap.py)
         self.config = config
         self.adapters = {name: Path(p) for name, p in (adapters or {}).items()}
         self._scans = {n: s for n, s in (scans or {}).items() if n in self.adapters and s.path == self.adapters[n]}
@@ -88,6 +90,7 @@ class Engine:
             vocab=self._vocab_parts(),
             eos_token_ids=self.eos_token_ids,
         )
+        self.runner.token_texts = self._texts  # (a step's logprob entries are made as its ids come back)
         self.max_model_len = self.runner.max_model_len
         t0 = time.perf_counter()
         self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
@@ -485,7 +488,7 @@ class Engine:
             ids = ids[:-1]
         logprobs = None
         if seq.logprobs is not None:  # one per token id (a stop token's is dropped with it)
-            logprobs = entries(ids, seq.logprobs, self._texts)
+            logprobs = seq.logprobs[: len(ids)]
         return Sample(
             index=seq.sample_index,
             text=seq.text,
@@ -496,7 +499,12 @@ class Engine:
         )
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
-        """Yield one Result per request, as each completes (any order). Requests are pulled lazily."""
+        """Yield one Result per request, as each completes (any order). Requests are pulled lazily. The objects
+        that exist when it begins are frozen for the collector meanwhile (engine/gc_heap.py)."""
+        with self._heap.during():
+            yield from self._generate(requests)
+
+    def _generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         it = iter(requests)
         exhausted = False
         sched = self.scheduler
@@ -586,7 +594,8 @@ class Engine:
         """A run's hook for engine-specific summary lines: one engine prints none."""
 
     def close(self) -> None:
-        """Stop background adapter reads; unpin the host arena."""
+        """Stop background adapter reads; unpin the host arena; thaw a heap freeze a run left."""
+        self._heap.thaw()
         self.slots.close()
         self._identities.close()
         if self.grammar is not None:

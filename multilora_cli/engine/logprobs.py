@@ -3,8 +3,8 @@
 Two kinds of rows (each row is one position of one sequence, scoring the token that follows it):
 - sampled rows: a sequence with `sampling.logprobs` k gets, per generated token, the logprob of the token the
   sampler chose and the k most likely tokens, from the model's raw logits (before logits processing,
-  temperature, top-k/top-p: vLLM's default "raw" logprobs), recomputed for those rows with an fp32 LM-head output
-  (Model.compute_logits_fp32: the sampler's model-dtype logits are too coarse for a log-likelihood);
+  temperature, top-k/top-p: vLLM's default "raw" logprobs), from an fp32 LM-head output for those rows (the
+  sampler's model-dtype logits are too coarse for a log-likelihood; see below);
 - prompt rows: a sequence whose prompt positions' logits are needed (`prompt_logprobs` k, or a scoring
   request's continuation) gets, per position p, the logprob of prompt token p + 1, the position's argmax and top
   k. Their hidden states go through the LM head here, in chunks of rows, so no [tokens, vocab] fp32 tensor of a
@@ -15,19 +15,18 @@ lowest id first); packed into ONE fp32 tensor [R, 2 + 2k] = (lp, argmax, id_1, l
 < 2^24 are exact in fp32; a row's own k <= k is the prefix of its row) that reaches the host with the step's
 sampled ids. On CUDA one fused Triton kernel reads the logits once for all of it (kernels/logprobs.py; torch's
 logsumexp, gather, argmax and topk made several passes and temporaries over [R, V]); elsewhere its torch
-reference. On the host each sequence keeps numpy views of its rows (one append per row and step) and turns them
-into entries once, when its result is built (`entries`: columns of one stacked array, ~1.4 us a token at k 5).
+reference. On the host a step's sampled rows become TokenLogprob entries as soon as its ids are read back, while
+the next step runs (`entries_of`: columns of the step's array, ~1.3 us a token at k 5), each appended to its
+sequence; prompt rows stay numpy views (one append per row) until the result is built (`entries`, `unpack`).
 A step whose rows ask for nothing builds and computes nothing.
 
-Why the sampled rows take a second LM-head GEMM (fp32 output, asking rows only) rather than one fp32-output GEMM
-for the step whose bf16 rounding feeds the sampler: the sampler's logits must be the same bits whether or not a
-row (or its neighbour) asks for logprobs, or a greedy near-tie would make a row's text depend on its neighbours'
-requests. A bf16-output cuBLAS GEMM rounds its fp32 accumulator once, so it equals the fp32-output GEMM rounded
-to bf16 only when cuBLAS picks kernels of the same accumulation order (tile shape, split-K) for both output types;
-it picks per output dtype and M by heuristics, with no such guarantee across shapes, GPUs or versions. So the
-bf16 GEMM stays as it is for every row and the asking rows pay a second one (~0.4 ms at 256 rows of a 128k
-vocabulary on an H200). `python -m benchmarks.bench_scoring` measures both GEMMs and the fraction of outputs where
-the two agree, so the choice can be revisited with data (it would need 1.0 at every M, on every supported GPU).
+The sampled rows' fp32 logits and the sampler's model-dtype logits come from ONE fp32-output LM-head GEMM over
+the step's sampled rows, the sampler's rounded to the model dtype (Model.compute_logits_pair), where the runner's
+start-time check found that rounding gives exactly the bits of the model-dtype GEMM at that row count
+(models/head_check.py): the sampler's logits must be the same bits whether or not a row (or its neighbour) asks
+for logprobs, or a greedy near-tie would make a row's text depend on its neighbours' requests. Elsewhere the
+model-dtype GEMM runs for every row as without logprobs and the asking rows pay a second, fp32-output one
+(~0.4 ms at 256 rows of a 128k vocabulary on an H200). The run's stats say which (`startup.logprob_lm_head`).
 """
 
 from __future__ import annotations
@@ -110,11 +109,13 @@ class PromptRows:
 @dataclass(slots=True)
 class StepLogprobs:
     """What a step computed for its logprob rows: packed [R, 2 + 2k] tensors (sampled, prompt) and whom each row
-    belongs to; `attach` hands each row to its sequence once the step's ids are on the host."""
+    belongs to; `attach` hands each row to its sequence once the step's ids are on the host. sampled_rows: the
+    sampled rows' places among the step's sampled sequences (None: every one, in order)."""
 
     sampled: torch.Tensor | None = None
     sampled_owners: list[Sequence] | None = None
     sampled_ks: list[int] | None = None
+    sampled_rows: list[int] | None = None
     prompt: torch.Tensor | None = None
     prompt_rows: PromptRows | None = None
 
@@ -125,21 +126,22 @@ class StepLogprobs:
         if self.prompt is not None:
             self.prompt = self.prompt.to("cpu", non_blocking=True)
 
-    def attach(self) -> None:
-        """Append each row (a numpy view, cut to the row's own k) to its sequence, after the step's done event:
-        a sampled row to `seq.logprobs` (skipped for a sequence that stopped at the step before this `ahead`
-        one: its token is dropped too), a prompt row to `seq.prompt_lp`. Per row: one view and one append."""
+    def attach(self, ids: list[int], texts: Callable[[list[int]], list[str]]) -> None:
+        """After the step's done event, with its sampled ids `ids` (one per sampled sequence) on the host: each
+        sampled row becomes its TokenLogprob now (`entries_of`: while the next step runs on the device, rather
+        than a whole sequence's at once when it finishes, when the device has nothing queued) appended to
+        `seq.logprobs` (skipped for a sequence that stopped at the step before this `ahead` one: its token is
+        dropped too); each prompt row (a numpy view, cut to the row's own k) is appended to `seq.prompt_lp`."""
         if self.sampled is not None:
-            rows = self.sampled.numpy()  # [R, 2 + 2k]
-            width, running = rows.shape[1], SeqStatus.RUNNING
-            if 2 + 2 * min(self.sampled_ks) == width:  # every row's k is the step's (the usual case): whole rows
-                for seq, row in zip(self.sampled_owners, rows):
-                    if seq.status is running:
-                        seq.logprobs.append(row)
-            else:
-                for seq, k, row in zip(self.sampled_owners, self.sampled_ks, rows):
-                    if seq.status is running:
-                        seq.logprobs.append(row[: 2 + 2 * k])
+            chosen = ids if self.sampled_rows is None else [ids[i] for i in self.sampled_rows]
+            made = entries_of(chosen, self.sampled.numpy(), texts)
+            ks, running = self.sampled_ks, SeqStatus.RUNNING
+            if min(ks) != max(ks):  # rows of a smaller k: their own top only
+                for e, k in zip(made, ks):
+                    del e.top[k:]
+            for seq, e in zip(self.sampled_owners, made):
+                if seq.status is running:
+                    seq.logprobs.append(e)
         if self.prompt is not None:
             pr, rows = self.prompt_rows, self.prompt.numpy()
             width = rows.shape[1]
@@ -159,26 +161,24 @@ def unpack(rows: list) -> list[tuple[float, int, list[tuple[int, float]]]]:
 
 
 def entries(token_ids: list[int], rows: list, texts: Callable[[list[int]], list[str]]) -> list[TokenLogprob]:
-    """TokenLogprob per (token id, kept row) pair, up to the shorter of the two (a stop token's row is dropped
-    with its id). texts: token ids -> their texts. Columns come out of one stacked array (a few numpy calls per
-    sequence, not per token): ~1.7 us a token at k 5 against ~3 for per-row unpacking."""
+    """TokenLogprob per (token id, kept row) pair, up to the shorter of the two. rows: numpy [2 + 2k] each, one
+    k (a sequence's prompt rows). texts: token ids -> their texts."""
     n = min(len(token_ids), len(rows))
+    return entries_of(token_ids[:n], np.stack(rows[:n]), texts) if n else []
+
+
+def entries_of(ids: list[int], arr: np.ndarray, texts: Callable[[list[int]], list[str]]) -> list[TokenLogprob]:
+    """TokenLogprob per row of `arr` [n, 2 + 2k] (packed rows) with the token ids `ids` [n]. Columns come out of
+    the array and the entries out of C-level zip / map (a few numpy calls and one Python-level slice per row, not
+    per top token): ~1.3 us a token at k 5 against ~2 for a zip per token and ~3 for per-row unpacking."""
+    n = arr.shape[0]
     if n == 0:
         return []
-    arr = np.stack(rows[:n])  # [n, 2 + 2k]
     k = (arr.shape[1] - 2) // 2
-    lps = arr[:, 0].tolist()
     top_ids = arr[:, 2::2].astype(np.int64).ravel().tolist()  # [n * k], row-major
-    top_texts = texts(top_ids)
-    top_lps = arr[:, 3::2].tolist()
-    ids = token_ids[:n]
-    own = texts(ids)
-    return [
-        TokenLogprob(
-            ids[j], lps[j], list(zip(top_ids[j * k : j * k + k], top_texts[j * k : j * k + k], top_lps[j])), own[j]
-        )
-        for j in range(n)
-    ]
+    flat = list(zip(top_ids, texts(top_ids), arr[:, 3::2].ravel().tolist()))  # (id, text, logprob) [n * k]
+    tops = [flat[i : i + k] for i in range(0, n * k, k)] if k else [[] for _ in range(n)]
+    return list(map(TokenLogprob, ids, arr[:, 0].tolist(), tops, texts(ids)))
 
 
 def sampled_plan(seqs: list[Sequence]) -> tuple[list[int], list[Sequence], list[int]] | None:

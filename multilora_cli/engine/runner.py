@@ -20,18 +20,24 @@ from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.device import pick_device
 from multilora_cli.engine.device_adapters import DeviceAdapters
 from multilora_cli.engine.logits_processing import TokenHistory
-from multilora_cli.engine.logprobs import PromptRows, StepLogprobs, sampled_plan
+from multilora_cli.engine.logprobs import CHUNK_ELEMS, PromptRows, StepLogprobs, sampled_plan
 from multilora_cli.engine.long_rope import crossings, long_mask, recompute_batches
 from multilora_cli.engine.runner_sizing import kv_cache_blocks, window_kv_blocks
 from multilora_cli.engine.runner_start import TritonStartLog, compile_and_capture
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
 from multilora_cli.engine.step_inputs import build_step_inputs
-from multilora_cli.engine.step_logits import add_sampled_logprobs, all_greedy, step_prompt_logprobs
+from multilora_cli.engine.step_logits import (
+    add_sampled_logprobs,
+    all_greedy,
+    sampled_logprobs_of,
+    step_prompt_logprobs,
+)
 from multilora_cli.engine.step_record import Launched, StepRecord
 from multilora_cli.errors import EngineError
 from multilora_cli.kernels import LoraMetaBuffers, build_lora_meta, driver_warm
 from multilora_cli.layers.context import reset_context, set_context
 from multilora_cli.models.config import ModelConfig
+from multilora_cli.models.head_check import head_gemms
 from multilora_cli.models.loader import load_model, resolve_dtype
 from multilora_cli.models.quantization import ONLINE
 
@@ -95,6 +101,7 @@ class ModelRunner:
             else None
         )
         self.grammar = None  # engine/grammar/rows.GrammarRows, set by the engine at its first constrained request
+        self.token_texts = None  # token ids -> their texts (logprob entries); set by the engine
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
         self._last_done = 0.0  # when the last step's ids were read (step times, `_log`)
         self.first_done: float | None = None  # when the first step's ids were read (perf_counter; startup stats)
@@ -108,6 +115,11 @@ class ModelRunner:
             self.model, config, self._meta_buffers, max_model_len=self.max_model_len, device=self.device
         )
         self._triton.ready()
+        # where one LM-head GEMM serves the sampler and the logprobs (models/head_check.py): row counts up to the
+        # most sequences a step can sample (the input's bound when known: a 14-line job checks 14) whose fp32
+        # logits fit one chunk (the memory the two-GEMM path's fp32 logits take); a larger step takes two GEMMs
+        rows = min(config.max_num_seqs, config.max_decode_batch or config.max_num_seqs, CHUNK_ELEMS // self.vocab_size)
+        self.head_gemms = head_gemms(self.model, rows)
 
     def triton_counts(self) -> dict:
         """Triton compiles and cache loads while the runner started and since (engine/runner_start.py)."""
@@ -206,7 +218,13 @@ class ModelRunner:
             return self._done(Launched(batch, None, None, None, t0, graph, lp))
         # each row's slot, for lm_head adapters (layers/vocab_lora.py); None: the head is the base's for every row
         row_slots = np.asarray([s.slot for s in seqs]) if self.vocab is not None and self.vocab.adapts_head else None
-        logits = self.model.compute_logits(hidden, upcast=False, slots=row_slots)  # [N, V] model dtype
+        plan = sampled_plan(seqs)  # the rows asking for logprobs, None: none
+        asking = None  # [R, V] fp32 logits of the asking rows, when one GEMM made both
+        if plan is not None and self.head_gemms.one_gemm(len(seqs)):
+            rows = None if len(plan[0]) == len(seqs) else plan[0]
+            logits, asking = self.model.compute_logits_pair(hidden, rows, row_slots)
+        else:
+            logits = self.model.compute_logits(hidden, upcast=False, slots=row_slots)  # [N, V] model dtype
         if mask is None and all_greedy(seqs):
             # the sampler's greedy rows without its bookkeeping; argmax over the model-dtype logits picks the
             # index an fp32 copy would (the upcast is exact) and skips a [N, V] fp32 write (256 x 128k: ~50 us)
@@ -219,10 +237,13 @@ class ModelRunner:
             if mask is not None:
                 sb.grammar = self.grammar.finish(mask)
             ids = self.sampler(logits, sb)
-        if (plan := sampled_plan(seqs)) is not None:  # the raw logprobs of the chosen tokens, rows that ask only
+        if plan is not None:  # the raw logprobs of the chosen tokens, rows that ask only
             lp = lp or StepLogprobs()
-            lm_head = self.model.compute_logits_fp32
-            add_sampled_logprobs(lp, plan, lm_head, hidden, ids, row_slots, logits.shape[-1], self.device)
+            if asking is not None:
+                sampled_logprobs_of(lp, plan, asking, ids, self.device)
+            else:  # a second LM-head GEMM, fp32 output, for the asking rows
+                lm_head = self.model.compute_logits_fp32
+                add_sampled_logprobs(lp, plan, lm_head, hidden, ids, row_slots, logits.shape[-1], self.device)
         if self.device.type != "cuda":
             return Launched(batch, ids, ids, None, t0, graph, lp)
         # the ids come back through page-locked memory, two buffers taking turns (at most two steps in flight)
@@ -276,7 +297,7 @@ class ModelRunner:
         their sequences (not in `_read_ids`: the grammar's worker reads the previous step's ids through it)."""
         out = self._read_ids(launched)
         if launched.logprobs is not None:
-            launched.logprobs.attach()
+            launched.logprobs.attach(out, self.token_texts)
         self._log(launched)
         return out
 

@@ -83,8 +83,9 @@ class Sequence:
     sample_index: int = 0  # which of the request's n samples this is
     pending_forks: int = 0  # samples still to fork from this one (n - 1 until its first token, then 0)
     reserved_seats: int = 0  # seats held for those forks while RUNNING (Scheduler: max_num_seqs counts them)
-    # logprobs (engine/logprobs.py): packed rows (numpy [2 + 2k] views), turned into entries with the result
-    logprobs: list | None = None  # one per generated token when sampling.logprobs is set
+    # logprobs (engine/logprobs.py): a TokenLogprob per generated token (made as each step's ids come back) when
+    # sampling.logprobs is set; prompt_lp: packed rows (numpy [2 + 2k] views), turned into entries with the result
+    logprobs: list | None = None
     prompt_lp: list | None = None  # positions prompt_logits_from .. , each for the token after it
     prompt_logits_from: int = -1  # first prompt position whose logits are kept (-1: none)
     # prefix cache (engine/block_manager.py): the adapter identity its full blocks are registered and looked up

@@ -4,7 +4,9 @@
      "engine_s": the engine's own start (model, KV cache, precompile, arena), "precompile_s", "precompiled",
      "capture_s": decode-graph capture so far (lazy: inside the steps), "arena_s", "kv_blocks",
      "first_step_s": seconds from the process's start to the first step's sampled ids (None: no step ran),
-     "triton_at_start" / "triton_in_steps": kernels/compile_log.py's counts (compiled, loaded, seconds)}
+     "triton_at_start" / "triton_in_steps": kernels/compile_log.py's counts (compiled, loaded, seconds),
+     "logprob_lm_head": how a step with logprob rows runs the LM head (models/head_check.py's HeadGemms.stats:
+     "path" "one_gemm" | "two_gemms" | "mixed", the row counts of each, the check's seconds)}
 
 A one-shot job (the 14-line demo) is mostly this: on an H200 host 21 s cold, 8 s warm, of which 3.6-4.6 s are
 imports (benchmarks/RESULTS.md, issue 36).
@@ -58,4 +60,5 @@ class StartupClock:
             "kv_blocks": runner.num_blocks,
             "first_step_s": r(first),
             **runner.triton_counts(),
+            "logprob_lm_head": runner.head_gemms.stats(),
         }

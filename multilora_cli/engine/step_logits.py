@@ -1,5 +1,8 @@
 """A step's logits beyond the sampler: which steps may skip it (every row greedy on its raw logits), and the
-logprob rows of the step's sampled tokens and of its prompt positions, from fp32 logits (engine/logprobs.py).
+logprob rows of the step's sampled tokens and of its prompt positions, from fp32 logits (engine/logprobs.py):
+the sampled rows' from the sampler's own fp32-output LM-head GEMM where the runner's check allows one GEMM
+(`sampled_logprobs_of`, models/head_check.py), else from a second GEMM over the rows that ask
+(`add_sampled_logprobs`).
 
     hidden: [N, H] model dtype (the rows that sample, or every prompt row of the step); row slots: [N] int, each
     row's adapter slot for lm_head adapters (layers/vocab_lora.py), None where the head is the base's.
@@ -51,6 +54,19 @@ def add_sampled_logprobs(
         max(ks),
     )
     lp.sampled_owners, lp.sampled_ks = owners, ks
+    lp.sampled_rows = None if len(rows) == ids.shape[0] else rows
+
+
+def sampled_logprobs_of(lp: StepLogprobs, plan: tuple, asking: torch.Tensor, ids: torch.Tensor, device) -> None:
+    """lp.sampled as `add_sampled_logprobs` makes it, from the asking rows' fp32 logits `asking` [R, V] that the
+    sampler's own LM-head GEMM gave (Model.compute_logits_pair; R * V fits one chunk)."""
+    rows, owners, ks = plan
+    chosen = (
+        ids if len(rows) == ids.shape[0] else ids[torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)]
+    )
+    lp.sampled = logprob_rows(lambda lo, hi: asking[lo:hi], len(rows), asking.shape[1], chosen, max(ks))
+    lp.sampled_owners, lp.sampled_ks = owners, ks
+    lp.sampled_rows = None if len(rows) == ids.shape[0] else rows
 
 
 def step_prompt_logprobs(

@@ -13,6 +13,7 @@ LM around them: LM head, LoRA module lookup, vocab adapter slots, KV cache.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -102,28 +103,67 @@ class LlamaForCausalLM(nn.Module):
         the model dtype, e.g. for a greedy argmax, which picks the same index from either). Gemma 2's final
         soft-capping tanh(x / cap) * cap is applied here, in float32, before any sampler sees the logits.
         slots: [N] host ints, each row's LoRA slot, for lm_head adapters (layers/vocab_lora.py); None: base."""
-        logits = self._head(self.lm_head(hidden), hidden, slots)
+        return self._finish(self.lm_head(hidden), hidden, slots, upcast)
+
+    def _finish(self, logits: torch.Tensor, hidden: torch.Tensor, slots, upcast: bool) -> torch.Tensor:
+        """The base LM-head product in the model dtype -> `compute_logits`'s result (head adapters, soft-cap)."""
+        logits = self._head(logits, hidden, slots)
         cap = self.config.final_softcap
         if cap is not None:
             capped = torch.tanh(logits.float() / cap) * cap
             return capped if upcast else capped.to(logits.dtype)
         return logits.float() if upcast else logits
 
-    def compute_logits_fp32(self, hidden: torch.Tensor, slots=None) -> torch.Tensor:
-        """hidden: [N, hidden] -> fp32 logits [N, vocab] whose LM-head products are accumulated and kept in fp32,
-        never rounded to the model dtype (logprobs: a bf16 logit of magnitude 8 is off by up to 0.03, more than
-        a log-likelihood may be). CUDA: one bf16 GEMM with an fp32 output; elsewhere fp32 math. Gemma 2's final
-        soft-capping as in `compute_logits`; `slots` as there."""
+    def head_product_fp32(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, hidden] -> the base LM head's hidden Wᵀ (+ b) [N, vocab] in fp32, accumulated and kept in
+        fp32 (no adapter, no soft-cap). CUDA: one GEMM of the model-dtype operands with an fp32 output; elsewhere
+        fp32 math. An fp32 model runs its own `lm_head` call, the very GEMM `compute_logits` runs."""
         w, b = self.lm_head.weight, self.lm_head.bias
-        if w.dtype != torch.float32 and hidden.is_cuda:
+        if w.dtype == torch.float32:
+            return self.lm_head(hidden.float())
+        if hidden.is_cuda:
             logits = torch.mm(hidden.to(w.dtype), w.t(), out_dtype=torch.float32)
         else:
             logits = torch.nn.functional.linear(hidden.float(), w.float())
-        if b is not None:
-            logits = logits + b.float()
+        return logits + b.float() if b is not None else logits
+
+    def compute_logits_fp32(self, hidden: torch.Tensor, slots=None) -> torch.Tensor:
+        """hidden: [N, hidden] -> fp32 logits [N, vocab] whose LM-head products are accumulated and kept in fp32,
+        never rounded to the model dtype (logprobs: a bf16 logit of magnitude 8 is off by up to 0.03, more than
+        a log-likelihood may be): `head_product_fp32`, then lm_head adapters in fp32 and Gemma 2's final
+        soft-capping as in `compute_logits`; `slots` as there."""
+        return self._finish_fp32(self.head_product_fp32(hidden), hidden, slots)
+
+    def _finish_fp32(self, logits: torch.Tensor, hidden: torch.Tensor, slots) -> torch.Tensor:
         logits = self._head(logits, hidden, slots)
         cap = self.config.final_softcap
         return torch.tanh(logits / cap) * cap if cap is not None else logits
+
+    def compute_logits_pair(
+        self, hidden: torch.Tensor, rows: np.ndarray | None, slots=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ONE LM-head GEMM for both the sampler and the logprobs: hidden [N, hidden], rows [R] host ints (None:
+        every row), slots [N] host ints or None -> (`compute_logits(hidden, upcast=False, slots)` [N, vocab] in the model dtype,
+        `compute_logits_fp32` of those rows [R, vocab]).
+
+        The model-dtype logits are `head_product_fp32` rounded to the model dtype, then the head adapters and the
+        soft-cap exactly as `compute_logits` applies them: they equal `compute_logits`'s bits only where the
+        model-dtype GEMM equals the fp32-output GEMM rounded (models/head_check.py decides where; an fp32 model
+        always: both are the same GEMM). The fp32 rows take the head adapters and soft-cap in fp32."""
+        prod = self.head_product_fp32(hidden)  # [N, V] fp32
+        at = (
+            None
+            if rows is None
+            else torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(hidden.device, non_blocking=True)
+        )
+        if prod.dtype == self.dtype:  # fp32 model: one tensor, the sampler reads it and leaves it unchanged
+            logits = self._finish(prod, hidden, slots, upcast=False)
+            return logits, (logits if at is None else logits.index_select(0, at))
+        logits = self._finish(prod.to(self.dtype), hidden, slots, upcast=False)  # (a new tensor: prod stays)
+        if at is None:
+            return logits, self._finish_fp32(prod, hidden, slots)
+        rs = None if slots is None else np.asarray(slots)[rows]
+        return logits, self._finish_fp32(prod.index_select(0, at), hidden.index_select(0, at), rs)
 
     def lora_modules(self) -> dict[tuple[int, str], LoRALinear]:
         """{(layer index, fused module name): LoRALinear} for every LoRA-wrapped module."""

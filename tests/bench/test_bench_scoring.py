@@ -31,3 +31,4 @@ def test_bench_scoring_smoke(tmp_path, capsys):
     assert report["scoring_ratio"]["target"] == 10.0 and report["scoring_ratio"]["ratio"] > 0
     gen = report["generation_logprobs"]
     assert set(gen["tokens_per_s"]) == {"plain", "logprobs5"} and gen["ratio"] > 0
+    assert report["logprob_lm_head"]["path"] == "one_gemm"  # (fp32 on the CPU: the sampler's GEMM is the fp32 one)

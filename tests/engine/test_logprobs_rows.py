@@ -3,11 +3,14 @@ targets, argmax and top-k, for any chunking of the rows; and the packed rows as 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
-from multilora_cli.engine.logprobs import entries, logprob_rows, unpack
+from multilora_cli.engine.logprobs import StepLogprobs, entries, logprob_rows, unpack
+from multilora_cli.engine.sequence import SeqStatus
 from tests.devices import needs_interpreter
 
 
@@ -65,6 +68,30 @@ def test_entries_equal_rows_one_by_one():
         assert (e.id, e.token, e.logprob) == (tok, f"t{tok}", float(row[0]))
         assert e.top == [(int(row[j]), f"t{int(row[j])}", float(row[j + 1])) for j in (2, 4)]
     assert entries([], rows, lambda ids: []) == []
+    zero = [r[:2] for r in rows]  # k 0: the chosen token's logprob only, each entry its own empty top list
+    got = entries([3, 1], zero, lambda ids: [names[i] for i in ids])
+    assert [(e.id, e.logprob, e.top) for e in got] == [(3, float(rows[0][0]), []), (1, float(rows[1][0]), [])]
+    assert got[0].top is not got[1].top
+
+
+def test_a_steps_rows_become_their_sequences_entries():
+    """StepLogprobs.attach: the sampled rows (3 of a step's 4 sampled sequences, k 2, 1, 2) become one
+    TokenLogprob each, with the step's id of its own sequence, its own k's top; a sequence that stopped at the
+    step before (an ahead step's row) gets none."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 30, generator=g)
+    ids = [7, 8, 9, 10]  # the step's sampled ids, one per sampled sequence
+    rows = [0, 2, 3]
+    packed = logprob_rows(lambda lo, hi: x[lo:hi], 3, 30, torch.tensor([ids[i] for i in rows]), 2)
+    seqs = [SimpleNamespace(status=SeqStatus.RUNNING, logprobs=[]) for _ in rows]
+    seqs[2].status = SeqStatus.FINISHED
+    lp = StepLogprobs(sampled=packed, sampled_owners=seqs, sampled_ks=[2, 1, 2], sampled_rows=rows)
+    names = [f"t{i}" for i in range(30)]
+    lp.attach(ids, lambda ts: [names[t] for t in ts])
+    want = entries([7, 9], [packed[0].numpy(), packed[1].numpy()], lambda ts: [names[t] for t in ts])
+    del want[1].top[1:]
+    assert seqs[0].logprobs == [want[0]] and seqs[1].logprobs == [want[1]] and seqs[2].logprobs == []
+    assert len(want[0].top) == 2 and len(want[1].top) == 1 and want[1].token == "t9"
 
 
 @needs_interpreter
