@@ -146,8 +146,7 @@ class Engine:
 
         # file -> arena block in a few calls (engine/direct_read.py); .bin files, mixed dtypes and a full arena
         # (read_packed gives None) go through load_adapter + pack, as do adapters on CPU (no arena)
-        moe = self.model_config.moe is not None  # expert LoRA is not packed yet: loaded tensor by tensor
-        if self.arena is not None and not moe:
+        if self.arena is not None:
             packed = read_packed(
                 self.adapters[name],
                 name,
@@ -202,8 +201,8 @@ class Engine:
         that copy is an async DMA; a fresh pinned buffer per adapter stalled the running steps (7,951 vs 10,068
         tok/s pageable). When the arena is full: pageable memory, whose ~13 ms synchronous copy the prefetch
         thread makes ahead for the next loads (engine/staging.py)."""
-        if self.runner.device.type != "cuda" or self.model_config.moe is not None or not adapter.modules:
-            return adapter  # (no modules: an embed_tokens / lm_head-only adapter, nothing to pack)
+        if self.runner.device.type != "cuda" or not (adapter.modules or adapter.experts):
+            return adapter  # (nothing: an embed_tokens / lm_head-only adapter, nothing to pack)
         from multilora_cli.engine.packed import pack_adapter
 
         return pack_adapter(adapter, pin=False, dtype=self.runner.dtype, arena=self.arena)
@@ -284,8 +283,6 @@ class Engine:
         size: `max_cpu_loras`, less when the arena was capped below it (pinned.host_cache_capacity)."""
         cfg = self.config
         if self.runner.device.type != "cuda" or not self.adapters or not cfg.pinned_arena:
-            return None, cfg.max_cpu_loras
-        if self.model_config.moe is not None:  # MoE adapters load tensor by tensor (`_load_cpu`), not packed
             return None, cfg.max_cpu_loras
         try:
             sizes = [self._adapter_nbytes(n) for n in self.adapters]
