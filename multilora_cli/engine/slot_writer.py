@@ -216,8 +216,9 @@ class SlotWriter:
         if staged is not None:
             self.stager.release(staged)
         _, rank_dst, scale_dst = self._destinations(slot, None)
-        torch._foreach_copy_(rank_dst, rank_src)
-        torch._foreach_copy_(scale_dst, scale_src)
+        if rank_dst:
+            torch._foreach_copy_(rank_dst, rank_src)
+            torch._foreach_copy_(scale_dst, scale_src)
         return m_row
 
     def _rank_rows(self, p: PackedAdapter) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
