@@ -178,9 +178,11 @@ def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[t
     specs = expert_specs(tf, keys, config, model_config, name)
     read: dict[str, torch.Tensor] = {}
 
-    def get(key: str) -> torch.Tensor:
-        if key not in read:  # gate and up of a PEFT gate_up_proj share its tensors: read once
-            read[key] = tf.get(key)
+    def get(key: str, layer: int) -> torch.Tensor:
+        if key not in read:  # gate and up of a PEFT gate_up_proj share its tensors: read and checked once
+            t = read[key] = tf.get(key)
+            if not all_finite(t):  # on the tensor as stored (a permuted view's reduction is strided and slow)
+                raise AdapterError(f"{where}: expert LoRA of layer {layer} contains NaN or Inf values")
         return read[key]
 
     out = {}
@@ -188,16 +190,14 @@ def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[t
         r, fin, fout = s.rank, s.in_features, s.out_features
         if s.param is not None:
             ka, kb, lo, hi = s.param
-            a_e = get(ka).reshape(E, r, fin)  # [E, r, in]
-            b_e = get(kb)[lo:hi].reshape(hi - lo, r, E).permute(2, 0, 1)  # [E, out, r]
+            a_e = get(ka, layer).reshape(E, r, fin)  # [E, r, in]
+            b_e = get(kb, layer)[lo:hi].reshape(hi - lo, r, E).permute(2, 0, 1)  # [E, out, r]
         else:
-            tensors = [(e, get(ka), get(kb)) for e, ka, kb in s.per_expert]
+            tensors = [(e, get(ka, layer), get(kb, layer)) for e, ka, kb in s.per_expert]
             a_e = torch.zeros(E, r, fin, dtype=tensors[0][1].dtype)
             b_e = torch.zeros(E, fout, r, dtype=a_e.dtype)
             for e, a, b in tensors:
                 a_e[e], b_e[e] = a, b
-        if not (all_finite(a_e) and all_finite(b_e)):
-            raise AdapterError(f"{where}: expert LoRA of layer {layer} contains NaN or Inf values")
         out[(layer, part)] = (a_e, b_e, s.scaling)
     return out
 

@@ -24,6 +24,7 @@ from multilora_cli.errors import AdapterError
 from multilora_cli.kernels.expert_weights import ExpertLoraWeights
 from multilora_cli.kernels.scatter import scatter_blocks, scatter_plan
 from multilora_cli.models.config import ModelConfig
+from tests.devices import needs_interpreter
 from tests.models.moe_builders import build_module_adapter, build_moe_base, build_param_adapter
 from tests.models.test_moe import EXPERTS, _adapters, _check, _hf, _prompts, _requests
 
@@ -150,7 +151,7 @@ def test_packed_slots_equal_part_by_part_with_eviction(ckpts):
             assert torch.equal(got, want)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() and "TRITON_INTERPRET" not in __import__("os").environ, reason="")
+@needs_interpreter
 @pytest.mark.parametrize("which", ["param_e", "partial"])
 def test_scatter_plan_writes_the_expert_views(ckpts, which):
     """The CUDA path's one launch (here under the interpreter): the plan of the expert views, built for slot 0 and
