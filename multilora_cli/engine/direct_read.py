@@ -156,25 +156,35 @@ def _expert_spans(tf, specs: dict, plan: PackPlan, isz: int):
 
 
 def read_packed(
-    path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype, arena, planned: ReadPlan | None = None
+    path: Path,
+    name: str,
+    model_config: ModelConfig | None,
+    dtype: torch.dtype,
+    arena,
+    planned: ReadPlan | None = None,
+    *,
+    pageable: bool = False,
 ) -> PackedAdapter | None:
     """The adapter in folder `path` packed into a block of `arena` (engine/pinned.PinnedArena) in `dtype`,
     validated as `load_adapter` validates it (raises the same errors); None where this path does not apply.
     `planned`: its `plan_read` from earlier (the engine plans every adapter at start, on its own thread); used
-    unless the file changed since."""
+    unless the file changed since. `pageable`: when `arena` is None or full, read into a fresh pageable buffer
+    instead of giving None (what `pack_adapter(load_adapter(...))` would make, without its ~3 copies and
+    thousands of torch calls: a MoE adapter is ~1.3 GB and the arena holds a few dozen)."""
     rp = planned
     if rp is None or rp.dtype != dtype or rp.ident is None or scan_ident(rp.scan) != rp.ident:
         rp = plan_read(path, name, model_config, dtype)
         if rp is None:
             return None
-    block = arena.alloc(rp.nbytes)
-    if block is None:
+    block = arena.alloc(rp.nbytes) if arena is not None else None
+    if block is None and not pageable:
         return None
     try:
-        flat = block.tensor(rp.plan.total, dtype)
+        flat = block.tensor(rp.plan.total, dtype) if block is not None else torch.empty(rp.plan.total, dtype=dtype)
         ab = rp.plan.ab_total  # A / B blocks; the DoRA magnitudes follow them
         if rp.stored == dtype:
-            values, target = flat[:ab], block.memoryview()
+            mem = block.memoryview() if block is not None else memoryview(flat.view(torch.uint8).numpy())
+            values, target = flat[:ab], mem
         else:
             values = torch.empty(ab, dtype=rp.stored)
             target = memoryview(values.view(torch.uint8).numpy())
@@ -188,7 +198,8 @@ def read_packed(
         # embed_tokens / lm_head LoRA and copies (adapters/vocab.py): vocabulary-sized, never in the slots' layout
         vocab = read_vocab(rp.scan.tensors, rp.scan.vocab, dtype, name, rp.scan.weights_path)
     except BaseException:
-        arena.release(block)
+        if block is not None:
+            arena.release(block)
         raise
     packed = packed_adapter(rp.scan, flat, rp.plan, block, arena)
     packed.magnitudes = magnitudes

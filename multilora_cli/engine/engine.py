@@ -144,9 +144,10 @@ class Engine:
         from multilora_cli.adapters.peft import load_adapter
         from multilora_cli.engine.direct_read import read_packed
 
-        # file -> arena block in a few calls (engine/direct_read.py); .bin files, mixed dtypes and a full arena
-        # (read_packed gives None) go through load_adapter + pack, as do adapters on CPU (no arena)
-        if self.arena is not None:
+        # file -> arena block in a few calls (engine/direct_read.py), or a pageable buffer when the arena is full
+        # or absent (CUDA); .bin files, mixed dtypes and vocab-only adapters (read_packed gives None) go through
+        # load_adapter + pack, as do adapters on CPU (not packed)
+        if self.runner.device.type == "cuda":
             packed = read_packed(
                 self.adapters[name],
                 name,
@@ -154,6 +155,7 @@ class Engine:
                 self.runner.dtype,
                 self.arena,
                 planned=self._read_plans.get(name),
+                pageable=True,
             )
             if packed is not None:
                 return self._check_base_copies(self._check_rank(packed))

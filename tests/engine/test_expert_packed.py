@@ -198,3 +198,15 @@ def test_packed_engine_matches_hf_peft_with_eviction(tmp_path):
     again = engine.generate_all(_requests(prompts[::-1], plan[::-1]))  # evicted adapters come back
     _check(again, want[::-1])
     assert max(engine.slots.adapter_loads.values()) == 2 and json.dumps(engine.slots.stats())
+
+
+def test_full_or_no_arena_reads_into_pageable_memory(ckpts):
+    """`pageable=True` (the engine on CUDA): a full arena, or none, gives the same buffer in pageable memory."""
+    _, mc, paths = ckpts
+    ref = _read(paths["param"], mc)
+    full = PinnedArena(1 << 20, cuda=False)
+    assert full.alloc(full.nbytes) is not None
+    assert read_packed(paths["param"], "x", mc, torch.float32, full) is None
+    for arena in (full, None):
+        got = read_packed(paths["param"], "x", mc, torch.float32, arena, pageable=True)
+        assert got.block is None and got.layout == ref.layout and torch.equal(got.flat, ref.flat)
