@@ -72,12 +72,6 @@ class ExpertSpec:
     per_expert: tuple[tuple[int, str, str], ...] = ()
 
 
-def check_experts(tf, keys: list[str], config, model_config, name: str) -> int:
-    """Every check `load_experts` makes but NaN/Inf, from the safetensors header (no tensor read); returns the
-    largest expert rank (0 without expert LoRA)."""
-    return max((s.rank for s in expert_specs(tf, keys, config, model_config, name).values()), default=0)
-
-
 def check_dense_on_sparse(modules, module_names: dict, model_config, name: str) -> None:
     """A dense MLP LoRA (gate_proj / up_proj / down_proj) on a layer that is sparse in the base has no module to go
     to: refused (it would otherwise be dropped)."""
@@ -171,11 +165,14 @@ def expert_specs(tf, keys: list[str], config, model_config, name: str) -> dict[t
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], PARTS.index(kv[0][1]))))
 
 
-def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[tuple[int, str], tuple]:
-    """Read the expert-LoRA `keys` of TensorFile `tf` into {(layer, part): (A [E, r, in], B [E, out, r], scaling)}."""
+def load_experts(
+    tf, keys: list[str], config, model_config, name: str, specs: dict | None = None
+) -> dict[tuple[int, str], tuple]:
+    """Read the expert-LoRA `keys` of TensorFile `tf` into {(layer, part): (A [E, r, in], B [E, out, r], scaling)};
+    `specs`: their `expert_specs` when already made (a scan's)."""
     where = f"adapter {name!r}: {tf.file}"
     E = model_config.moe.num_experts if model_config is not None and model_config.moe is not None else 0
-    specs = expert_specs(tf, keys, config, model_config, name)
+    specs = specs or expert_specs(tf, keys, config, model_config, name)
     read: dict[str, torch.Tensor] = {}
 
     def get(key: str, layer: int) -> torch.Tensor:

@@ -88,7 +88,9 @@ def plan_read(
     if len(stored) != 1:
         return None
     fdtype = stored.pop()
-    especs = expert_specs(tf, scan.expert_keys, scan.config, model_config, name) if scan.expert_keys else {}
+    especs = scan.expert_specs
+    if scan.expert_keys and not especs:  # scanned without a MoE base: expert_specs says why it cannot load
+        especs = expert_specs(tf, scan.expert_keys, scan.config, model_config, name)
     plan = plan_pack(
         {k: (m.rank, m.in_features, m.out_features, m.scaling) for k, m in scan.modules.items()},
         [k for k, m in scan.modules.items() if m.key_m is not None],  # DoRA: magnitudes packed after A / B

@@ -326,11 +326,12 @@ class SlotWriter:
         """Forget the adapter in `slot` (rank 0 and scaling 0 in every module; weights left as they are)."""
         if self.experts is not None:
             self.experts.clear(slot)
-        if not self.modules:
+        if not self.modules and self.experts is None:
             return
-        _, rank_dst, scale_dst = self._destinations(slot, None)
-        torch._foreach_zero_(rank_dst)
-        torch._foreach_zero_(scale_dst)
+        if self.modules:
+            _, rank_dst, scale_dst = self._destinations(slot, None)
+            torch._foreach_zero_(rank_dst)
+            torch._foreach_zero_(scale_dst)
         if self._dora is not None:  # not needed for correctness (an install rewrites it), but a cleared slot is plain
             self._dora.rows[slot].fill_(1.0)
         if self.cuda:  # a load into this slot waits for the steps enqueued so far (they may still read it)

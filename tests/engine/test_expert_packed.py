@@ -173,9 +173,10 @@ def test_scatter_plan_writes_the_expert_views(ckpts, which):
 class PackedEngine(Engine):
     """The engine as it loads on CUDA (checkpoint -> arena block -> packed slot load), on CPU."""
 
+    def _make_arena(self):
+        return PinnedArena(256 << 20, cuda=False), self.config.max_cpu_loras
+
     def _load_cpu(self, name):
-        if self.arena is None:
-            self.arena = PinnedArena(256 << 20, cuda=False)
         packed = read_packed(self.adapters[name], name, self.model_config, self.runner.dtype, self.arena)
         assert isinstance(packed, PackedAdapter)
         return self._check_rank(packed)
