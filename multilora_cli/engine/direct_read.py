@@ -154,7 +154,13 @@ def _expert_spans(tf, specs: dict, plan: PackPlan, isz: int):
                 zeros += [(p.a_off + e * a_each, p.a_off + (e + 1) * a_each)]
                 zeros += [(p.b_off + e * b_each, p.b_off + (e + 1) * b_each)]
         done_a.add(p.a_off)
-    return spans, tuple(zeros)
+    merged: list[tuple[int, int]] = []  # back-to-back ranges as one (runs of left-out experts: one zero_ each)
+    for begin, end in sorted(zeros):
+        if merged and merged[-1][1] == begin:
+            merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((begin, end))
+    return spans, tuple(merged)
 
 
 def read_packed(
