@@ -32,6 +32,10 @@ import torch
 from multilora_cli.adapters.peft import SLICES, LoraAdapter, LoraModule
 from multilora_cli.engine.packed_experts import ExpertPart, PackedExperts, expert_sources, plan_experts, shapes_of
 from multilora_cli.models.config import FUSED
+from multilora_cli.models.moe_config import SHARED_FUSED
+
+# PEFT module -> (our fused module, slice), Qwen2-MoE's shared expert too (its modules pack like a dense MLP's)
+_FUSED = FUSED | {n: (f, i) for f, names in SHARED_FUSED.items() for i, n in enumerate(names)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +135,7 @@ def plan_pack(
     peft_b, shares_a), shares_a: an "up" part that uses its layer's gate A (PEFT gate_up_proj)."""
     by_group: dict[tuple[int, str], list] = {}
     for (layer, name), shp in shapes.items():
-        fused, i = FUSED[name]
+        fused, i = _FUSED[name]
         by_group.setdefault((layer, fused), [None] * len(SLICES[fused]))[i] = shp
     groups, order, total = {}, [], 0
     for key in sorted(by_group):

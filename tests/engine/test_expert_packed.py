@@ -187,6 +187,26 @@ def test_packed_engine_matches_hf_peft_with_eviction(tmp_path):
     base = build_moe_base(tmp_path / "base", ARCH)
     adapters = _adapters(tmp_path, base)
     adapters["module"] = build_module_adapter(base, tmp_path / "module", ARCH)
+    _check_packed_engine(base, adapters)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_packed_engine_other_families(tmp_path, arch):
+    """Mixtral's per-expert w1/w2/w3 and Qwen2-MoE's shared expert (dense modules packed beside the experts) and
+    dense layer: packed loads give HF + PEFT's tokens too."""
+    base = build_moe_base(tmp_path / "base", arch)
+    adapters = _adapters(tmp_path, base)
+    if arch == "mixtral":
+        adapters["module"] = build_module_adapter(base, tmp_path / "module", arch)
+    plan = ["all", "experts", None, "both", "attn", "all"] + (["module"] if arch == "mixtral" else [])
+    prompts = _prompts(len(plan), seed=9)
+    cfg = EngineConfig(model=str(base), device="cpu", max_loras=2, max_lora_rank=8, max_num_seqs=2)
+    engine = PackedEngine(cfg, adapters)
+    _check(engine.generate_all(_requests(prompts, plan)), _hf(base, adapters, prompts, plan))
+
+
+def _check_packed_engine(base, adapters):
     plan = ["experts", "module", None, "both", "all", "experts", "attn", "module", "both", "all"]
     prompts = _prompts(len(plan), seed=5)
     cfg = EngineConfig(model=str(base), device="cpu", max_loras=2, max_lora_rank=8, max_num_seqs=2)
