@@ -16,9 +16,11 @@ whose projections are LoRA targets like a dense layer's (`shared_key`: modules "
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import torch
 
+from multilora_cli.adapters.tensors import all_finite
 from multilora_cli.errors import AdapterError
 
 _PRE = r"^(?:base_model\.model\.)?(?P<module>(?:[A-Za-z0-9_.]*\.)?layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe)"
@@ -29,6 +31,7 @@ ROUTER_KEY = re.compile(_PRE + r"\.(?:gate|shared_expert_gate))\.lora_")
 SHARED_KEY = re.compile(_PRE + r"\.shared_expert\.(?P<name>gate_proj|up_proj|down_proj))" + _SUF)
 PART = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 EXPERT_PARAMS = ("experts.gate_up_proj", "experts.down_proj")
+PARTS = ("gate", "up", "down")
 
 
 def shared_key(key: str) -> tuple[str, int, str, str] | None:
@@ -51,21 +54,22 @@ def expert_key(key: str) -> str | bool:
     return False
 
 
-class _Header:
-    """A TensorFile stand-in giving shape-only (meta) tensors: `check_experts` validates from the header alone."""
+@dataclass(frozen=True, slots=True)
+class ExpertSpec:
+    """One (layer, part) of an adapter's expert LoRA, from the header: rank r per expert, in / out features of the
+    part, scaling, and where its tensors are. `param`: PEFT target_parameters (key A [E * r, in], key B
+    [out_total, r * E], the part's rows lo..hi of B: gate rows first in gate_up_proj); `per_expert`: module LoRA,
+    expert -> (key A [r, in], key B [out, r]) (experts left out are not adapted)."""
 
-    def __init__(self, tf):
-        self.file, self._tf = tf.file, tf
-
-    def get(self, key: str) -> torch.Tensor:
-        return torch.empty(self._tf.shape(key), dtype=self._tf.dtype(key), device="meta")
-
-
-def check_experts(tf, keys: list[str], config, model_config, name: str) -> int:
-    """Every check `load_experts` makes but NaN/Inf, from the safetensors header (no tensor read); returns the
-    largest expert rank (0 without expert LoRA)."""
-    parts = load_experts(_Header(tf), keys, config, model_config, name)
-    return max((a.shape[1] for a, _, _ in parts.values()), default=0)
+    layer: int
+    part: str
+    rank: int
+    in_features: int
+    out_features: int
+    scaling: float
+    full: str
+    param: tuple[str, str, int, int] | None = None
+    per_expert: tuple[tuple[int, str, str], ...] = ()
 
 
 def check_dense_on_sparse(modules, module_names: dict, model_config, name: str) -> None:
@@ -80,10 +84,10 @@ def check_dense_on_sparse(modules, module_names: dict, model_config, name: str) 
             )
 
 
-def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[tuple[int, str], tuple]:
-    """Read the expert-LoRA `keys` of TensorFile `tf` into {(layer, part): (A [E, r, in], B [E, out, r], scaling)}."""
+def expert_specs(tf, keys: list[str], config, model_config, name: str) -> dict[tuple[int, str], ExpertSpec]:
+    """The expert-LoRA `keys` of TensorFile `tf` checked from its header (shapes, ranks, layers) into
+    {(layer, part): ExpertSpec}, sorted; raises AdapterError."""
     where = f"adapter {name!r}: {tf.file}"
-    meta = isinstance(tf, _Header)
     moe = model_config.moe if model_config is not None else None
     if moe is None:
         base = model_config.model_type if model_config is not None else "unknown"
@@ -93,8 +97,8 @@ def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[t
             hint="pass the MoE base the adapter was trained on with --model",
         )
     E, H, inter = moe.num_experts, model_config.hidden_size, moe.intermediate_size
-    out: dict[tuple[int, str], tuple] = {}
-    per_expert: dict[tuple[int, str], dict[int, tuple[str, str]]] = {}
+    out: dict[tuple[int, str], ExpertSpec] = {}
+    per_expert: dict[tuple[int, str], dict[int, list[str]]] = {}
     params: dict[tuple[int, str], dict[str, str]] = {}
     for key in keys:
         m = MODULE_KEY.match(key)
@@ -108,20 +112,20 @@ def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[t
     for (layer, _), pair in sorted(params.items()):
         if "A" not in pair or "B" not in pair:
             raise AdapterError(f"{where}: {pair['full']} has lora_A or lora_B without the other")
-        a, b = tf.get(pair["A"]), tf.get(pair["B"])
-        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or a.shape[0] % E:
+        a, b = tf.shape(pair["A"]), tf.shape(pair["B"])
+        if len(a) != 2 or len(b) != 2 or a[0] != b[1] or a[0] % E:
             raise AdapterError(
-                f"{where}: {pair['full']}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} "
+                f"{where}: {pair['full']}: lora_A {tuple(a)} / lora_B {tuple(b)} "
                 f"are not a [E * r, in] / [out, r * E] pair for {E} experts"
             )
-        r = a.shape[0] // E
-        if (a.shape[1], b.shape[0]) == (H, 2 * inter):
+        r = a[0] // E
+        if (a[1], b[0]) == (H, 2 * inter):
             param = "gate_up_proj"
-        elif (a.shape[1], b.shape[0]) == (inter, H):
+        elif (a[1], b[0]) == (inter, H):
             param = "down_proj"
         else:
             raise AdapterError(
-                f"{where}: {pair['full']} maps {a.shape[1]} -> {b.shape[0]} features, which is neither "
+                f"{where}: {pair['full']} maps {a[1]} -> {b[0]} features, which is neither "
                 f"the base's experts.gate_up_proj ({H} -> {2 * inter}) nor down_proj ({inter} -> {H})"
             )
         full = f"{pair['full']}.{param}"  # PEFT's key for rank_pattern / alpha_pattern: module + parameter
@@ -130,48 +134,73 @@ def load_experts(tf, keys: list[str], config, model_config, name: str) -> dict[t
                 f"{where}: {full} has rank {r} per expert but adapter_config.json gives it r={config.rank_for(full)}",
                 hint="fix adapter_config.json so PEFT and multilora agree",
             )
-        a_e = a.reshape(E, r, a.shape[1])  # [E, r, in]
-        b_e = b.reshape(b.shape[0], r, E).permute(2, 0, 1)  # [E, out, r]
-        scaling = config.scaling_for(full, r)
+        s, ka, kb = config.scaling_for(full, r), pair["A"], pair["B"]
         if param == "gate_up_proj":  # gate rows, then up rows; A shared
-            _put(out, (layer, "gate"), (a_e, b_e[:, :inter], scaling), where)
-            _put(out, (layer, "up"), (a_e, b_e[:, inter:], scaling), where)
+            _put(out, ExpertSpec(layer, "gate", r, H, inter, s, full, param=(ka, kb, 0, inter)), where)
+            _put(out, ExpertSpec(layer, "up", r, H, inter, s, full, param=(ka, kb, inter, 2 * inter)), where)
         else:
-            _put(out, (layer, "down"), (a_e, b_e, scaling), where)
+            _put(out, ExpertSpec(layer, "down", r, inter, H, s, full, param=(ka, kb, 0, H)), where)
     for (layer, part), by_e in sorted(per_expert.items()):
         fin, fout = (inter, H) if part == "down" else (H, inter)
         ranks = set()
-        tensors = {}
         for e, (ka, kb, full) in by_e.items():
             if not ka or not kb or e >= E:
                 raise AdapterError(f"{where}: {full}: incomplete pair, or expert {e} of a base with {E} experts")
-            a, b = tf.get(ka), tf.get(kb)
-            if tuple(a.shape) != (a.shape[0], fin) or tuple(b.shape) != (fout, a.shape[0]):
+            a, b = tf.shape(ka), tf.shape(kb)
+            if len(a) != 2 or len(b) != 2 or a[1] != fin or tuple(b) != (fout, a[0]):
                 raise AdapterError(
-                    f"{where}: {full}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit "
+                    f"{where}: {full}: lora_A {tuple(a)} / lora_B {tuple(b)} do not fit "
                     f"the base's expert {part} ({fin} -> {fout})"
                 )
-            ranks.add(a.shape[0])
-            tensors[e] = (a, b, full)
+            ranks.add(a[0])
         if len(ranks) != 1:
             raise AdapterError(f"{where}: layer {layer} expert {part}: experts have different ranks {sorted(ranks)}")
         r = ranks.pop()
-        dev = "meta" if meta else "cpu"
-        a_e = torch.zeros(E, r, fin, dtype=next(iter(tensors.values()))[0].dtype, device=dev)
-        b_e = torch.zeros(E, fout, r, dtype=a_e.dtype, device=dev)
-        for e, (a, b, _) in tensors.items():
-            a_e[e], b_e[e] = a, b
-        full = next(iter(tensors.values()))[2]
-        _put(out, (layer, part), (a_e, b_e, config.scaling_for(full, r)), where)
-    for (layer, _), (a, b, _) in out.items():
+        full = next(iter(by_e.values()))[2]
+        keys_e = tuple((e, ka, kb) for e, (ka, kb, _) in sorted(by_e.items()))
+        _put(out, ExpertSpec(layer, part, r, fin, fout, config.scaling_for(full, r), full, per_expert=keys_e), where)
+    for layer, _ in out:
         if layer not in moe.sparse_layers:
             raise AdapterError(f"{where}: expert LoRA on layer {layer}, which is not a sparse layer of the base")
-        if not meta and not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-            raise AdapterError(f"{where}: expert LoRA of layer {layer} contains NaN or Inf values")
+    return dict(sorted(out.items(), key=lambda kv: (kv[0][0], PARTS.index(kv[0][1]))))
+
+
+def load_experts(
+    tf, keys: list[str], config, model_config, name: str, specs: dict | None = None
+) -> dict[tuple[int, str], tuple]:
+    """Read the expert-LoRA `keys` of TensorFile `tf` into {(layer, part): (A [E, r, in], B [E, out, r], scaling)};
+    `specs`: their `expert_specs` when already made (a scan's)."""
+    where = f"adapter {name!r}: {tf.file}"
+    E = model_config.moe.num_experts if model_config is not None and model_config.moe is not None else 0
+    specs = specs or expert_specs(tf, keys, config, model_config, name)
+    read: dict[str, torch.Tensor] = {}
+
+    def get(key: str, layer: int) -> torch.Tensor:
+        if key not in read:  # gate and up of a PEFT gate_up_proj share its tensors: read and checked once
+            t = read[key] = tf.get(key)
+            if not all_finite(t):  # on the tensor as stored (a permuted view's reduction is strided and slow)
+                raise AdapterError(f"{where}: expert LoRA of layer {layer} contains NaN or Inf values")
+        return read[key]
+
+    out = {}
+    for (layer, part), s in specs.items():
+        r, fin, fout = s.rank, s.in_features, s.out_features
+        if s.param is not None:
+            ka, kb, lo, hi = s.param
+            a_e = get(ka, layer).reshape(E, r, fin)  # [E, r, in]
+            b_e = get(kb, layer)[lo:hi].reshape(hi - lo, r, E).permute(2, 0, 1)  # [E, out, r]
+        else:
+            tensors = [(e, get(ka, layer), get(kb, layer)) for e, ka, kb in s.per_expert]
+            a_e = torch.zeros(E, r, fin, dtype=tensors[0][1].dtype)
+            b_e = torch.zeros(E, fout, r, dtype=a_e.dtype)
+            for e, a, b in tensors:
+                a_e[e], b_e[e] = a, b
+        out[(layer, part)] = (a_e, b_e, s.scaling)
     return out
 
 
-def _put(out: dict, key: tuple[int, str], value: tuple, where: str) -> None:
+def _put(out: dict, spec: ExpertSpec, where: str) -> None:
+    key = (spec.layer, spec.part)
     if key in out:
         raise AdapterError(f"{where}: layer {key[0]} expert {key[1]} is adapted twice (both checkpoint layouts?)")
-    out[key] = value
+    out[key] = spec

@@ -135,7 +135,11 @@ def load_adapter(
         if dtype is not None:
             a, b = a.to(dtype), b.to(dtype)
         modules[(layer, module)] = LoraModule(a=a, b=b, scaling=spec.scaling)
-    experts = load_experts(tf, scan.expert_keys, scan.config, model_config, name) if scan.expert_keys else {}
+    experts = (
+        load_experts(tf, scan.expert_keys, scan.config, model_config, name, scan.expert_specs)
+        if scan.expert_keys
+        else {}
+    )
     if dtype is not None:
         experts = {k: (a.to(dtype), b.to(dtype), s) for k, (a, b, s) in experts.items()}
     return LoraAdapter(

@@ -3,7 +3,8 @@
     dense LoRA layers: SlotWriter (engine/slot_writer.py; DoRA scale rows when the run has a DoRA adapter, and
                        on CUDA its device staging buffers for slot loads made ahead);
     embed_tokens / lm_head: the model's vocab slots (layers/vocab_lora.py), None when no adapter has them;
-    MoE experts: each sparse layer's expert LoRA slots, tensor by tensor.
+    MoE experts: each sparse layer's expert LoRA slots (engine/expert_slots.py), written by the same SlotWriter
+                       load (packed: in its one scatter launch).
 
 All of them exist before the KV cache is sized (so it counts their bytes) and before graph capture.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from multilora_cli.engine.expert_slots import ExpertSlots
 from multilora_cli.engine.runner_sizing import staging_buffers
 from multilora_cli.engine.slot_writer import SlotWriter
 from multilora_cli.engine.staging import DeviceStager
@@ -28,11 +30,12 @@ class DeviceAdapters:
     ):
         self.device = device
         self.lora_modules = model.lora_modules()
-        self.writer = SlotWriter(self.lora_modules, device)
+        self.expert_modules = model.expert_lora_modules()  # MoE: {layer: MoeExperts} with LoRA slots
+        experts = ExpertSlots({layer: m.lora for layer, m in self.expert_modules.items()}, device)
+        self.writer = SlotWriter(self.lora_modules, device, experts)
         if dora:  # scale rows in every module, before graph capture
             self.writer.enable_dora()
         self.vocab = _enable_vocab(model, vocab, model_config, dtype) if vocab else None
-        self.expert_modules = model.expert_lora_modules()  # MoE: {layer: MoeExperts} with LoRA slots
         if device.type == "cuda" and self.lora_modules:
             # one slot's worth each (with DoRA: and the magnitudes packed behind A / B)
             numel = self.writer.staged_numel
@@ -49,17 +52,11 @@ class DeviceAdapters:
                 f"internal: adapter {name!r} adapts embed_tokens / lm_head but the engine has no slots for them",
                 hint="this is a bug: the engine sizes those slots from the run's adapters",
             )
-        experts = getattr(adapter, "experts", {})
-        for layer, module in self.expert_modules.items():
-            parts = {p: experts[(layer, p)] for p in ("gate", "up", "down") if (layer, p) in experts}
-            module.lora.set_slot(slot, {p: (a.to(self.device), b.to(self.device), s) for p, (a, b, s) in parts.items()})
 
     def clear(self, slot: int) -> None:
         self.writer.clear(slot)
         if self.vocab is not None:
             self.vocab.clear(slot)
-        for module in self.expert_modules.values():
-            module.lora.clear_slot(slot)
 
     def stage(self, adapter) -> bool:
         """Copy a packed adapter to the device ahead of its slot load (thread-safe; the prefetch thread calls

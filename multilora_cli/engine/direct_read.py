@@ -14,6 +14,8 @@ thread while the step loop waits for it); a read then only checks the file is un
   way, then one converting copy into the block.
 - NaN/Inf: one min/max pass over the values read (`scan.all_finite`); if it fails, each tensor is checked, in
   `load_adapter`'s order, to name the first bad one with `load_adapter`'s message.
+- MoE expert LoRA (engine/packed_experts.py): PEFT's lora_A / lora_B are one span each per layer's parameter, as
+  stored; per-expert modules one span per expert tensor (experts the checkpoint leaves out: zeroed in the block).
 - None (the caller loads the usual way) for a .bin checkpoint, tensors of mixed dtypes, or a full arena.
 The buffer is bit-identical to `pack_adapter(load_adapter(...))` (tests/engine/test_direct_read.py).
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from multilora_cli.adapters.experts import expert_specs
 from multilora_cli.adapters.peft import read_vocab
 from multilora_cli.adapters.scan import (
     AdapterScan,
@@ -58,6 +61,7 @@ class ReadPlan:
     # mag_dtype None: read tensor by tensor (`read_magnitudes`: mixed dtypes, or none)
     mag_spans: tuple[tuple[int, int, int], ...] = ()
     mag_dtype: torch.dtype | None = None
+    zeros: tuple[tuple[int, int], ...] = ()  # element ranges [begin, end) no span fills (left-out experts)
 
     @property
     def nbytes(self) -> int:
@@ -73,17 +77,35 @@ def plan_read(
     if scan is None:
         scan = scan_adapter(path, name, model_config)
     tf = scan.tensors
-    if not scan.modules:  # embed_tokens / lm_head only (adapters/vocab.py): nothing to pack
+    if not scan.modules and not scan.expert_keys:  # embed_tokens / lm_head only (adapters/vocab.py): nothing to pack
         return None
-    if tf.span(next(iter(scan.modules.values())).key_a) is None:
+    first = next(iter(scan.modules.values())).key_a if scan.modules else scan.expert_keys[0]
+    if tf.span(first) is None:
         return None  # .bin: torch.load has it in memory already
-    stored = {d for m in scan.modules.values() for d in (m.dtype_a, m.dtype_b)}
+    stored = {d for m in scan.modules.values() for d in (m.dtype_a, m.dtype_b)} | {
+        tf.dtype(k) for k in scan.expert_keys
+    }
     if len(stored) != 1:
         return None
     fdtype = stored.pop()
+    especs = scan.expert_specs
+    if scan.expert_keys and not especs:  # scanned without a MoE base: expert_specs says why it cannot load
+        especs = expert_specs(tf, scan.expert_keys, scan.config, model_config, name)
     plan = plan_pack(
         {k: (m.rank, m.in_features, m.out_features, m.scaling) for k, m in scan.modules.items()},
         [k for k, m in scan.modules.items() if m.key_m is not None],  # DoRA: magnitudes packed after A / B
+        {
+            k: (
+                model_config.moe.num_experts,
+                s.rank,
+                s.in_features,
+                s.out_features,
+                s.scaling,
+                s.param is not None,
+                s.part == "up" and s.param is not None and (k[0], "gate") in especs,
+            )
+            for k, s in especs.items()
+        },
     )
     spans = []
     for key, ab, off in plan.order:
@@ -93,6 +115,8 @@ def plan_read(
             row = spec.rank * fdtype.itemsize
             begin, end = begin + spec.b_rows[0] * row, begin + spec.b_rows[1] * row
         spans.append((begin, end, off * fdtype.itemsize))
+    espans, zeros = _expert_spans(tf, especs, plan, fdtype.itemsize)
+    spans += espans
     mdtypes = {tf.dtype(scan.modules[k].key_m) for k, _, _ in plan.mags}
     mdtype = mdtypes.pop() if len(mdtypes) == 1 else None
     mspans = []
@@ -102,32 +126,78 @@ def plan_read(
         if spec.b_rows is not None:  # a fused module's slice: its rows of the magnitude vector
             begin, end = begin + spec.b_rows[0] * mdtype.itemsize, begin + spec.b_rows[1] * mdtype.itemsize
         mspans.append((begin, end, off * mdtype.itemsize))
-    return ReadPlan(scan, plan, tuple(sorted(spans)), fdtype, dtype, scan.ident, tuple(mspans), mdtype)
+    return ReadPlan(scan, plan, tuple(sorted(spans)), fdtype, dtype, scan.ident, tuple(mspans), mdtype, zeros)
+
+
+def _expert_spans(tf, specs: dict, plan: PackPlan, isz: int):
+    """File spans (begin, end, destination byte) of the expert LoRA tensors in `plan`'s places, and the element
+    ranges no span fills (experts a per-expert-module checkpoint leaves out)."""
+    spans, zeros, done_a = [], [], set()
+    for p in plan.experts:
+        s = specs[(p.layer, p.part)]
+        if s.param is not None:
+            ka, kb, lo, hi = s.param
+            if p.a_off not in done_a:  # gate and up share PEFT's gate_up_proj A
+                begin, end = tf.span(ka)
+                spans.append((begin, end, p.a_off * isz))
+            begin, _ = tf.span(kb)
+            row = p.rank * p.experts * isz  # lora_B [out_total, r * E]: the part's rows lo..hi
+            spans.append((begin + lo * row, begin + hi * row, p.b_off * isz))
+        else:
+            a_each, b_each = p.rank * p.in_features, p.out_features * p.rank
+            have = set()
+            for e, ka, kb in s.per_expert:
+                have.add(e)
+                spans.append((*tf.span(ka), (p.a_off + e * a_each) * isz))
+                spans.append((*tf.span(kb), (p.b_off + e * b_each) * isz))
+            for e in sorted(set(range(p.experts)) - have):
+                zeros += [(p.a_off + e * a_each, p.a_off + (e + 1) * a_each)]
+                zeros += [(p.b_off + e * b_each, p.b_off + (e + 1) * b_each)]
+        done_a.add(p.a_off)
+    merged: list[tuple[int, int]] = []  # back-to-back ranges as one (runs of left-out experts: one zero_ each)
+    for begin, end in sorted(zeros):
+        if merged and merged[-1][1] == begin:
+            merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((begin, end))
+    return spans, tuple(merged)
 
 
 def read_packed(
-    path: Path, name: str, model_config: ModelConfig | None, dtype: torch.dtype, arena, planned: ReadPlan | None = None
+    path: Path,
+    name: str,
+    model_config: ModelConfig | None,
+    dtype: torch.dtype,
+    arena,
+    planned: ReadPlan | None = None,
+    *,
+    pageable: bool = False,
 ) -> PackedAdapter | None:
     """The adapter in folder `path` packed into a block of `arena` (engine/pinned.PinnedArena) in `dtype`,
     validated as `load_adapter` validates it (raises the same errors); None where this path does not apply.
     `planned`: its `plan_read` from earlier (the engine plans every adapter at start, on its own thread); used
-    unless the file changed since."""
+    unless the file changed since. `pageable`: when `arena` is None or full, read into a fresh pageable buffer
+    instead of giving None (what `pack_adapter(load_adapter(...))` would make, without its ~3 copies and
+    thousands of torch calls: a MoE adapter is ~1.3 GB and the arena holds a few dozen)."""
     rp = planned
     if rp is None or rp.dtype != dtype or rp.ident is None or scan_ident(rp.scan) != rp.ident:
         rp = plan_read(path, name, model_config, dtype)
         if rp is None:
             return None
-    block = arena.alloc(rp.nbytes)
-    if block is None:
+    block = arena.alloc(rp.nbytes) if arena is not None else None
+    if block is None and not pageable:
         return None
     try:
-        flat = block.tensor(rp.plan.total, dtype)
+        flat = block.tensor(rp.plan.total, dtype) if block is not None else torch.empty(rp.plan.total, dtype=dtype)
         ab = rp.plan.ab_total  # A / B blocks; the DoRA magnitudes follow them
         if rp.stored == dtype:
-            values, target = flat[:ab], block.memoryview()
+            mem = block.memoryview() if block is not None else memoryview(flat.view(torch.uint8).numpy())
+            values, target = flat[:ab], mem
         else:
             values = torch.empty(ab, dtype=rp.stored)
             target = memoryview(values.view(torch.uint8).numpy())
+        for begin, end in rp.zeros:
+            values[begin:end].zero_()
         read_spans(rp.scan.weights_path, target, rp.spans, rp.scan)
         check_finite(values, rp.plan, rp.scan)
         if rp.stored != dtype:
@@ -136,7 +206,8 @@ def read_packed(
         # embed_tokens / lm_head LoRA and copies (adapters/vocab.py): vocabulary-sized, never in the slots' layout
         vocab = read_vocab(rp.scan.tensors, rp.scan.vocab, dtype, name, rp.scan.weights_path)
     except BaseException:
-        arena.release(block)
+        if block is not None:
+            arena.release(block)
         raise
     packed = packed_adapter(rp.scan, flat, rp.plan, block, arena)
     packed.magnitudes = magnitudes
@@ -201,3 +272,9 @@ def check_finite(values: torch.Tensor, plan: PackPlan, scan: AdapterScan) -> Non
         for ab, off, numel in (("A", a_off, spec.rank * spec.in_features), ("B", b_off, spec.out_features * spec.rank)):
             if not all_finite(values[off : off + numel]):
                 raise nonfinite(scan.name, scan.weights_path, scan.module_names[key], ab)
+    for p in plan.experts:  # as adapters/experts.load_experts names them
+        a, b = values[p.a_off : p.a_off + p.a_numel], values[p.b_off : p.b_off + p.b_numel]
+        if not (all_finite(a) and all_finite(b)):
+            raise AdapterError(
+                f"adapter {scan.name!r}: {scan.weights_path}: expert LoRA of layer {p.layer} contains NaN or Inf values"
+            )

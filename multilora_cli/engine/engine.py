@@ -146,10 +146,10 @@ class Engine:
         from multilora_cli.adapters.peft import load_adapter
         from multilora_cli.engine.direct_read import read_packed
 
-        # file -> arena block in a few calls (engine/direct_read.py); .bin files, mixed dtypes and a full arena
-        # (read_packed gives None) go through load_adapter + pack, as do adapters on CPU (no arena)
-        moe = self.model_config.moe is not None  # expert LoRA is not packed yet: loaded tensor by tensor
-        if self.arena is not None and not moe:
+        # file -> arena block in a few calls (engine/direct_read.py), or a pageable buffer when the arena is full
+        # or absent (CUDA); .bin files, mixed dtypes and vocab-only adapters (read_packed gives None) go through
+        # load_adapter + pack, as do adapters on CPU (not packed)
+        if self.runner.device.type == "cuda":
             packed = read_packed(
                 self.adapters[name],
                 name,
@@ -157,6 +157,7 @@ class Engine:
                 self.runner.dtype,
                 self.arena,
                 planned=self._read_plans.get(name),
+                pageable=True,
             )
             if packed is not None:
                 return self._check_base_copies(self._check_rank(packed))
@@ -204,8 +205,8 @@ class Engine:
         that copy is an async DMA; a fresh pinned buffer per adapter stalled the running steps (7,951 vs 10,068
         tok/s pageable). When the arena is full: pageable memory, whose ~13 ms synchronous copy the prefetch
         thread makes ahead for the next loads (engine/staging.py)."""
-        if self.runner.device.type != "cuda" or self.model_config.moe is not None or not adapter.modules:
-            return adapter  # (no modules: an embed_tokens / lm_head-only adapter, nothing to pack)
+        if self.runner.device.type != "cuda" or not (adapter.modules or adapter.experts):
+            return adapter  # (nothing: an embed_tokens / lm_head-only adapter, nothing to pack)
         from multilora_cli.engine.packed import pack_adapter
 
         return pack_adapter(adapter, pin=False, dtype=self.runner.dtype, arena=self.arena)
@@ -286,8 +287,6 @@ class Engine:
         size: `max_cpu_loras`, less when the arena was capped below it (pinned.host_cache_capacity)."""
         cfg = self.config
         if self.runner.device.type != "cuda" or not self.adapters or not cfg.pinned_arena:
-            return None, cfg.max_cpu_loras
-        if self.model_config.moe is not None:  # MoE adapters load tensor by tensor (`_load_cpu`), not packed
             return None, cfg.max_cpu_loras
         try:
             sizes = [self._adapter_nbytes(n) for n in self.adapters]

@@ -14,6 +14,12 @@ rather than hundreds of small and strided copies on the prefetch thread. The ret
 views of that buffer (A [r, in], B [out, r], made when first used), so it is still an ordinary `LoraAdapter` for
 every other use. `plan_pack` computes the layout from shapes alone, so engine/direct_read.py can fill the same
 buffer straight from a checkpoint file.
+MoE expert LoRA (adapters/experts.py) follows the dense A/B blocks, per (layer, part) in layer then gate, up, down
+order, each tensor as the checkpoint stores it, so a read is a few large spans and the slot scatter (engine/
+expert_slots.py) does every layout change on the device:
+    A [E, r, in]                                  (both layouts; PEFT's gate and up share one A)
+    B [out, r, E] (PEFT target_parameters: `peft_b`; gate rows then up rows of gate_up_proj, back to back)
+      [E, out, r] (per-expert modules; experts the checkpoint leaves out are zeros)
 """
 
 from __future__ import annotations
@@ -24,7 +30,12 @@ from dataclasses import dataclass, field
 import torch
 
 from multilora_cli.adapters.peft import SLICES, LoraAdapter, LoraModule
+from multilora_cli.engine.packed_experts import ExpertPart, PackedExperts, expert_sources, plan_experts, shapes_of
 from multilora_cli.models.config import FUSED
+from multilora_cli.models.moe_config import SHARED_FUSED
+
+# PEFT module -> (our fused module, slice), Qwen2-MoE's shared expert too (its modules pack like a dense MLP's)
+_FUSED = FUSED | {n: (f, i) for f, names in SHARED_FUSED.items() for i, n in enumerate(names)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,17 +71,21 @@ class PackedAdapter(LoraAdapter):
     @property
     def max_rank(self) -> int:
         vocab = self.vocab.max_rank if self.vocab is not None else 0
-        return max([vocab] + [max(g.ranks) for g in self.groups.values()])
+        experts = [p.rank for p in self.plan.experts] if self.plan is not None else []
+        return max([vocab] + [max(g.ranks) for g in self.groups.values()] + experts)
 
     @property
     def min_rank(self) -> int:
         vocab = [self.vocab.max_rank] if self.vocab is not None and self.vocab.max_rank else []
-        return min(vocab + [r for g in self.groups.values() for r in g.ranks if r], default=0)
+        experts = [p.rank for p in self.plan.experts] if self.plan is not None else []
+        return min(vocab + [r for g in self.groups.values() for r in g.ranks if r] + experts, default=0)
 
     @property
     def num_params(self) -> int:
         vocab = self.vocab.num_params if self.vocab is not None else 0
-        return vocab + sum(r * (g.in_features + o) for g in self.groups.values() for r, o in zip(g.ranks, g.outs) if r)
+        experts = sum(p.a_numel + p.b_numel for p in self.plan.experts) if self.plan is not None else 0
+        dense = sum(r * (g.in_features + o) for g in self.groups.values() for r, o in zip(g.ranks, g.outs) if r)
+        return vocab + dense + experts
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +104,7 @@ class PackPlan:
     mag_off: int = 0
     mags: tuple[tuple[tuple[int, str], int, int], ...] = ()
     ab_end: int = -1  # with magnitudes: where the A/B blocks end (mag_off, or one before it: a zeroed pad)
+    experts: tuple[ExpertPart, ...] = ()  # MoE expert LoRA, after the dense blocks (inside the A/B region)
 
     @property
     def ab_total(self) -> int:
@@ -105,17 +121,21 @@ class PackPlan:
             self.total,
             tuple((k, g.uniform, g.ranks, g.outs, g.a_off, g.b_off, g.slice_offs) for k, g in self.groups.items()),
             self.mags,
+            tuple(p.shape_key for p in self.experts),
         )
 
 
 def plan_pack(
-    shapes: dict[tuple[int, str], tuple[int, int, int, float]], mags: Iterable[tuple[int, str]] = ()
+    shapes: dict[tuple[int, str], tuple[int, int, int, float]],
+    mags: Iterable[tuple[int, str]] = (),
+    experts: dict[tuple[int, str], tuple[int, int, int, int, float, bool, bool]] | None = None,
 ) -> PackPlan:
     """The slot-like layout above for modules (layer, PEFT name) -> (rank, in, out, scaling); `mags`: the modules
-    with a DoRA magnitude (each of `shapes`' out features)."""
+    with a DoRA magnitude (each of `shapes`' out features); `experts`: (layer, part) -> (E, rank, in, out, scaling,
+    peft_b, shares_a), shares_a: an "up" part that uses its layer's gate A (PEFT gate_up_proj)."""
     by_group: dict[tuple[int, str], list] = {}
     for (layer, name), shp in shapes.items():
-        fused, i = FUSED[name]
+        fused, i = _FUSED[name]
         by_group.setdefault((layer, fused), [None] * len(SLICES[fused]))[i] = shp
     groups, order, total = {}, [], 0
     for key in sorted(by_group):
@@ -149,14 +169,15 @@ def plan_pack(
     offs = {(n, ab): off for n, ab, off in order}
     slice_of = {n: (g, i) for g in groups for i, n in enumerate((g[0], m) for m in SLICES[g[1]])}
     where = {n: (*slice_of[n], offs[(n, "a")], offs[(n, "b")]) for n in sorted(shapes)}
+    parts, total = plan_experts(experts or {}, total)
     mag, floats = [], 0
     for n in sorted(mags):
         mag.append((n, floats, shapes[n][2]))
         floats += shapes[n][2]
     if not mag:
-        return PackPlan(groups, total, tuple(order), where)
+        return PackPlan(groups, total, tuple(order), where, experts=tuple(parts))
     mag_off = total + total % 2
-    return PackPlan(groups, mag_off + 2 * floats, tuple(order), where, mag_off, tuple(mag), total)
+    return PackPlan(groups, mag_off + 2 * floats, tuple(order), where, mag_off, tuple(mag), total, tuple(parts))
 
 
 def magnitude_region(flat: torch.Tensor, plan: PackPlan) -> torch.Tensor:
@@ -231,6 +252,7 @@ def packed_adapter(src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, 
         stored_nbytes=src.stored_nbytes,
         module_names=dict(src.module_names),
         magnitudes=dict(getattr(src, "magnitudes", {})),  # a scan (direct_read) sets them after
+        experts=PackedExperts(flat, plan.experts),
         vocab=src.vocab if isinstance(src, LoraAdapter) else None,  # a scan's: direct_read reads them after
         flat=flat,
         groups=plan.groups,
@@ -246,10 +268,12 @@ def packed_adapter(src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, 
 def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None = None, arena=None) -> PackedAdapter:
     """Copy `adapter` into one host buffer in the slot-like layout above: a block of `arena` (a PinnedArena)
     when it has room, else a fresh buffer (pinned by PyTorch if `pin`)."""
-    mods = adapter.modules
-    dtype = dtype or next(iter(mods.values())).a.dtype
+    mods, experts = adapter.modules, adapter.experts
+    if dtype is None:
+        dtype = next(iter(mods.values())).a.dtype if mods else next(iter(experts.values()))[0].dtype
     mags = getattr(adapter, "magnitudes", None) or {}
-    plan = plan_pack({k: (m.rank, m.a.shape[1], m.b.shape[0], m.scaling) for k, m in mods.items()}, mags)
+    shapes = {k: (m.rank, m.a.shape[1], m.b.shape[0], m.scaling) for k, m in mods.items()}
+    plan = plan_pack(shapes, mags, shapes_of(experts))
     block = arena.alloc(plan.total * dtype.itemsize) if arena is not None else None
     flat = (
         block.tensor(plan.total, dtype) if block is not None else torch.empty(plan.total, dtype=dtype, pin_memory=pin)
@@ -257,7 +281,7 @@ def pack_adapter(adapter: LoraAdapter, *, pin: bool, dtype: torch.dtype | None =
     # ONE copy op fills the buffer (sources in buffer order; B stays [out, r] as PEFT stores it, so every
     # source is contiguous: a plain memcpy, no strided transpose on the CPU; the slot scatter on the device
     # does the transpose into the rank-major slots)
-    srcs = [getattr(mods[n], ab) for n, ab, _ in plan.order]
+    srcs = [getattr(mods[n], ab) for n, ab, _ in plan.order] + expert_sources(experts, plan.experts)
     if srcs:
         torch.cat([t.to(dtype).reshape(-1) for t in srcs], out=flat[: plan.ab_total])
     packed = packed_adapter(adapter, flat, plan, block, arena)

@@ -15,6 +15,8 @@ blocks runs one copy kernel per block and took 2.4-3.2x the scatter's host time 
 scatters; on CPU the packed blocks go over in one foreach copy of their views.
 The slot tensors are addressed through `LoraWeights`' logical views (a[slot, i, :r], b[slot, lo:hi, :r]), so any
 storage layout of `LoraWeights` works.
+MoE bases: the expert LoRA slots (engine/expert_slots.py) take the packed expert parts from the same buffer, in
+the same scatter launch (their views added to the plan), and their scale / rank rows in one foreach copy.
 DoRA adapters: their magnitudes come in the same packed buffer (engine/packed.py), are gathered into one row on the
 device, and `DoraNorms` (engine/dora.py) turns them into the slot's scale rows in a few batched ops, no host sync.
 Streams (CUDA): a load is enqueued on the writer's own load stream, so its copies, scatter and DoRA norms run
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from multilora_cli.engine.dora import DoraNorms
+from multilora_cli.engine.expert_slots import ExpertSlots
 from multilora_cli.engine.packed import PackedAdapter, magnitude_region
 from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.errors import EngineError
@@ -47,8 +50,11 @@ class SlotWriter:
     PyTorch's pinned allocator, which keeps them until the copy ran.
     """
 
-    def __init__(self, modules: dict[tuple[int, str], LoRALinear], device: torch.device):
+    def __init__(
+        self, modules: dict[tuple[int, str], LoRALinear], device: torch.device, experts: ExpertSlots | None = None
+    ):
         self.modules = list(modules.items())
+        self.experts = experts if experts is not None and experts.modules else None  # MoE expert LoRA slots
         self.device = device
         self.cuda = device.type == "cuda"
         self.width = max((m.lora.n_slices for _, m in self.modules), default=1)
@@ -66,6 +72,8 @@ class SlotWriter:
         # from the first module's A tensor
         self._plans: dict[tuple, torch.Tensor] = {}
         self._dst_base = self.modules[0][1].lora.a if self.modules else None
+        if self._dst_base is None and self.experts is not None:
+            self._dst_base = next(iter(self.experts.modules.values())).gu_a
         self._dora: DoraNorms | None = None  # DoRA scale rows, written per install (engine/dora.py)
         self._rank_cache: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # `_rank_rows`
         self._mag_index: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # packed magnitudes -> row, per layout
@@ -89,6 +97,8 @@ class SlotWriter:
         numel = sum(
             m.lora.max_rank * (m.lora.n_slices * m.lora.in_features + m.lora.out_features) for _, m in self.modules
         )
+        if self.experts is not None:
+            numel += self.experts.max_numel
         if self._dora is not None:  # engine/packed.py: an even offset, then 2 elements per float32
             numel += 1 + 2 * self._dora.total
         return numel
@@ -113,6 +123,8 @@ class SlotWriter:
             m_row = self._install_packed(slot, adapter)  # the magnitudes from the packed copy, if it has them
         else:
             self._install_views(slot, adapter)
+            if self.experts is not None:
+                self.experts.install_tensors(slot, getattr(adapter, "experts", {}))
             m_row = None
         mags = getattr(adapter, "magnitudes", None)
         if self._dora is not None:  # after A / B / ranks / scales are in the slot: the norms read them
@@ -167,7 +179,6 @@ class SlotWriter:
         """One H2D copy of `p.flat` into the staging buffer (unless staged ahead), one scatter launch of its blocks
         into `slot` (CPU: one foreach copy). Returns the DoRA magnitudes as a device row (`DoraNorms.write`), or
         None without (or without DoRA rows), read from the same copy before its buffer is given back."""
-        groups = p.groups
         rank_src, scale_src = self._rank_rows(p)
         flat = p.flat
         staged = self.stager.take(p) if self.stager is not None else None
@@ -183,12 +194,19 @@ class SlotWriter:
             base = self._staging
         else:
             base = flat
-        if self.cuda and self.modules:  # one launch for every A/B block of the adapter
-            scatter_blocks(base, self._dst_base, self._plan(p.layout, groups, base), shift=slot)
+        parts = p.plan.experts if p.plan is not None else ()
+        if parts and self.experts is None:
+            raise ValueError(f"adapter {p.name!r} has expert LoRA, which has no slots here")
+        if self.experts is not None:
+            self.experts.prepare(slot, parts)  # zeroes the slot if the last adapter's values would stay behind
+        if self.cuda and self._dst_base is not None:  # one launch for every A/B block of the adapter
+            scatter_blocks(base, self._dst_base, self._plan(p, base), shift=slot)
         else:
-            dst, src = self._packed_views(slot, groups, base)
+            dst, src, _ = self._all_views(slot, p, base)
             if dst:
                 torch._foreach_copy_(dst, src, non_blocking=True)
+        if self.experts is not None:
+            self.experts.write_rows(slot, parts)
         m_row = None
         if self._dora is not None and p.plan is not None and p.plan.mags:
             idx = self._mag_index.get(p.plan.mags)
@@ -198,8 +216,9 @@ class SlotWriter:
         if staged is not None:
             self.stager.release(staged)
         _, rank_dst, scale_dst = self._destinations(slot, None)
-        torch._foreach_copy_(rank_dst, rank_src)
-        torch._foreach_copy_(scale_dst, scale_src)
+        if rank_dst:
+            torch._foreach_copy_(rank_dst, rank_src)
+            torch._foreach_copy_(scale_dst, scale_src)
         return m_row
 
     def _rank_rows(self, p: PackedAdapter) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -234,14 +253,24 @@ class SlotWriter:
         self._rank_cache[key] = hit
         return hit
 
-    def _plan(self, key, groups, base: torch.Tensor) -> torch.Tensor:
+    def _plan(self, p: PackedAdapter, base: torch.Tensor) -> torch.Tensor:
         """The scatter plan of a layout, cached: slot 0's destinations with each one's slot stride (the launch
         shifts them to the slot). Offsets are relative to `base`, so one plan serves every staging buffer. Packed
         adapters come in the slots' dtype (Engine._pack, direct_read); another dtype is a ValueError."""
-        if key not in self._plans:
-            dst, src = self._packed_views(0, groups, base)
-            self._plans[key] = scatter_plan(dst, src, base, self._dst_base, self._slot_steps(groups))
-        return self._plans[key]
+        if p.layout not in self._plans:
+            dst, src, steps = self._all_views(0, p, base)
+            self._plans[p.layout] = scatter_plan(dst, src, base, self._dst_base, steps)
+        return self._plans[p.layout]
+
+    def _all_views(self, slot: int, p: PackedAdapter, base: torch.Tensor):
+        """(slot views, views of `base`, slot strides) of the dense blocks, then of the expert parts."""
+        dst, src = self._packed_views(slot, p.groups, base)
+        steps = self._slot_steps(p.groups)
+        parts = p.plan.experts if p.plan is not None else ()
+        if parts:
+            e_dst, e_src, e_steps = self.experts.views(slot, parts, base)
+            dst, src, steps = dst + e_dst, src + e_src, steps + e_steps
+        return dst, src, steps
 
     def _slot_steps(self, groups) -> list[int]:
         """Per destination of `_packed_views`, in its order: the element stride from one slot to the next."""
@@ -295,11 +324,14 @@ class SlotWriter:
 
     def clear(self, slot: int) -> None:
         """Forget the adapter in `slot` (rank 0 and scaling 0 in every module; weights left as they are)."""
-        if not self.modules:
+        if self.experts is not None:
+            self.experts.clear(slot)
+        if not self.modules and self.experts is None:
             return
-        _, rank_dst, scale_dst = self._destinations(slot, None)
-        torch._foreach_zero_(rank_dst)
-        torch._foreach_zero_(scale_dst)
+        if self.modules:
+            _, rank_dst, scale_dst = self._destinations(slot, None)
+            torch._foreach_zero_(rank_dst)
+            torch._foreach_zero_(scale_dst)
         if self._dora is not None:  # not needed for correctness (an install rewrites it), but a cleared slot is plain
             self._dora.rows[slot].fill_(1.0)
         if self.cuda:  # a load into this slot waits for the steps enqueued so far (they may still read it)
