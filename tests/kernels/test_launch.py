@@ -132,3 +132,35 @@ def test_variant_keys_follow_the_kernels_parameter_kinds():
     assert key(x, 5, 32, B=16) != key(x, 5, 32, B=32)
     assert key(x, 5, 32, 16, num_warps=4) != key(x, 5, 32, 16, num_warps=8)
     assert key(x, 5, 1 << 40, 16) != key(x, 5, 64, 16)  # 64-bit vs 32-bit
+
+
+def test_variant_keys_skip_alignment_where_the_kernel_does():
+    """A pointer (or int) under do_not_specialize_on_alignment is keyed by its dtype (class) alone: views at any
+    offset are one variant, as Triton compiles them. Interpreted kernels (TRITON_INTERPRET=1) give the same
+    parameter kinds, read off their signature and jit arguments."""
+    from types import SimpleNamespace as P
+
+    kern = FakeKernel()
+    kern.params = [
+        P(name="x_ptr", is_constexpr=False, do_not_specialize=False, do_not_specialize_on_alignment=True),
+        P(name="y_ptr", is_constexpr=False, do_not_specialize=False, do_not_specialize_on_alignment=False),
+        P(name="n", is_constexpr=False, do_not_specialize=False, do_not_specialize_on_alignment=True),
+    ]
+    x = torch.zeros(64)
+
+    def key(*args):
+        return L._variant((kern, args, {}))
+
+    assert key(x[1:], x, 32) == key(x, x, 33)  # x's offset and n's % 16 are not specialised on
+    assert key(x, x[1:], 32) != key(x, x, 32)  # y's alignment is
+    assert key(x, x, 1) != key(x, x, 2)  # == 1 still is
+
+    import triton.language as tl
+
+    def fn(a_ptr, b, C: tl.constexpr):
+        pass
+
+    interpreted = P(fn=fn, kwargs={"do_not_specialize": ["b"], "do_not_specialize_on_alignment": [0]})
+    kinds = L.param_kinds(interpreted)
+    assert kinds["a_ptr"] == L.ParamKind(no_align=True) and kinds["b"] == L.ParamKind(do_not_specialize=True)
+    assert kinds["C"] == L.ParamKind(constexpr=True)
