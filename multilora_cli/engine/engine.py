@@ -53,6 +53,7 @@ class Engine:
     adapters: {name: local adapter directory}, already resolved and validated (adapters.preflight).
     scans:    {name: adapters.scan.AdapterScan} from that validation (`Preflight.scans`), optional: the engine
               plans each adapter's reads from them instead of scanning every adapter again (~3-9 ms each).
+    tokenizer: config.model's Tokenizer when the caller loaded it already (the run: it counts the prompt tokens).
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class Engine:
         adapters: dict[str, Path] | None = None,
         model_config: ModelConfig | None = None,
         scans: dict | None = None,
+        tokenizer: Tokenizer | None = None,
     ):
         self.startup = StartupClock()  # the stats' "startup" section (engine/startup.py)
         self.config = config
@@ -75,7 +77,7 @@ class Engine:
                 f"({limit}, {Path(config.model) / 'config.json'})",
                 hint=f"use --max-model-len {limit} or less, or shorten the prompts",
             )
-        self.tokenizer = Tokenizer.from_dir(config.model)
+        self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_dir(config.model)
         gen = read_generation_config(config.model)
         self.default_sampling: dict = dict(gen.sampling)
         eos = [*self.model_config.eos_token_ids, *gen.eos_token_ids, *self.tokenizer.eos_token_ids]
