@@ -134,26 +134,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(report(e))
     if rc == 130:  # typer turns Ctrl-C inside a command into a silent Exit(130); say what happened
         sys.exit(report(KeyboardInterrupt()))
-    if argv is None:  # the console entry point: this process ends now
-        _leave_objects_to_the_os()
     sys.exit(rc if isinstance(rc, int) else 0)
-
-
-def _leave_objects_to_the_os() -> None:
-    """After a command returned (its outputs written and closed): collect the garbage there is now (finalizers of
-    unreachable objects run, as they would at exit), then move every live object out of the collector's reach
-    (gc.freeze), so that the interpreter's shutdown does not traverse them again while it tears the modules down.
-    Shutdown still runs as usual (atexit hooks, thread joins, std streams flushed, objects freed by refcount);
-    only the cyclic garbage made by the teardown itself is left to the OS. The demo's run on CPU (a shared
-    2-core host, noisy): 0.7-1.0 s from sys.exit to the process's end, 0.26-0.37 s so, the collection here
-    included (0.11 s)."""
-    import gc
-
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # closed, or a broken pipe: shutdown reports it as before
-                pass
-    gc.collect()
-    gc.freeze()
