@@ -101,11 +101,12 @@ def precompile(
         return 0, 0.0
     t0 = time.perf_counter()
     with collect() as calls:
-        _dry_forwards(model, graphs, meta_buffers, max_num_batched_tokens, max_model_len, block_size, device)
+        sizes = _dry_forwards(model, graphs, meta_buffers, max_num_batched_tokens, max_model_len, block_size, device)
         if meta_buffers is not None and (line_kinds is None or any(k.base for k in line_kinds)):
             # a step of base lines alone runs no LoRA kernel: the MLP's own SiLU-and-mul (kernels/norm_rope.py)
-            # instead of the fused LoRA one; one size is enough (its variant does not depend on the tokens)
-            _dry_prefill(model, min(8, max_num_batched_tokens), 0, max_model_len, block_size, device, None)
+            # instead of the fused LoRA one; one size is enough (its variant does not depend on the tokens), a
+            # dry-run one (its other kernels' variants are the adapted pass's)
+            _dry_prefill(model, sizes[0], 0, max_model_len, block_size, device, None)
         if slot_writer is not None:
             slot_writer.dry_run()
         w = model.lm_head.weight
@@ -126,9 +127,9 @@ def _dry_prefill(model, t: int, prefix: int, max_model_len: int, block_size: int
         reset_context()
 
 
-def _dry_forwards(model, graphs, meta_buffers, max_num_batched_tokens, max_model_len, block_size, device) -> None:
+def _dry_forwards(model, graphs, meta_buffers, max_num_batched_tokens, max_model_len, block_size, device) -> list[int]:
     """Every decode graph's forward, the prefill sizes (one also after a cached prefix: the paged variant of the
-    prefill attention), and lm_head LoRA's SGMV on the logits per decode size."""
+    prefill attention), and lm_head LoRA's SGMV on the logits per decode size. Returns the prefill sizes."""
     if graphs is not None:
         graphs.dry_run()
     sizes = prefill_sizes(max_num_batched_tokens, tuple(graphs.sizes) if graphs is not None else ())
@@ -144,3 +145,4 @@ def _dry_forwards(model, graphs, meta_buffers, max_num_batched_tokens, max_model
         w = model.lm_head.weight
         for n in graphs.sizes if graphs is not None else (1,):
             model.compute_logits(torch.zeros(n, w.shape[1], device=device, dtype=w.dtype), upcast=False, slots=[0] * n)
+    return sizes
