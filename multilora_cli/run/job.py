@@ -156,11 +156,15 @@ class RunJob:
         try:
             refuse_clobbering(source, in_name, {"-o": cfg.output, "--errors": cfg.errors, "--stats": cfg.stats})
             check_ledger_clash(cfg)
-            self._pf = pf = preflight_run(cfg)
-            if cfg.engine.device != "cpu":  # Triton's CUDA driver builds while the engine starts (cold: a C compile)
+            if cfg.engine.device != "cpu":
+                # the CUDA context and Triton's CUDA driver (cold: a C compile) are made on a thread while the
+                # pre-flight, the input's facts and the engine's imports run (torch first: pre-flight imports it)
+                import torch  # noqa: F401
+
                 from multilora_cli.kernels import driver_warm
 
                 driver_warm.start()
+            self._pf = pf = preflight_run(cfg)
             self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
             self._base_names = base_aliases([cfg.model, pf.model], Path(pf.model_path), [*pf.adapters, *pf.errors])
             # the input's line kinds and prompt tokens: what the engine precompiles (run/line_kinds.py)
