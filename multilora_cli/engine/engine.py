@@ -16,6 +16,7 @@ import torch
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
+from multilora_cli.engine.device_adapters import lora_targets
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
@@ -86,6 +87,7 @@ class Engine:
             config,
             self.model_config,
             use_lora=bool(self.adapters),
+            lora_targets=lora_targets(self.adapters, self._scans, self.model_config),
             dora=self._uses_dora(),
             vocab=self._vocab_parts(),
             eos_token_ids=self.eos_token_ids,
