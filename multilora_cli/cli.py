@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     if rc == 130:  # typer turns Ctrl-C inside a command into a silent Exit(130); say what happened
         sys.exit(report(KeyboardInterrupt()))
     rc = rc if isinstance(rc, int) else 0
-    if argv is None and sys.argv[1:2] == ["run"]:  # the console entry point of a run: this process ends now
+    # the console entry point of a run, not under a profiler or tracer (their reports are written at exit)
+    if argv is None and sys.argv[1:2] == ["run"] and sys.getprofile() is None and sys.gettrace() is None:
         _end_process(rc)
     sys.exit(rc)
 
