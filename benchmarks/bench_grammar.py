@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     model_dir = write_model(a.preset, Path(tmp.name) / "model")
     cfg = ModelConfig.from_dir(model_dir)
     source = SyntheticAdapters(cfg, work.adapter_names, work.rank, seed=work.seed) if a.adapters else None
-    econf = engine_config(work, model_dir, device)
+    econf = replace(engine_config(work, model_dir, device), line_kinds=None)  # constrained rows: every kind
     if source is not None:
         source.prepare(getattr(torch, econf.dtype), device)
     engine = SyntheticEngine(econf, source, cfg)

@@ -164,6 +164,46 @@ def _logit_bias(bias) -> dict[int, float]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class LineKind:
+    """What one input line asks of the kernels after the model's forward (run/line_kinds.py reads them off a
+    file's lines before the engine starts): the engine precompiles the sampler, logprob and grammar-mask variants
+    of its lines' kinds only (engine/dry_sample.py), and an adapter-less forward only if a line runs the base."""
+
+    base: bool = False  # no adapter: a step of such lines alone runs no LoRA kernel
+    sampled: bool = False  # temperature > 0 and top_k != 1 (else argmax)
+    top_k: int = 0  # 0 = off
+    top_p: bool = False  # top_p < 1
+    min_p: bool = False  # min_p > 0
+    penalty: bool = False  # a repetition / frequency / presence penalty: the token counts are read
+    bias: bool = False  # logit_bias: processed at every step
+    min_tokens: bool = False  # processed while min_tokens bans the stop set, as it is at other steps
+    logprobs: int | None = None  # k of each generated token's logprobs
+    prompt_logprobs: int | None = None  # k of the prompt's (a scoring line: 0)
+    constrained: bool = False  # response_format / regex / choice: the grammar mask
+
+    @classmethod
+    def of(cls, sp: SamplingParams, base: bool, scoring: bool = False) -> LineKind:
+        return cls(
+            base=base,
+            sampled=not scoring and not sp.greedy and sp.top_k != 1,
+            top_k=sp.top_k,
+            top_p=sp.top_p < 1.0,
+            min_p=sp.min_p > 0.0,
+            penalty=sp.needs_history,
+            bias=bool(sp.logit_bias),
+            min_tokens=sp.min_tokens > 0,
+            logprobs=None if scoring else sp.logprobs,
+            prompt_logprobs=(sp.prompt_logprobs or 0) if scoring else sp.prompt_logprobs,
+            constrained=sp.constraint is not None,
+        )
+
+    @property
+    def processed(self) -> bool:
+        """Whether the line's logits may be processed at some step (kernels/penalties.py)."""
+        return self.penalty or self.bias or self.min_tokens
+
+
 @dataclass(slots=True)
 class EngineConfig:
     """Everything the engine needs to start. `model` is a resolved local directory."""
@@ -192,6 +232,9 @@ class EngineConfig:
     # capture each decode graph at the first step of its bucket instead of all at start: the first token comes
     # sooner and a run captures only what it reaches (benchmarks capture at start to time steady steps)
     lazy_capture: bool = True
+    # the distinct LineKinds of the input's lines (run/line_kinds.py; None = unknown): the precompile dry-runs
+    # the sampler, logprob and mask variants those can launch, no others (the demo: 8 sampling variants, not 19)
+    line_kinds: frozenset[LineKind] | None = None
     seed: int = 0  # default seed for sampled requests without their own
     load_format: str = "auto"  # "dummy": random weights from config.json alone (benchmarks, sizing)
     pinned_arena: bool = True  # CUDA: packed adapters in page-locked host memory registered once (async loads)
@@ -248,6 +291,9 @@ class EngineConfig:
         pt = self.prefetch_threads
         if isinstance(pt, bool) or not isinstance(pt, int) or pt < 0:
             raise ConfigError(f"prefetch_threads must be an integer >= 0, got {pt!r}")
+        lk = self.line_kinds
+        if lk is not None and (not isinstance(lk, frozenset) or not all(isinstance(k, LineKind) for k in lk)):
+            raise ConfigError(f"line_kinds must be a frozenset of LineKind or None, got {lk!r}")
         if not isinstance(self.lazy_capture, bool):
             raise ConfigError(f"lazy_capture must be true or false, got {self.lazy_capture!r}")
         if not isinstance(self.run_ahead, bool):

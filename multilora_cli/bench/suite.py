@@ -19,7 +19,7 @@ import torch
 from multilora_cli.bench.adapters import SyntheticAdapters, SyntheticEngine
 from multilora_cli.bench.roofline import Roofline, measure_bandwidth, measure_matmul_flops
 from multilora_cli.bench.workload import Workload
-from multilora_cli.config import GPU_MEMORY_UTILIZATION, EngineConfig
+from multilora_cli.config import GPU_MEMORY_UTILIZATION, EngineConfig, LineKind
 from multilora_cli.engine.slot_budget import SlotChoice, SlotInputs, choose_max_loras, slot_bytes, spare_gpu_bytes
 from multilora_cli.models.config import ModelConfig
 
@@ -78,6 +78,10 @@ def engine_config(
         quantization=work.quantization,
         fp8_small_m=work.fp8_small_m,
         prefix_cache=work.prefix_cache,
+        # what its requests ask of the sampler: the precompile compiles those variants only (engine/dry_sample.py)
+        line_kinds=frozenset(
+            {LineKind(base=work.num_adapters == 0, sampled=work.sampled, top_p=work.sampled and work.top_p < 1.0)}
+        ),
     )
 
 

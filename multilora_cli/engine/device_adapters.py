@@ -88,3 +88,23 @@ def _enable_vocab(model, parts: dict, cfg: ModelConfig, dtype: torch.dtype):
             f"{each / 2**20:.0f} MiB each for modules_to_save, plus vocabulary-sized LoRA slots)",
             hint="lower --max-loras (the copies are one per slot, up to the adapters that have them)",
         ) from None
+
+
+def lora_targets(adapters, scans: dict, model_config: ModelConfig) -> set[str] | None:
+    """The fused modules (models/config.FUSED_MODULES) some adapter of the run adapts, from pre-flight's scans
+    (`scans`: name -> adapters.scan.AdapterScan of every adapter in `adapters`); None (every module) when an
+    adapter has no scan, the base is MoE, or a module is not a dense projection. Modules no adapter adapts get no
+    LoRA layer: no slots, no SGMV launch in any step, no kernel variant to compile (the demo's adapters adapt
+    q, k, v and o: its MLPs run as the base's). An adapter adapting another module is refused at its slot load
+    (SlotWriter), never served without it."""
+    from multilora_cli.models.config import FUSED
+
+    if model_config.moe is not None or any(name not in scans for name in adapters):
+        return None
+    targets = set()
+    for name in adapters:
+        for _, module in scans[name].modules:
+            if module not in FUSED:
+                return None
+            targets.add(FUSED[module][0])
+    return targets or None

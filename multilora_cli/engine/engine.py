@@ -16,6 +16,7 @@ import torch
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
+from multilora_cli.engine.device_adapters import lora_targets
 from multilora_cli.engine.gc_heap import FrozenHeap
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
@@ -54,6 +55,7 @@ class Engine:
     adapters: {name: local adapter directory}, already resolved and validated (adapters.preflight).
     scans:    {name: adapters.scan.AdapterScan} from that validation (`Preflight.scans`), optional: the engine
               plans each adapter's reads from them instead of scanning every adapter again (~3-9 ms each).
+    tokenizer: config.model's Tokenizer when the caller loaded it already (the run: it counts the prompt tokens).
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class Engine:
         adapters: dict[str, Path] | None = None,
         model_config: ModelConfig | None = None,
         scans: dict | None = None,
+        tokenizer: Tokenizer | None = None,
     ):
         self.startup = StartupClock()  # the stats' "startup" section (engine/startup.py)
         self._heap = FrozenHeap()  # the start's objects frozen for the collector while a run goes (gc_heap.py)
@@ -77,7 +80,7 @@ class Engine:
                 f"({limit}, {Path(config.model) / 'config.json'})",
                 hint=f"use --max-model-len {limit} or less, or shorten the prompts",
             )
-        self.tokenizer = Tokenizer.from_dir(config.model)
+        self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_dir(config.model)
         gen = read_generation_config(config.model)
         self.default_sampling: dict = dict(gen.sampling)
         eos = [*self.model_config.eos_token_ids, *gen.eos_token_ids, *self.tokenizer.eos_token_ids]
@@ -86,6 +89,7 @@ class Engine:
             config,
             self.model_config,
             use_lora=bool(self.adapters),
+            lora_targets=lora_targets(self.adapters, self._scans, self.model_config),
             dora=self._uses_dora(),
             vocab=self._vocab_parts(),
             eos_token_ids=self.eos_token_ids,

@@ -6,9 +6,10 @@ one-shot run (benchmarks/RESULTS.md, "cold start"). Here the runner dry-runs the
 Triton launches recorded instead of run: every decode-graph bucket, and one prefill step per token bucket of
 the kernel tables (`kernels.blocks.token_bucket`; below 256 tokens one per class of their blocks) up to
 max_num_batched_tokens (a run's input may bound it: runner_sizing.precompile_tokens), without and with a cached
-prefix, one sampling launch (kernels/sample.py) on the model's logits, and the logprob rows kernels
-(kernels/logprobs.py) at k 0 (scoring) and 5. The distinct variants are then
-compiled from a thread pool. With a warm cache the pass still dry-runs and loads them (measured 1.0-2.6 s on
+prefix, one step of base lines alone when some line runs the base (no LoRA kernel, the MLP's own activation
+kernel), one slot load (kernels/scatter.py), and on the model's logits the sampling, logits processing, logprob
+and grammar-mask launches the input's lines can make (engine/dry_sample.py: by their config.LineKinds). The
+distinct variants are then compiled from a thread pool. With a warm cache the pass still dry-runs and loads them (measured 1.0-2.6 s on
 an H200 host, paid back by a faster graph capture: 5.0 -> 1.9 s). MULTILORA_PRECOMPILE=0 turns it off.
 """
 
@@ -20,11 +21,10 @@ from itertools import accumulate
 
 import torch
 
+from multilora_cli.config import LineKind
+from multilora_cli.engine.dry_sample import dry_sample
 from multilora_cli.kernels.blocks import token_bucket
 from multilora_cli.kernels.launch import collect, compile_all
-from multilora_cli.kernels.logprobs import logprob_rows_triton
-from multilora_cli.kernels.penalties import ProcessPlan
-from multilora_cli.kernels.sample import sample_rows
 from multilora_cli.layers.context import StepContext, reset_context, set_context
 
 EXACT_MAX = 256  # the kernel tables key on the exact token count up to here (one decode graph per size)
@@ -79,45 +79,6 @@ def _prefill_inputs(t: int, seq_len: int, prefix: int, block_size: int, device: 
     return torch.zeros(t, dtype=torch.int64, device=device), pos, ctx
 
 
-def _dry_sample(logits: torch.Tensor) -> None:
-    """The sampling launches recorded on logits shaped as the runner's ([N, V], model dtype, contiguous): the
-    full path with every pass (top-k and top-p variants), the top-k path (k 50: the usual candidate buffer), and
-    both again with processing fused (a one-row plan with a token history: fp32 keys)."""
-    dev, v = logits.device, logits.shape[1]
-    one = torch.zeros(1, device=dev)
-    ids = one.long()
-    out = torch.empty(logits.shape[0], dtype=torch.int64, device=dev)
-    plan = ProcessPlan(
-        rows=ids,
-        hist=ids,
-        rep=one + 1,
-        freq=one,
-        pres=one,
-        ban_on=ids,
-        bias_tok=torch.zeros(1, 8, dtype=torch.int64, device=dev),
-        bias_val=torch.zeros(1, 8, device=dev),
-        bias_len=ids,
-        ban_tok=torch.zeros(1, 8, dtype=torch.int64, device=dev),
-        ban_len=ids,
-        num_history=1,
-        counts=torch.zeros(1, v, dtype=torch.int32, device=dev),
-    )
-    for p in (None, plan):
-        for k in (v, 50):  # v: the full path, every pass recorded; 50: the top-k path
-            sample_rows(
-                logits, ids, one + 1, ids + k, one + 1, one.double(), out,
-                plan=p, any_top_k=True, any_top_p=True, max_top_k=k,
-            )  # fmt: skip
-
-
-def _dry_logprobs(vocab: int, device: torch.device) -> None:
-    """The logprob rows launches (kernels/logprobs.py) at k 0 (scoring, prompt logprobs 0) and 5: one variant of
-    the tile kernel (k is not specialised on), the merge kernel's for k padded to 1 and to 8."""
-    x = torch.zeros(1, vocab, device=device)  # [1, V] fp32 logits, as the runner's
-    for k in (0, 5):
-        logprob_rows_triton(x, torch.zeros(1, dtype=torch.long, device=device), k)
-
-
 @torch.inference_mode()
 def precompile(
     model,
@@ -128,44 +89,60 @@ def precompile(
     max_model_len: int,
     block_size: int,
     device: torch.device,
+    line_kinds: frozenset[LineKind] | None = None,
+    slot_writer=None,
 ) -> tuple[int, float]:
     """Dry-run the decode graphs' buckets (`graphs`: engine.cuda_graphs.DecodeGraphs or None) and the prefill
-    sizes through `model`, LoRA metadata from `meta_buffers` (None without LoRA), then compile the recorded
-    Triton kernels in parallel. Returns (distinct variants, seconds). CUDA only."""
+    sizes through `model`, LoRA metadata from `meta_buffers` (None without LoRA), the launches after the forward
+    that lines of `line_kinds` can make (engine/dry_sample.py; None: unknown), and a slot load (`slot_writer`:
+    engine/slot_writer.SlotWriter or None), then compile the recorded Triton kernels in parallel. Returns
+    (distinct variants, seconds). CUDA only."""
     if device.type != "cuda" or os.environ.get("MULTILORA_PRECOMPILE", "").strip() == "0":
         return 0, 0.0
     t0 = time.perf_counter()
-    seq_len = max(1, min(max_model_len - block_size, 512))
     with collect() as calls:
-        if graphs is not None:
-            graphs.dry_run()
-        sizes = prefill_sizes(max_num_batched_tokens, tuple(graphs.sizes) if graphs is not None else ())
-        paged = min(EXACT_MAX, max_num_batched_tokens)
-        for t in sizes:
-            lora = meta_buffers.build([0] * t) if meta_buffers is not None else None
-            # one size also with a cached prefix: the paged variant of the prefill attention kernel
-            for prefix in (0, block_size) if t == paged else (0,):
-                ids, pos, ctx = _prefill_inputs(t, min(seq_len, t), prefix, block_size, device, lora)
-                set_context(ctx)
-                try:
-                    model(ids, pos)
-                finally:
-                    reset_context()
-        if graphs is not None:
-            graphs.lora_key = None  # the shared LoRA buffers were rewritten
-        vocab = getattr(model.model, "vocab", None)
-        if vocab is not None and vocab.head is not None:  # lm_head LoRA: its SGMV on the logits, per decode size
-            w = model.lm_head.weight
-            for n in graphs.sizes if graphs is not None else (1,):
-                model.compute_logits(
-                    torch.zeros(n, w.shape[1], device=device, dtype=w.dtype), upcast=False, slots=[0] * n
-                )
-        _dry_sample(
-            model.compute_logits(
-                torch.zeros(1, model.lm_head.weight.shape[1], device=device, dtype=model.lm_head.weight.dtype),
-                upcast=False,
-            )
+        sizes = _dry_forwards(model, graphs, meta_buffers, max_num_batched_tokens, max_model_len, block_size, device)
+        if meta_buffers is not None and (line_kinds is None or any(k.base for k in line_kinds)):
+            # a step of base lines alone runs no LoRA kernel: the MLP's own SiLU-and-mul (kernels/norm_rope.py)
+            # instead of the fused LoRA one; one size is enough (its variant does not depend on the tokens), a
+            # dry-run one (its other kernels' variants are the adapted pass's)
+            _dry_prefill(model, sizes[0], 0, max_model_len, block_size, device, None)
+        if slot_writer is not None:
+            slot_writer.dry_run()
+        w = model.lm_head.weight
+        dry_sample(
+            model.compute_logits(torch.zeros(1, w.shape[1], device=device, dtype=w.dtype), upcast=False), line_kinds
         )
-        _dry_logprobs(model.lm_head.weight.shape[0], device)
     torch.cuda.synchronize(device)
     return compile_all(calls), time.perf_counter() - t0
+
+
+def _dry_prefill(model, t: int, prefix: int, max_model_len: int, block_size: int, device, lora) -> None:
+    seq_len = max(1, min(max_model_len - block_size, 512))
+    ids, pos, ctx = _prefill_inputs(t, min(seq_len, t), prefix, block_size, device, lora)
+    set_context(ctx)
+    try:
+        model(ids, pos)
+    finally:
+        reset_context()
+
+
+def _dry_forwards(model, graphs, meta_buffers, max_num_batched_tokens, max_model_len, block_size, device) -> list[int]:
+    """Every decode graph's forward, the prefill sizes (one also after a cached prefix: the paged variant of the
+    prefill attention), and lm_head LoRA's SGMV on the logits per decode size. Returns the prefill sizes."""
+    if graphs is not None:
+        graphs.dry_run()
+    sizes = prefill_sizes(max_num_batched_tokens, tuple(graphs.sizes) if graphs is not None else ())
+    paged = min(EXACT_MAX, max_num_batched_tokens)
+    for t in sizes:
+        lora = meta_buffers.build([0] * t) if meta_buffers is not None else None
+        for prefix in (0, block_size) if t == paged else (0,):
+            _dry_prefill(model, t, prefix, max_model_len, block_size, device, lora)
+    if graphs is not None:
+        graphs.lora_key = None  # the shared LoRA buffers were rewritten
+    vocab = getattr(model.model, "vocab", None)
+    if vocab is not None and vocab.head is not None:  # lm_head LoRA: its SGMV on the logits, per decode size
+        w = model.lm_head.weight
+        for n in graphs.sizes if graphs is not None else (1,):
+            model.compute_logits(torch.zeros(n, w.shape[1], device=device, dtype=w.dtype), upcast=False, slots=[0] * n)
+    return sizes

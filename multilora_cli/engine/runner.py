@@ -112,7 +112,12 @@ class ModelRunner:
             else []
         )
         self.graphs, self.precompiled, self.precompile_seconds = compile_and_capture(
-            self.model, config, self._meta_buffers, max_model_len=self.max_model_len, device=self.device
+            self.model,
+            config,
+            self._meta_buffers,
+            max_model_len=self.max_model_len,
+            device=self.device,
+            slot_writer=self.adapters.writer if self.max_loras else None,
         )
         self._triton.ready()
         # where one LM-head GEMM serves the sampler and the logprobs (models/head_check.py): row counts up to the

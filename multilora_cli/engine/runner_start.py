@@ -46,9 +46,11 @@ def compile_and_capture(
     *,
     max_model_len: int,
     device: torch.device,
+    slot_writer=None,
 ) -> tuple[DecodeGraphs | None, int, float]:
     """(decode graphs or None, kernels precompiled, seconds of the precompile) for `model` with its KV cache
-    allocated. Graphs on CUDA unless config.enforce_eager."""
+    allocated. Graphs on CUDA unless config.enforce_eager. `slot_writer`: the runner's SlotWriter (its load's
+    launch is precompiled too), None without LoRA."""
     graphs: DecodeGraphs | None = None
     # MoE experts on CUDA run kernels/fused_moe.py: static shapes given T, no host sync, so they are captured too
     if device.type == "cuda" and not config.enforce_eager:
@@ -71,6 +73,8 @@ def compile_and_capture(
         max_model_len=max_model_len,
         block_size=config.block_size,
         device=device,
+        line_kinds=config.line_kinds,
+        slot_writer=slot_writer,
     )
     if graphs is not None and not graphs.lazy:
         graphs.capture()

@@ -81,6 +81,15 @@ class SlotWriter:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._evicted: dict[int, torch.cuda.Event] = {}
 
+    def dry_run(self) -> None:
+        """A packed load's scatter launch, for kernels.launch.collect to record (engine/precompile.py): the source
+        a staging buffer (its own allocation, 16-byte aligned, as every staging and staged copy is), the plan
+        one row. CUDA with LoRA modules only (elsewhere loads copy with torch ops)."""
+        if self.cuda and self.modules:
+            base = self._dst_base
+            plan = torch.zeros(1, 8, dtype=torch.int64, device=self.device)
+            scatter_blocks(torch.empty(8, dtype=base.dtype, device=self.device), base, plan, shift=0)
+
     @property
     def dora(self) -> bool:
         return self._dora is not None

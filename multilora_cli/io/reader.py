@@ -97,19 +97,35 @@ def prompt_token_bound(path: str, max_bytes: int = PROMPT_BOUND_BYTES, enough: i
     its messages' JSON bytes plus CHAT_SLACK, token ids their count, a failed line nothing. A hint, not a
     limit: the engine precompiles prefill steps up to it (engine/precompile.py), and a larger step compiles its
     kernels when it comes. Parsing stops once the count passes `enough` (more than any step budget)."""
+    specs = small_file_specs(path, max_bytes)
+    if specs is None:
+        return None
+    total = 0
+    for spec in specs:
+        total += _line_tokens(spec)
+        if total > enough:
+            break
+    return total
+
+
+def small_file_specs(path: str, max_bytes: int = PROMPT_BOUND_BYTES) -> Iterator[LineSpec] | None:
+    """The parsed lines of a regular file of at most `max_bytes` (keys and line numbers counting non-blank lines
+    only: for facts about the input, not for records), read on demand; None for stdin, a pipe, a larger file.
+    Lines before the first JSON object are skipped (their format is not known yet)."""
     if path == "-":
         return None
     try:
-        p = expand_user(path)
-        st = os.stat(p)
+        st = os.stat(expand_user(path))
     except OSError:
         return None
     if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
         return None
     lines = _file_lines(path)
-    if lines is None:
-        return None
-    fmt, total = None, 0
+    return None if lines is None else _specs(lines)
+
+
+def _specs(lines: Iterator[bytes]) -> Iterator[LineSpec]:
+    fmt = None
     for key, raw in enumerate(lines):
         if fmt is None:
             try:
@@ -119,10 +135,7 @@ def prompt_token_bound(path: str, max_bytes: int = PROMPT_BOUND_BYTES, enough: i
             if not isinstance(obj, dict):
                 continue
             fmt = get_format(detect_format(obj))
-        total += _line_tokens(parse_line(raw, key, key + 1, fmt))
-        if total > enough:
-            break
-    return total
+        yield parse_line(raw, key, key + 1, fmt)
 
 
 def _line_tokens(spec: LineSpec) -> int:

@@ -18,7 +18,7 @@ from multilora_cli.kernels.launch import launch
 BLOCK = 4096
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["mask", "rows"])  # views set per step: one variant per logits dtype
 def _bitmask_kernel(logits, mask, rows, V, stride_l, W, BLOCK: tl.constexpr):
     i = tl.program_id(0)
     v = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

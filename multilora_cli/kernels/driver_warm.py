@@ -1,4 +1,5 @@
-"""Triton's CUDA driver object built on a background thread while a run does its pre-flight and imports.
+"""Torch's CUDA context and Triton's CUDA driver object built on a background thread while a run does its
+pre-flight and imports.
 
 Why: Triton's first compile or launch creates its CUDA driver, whose `cuda_utils` C module is compiled with the
 host's C compiler into TRITON_CACHE_DIR on first use (a fresh container: a cold cache) and loaded from there
@@ -10,6 +11,9 @@ the main thread reads adapter headers, initialises CUDA for the memory check and
     join()    # before the first Triton compile or launch (ModelRunner on CUDA)
 
 No GPU, no compiler, no Triton: the thread ends quietly and the first real use reports the problem as before.
+The CUDA context (cuInit, the primary context, the caching allocator: created at the first CUDA tensor) is made
+first, on the same thread: the main thread's first CUDA call (the slot budget's memory check, else the model
+load) waits for it under torch's lazy-init lock instead of making it after the pre-flight.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ _thread: threading.Thread | None = None
 
 def _build() -> None:
     try:
+        import torch
+
+        if torch.cuda.is_available():  # the CUDA context and torch's allocator, which the engine's model load made
+            torch.zeros(1, device="cuda")
         from triton.runtime import driver
 
         driver.active.utils  # noqa: B018 (creates the driver: compiles or loads cuda_utils)

@@ -72,7 +72,9 @@ def _chunk_kernel(x_ptr, stride_x, V, k, m_ptr, s_ptr, a_ptr, cv_ptr, ci_ptr, C,
         tl.store(ci_ptr + part * KS + j, i)
 
 
-@triton.jit(do_not_specialize=["k", "C", "KS"])
+# k's row width (stride_o = 2 + 2k) and the targets (a view at a step's row offset) change per step: not
+# specialised on, so the variants are one per KB (engine/precompile.py dry-runs each k of a run's lines)
+@triton.jit(do_not_specialize=["k", "C", "KS", "stride_o"], do_not_specialize_on_alignment=["t_ptr"])
 def _merge_kernel(
     x_ptr,
     stride_x,

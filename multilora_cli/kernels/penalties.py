@@ -148,7 +148,7 @@ def process_block(
     return x
 
 
-@triton.jit(do_not_specialize=["H"])
+@triton.jit(do_not_specialize=["H", "stride_bias", "stride_ban"])  # table widths grow with a run's longest entry
 def _process_kernel(
     logits_ptr,
     out_ptr,

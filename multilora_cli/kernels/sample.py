@@ -97,7 +97,22 @@ def _chunk_live(part_ptr, S, C, i, c, level, prefix):
     return (level == 0) | (v > 0)
 
 
-@triton.jit(do_not_specialize=["LEVEL", "H"])
+# Specialised on what is fixed for a run (the logits' dtype, address and row stride, V, the chunking, the token
+# counts table), not on what varies from step to step: the row count S, the per-row parameter tensors and
+# scratch slices (views at offsets set by the batch), the bias / ban tables' widths. Otherwise a step compiled
+# a variant the precompile's dry run (engine/precompile.py) could not foresee: 19 compiles inside the demo's
+# steps on an H200. The per-row loads are scalars and the scratch reads a few [C, 16] tiles: alignment buys
+# nothing there.
+_PER_STEP_POINTERS = [
+    "rows_ptr", "temp_ptr", "top_k_ptr", "top_p_ptr", "min_p_ptr", "u_ptr", "out_ptr", "pmax_ptr", "psum_ptr",
+    "part_k_ptr", "part_p_ptr", "plan_rows_ptr", "hist_ptr", "rep_ptr", "freq_ptr", "pres_ptr", "ban_on_ptr",
+]  # fmt: skip
+
+
+@triton.jit(
+    do_not_specialize=["LEVEL", "H", "S", "stride_bias", "stride_ban"],
+    do_not_specialize_on_alignment=_PER_STEP_POINTERS,
+)
 def _sample_pass(
     logits_ptr,
     rows_ptr,
@@ -332,11 +347,14 @@ def sample_rows(
     kc = (candidates or CANDIDATES) if topk_path else 1
     any_p = any_top_p and not topk_path
     hist = s * c * 16 * (bits // 4)
-    scratch = torch.empty(2 * s * c + hist * (any_top_k or topk_path) + hist * any_p + s * kc, device=logits.device)
-    pmax, psum = scratch[: s * c], scratch[s * c : 2 * s * c]
-    part_k = scratch[2 * s * c : 2 * s * c + hist] if any_top_k or topk_path else scratch
-    part_p = scratch[2 * s * c + hist * (any_top_k or topk_path) :] if any_p else scratch
-    cval = scratch[scratch.numel() - s * kc :]
+    # the candidates first: their buffer (read in [KC] blocks) starts at the allocation, 16-byte aligned
+    cand = s * kc
+    scratch = torch.empty(cand + 2 * s * c + hist * (any_top_k or topk_path) + hist * any_p, device=logits.device)
+    cval = scratch[:cand]
+    pmax, psum = scratch[cand : cand + s * c], scratch[cand + s * c : cand + 2 * s * c]
+    at = cand + 2 * s * c
+    part_k = scratch[at : at + hist] if any_top_k or topk_path else scratch
+    part_p = scratch[at + hist * (any_top_k or topk_path) :] if any_p else scratch
     ninf16 = _ninf16(torch.float32 if plan is not None else logits.dtype)
     ctok = torch.empty(s * kc if topk_path else 1, dtype=torch.int32, device=logits.device)
     if topk_path:
@@ -348,7 +366,7 @@ def sample_rows(
             + [(2, lvl) for lvl in range(bits // 4) if any_top_p]
             + [(3, 0), (4, 0)]
         )
-    proc = [plan.rows, *plan.kernel_args()] if plan is not None else [rows] * 12 + [0, 0, 0, 0]
+    proc = [plan.rows, *plan.kernel_args()] if plan is not None else [_unused(logits.device)] * 12 + [0, 0, 0, 0]
 
     def run(mode: int, lvl: int, u: torch.Tensor, out: torch.Tensor) -> None:
         launch(
@@ -394,6 +412,13 @@ def sample_rows(
         run(mode, lvl, u, out)
     for u_again, out_again in redraws:  # the draw pass only reads the filter passes' scratch
         run(passes[-1][0], 0, u_again, out_again)
+
+
+@functools.cache
+def _unused(device: torch.device) -> torch.Tensor:
+    """The plan's pointers of a launch without a plan (never read): one tensor per device, so such launches share
+    a variant whatever their rows tensor."""
+    return torch.zeros(1, dtype=torch.int64, device=device)
 
 
 @functools.cache

@@ -31,6 +31,7 @@ from multilora_cli.io.writer import refuse_clobbering
 from multilora_cli.run.config import RunConfig, base_aliases
 from multilora_cli.run.engine_api import EngineFactory, JobEngine
 from multilora_cli.run.ledger import RunLedger, check_ledger_clash
+from multilora_cli.run.line_kinds import read_input_facts
 from multilora_cli.run.lines import admit, stat_name, to_request, unique_ids
 from multilora_cli.run.logprobs import line_logprobs
 from multilora_cli.run.outputs import RunOutputs
@@ -43,7 +44,7 @@ def local_engine(plan: EnginePlan) -> JobEngine:
     """The engine of a single-process run."""
     from multilora_cli.engine.engine import Engine
 
-    return Engine(plan.config, plan.adapters, scans=plan.scans)
+    return Engine(plan.config, plan.adapters, scans=plan.scans, tokenizer=plan.tokenizer)
 
 
 class RunJob:
@@ -155,14 +156,24 @@ class RunJob:
         try:
             refuse_clobbering(source, in_name, {"-o": cfg.output, "--errors": cfg.errors, "--stats": cfg.stats})
             check_ledger_clash(cfg)
-            self._pf = pf = preflight_run(cfg)
-            if cfg.engine.device != "cpu":  # Triton's CUDA driver builds while the engine starts (cold: a C compile)
+            if cfg.engine.device != "cpu":
+                # the CUDA context and Triton's CUDA driver (cold: a C compile) are made on a thread while the
+                # pre-flight, the input's facts and the engine's imports run (torch first: pre-flight imports it)
+                import torch  # noqa: F401
+
                 from multilora_cli.kernels import driver_warm
 
                 driver_warm.start()
+            self._pf = pf = preflight_run(cfg)
             self._good = {n: Path(p) for n, p in pf.adapters.items() if n not in pf.errors}
             self._base_names = base_aliases([cfg.model, pf.model], Path(pf.model_path), [*pf.adapters, *pf.errors])
-            engine_cfg, self._slots = engine_config(cfg, pf, self._good)
+            # the input's line kinds and prompt tokens: what the engine precompiles (run/line_kinds.py)
+            facts = read_input_facts(
+                cfg.input, str(pf.model_path), cfg.sampling, self._good, self._base_names, pf.errors
+            )
+            engine_cfg, self._slots = engine_config(
+                cfg, pf, self._good, *((facts.kinds, facts.prompt_tokens) if facts is not None else ())
+            )
             if cfg.output not in (None, "-"):
                 self._ledger = RunLedger(cfg, engine_cfg, Path(pf.model_path), self._good, pf.errors, self._base_names)
             if cfg.input == "-" and sys.stdin.isatty():  # `multilora run -` typed alone waits here, silently
@@ -185,6 +196,7 @@ class RunJob:
                         input=cfg.input,
                         resumed=resume.kept,
                         sampling=cfg.sampling,
+                        tokenizer=facts.tokenizer if facts is not None else None,
                     )
                 )
             self.writer = outputs.open()

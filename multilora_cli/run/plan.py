@@ -21,7 +21,8 @@ class EnginePlan:
     base_names: names a line may give for the base model (run/config.base_aliases). scans: name ->
     adapters.scan.AdapterScan from pre-flight (engines plan their reads from them). input: the input's path
     ("-" = stdin; a data-parallel launcher has spooled stdin to a file first). resumed: records --resume kept,
-    so the first line left to run is the input's record `resumed` (counted from 0). sampling: the CLI flags."""
+    so the first line left to run is the input's record `resumed` (counted from 0). sampling: the CLI flags.
+    tokenizer: the base's engine.tokenizer.Tokenizer if the job loaded it (run/line_kinds.py), else None."""
 
     config: EngineConfig
     adapters: dict[str, Path]
@@ -30,6 +31,7 @@ class EnginePlan:
     input: str
     resumed: int
     sampling: SamplingFlags
+    tokenizer: object | None = None
 
     def engine_adapter(self, name: str | None) -> str | None:
         """The adapter a line naming `name` runs on in an engine: None for no name, a name of the base, or one

@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from multilora_cli.config import EngineConfig
+from multilora_cli.config import EngineConfig, LineKind
 from multilora_cli.run.config import RunConfig
 
 
@@ -74,12 +74,19 @@ def slot_choice(cfg: RunConfig, pf, n_adapters: int, econf: EngineConfig):
     )
 
 
-def engine_config(cfg: RunConfig, pf, good: dict[str, Path]):
+def engine_config(
+    cfg: RunConfig,
+    pf,
+    good: dict[str, Path],
+    line_kinds: frozenset[LineKind] | None = None,
+    prompt_tokens: int | None = None,
+):
     """(EngineConfig, SlotChoice) of a run whose adapters `good` passed pre-flight `pf`; the host cache sized by
     engine/host_budget.py (a warning on stderr when the adapters, or --max-cpu-loras, do not fit); a file input
     bounds the decode batches its CUDA graphs cover, its KV cache and the adapters its slots and host cache are
     sized for (io/reader.count_sequences), and a small one the prefill sizes the engine precompiles
-    (io/reader.prompt_token_bound)."""
+    (`prompt_tokens`, the exact count, else io/reader.prompt_token_bound) and the sampler variants
+    (`line_kinds`): run/line_kinds.py reads both off a small file."""
     from multilora_cli.engine.host_budget import choose_max_cpu_loras
     from multilora_cli.io.reader import count_sequences, prompt_token_bound
 
@@ -89,8 +96,9 @@ def engine_config(cfg: RunConfig, pf, good: dict[str, Path]):
         max_lora_rank=pf.max_lora_rank,
         seed=cfg.seed,
         max_decode_batch=count_sequences(cfg.input) or None,  # 0 (no line: nothing decodes) bounds nothing
-        prompt_tokens_hint=prompt_token_bound(cfg.input),
+        prompt_tokens_hint=prompt_tokens if prompt_tokens is not None else prompt_token_bound(cfg.input),
     )
+    econf = replace(econf, line_kinds=line_kinds)
     # a line names one adapter: a file of L lines (each line's n counted) uses at most L of them, so slots, host
     # cache and page-locked arena are sized for the largest L, not for every adapter of an --adapter-dir
     used = len(good) if econf.max_decode_batch is None else min(len(good), econf.max_decode_batch)

@@ -64,30 +64,23 @@ def test_precompile_is_cuda_only():
     ) == (0, 0.0)
 
 
-def test_dry_sample_records_every_sampling_pass():
-    """The sampler's launches are recorded with top-k and top-p on, so their variants compile before the run."""
-    from multilora_cli.engine.precompile import _dry_sample
+def test_dry_sample_records_every_sampling_pass_of_an_unknown_input():
+    """Lines not known (stdin): the sampler's launches on both paths, with and without a penalty's counts, then
+    the logprob rows at k 0 and 5."""
+    from multilora_cli.engine.dry_sample import dry_sample
     from multilora_cli.kernels.launch import _variant, collect
 
     with collect() as calls:
-        _dry_sample(torch.zeros(1, 1000, dtype=torch.bfloat16))
-    modes = [(kw["MODE"], kw["PROCESS"]) for _, _, kw in calls]
+        dry_sample(torch.zeros(1, 1000, dtype=torch.bfloat16), None)
+    sampling = [(kw["MODE"], kw["PROCESS"], kw["KC"] > 1) for _, _, kw in calls if "MODE" in kw]
     full, topk = [0] + [1] * 4 + [2] * 4 + [3, 4], [1] * 4 + [5, 6]  # max, top-k, top-p levels, kept, draw
     full32 = [0] + [1] * 8 + [2] * 8 + [3, 4]  # processed logits: fp32 keys, 8 levels
-    assert modes == [(m, False) for m in full + topk] + [(m, True) for m in full32 + topk]
-    if hasattr(calls[0][0], "params"):  # a compiled JITFunction (the interpreter's wrapper has no parameter kinds)
-        # one variant per mode and path: LEVEL is not specialised on (the top-k path's count levels: its own KC)
-        assert len({_variant(c) for c in calls}) == 2 * (5 + 3)
-
-
-def test_dry_logprobs_records_the_logprob_kernels():
-    """The logprob rows kernels are recorded at k 0 and 5: the tile kernel once per k (one variant: k is not
-    specialised on), the merge kernel for k padded to 1 and 8."""
-    from multilora_cli.engine.precompile import _dry_logprobs
-    from multilora_cli.kernels.launch import _variant, collect
-
-    with collect() as calls:
-        _dry_logprobs(1000, torch.device("cpu"))
-    assert [kw.get("KB") for _, _, kw in calls] == [None, 1, None, 8]
-    if hasattr(calls[0][0], "params"):
-        assert len({_variant(c) for c in calls}) == 3
+    assert sorted(sampling) == sorted(
+        [(m, False, False) for m in full]
+        + [(m, False, True) for m in topk]
+        + [(m, True, False) for m in full32]
+        + [(m, True, True) for m in topk]
+    )
+    assert [kw.get("KB") for _, _, kw in calls if "MODE" not in kw] == [None, 1, None, 8]  # logprob rows, k 0 / 5
+    # one variant per mode and path: LEVEL and the row count are not specialised on
+    assert len({_variant(c) for c in calls if "MODE" in c[2]}) == 2 * (5 + 3)

@@ -76,7 +76,7 @@ def test_collect_is_not_nestable_and_resets_after_an_error():
     assert k.runs, "a failed collect() must not leave launches recorded"
 
 
-def test_compile_all_compiles_each_variant_once():
+def test_compile_all_compiles_each_variant_once(tmp_path):
     k1, k2 = FakeKernel(), FakeKernel()
     a = torch.zeros(64, dtype=torch.float16)
     b = torch.zeros(64, dtype=torch.float16)  # same dtype and alignment: the same variant as a
@@ -89,15 +89,15 @@ def test_compile_all_compiles_each_variant_once():
         (k1, (a, 4096), {"BM": 32}),  # another constexpr
         (k2, (a, 4096), {"BM": 16}),  # another kernel
     ]
-    assert L.compile_all(calls, threads=4) == 5
+    assert L.compile_all(calls, threads=4, cache_dir=str(tmp_path)) == 5
     assert len(k1.warmups) == 4 and len(k2.warmups) == 1
-    assert L.compile_all([]) == 0
+    assert L.compile_all([], cache_dir=str(tmp_path)) == 0
 
 
-def test_compile_all_uses_threads_and_reraises():
+def test_compile_all_uses_threads_and_reraises(tmp_path):
     k = FakeKernel()
     calls = [(k, (torch.zeros(4), i * 16 + 3), {"V": i}) for i in range(8)]
-    assert L.compile_all(calls, threads=4) == 8
+    assert L.compile_all(calls, threads=4, cache_dir=str(tmp_path)) == 8
     assert len(k.warmups) == 8
 
     class Broken(FakeKernel):
@@ -105,7 +105,7 @@ def test_compile_all_uses_threads_and_reraises():
             raise RuntimeError("compile failed")
 
     with pytest.raises(RuntimeError, match="compile failed"):
-        L.compile_all([(Broken(), (1,), {})])
+        L.compile_all([(Broken(), (1,), {})], cache_dir=str(tmp_path / "broken"))
 
 
 def test_variant_keys_follow_the_kernels_parameter_kinds():
@@ -132,3 +132,72 @@ def test_variant_keys_follow_the_kernels_parameter_kinds():
     assert key(x, 5, 32, B=16) != key(x, 5, 32, B=32)
     assert key(x, 5, 32, 16, num_warps=4) != key(x, 5, 32, 16, num_warps=8)
     assert key(x, 5, 1 << 40, 16) != key(x, 5, 64, 16)  # 64-bit vs 32-bit
+
+
+def test_variant_keys_skip_alignment_where_the_kernel_does():
+    """A pointer (or int) under do_not_specialize_on_alignment is keyed by its dtype (class) alone: views at any
+    offset are one variant, as Triton compiles them. Interpreted kernels (TRITON_INTERPRET=1) give the same
+    parameter kinds, read off their signature and jit arguments."""
+    from types import SimpleNamespace as P
+
+    kern = FakeKernel()
+    kern.params = [
+        P(name="x_ptr", is_constexpr=False, do_not_specialize=False, do_not_specialize_on_alignment=True),
+        P(name="y_ptr", is_constexpr=False, do_not_specialize=False, do_not_specialize_on_alignment=False),
+        P(name="n", is_constexpr=False, do_not_specialize=False, do_not_specialize_on_alignment=True),
+    ]
+    x = torch.zeros(64)
+
+    def key(*args):
+        return L._variant((kern, args, {}))
+
+    assert key(x[1:], x, 32) == key(x, x, 33)  # x's offset and n's % 16 are not specialised on
+    assert key(x, x[1:], 32) != key(x, x, 32)  # y's alignment is
+    assert key(x, x, 1) != key(x, x, 2)  # == 1 still is
+
+    import triton.language as tl
+
+    def fn(a_ptr, b, C: tl.constexpr):
+        pass
+
+    interpreted = P(fn=fn, kwargs={"do_not_specialize": ["b"], "do_not_specialize_on_alignment": [0]})
+    kinds = L.param_kinds(interpreted)
+    assert kinds["a_ptr"] == L.ParamKind(no_align=True) and kinds["b"] == L.ParamKind(do_not_specialize=True)
+    assert kinds["C"] == L.ParamKind(constexpr=True)
+
+
+def test_a_warm_cache_loads_on_the_calling_thread_until_a_variant_compiles(tmp_path):
+    """The first compile_all of a set of variants leaves a marker in the cache directory; the next loads them one
+    by one on the calling thread (no pool contending for the GIL) and hands the rest to the pool at the first
+    variant that compiles instead of loading (what Triton's listener tells: kernels/compile_log.py)."""
+    from multilora_cli.kernels.compile_log import compile_log
+
+    log = compile_log()
+    if not log.supported:
+        pytest.skip("Triton without the compile listener: always the pool")
+
+    class Cached(FakeKernel):
+        def __init__(self, missing=()):
+            super().__init__()
+            self.missing = set(missing)
+
+        def warmup(self, *args, grid, **kwargs):
+            super().warmup(*args, grid=grid, **kwargs)
+            log.record("fake", 0.0, cache_hit=kwargs["V"] not in self.missing)  # as Triton's listener would
+
+    me = threading.get_ident()
+    calls = lambda k: [(k, (torch.zeros(4), 3), {"V": i}) for i in range(6)]  # noqa: E731
+    first = Cached()
+    assert L.compile_all(calls(first), threads=3, cache_dir=str(tmp_path)) == 6
+    assert me not in first.threads, "no marker yet: the pool"
+    assert len(list(tmp_path.glob("multilora-precompiled-*"))) == 1
+    warm = Cached()
+    L.compile_all(calls(warm), threads=3, cache_dir=str(tmp_path))
+    assert warm.threads == {me} and len(warm.warmups) == 6, "a warm cache: every load on this thread"
+    lost = Cached(missing={2})
+    L.compile_all(calls(lost), threads=3, cache_dir=str(tmp_path))
+    assert [kw["V"] for _, kw in lost.warmups[:3]] == [0, 1, 2] and len(lost.warmups) == 6
+    assert me in lost.threads and len(lost.threads) > 1, "after the miss: the rest from the pool"
+    other = Cached()
+    L.compile_all([(other, (torch.zeros(4), 3), {"V": 99})], threads=3, cache_dir=str(tmp_path))
+    assert me not in other.threads, "other variants: no marker of theirs"
