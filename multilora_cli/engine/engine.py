@@ -16,6 +16,7 @@ import torch
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
+from multilora_cli.engine.gc_scope import frozen_heap
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
@@ -125,7 +126,7 @@ class Engine:
         self._next_seq_id = 0
         self._token_texts: list[str] | None = None  # token id -> its text, for logprobs (_token_text)
         # adapter -> its prefix-cache identity (`_prefix_id`), hashed on as many workers as adapter reads get
-        self._identities = AdapterIdentities(self.adapters, threads=config.prefetch_threads)
+        self.identities = AdapterIdentities(self.adapters, threads=config.prefetch_threads)
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
         # the rest of the step loop's host time, so a bench can split its time outside steps (issue 38)
@@ -363,7 +364,7 @@ class Engine:
         if name is None:
             return "base"
         # hashed on a worker (engine/identities.py); the admission claims it (Admission._try_admit)
-        return self._identities.start(name)
+        return self.identities.start(name)
 
     def _error(self, request: Request, error: MultiloraError) -> Result:
         self.stats.requests += 1
@@ -497,6 +498,10 @@ class Engine:
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Yield one Result per request, as each completes (any order). Requests are pulled lazily."""
+        with frozen_heap():  # the loop's GC collections skip the started engine's heap (engine/gc_scope.py)
+            yield from self._generate(requests)
+
+    def _generate(self, requests: Iterable[Request]) -> Iterator[Result]:
         it = iter(requests)
         exhausted = False
         sched = self.scheduler
@@ -588,7 +593,7 @@ class Engine:
     def close(self) -> None:
         """Stop background adapter reads; unpin the host arena."""
         self.slots.close()
-        self._identities.close()
+        self.identities.close()
         if self.grammar is not None:
             self.grammar.close()
         if self.arena is not None:
