@@ -12,9 +12,9 @@ tokens, ignore_eos, 256 seats, 8192 tokens a step, KV for 256 full sequences: no
 slots prefetch and stage like the engine's, but on an inline pool (work done at submit), so runs are
 deterministic and the trace of scheduled batches can be compared before / after a scheduler change. Each run is
 inside the engine's `frozen_heap` (engine/gc_scope.py) and counts its GC collections (gen 0/1/2) and seconds.
-`--hash-ms`: sequences get prefix-cache identities as the engine's feed gives them (engine/identities.py, on 2
-workers), each hash a sleep of that many ms (hashlib lets go of the GIL as a sleep does); the row then reports the
-hashes the admissions still made on the step loop's thread (`on loop`) and their seconds.
+`--hash-ms`: sequences get prefix-cache identities as the engine's feed gives them (engine/identities.py, the
+engine's workers for 2 readers), each hash a sleep of that many ms (hashlib lets go of the GIL as a sleep does);
+the row then reports the hashes the admissions still made on the step loop's thread (`on loop`), their seconds.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.block_manager import BlockManager
 from multilora_cli.engine.detokenizer import StopChecker
 from multilora_cli.engine.gc_scope import frozen_heap
-from multilora_cli.engine.identities import AdapterIdentities
+from multilora_cli.engine.identities import AdapterIdentities, identity_threads
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.scheduler import Scheduler
 from multilora_cli.engine.sequence import Sequence
@@ -161,7 +161,9 @@ def _run(row, trace, requests, warm, preloads, hash_ms, step_ms, run_ahead, cloc
     counts0 = (slots.loads, slots.evictions, slots.preloads)  # the row's own, as bench_e2e counts them
     idents = None
     if hash_ms is not None and n_ad:
-        idents = AdapterIdentities({a: Path(a) for a in work.adapter_names}, threads=2, hash_fn=slow_hash(hash_ms))
+        idents = AdapterIdentities(
+            {a: Path(a) for a in work.adapter_names}, threads=identity_threads(2), hash_fn=slow_hash(hash_ms)
+        )
     feed = iter([make_seq(i, a, work.prompt_len, work.output_len) for i, a in enumerate(work.assignment())])
     t_sched = t_post = t_feed = t_exposed = 0.0
     steps = done = exposed = 0
@@ -231,7 +233,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--warm", action="store_true", help="slots start full of idle warm-up adapters (bench_e2e)")
     ap.add_argument("--preloads", type=int, default=0, help="Scheduler.preload per step (the engine: 2 on CUDA)")
-    ap.add_argument("--hash-ms", type=float, default=None, help="identity hashes of this many ms on 2 workers")
+    ap.add_argument("--hash-ms", type=float, default=None, help="identity hashes of this many ms (workers)")
     ap.add_argument("--run-ahead", action="store_true", help="plan decode steps ahead, as the engine on a GPU")
     ap.add_argument("--step-ms", type=float, default=0.0, help="sleep this long per step (the GPU step, untimed)")
     ap.add_argument("--profile", action="store_true", help="cProfile one more run of each row (top 25, tottime)")

@@ -37,6 +37,14 @@ def _identity(path: Path) -> str | None:
 _QUEUED, _RUNNING, _DONE = range(3)
 
 
+def identity_threads(prefetch_threads: int) -> int:
+    """Hash workers for a run with `prefetch_threads` adapter readers (0: hash on the caller's thread). Twice as
+    many: a run's first admission needs a wave of identities at once (~130 adapters at 1,000 adapters, 256
+    seats), hashing lets go of the GIL, and in profile_scheduler (--hash-ms 4) 4 workers left 21 of them to the
+    step loop where 2 left 37."""
+    return 2 * prefetch_threads
+
+
 class PendingIdentity:
     """An identity whose hash was queued for the workers. `get()` (the step loop, at admission): its value; one
     still queued is taken back and hashed on the spot (the admission waits for its own adapter's hash at most,
