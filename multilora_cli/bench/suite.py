@@ -182,6 +182,7 @@ def run_multilora_row(
         staging0 = engine.runner.staging_stats()
         sched0, wait0 = engine.schedule_seconds, engine.slots.read_wait_seconds
         host0 = (engine.feed_seconds, engine.results_seconds, engine.preload_seconds)
+        ids0 = (engine.identities.caller_hashes, engine.identities.caller_seconds, engine.scheduler.num_ahead_steps)
         gc_clock = _GcClock()
         engine.runner.step_log = []
         _sync(device)
@@ -242,6 +243,11 @@ def run_multilora_row(
             preload_s=engine.preload_seconds - host0[2],
             gc_s=gc_clock.seconds,
             gc_collections=gc_clock.collections,
+            # adapter identities still hashed on the step loop at admission (engine/identities.py), and steps
+            # launched ahead (their host time hidden behind the step before; the others' is outside steps)
+            identity_loop_hashes=engine.identities.caller_hashes - ids0[0],
+            identity_loop_s=engine.identities.caller_seconds - ids0[1],
+            ahead_steps=engine.scheduler.num_ahead_steps - ids0[2],
             slots=slots.to_dict(),
             prefix_cache={"prompt_tokens": bm.prompt_tokens - lookup0, "hit_tokens": bm.hit_tokens - hits0},
         )

@@ -120,6 +120,31 @@ class Admission:
             slots -= 1
         return out
 
+    def _note_identity(self, seq: Sequence) -> None:
+        """A queued sequence whose adapter's identity is still being hashed (engine/identities.py): kept by adapter
+        for `_hurry_identities` (one per adapter: its sequences share it)."""
+        if isinstance(seq.prefix_id, PendingIdentity) and not seq.prefix_id.done():
+            self._pending_ids.setdefault(seq.adapter, seq.prefix_id)
+
+    def _hurry_identities(self, order: list[str]) -> None:
+        """Move the prefix-cache identities of `order`'s adapters (the next loads, in admission order) to the
+        front of their hash queue: fed in request order, they were hashed on the step loop at admission
+        (engine/identities.py). Dict lookups only: a walk of the queue heads cost more than it saved."""
+        pend = self._pending_ids
+        if not pend:
+            return
+        hurry = []
+        for a in order:
+            p = pend.get(a)
+            if p is None:
+                continue
+            if p.done():
+                del pend[a]
+            else:
+                hurry.append(p)
+        if hurry:
+            PendingIdentity.hurry(hurry)
+
     def _picker(self, loads: list) -> LoadPicker:
         w = self._waiting
         loads = sorted(loads, key=lambda a: w.head(a).seq_id)  # ties go to the longest-waiting queue

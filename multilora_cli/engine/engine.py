@@ -21,7 +21,7 @@ from multilora_cli.engine.gc_heap import FrozenHeap
 from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
-from multilora_cli.engine.identities import AdapterIdentities, PendingIdentity
+from multilora_cli.engine.identities import AdapterIdentities, PendingIdentity, identity_threads
 from multilora_cli.engine.logprobs import entries
 from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
 from multilora_cli.engine.request import EngineStats, Request, Result, Sample, TokenLogprob
@@ -131,8 +131,8 @@ class Engine:
         )
         self._next_seq_id = 0
         self._token_texts: list[str] | None = None  # token id -> its text, for logprobs (_token_text)
-        # adapter -> its prefix-cache identity (`_prefix_id`), hashed on as many workers as adapter reads get
-        self._identities = AdapterIdentities(self.adapters, threads=config.prefetch_threads)
+        # adapter -> its prefix-cache identity (`_prefix_id`), hashed on workers in admission order (identities.py)
+        self.identities = AdapterIdentities(self.adapters, threads=identity_threads(config.prefetch_threads))
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
         # the rest of the step loop's host time, so a bench can split its time outside steps (issue 38)
@@ -369,7 +369,7 @@ class Engine:
         if name is None:
             return "base"
         # hashed on a worker (engine/identities.py); the admission claims it (Admission._try_admit)
-        return self._identities.start(name)
+        return self.identities.start(name)
 
     def _error(self, request: Request, error: MultiloraError) -> Result:
         self.stats.requests += 1
@@ -600,7 +600,7 @@ class Engine:
         """Stop background adapter reads; unpin the host arena; thaw a heap freeze a run left."""
         self._heap.thaw()
         self.slots.close()
-        self._identities.close()
+        self.identities.close()
         if self.grammar is not None:
             self.grammar.close()
         if self.arena is not None:

@@ -1,16 +1,27 @@
-"""`AdapterIdentities`: each adapter's prefix-cache identity, hashed on a background thread.
+"""`AdapterIdentities`: each adapter's prefix-cache identity, hashed on background threads in the order the
+admissions will need them.
 
 The prefix cache keys KV by what an adapter IS (adapters/identity.py: a content hash of its files, 3 MiB of reads
 and hashing for a large weights file, ~3-4 ms). Hashed on the step loop's thread at each adapter's first request,
 that was ~3 s of host time between steps in the 1,000-adapter bench (863 adapters first seen during the timed
-run; issue 38). Here the hash starts on a worker when the adapter's first request is queued and is claimed when a
-request of it is admitted (`PendingIdentity.get`), mostly a waiting window later, when the workers are done with
-it. hashlib and file reads release the GIL, so the workers do not slow the step loop either.
+run; issue 38). Here the hash is queued when the adapter's first request is fed and claimed when a request of it
+is admitted (`PendingIdentity.get`). hashlib and file reads release the GIL, so the workers do not slow the step
+loop either.
+
+Order: the feed queues hashes in request order, but admission takes adapters in its own order (grouped loads,
+admission.LoadPicker), so with 1,000 adapters of a request or two the next admissions' hashes sat behind hundreds
+of others and were hashed on the step loop (`get` takes back a queued one rather than wait for the queue). The
+scheduler therefore moves the next admissions' hashes to the front of the queue each time that order changes
+(`hurry`, the same list its adapter reads are prefetched in), so they are hashed a wave ahead, as the reads are.
+`caller_hashes` / `caller_seconds` count what was still hashed on the caller's thread.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from multilora_cli.adapters.identity import adapter_identity
@@ -23,38 +34,69 @@ def _identity(path: Path) -> str | None:
         return None  # unreadable: the adapter takes no part in the cache (its load fails the request anyway)
 
 
+_QUEUED, _RUNNING, _DONE = range(3)
+
+
+def identity_threads(prefetch_threads: int) -> int:
+    """Hash workers for a run with `prefetch_threads` adapter readers (0: hash on the caller's thread). Twice as
+    many: a run's first admission needs a wave of identities at once (~130 adapters at 1,000 adapters, 256
+    seats), hashing lets go of the GIL, and in profile_scheduler (--hash-ms 4) 4 workers left 21 of them to the
+    step loop where 2 left 37."""
+    return 2 * prefetch_threads
+
+
 class PendingIdentity:
-    """An identity whose hash was handed to a worker. `get()` (the step loop, at admission): its value; one still
-    queued behind other adapters' hashes is taken back and hashed on the spot, so an admission waits for its own
-    adapter's hash at most, never for the queue before it (the feed queues them in request order, the admission
-    takes adapters in its own order)."""
+    """An identity whose hash was queued for the workers. `get()` (the step loop, at admission): its value; one
+    still queued is taken back and hashed on the spot (the admission waits for its own adapter's hash at most,
+    never for the queue before it); one a worker is hashing is waited for."""
 
-    __slots__ = ("_fut", "_path", "_value", "_known")
+    __slots__ = ("_owner", "name", "path", "_state", "_value", "_event")
 
-    def __init__(self, fut: Future, path: Path):
-        self._fut, self._path = fut, path
+    def __init__(self, owner: AdapterIdentities, name: str, path: Path):
+        self._owner, self.name, self.path = owner, name, path
+        self._state = _QUEUED  # changed under the owner's lock only
         self._value: str | None = None
-        self._known = False
+        self._event = threading.Event()
 
     def done(self) -> bool:
-        return self._known or self._fut.done()
+        return self._event.is_set()
+
+    @staticmethod
+    def hurry(pending: list[PendingIdentity]) -> None:
+        """Hash these next, in this order, before the rest of their queues (`AdapterIdentities.hurry`)."""
+        for owner in {id(p._owner): p._owner for p in pending}.values():  # (one per engine)
+            owner.hurry(p for p in pending if p._owner is owner)
 
     def get(self) -> str | None:
-        if not self._known:
-            self._value = _identity(self._path) if self._fut.cancel() else self._fut.result()
-            self._known = True
+        if not self._event.is_set():
+            if self._owner._take(self):  # still queued: hash it here
+                t0 = time.perf_counter()
+                self._set(self._owner._hash(self.path))
+                self._owner._count_caller(time.perf_counter() - t0)
+            else:
+                self._event.wait()
         return self._value
+
+    def _set(self, value: str | None) -> None:
+        self._value = value
+        self._event.set()
 
 
 class AdapterIdentities:
     """Adapter name -> "lora:<hash>" (None: unreadable). `start(name)` returns the identity if known, else a
-    `PendingIdentity` (its hash queued on the workers)."""
+    `PendingIdentity` (its hash queued on the workers). `hash_fn`: path -> identity (a profile's stand-in)."""
 
-    def __init__(self, paths: dict[str, Path], threads: int = 2):
+    def __init__(self, paths: dict[str, Path], threads: int = 2, hash_fn: Callable[[Path], str | None] = _identity):
         self._paths = paths
         self._threads = threads
+        self._hash = hash_fn
         self._known: dict[str, str | None | PendingIdentity] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._queue: OrderedDict[str, PendingIdentity] = OrderedDict()  # not started yet, next first
+        self._cv = threading.Condition()
+        self._workers: list[threading.Thread] = []
+        self._closed = False
+        self.caller_hashes = 0  # hashes made on the caller's thread (still queued when admitted)
+        self.caller_seconds = 0.0
 
     def start(self, name: str) -> str | None | PendingIdentity:
         got = self._known.get(name, self)
@@ -63,13 +105,32 @@ class AdapterIdentities:
         if got is not self:
             return got
         if self._threads <= 0:  # no workers: hash here
-            got = self._known[name] = _identity(self._paths[name])
+            got = self._known[name] = self._hash(self._paths[name])
             return got
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="lora-identity")
-        path = self._paths[name]
-        got = self._known[name] = PendingIdentity(self._pool.submit(_identity, path), path)
+        got = self._known[name] = PendingIdentity(self, name, self._paths[name])
+        with self._cv:
+            if self._closed:  # (never queued: `get` hashes it on the spot)
+                return got
+            self._queue[name] = got
+            if len(self._workers) < self._threads:
+                t = threading.Thread(target=self._work, name=f"lora-identity-{len(self._workers)}", daemon=True)
+                self._workers.append(t)
+                t.start()
+            self._cv.notify()
         return got
+
+    def hurry(self, pending: Iterable[PendingIdentity]) -> None:
+        """Hash these next, in this order (the next admissions' adapters), before the rest of the queue."""
+        with self._cv:
+            q = self._queue
+            for p in reversed(list(pending)):
+                if p.name in q:
+                    q.move_to_end(p.name, last=False)
+
+    def queued(self) -> list[str]:
+        """The names whose hash has not started, next first (tests, profiles)."""
+        with self._cv:
+            return list(self._queue)
 
     @staticmethod
     def resolve(value: str | None | PendingIdentity) -> str | None:
@@ -77,6 +138,36 @@ class AdapterIdentities:
         return value.get() if isinstance(value, PendingIdentity) else value
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        """Stop the workers (waits for the hashes they are making); what is still queued is hashed by its `get`."""
+        with self._cv:
+            self._closed = True
+            self._queue.clear()
+            self._cv.notify_all()
+        for t in self._workers:
+            t.join()
+        self._workers = []
+
+    # --- workers and the caller's claims (under the lock) ----------------------------------------------------
+    def _take(self, p: PendingIdentity) -> bool:
+        """Claim a hash that no worker has started (True: the caller makes it)."""
+        with self._cv:
+            if p._state != _QUEUED:
+                return False
+            p._state = _RUNNING
+            self._queue.pop(p.name, None)
+            return True
+
+    def _count_caller(self, seconds: float) -> None:
+        self.caller_hashes += 1
+        self.caller_seconds += seconds
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                _, p = self._queue.popitem(last=False)
+                p._state = _RUNNING
+            p._set(self._hash(p.path))

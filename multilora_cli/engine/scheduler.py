@@ -86,6 +86,8 @@ class Scheduler(Admission, Forking):
         self._admissions = 0
         self._pending: list[ScheduledBatch] = []  # scheduled, not yet postprocessed (2 with `schedule_ahead`)
         self._upcoming: tuple[tuple, int, list[str]] = ((), 0, [])  # (state key, slot loads, prefetch order) memo
+        self._hurried: list[str] | None = None  # the prefetch order whose identities were last hurried
+        self._pending_ids: dict = {}  # adapter -> its PendingIdentity while hashed (`Admission._note_identity`)
         self.num_steps = 0
         self.num_prefill_steps = 0  # steps with at least one prefill chunk
         self.num_decode_steps = 0  # steps of decodes only
@@ -143,6 +145,8 @@ class Scheduler(Admission, Forking):
         seq.status = SeqStatus.WAITING
         seq.enqueued_at = self._admissions
         self._waiting.push(seq)
+        if seq.prefix_id is not None and seq.adapter is not None:
+            self._note_identity(seq)
 
     def pop_finished(self) -> list[Sequence]:
         """Sequences finished (finish_reason) or failed (error) since the last call."""
@@ -166,7 +170,11 @@ class Scheduler(Admission, Forking):
             if not plan.seqs:
                 self._schedule_running(plan, decodes=True)
         if self.slots.prefetching and len(self._waiting):  # read the next adapters while this step runs
-            self.slots.prefetch(self._prefetch_order())
+            order = self._prefetch_order()
+            self.slots.prefetch(order)
+            if order is not self._hurried:  # and hash their identities next (engine/identities.py)
+                self._hurried = order
+                self._hurry_identities(order)
         if not plan.seqs:
             return None
         batch = plan.to_batch(self.bm.block_size)

@@ -5,7 +5,8 @@ A Llama-3-8B adapter on all seven projections is 224 (A, B) pairs. Copying them 
 - the A/B sources: if they are views of ONE pinned host buffer (synthetic adapters, packed loads), that buffer
   goes over in one host->device copy into a staging buffer, then one foreach copy scatters it into the slots;
   otherwise one foreach copy takes them tensor by tensor (still one Python call);
-- ranks and scalings of all layers: one small host->device copy each, then one foreach copy each.
+- ranks and scalings of all layers: rows cached per layout on the device, then one copy per slice count into the
+  shared rank / scale storage (engine/slot_rows.py).
 A `PackedAdapter` (engine/packed.py: what `Engine._load_cpu` returns on CUDA) goes the fastest way: its ONE
 buffer reaches the device either ahead of time (a prefetch thread's device copy, engine/staging.py) or here, in
 one copy (async from the page-locked arena, engine/pinned.py; ~13 ms and synchronous from pageable memory);
@@ -35,6 +36,7 @@ import torch
 from multilora_cli.engine.dora import DoraNorms
 from multilora_cli.engine.expert_slots import ExpertSlots
 from multilora_cli.engine.packed import PackedAdapter, magnitude_region
+from multilora_cli.engine.slot_rows import SlotRows
 from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.errors import EngineError
 from multilora_cli.kernels.scatter import scatter_blocks, scatter_plan
@@ -58,13 +60,9 @@ class SlotWriter:
         self.device = device
         self.cuda = device.type == "cuda"
         self.width = max((m.lora.n_slices for _, m in self.modules), default=1)
-        n = len(self.modules)
-        self._ranks_dev = torch.zeros(n, self.width, dtype=torch.int32, device=device)
-        self._scales_dev = torch.zeros(n, self.width, dtype=torch.float32, device=device)
-        self._rank_src = [self._ranks_dev[j, : m.lora.n_slices] for j, (_, m) in enumerate(self.modules)]
-        self._scale_src = [self._scales_dev[j, : m.lora.n_slices] for j, (_, m) in enumerate(self.modules)]
+        self._rows = SlotRows(self.modules)  # every module's rank / scale rows: a slot of all is one view per k
         self._staging: torch.Tensor | None = None
-        self._dst: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]] = {}
+        self._dst: dict[tuple, list[torch.Tensor]] = {}  # `_destinations` (unpacked loads)
         self._src: dict[tuple, list[torch.Tensor]] = {}
         self.stager: DeviceStager | None = None  # set by the runner on CUDA: device copies made ahead of loads
         # CUDA: one scatter launch per load (kernels/scatter.py), its plan cached per layout (built for slot 0 and
@@ -75,7 +73,7 @@ class SlotWriter:
         if self._dst_base is None and self.experts is not None:
             self._dst_base = next(iter(self.experts.modules.values())).gu_a
         self._dora: DoraNorms | None = None  # DoRA scale rows, written per install (engine/dora.py)
-        self._rank_cache: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # `_rank_rows`
+        self._rank_cache: dict[tuple, list] = {}  # `_rank_rows`
         self._mag_index: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # packed magnitudes -> row, per layout
         # CUDA: loads run on this stream; `_evicted[slot]`: an event after the steps that may still read the slot
         self.stream = torch.cuda.Stream(device) if self.cuda else None
@@ -171,7 +169,7 @@ class SlotWriter:
                 src += [a, b]
                 ranks[j, i] = r
                 scales[j, i] = float(scaling)
-        dst, rank_dst, scale_dst = self._destinations(slot, ranks)
+        dst = self._destinations(slot, ranks)
         if dst:
             on_dev = self._on_device(src)
             if on_dev is src and self.cuda:  # host tensors not packed in one buffer: one copy each
@@ -179,16 +177,13 @@ class SlotWriter:
                     d.copy_(t, non_blocking=True)
             else:
                 torch._foreach_copy_(dst, on_dev, non_blocking=True)
-        self._ranks_dev.copy_(self._host(ranks), non_blocking=True)
-        self._scales_dev.copy_(self._host(scales), non_blocking=True)
-        torch._foreach_copy_(rank_dst, self._rank_src)
-        torch._foreach_copy_(scale_dst, self._scale_src)
+        self._rows.write(slot, self._rows.split(ranks, scales, self._to_device))
 
     def _install_packed(self, slot: int, p: PackedAdapter) -> torch.Tensor | None:
         """One H2D copy of `p.flat` into the staging buffer (unless staged ahead), one scatter launch of its blocks
         into `slot` (CPU: one foreach copy). Returns the DoRA magnitudes as a device row (`DoraNorms.write`), or
         None without (or without DoRA rows), read from the same copy before its buffer is given back."""
-        rank_src, scale_src = self._rank_rows(p)
+        rows = self._rank_rows(p)
         flat = p.flat
         staged = self.stager.take(p) if self.stager is not None else None
         if staged is not None:  # copied to the device by the prefetch thread: only the scatter is left
@@ -224,16 +219,14 @@ class SlotWriter:
             m_row = torch.where(idx[1], magnitude_region(base, p.plan)[idx[0]], math.nan)  # [total] float32
         if staged is not None:
             self.stager.release(staged)
-        _, rank_dst, scale_dst = self._destinations(slot, None)
-        if rank_dst:
-            torch._foreach_copy_(rank_dst, rank_src)
-            torch._foreach_copy_(scale_dst, scale_src)
+        self._rows.write(slot, rows)
         return m_row
 
-    def _rank_rows(self, p: PackedAdapter) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per module, the device rows of ranks and scalings `p` puts in a slot, cached per (layout, scalings): a
-        run's adapters mostly share a few, so a load copies them device to device (no host buffer, no H2D copy,
-        no per-module Python loop). Checks that every module `p` adapts exists here with its slice count."""
+    def _rank_rows(self, p: PackedAdapter) -> list:
+        """The device rows of ranks and scalings `p` puts in a slot (`SlotRows.split`), cached per (layout,
+        scalings): a run's adapters mostly share a few, so a load copies them device to device (no host buffer,
+        no H2D copy, no per-module Python loop). Checks that every module `p` adapts exists here with its slice
+        count."""
         groups = p.groups
         key = (p.layout, tuple(g.scalings for g in groups.values()))
         hit = self._rank_cache.get(key)
@@ -255,11 +248,7 @@ class SlotWriter:
             raise ValueError(f"adapter {p.name!r} adapts {extra[0]}, which has no LoRA module here")
         if len(self._rank_cache) >= 256:  # distinct layouts x scalings of a run: few; bound it anyway
             self._rank_cache.clear()
-        r_dev = self._host(ranks).to(self.device, non_blocking=True)
-        s_dev = self._host(scales).to(self.device, non_blocking=True)
-        widths = [m.lora.n_slices for _, m in self.modules]
-        hit = ([r_dev[j, :k] for j, k in enumerate(widths)], [s_dev[j, :k] for j, k in enumerate(widths)])
-        self._rank_cache[key] = hit
+        hit = self._rank_cache[key] = self._rows.split(ranks, scales, self._to_device)
         return hit
 
     def _plan(self, p: PackedAdapter, base: torch.Tensor) -> torch.Tensor:
@@ -337,10 +326,7 @@ class SlotWriter:
             self.experts.clear(slot)
         if not self.modules and self.experts is None:
             return
-        if self.modules:
-            _, rank_dst, scale_dst = self._destinations(slot, None)
-            torch._foreach_zero_(rank_dst)
-            torch._foreach_zero_(scale_dst)
+        self._rows.clear(slot)
         if self._dora is not None:  # not needed for correctness (an install rewrites it), but a cleared slot is plain
             self._dora.rows[slot].fill_(1.0)
         if self.cuda:  # a load into this slot waits for the steps enqueued so far (they may still read it)
@@ -352,32 +338,26 @@ class SlotWriter:
         t = torch.from_numpy(arr)
         return t.pin_memory() if self.cuda else t
 
-    def _destinations(self, slot: int, ranks: np.ndarray | None):
-        """(A/B slot views in source order, rank rows, scale rows) of `slot`, cached per (slot, ranks)."""
-        key = (slot, None if ranks is None else ranks.tobytes())
+    def _to_device(self, arr: np.ndarray) -> torch.Tensor:
+        """A small host array (a fresh one: `SlotRows.split`'s) on the device, async from a pinned copy on CUDA."""
+        return self._host(arr).to(self.device, non_blocking=True) if self.cuda else torch.from_numpy(arr)
+
+    def _destinations(self, slot: int, ranks: np.ndarray) -> list[torch.Tensor]:
+        """A/B slot views of `slot` in source order (unpacked loads), cached per (slot, ranks)."""
+        key = (slot, ranks.tobytes())
         hit = self._dst.get(key)
         if hit is not None:
             return hit
         dst = []
-        if ranks is not None:
-            for j, (_, module) in enumerate(self.modules):
-                w = module.lora
-                for i in range(w.n_slices):
-                    r = int(ranks[j, i])
-                    if r:
-                        lo, hi = w.slice_offsets[i], w.slice_offsets[i + 1]
-                        dst += [w.a[slot, i, :r], w.b[slot, lo:hi, :r]]
-        rows = self._dst.get((slot, None))
-        hit = (
-            dst,
-            *(
-                rows[1:]
-                if rows
-                else ([m.lora.rank[slot] for _, m in self.modules], [m.lora.scale[slot] for _, m in self.modules])
-            ),
-        )
-        self._dst[key] = hit
-        return hit
+        for j, (_, module) in enumerate(self.modules):
+            w = module.lora
+            for i in range(w.n_slices):
+                r = int(ranks[j, i])
+                if r:
+                    lo, hi = w.slice_offsets[i], w.slice_offsets[i + 1]
+                    dst += [w.a[slot, i, :r], w.b[slot, lo:hi, :r]]
+        self._dst[key] = dst
+        return dst
 
     def _on_device(self, src: list[torch.Tensor]) -> list[torch.Tensor]:
         """Device copies of `src`: ONE copy of their shared pinned storage when they have one, else `src`."""

@@ -129,3 +129,45 @@ def test_prefetch_order_is_recomputed_only_when_state_moves():
         assert 0 < len(calls) < len(used)  # recomputed when the state moved, not on every step that prefetched
     finally:
         sim.slots.close()
+
+
+def test_identity_hashes_are_hurried_into_the_prefetch_order(tmp_path):
+    """Fed in request order, the adapters' identity hashes are reordered to the order admission will load them
+    (issue 38: they were hashed on the step loop at admission), and every admission gets its identity."""
+    import threading
+
+    from multilora_cli.engine.identities import AdapterIdentities
+
+    gate = threading.Event()
+    hashed: list[str] = []
+
+    def hash_fn(path):
+        assert gate.wait(30)
+        hashed.append(path.name)
+        return f"lora:{path.name}"
+
+    names = [f"a{i}" for i in range(12)]
+    ids = AdapterIdentities({n: tmp_path / n for n in names}, threads=1, hash_fn=hash_fn)
+    config = cfg(max_loras=2, max_num_seqs=4, max_num_batched_tokens=64)
+    sim = Sim(config, num_blocks=400, prefetch_threads=1)
+    sched = sim.sched
+    try:
+        # queue sizes 1..3 so that LoadPicker's order differs from the feed's
+        seqs = [make_seq(i, a, 4, max_tokens=3, ignore_eos=True) for i, a in enumerate(names + names[3:9] + names[6:9])]
+        for s in seqs:
+            s.prefix_id = ids.start(s.adapter)
+            sched.add(s)
+        order = sched.upcoming_adapters(sim.slots.read_ahead)  # what the first schedule() prefetches
+        assert order[:4] != names[:4]
+        pending = [a for a in order if a != names[0]]  # (the one worker may hold a0's hash already)
+        sched._hurry_identities(order)
+        assert ids.queued()[: len(pending)] == pending
+        gate.set()
+        sim.run()
+        assert len(sim.finished) == len(seqs)
+        assert all(s.prefix_id == f"lora:{s.adapter}" for s in sim.finished)
+        assert sorted(hashed) == sorted(names)  # each once, on a worker or at its admission
+    finally:
+        gate.set()
+        sim.slots.close()
+        ids.close()

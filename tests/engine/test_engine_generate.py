@@ -281,3 +281,22 @@ def test_max_model_len_above_the_trained_positions_is_refused(llama):
     ) as e:
         Engine(EngineConfig(model=str(base), device="cpu", max_model_len=limit + 1), adapters)
     assert e.value.exit_code == 2
+
+
+def test_the_generate_loop_runs_with_the_engines_heap_frozen_and_leaves_it_unfrozen(llama):
+    """engine/gc_heap.py around the step loop: frozen while results come, unfrozen once the loop ends or is closed
+    early (a consumer that stops reading), so the heap's garbage is collected again after it."""
+    import gc
+
+    base, adapters = llama
+    prompts = _prompts(len(PLAN), seed=4)
+    engine = Engine(EngineConfig(model=str(base), device="cpu", max_loras=3, max_lora_rank=16), adapters)
+    assert gc.get_freeze_count() == 0
+    frozen = [gc.get_freeze_count() for _ in engine.generate(_requests(prompts, PLAN))]
+    assert len(frozen) == len(PLAN) and min(frozen) > 0
+    assert gc.get_freeze_count() == 0
+    it = engine.generate(_requests(prompts, PLAN))
+    next(it)
+    assert gc.get_freeze_count() > 0
+    it.close()  # stopped early
+    assert gc.get_freeze_count() == 0

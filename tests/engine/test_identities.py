@@ -35,20 +35,62 @@ def test_without_threads_the_identity_is_hashed_inline(tmp_path):
     ids.close()
 
 
+def _gated(gate, started):
+    """A hash stand-in that holds the worker which takes "busy" until `gate` is set."""
+
+    def hash_fn(path):
+        if path.name == "busy":
+            started.set()
+            gate.wait(30)
+        return f"lora:{path.name}"
+
+    return hash_fn
+
+
 def test_an_identity_still_queued_is_hashed_at_once_by_the_admission(tmp_path):
     """The admission does not wait behind other adapters' hashes: a queued one is taken back and hashed on the spot."""
     import threading
 
-    gate = threading.Event()
-    a = _folder(tmp_path / "a", b"a" * 100)
-    ids = AdapterIdentities({"a": a, "b": _folder(tmp_path / "b", b"b" * 100)}, threads=1)
+    gate, started = threading.Event(), threading.Event()
+    paths = {n: tmp_path / n for n in ("busy", "a")}
+    ids = AdapterIdentities(paths, threads=1, hash_fn=_gated(gate, started))
     try:
-        ids.resolve(ids.start("b"))  # (starts the worker)
-        ids._pool.submit(gate.wait, 30)  # the one worker is busy
+        ids.start("busy")
+        assert started.wait(30)  # the one worker is busy
         pending = ids.start("a")
         assert isinstance(pending, PendingIdentity) and not pending.done()
-        assert pending.get() == f"lora:{adapter_identity(a)}"  # not blocked by the busy worker
-        assert ids.start("a") == f"lora:{adapter_identity(a)}"
+        assert pending.get() == "lora:a"  # not blocked by the busy worker
+        assert ids.caller_hashes == 1 and ids.queued() == []
+        assert ids.start("a") == "lora:a"
     finally:
         gate.set()
         ids.close()
+
+
+def test_hurry_puts_the_next_admissions_hashes_first(tmp_path):
+    """Fed in request order, hashed in the order the scheduler will admit them (issue 38: 1,000 adapters)."""
+    import threading
+
+    gate, started = threading.Event(), threading.Event()
+    names = ["busy", "a", "b", "c", "d"]
+    ids = AdapterIdentities({n: tmp_path / n for n in names}, threads=1, hash_fn=_gated(gate, started))
+    try:
+        got = {n: ids.start(n) for n in names}
+        assert started.wait(30)
+        assert ids.queued() == ["a", "b", "c", "d"]
+        PendingIdentity.hurry([got["d"], got["b"]])
+        assert ids.queued() == ["d", "b", "a", "c"]
+        gate.set()
+        assert [ids.resolve(got[n]) for n in names] == [f"lora:{n}" for n in names]
+        assert ids.caller_hashes == 0
+    finally:
+        gate.set()
+        ids.close()
+
+
+def test_closed_identities_still_resolve_on_the_caller(tmp_path):
+    a = _folder(tmp_path / "a", b"q" * 100)
+    ids = AdapterIdentities({"a": a, "b": _folder(tmp_path / "b", b"r" * 100)}, threads=1)
+    ids.close()
+    pending = ids.start("a")
+    assert ids.resolve(pending) == f"lora:{adapter_identity(a)}"
