@@ -3,6 +3,7 @@
     python -m benchmarks.bench_sampler --batches 256 --out $OUT/sampler-h200.json          # GPU, Llama-3 vocab
     python -m benchmarks.bench_sampler --vocab 4096 --batch 8 --out /tmp/sampler-cpu.json   # CPU, small shapes
     python -m benchmarks.bench_sampler --baseline .ab/base --logits flat,peaked --out ...   # vs an earlier kernel
+    python -m benchmarks.bench_sampler --batches 256 --graph --passes --sweep --out $OUT/sampler-where.json  # where
 
 Logits [B, V] in the model dtype (bf16 on a GPU, fp32 on the CPU, as the runner's), V = Llama-3's 128256 unless
 --vocab, B = decode batch sizes. Per kind, the device time of everything after the LM head as the runner
@@ -28,6 +29,14 @@ e.g. `git show REV:multilora_cli/kernels/sample.py`) in place of the current one
 it (kinds without min-p and processing). --logits peaked: N(0, 2) logits plus 20 tokens per row raised by 12-20
 (the top-0.9 nucleus is among them), closer to a trained model's than the default N(0, 3), whose top-p nucleus is
 most of the vocabulary.
+
+Where the time goes (GPU, the triton arm): --graph adds per kind `graph_us` (the same Sampler call replayed from a
+CUDA graph: device time alone, no launch overhead) and `host_us` (the host time of one eager call, median: when
+it is above graph_us, the eager device_us measures the host); --passes adds per kind the kernel passes one by one
+(rows `kind: "pass"`, mode / level as kernels/sample.py numbers them, device us from torch.profiler, median of
+PASS_CALLS calls); --sweep times the kernel launches alone (sample_rows as the Sampler calls it) per chunk size,
+and for `all` with exceptions=0 (every pass processes every load, the kernel before kernels/exceptions.py),
+each checked token for token against the default (`same_tokens`).
 """
 
 from __future__ import annotations
@@ -41,13 +50,17 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.timing import command_line, copy_bandwidth, ints, parser, save_report
+from benchmarks.timing import command_line, copy_bandwidth, graph_time_us, ints, parser, save_report, wall_times_s
 from multilora_cli.config import SamplingParams
 from multilora_cli.engine.logits_processing import TokenHistory
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
 from multilora_cli.engine.sequence import SeqStatus, Sequence
+from multilora_cli.kernels.launch import collect
+from multilora_cli.kernels.sample import TOPK_PATH_MAX, _sample_pass, sample_rows
 
+PASS_CALLS = 10
+SWEEP = [dict(chunk=4096), dict(chunk=16384), dict(exceptions=0), dict(chunk=16384, exceptions=0)]
 V = 128256
 EOS = (128001, 128009)  # Llama-3 Instruct's eos ids (min_tokens bans them), folded into the vocabulary when smaller
 HISTORY = 512  # tokens per row the penalties read: HISTORY // 2 of prompt, HISTORY // 2 generated
@@ -92,6 +105,58 @@ def kernel_path(rows_fn: Callable) -> Callable[[torch.Tensor, SamplingBatch], to
         return out
 
     return sample
+
+
+def kernel_launches(logits: torch.Tensor, batch: SamplingBatch, **kw) -> Callable[[], torch.Tensor]:
+    """The Sampler's kernel launches for the sampled rows of `batch` (no argmax, no history update), with the
+    sample_rows options `kw`: a function that launches them and returns the ids written (plain rows' outputs,
+    then the processed rows')."""
+    v = logits.shape[1]
+    sets = [(batch.plain, None, logits.shape[0])]
+    if batch.processing is not None:
+        sets.append((batch.processing_draws, batch.processing.plan, batch.processing.plan.num_rows))
+    outs = [torch.zeros(n, dtype=torch.long, device=logits.device) for _, _, n in sets]
+
+    def run() -> torch.Tensor:
+        for (d, plan, _), out in zip(sets, outs):
+            n = d.num_topk
+            for part, topk in ((slice(0, n), True), (slice(n, None), False)):  # as engine/sampler._draw
+                if (n if topk else d.rows.numel() - n) == 0:
+                    continue
+                sample_rows(
+                    logits, d.rows[part], d.temp[part], d.top_k[part], d.top_p[part], d.u[part], out,
+                    min_p=d.min_p[part], plan=plan, any_top_k=d.any_top_k, any_top_p=d.any_top_p,
+                    any_min_p=d.any_min_p, max_top_k=d.max_top_k if topk else v,
+                    topk_path_max=TOPK_PATH_MAX if topk else 0, **kw,
+                )  # fmt: skip
+        return torch.cat(outs)
+
+    return run
+
+
+def pass_times(run: Callable[[], torch.Tensor]) -> list[dict]:
+    """Device us of each kernel pass `run` launches (median of PASS_CALLS calls, torch.profiler), labelled with
+    its MODE and LEVEL as recorded by a dry run (launch.collect)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with collect() as calls:
+        run()
+    at = _sample_pass.arg_names.index("LEVEL")
+    labels = [(kw["MODE"], args[at]) for _, args, kw in calls]
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(PASS_CALLS):
+            run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = sorted((e for e in kernels if "_sample_pass" in e.name), key=lambda e: e.time_range.start)
+    if len(kernels) != len(labels) * PASS_CALLS:
+        return [dict(error=f"{len(kernels)} kernels profiled, {len(labels)} x {PASS_CALLS} launched")]
+    per = [[] for _ in labels]
+    for j, e in enumerate(kernels):
+        per[j % len(labels)].append(e.time_range.elapsed_us())
+    return [dict(mode=m, level=lvl, us=round(statistics.median(t), 1)) for (m, lvl), t in zip(labels, per)]
 
 
 def make_logits(b: int, v: int, kind: str, dev, dtype, g) -> torch.Tensor:
@@ -169,6 +234,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--baseline", default=None, help="folder with an earlier copy of kernels/sample.py")
     ap.add_argument("--logits", default="flat", help="flat | peaked | flat,peaked")
+    ap.add_argument("--graph", action="store_true", help="graph_us and host_us per kind (triton arm)")
+    ap.add_argument("--passes", action="store_true", help="device us per kernel pass per kind (triton arm)")
+    ap.add_argument("--sweep", action="store_true", help="kernel launches per chunk size / exceptions=0")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     start = time.time()
@@ -233,8 +301,37 @@ def main() -> int:
             )
             if impl == "triton" and args.baseline and kind in OLD_KERNEL_KINDS:
                 row.update(base_over_triton=round(best[kind, "base"] / us, 2), same_tokens_as_base=same[kind])
+            if impl == "triton" and args.graph:
+                fn = (lambda p, bt: lambda: p(logits, bt))(paths[impl], batches[kind][0])
+                row["graph_us"] = round(graph_time_us(lambda _k, f=fn: f(), 1), 1)
+                fn()
+                torch.cuda.synchronize()
+                row["host_us"] = round(statistics.median(wall_times_s(fn, 50)) * 1e6, 1)
+                torch.cuda.synchronize()
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
+        for kind in KINDS if cuda and (args.passes or args.sweep) else ():
+            if KINDS[kind] is None:
+                continue
+            if args.passes:
+                passes = pass_times(kernel_launches(logits, batches[kind][0]))
+                row = dict(logits=lk, batch=b, kind="pass", of=kind, passes=passes)
+                report["rows"].append(row)
+                print(json.dumps(row), flush=True)
+            if args.sweep and kind in ("top_k", "top_k+top_p", "min_p", "all"):
+                base_run = kernel_launches(logits, batches[kind][0])
+                want = base_run().clone()
+                row = dict(logits=lk, batch=b, kind="sweep", of=kind, default_us=round(device_us(base_run, cuda), 1))
+                alts = []
+                for cfg in SWEEP:
+                    if "exceptions" in cfg and kind != "all":
+                        continue
+                    alt = kernel_launches(logits, batches[kind][0], **cfg)
+                    same = bool(torch.equal(alt(), want))
+                    alts.append(dict(cfg, us=round(device_us(alt, cuda), 1), same_tokens=same))
+                row["alternatives"] = alts
+                report["rows"].append(row)
+                print(json.dumps(row), flush=True)
         if args.out:
             save_report(report, args.out, start)
     return 0

@@ -36,8 +36,8 @@ def _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P: tl.constex
     """The draw from a row's n <= KC candidates (cval: their logits, fp32, ctok: their ids, in vocabulary order;
     every top-k-kept token is among them): the exact top-k (k-th largest key), top-p within its survivors, min-p,
     the inverse-CDF draw. Ranks and masses above a key are compare-and-sum over all pairs, TT candidates at a
-    time (n x KC compares). KC is the same for every launch (kernels/sample.CANDIDATES), so a row's sums run in
-    the same order whatever its batch."""
+    time (n x KC compares). KC (the buffer, kernels/sample.CANDIDATES, or its first eighth when n fits there) is
+    set by the launch's buffer and the row's own n, so a row's sums run in the same order whatever its batch."""
     idx = tl.arange(0, KC)
     valid = idx < n
     x = tl.load(cval + idx, mask=valid, other=float("-inf"))
