@@ -14,10 +14,11 @@ penalties over a history of HISTORY tokens per row (half prompt, half generated)
 min_tokens still banning the eos ids), which adds the processing (bias, penalties from the device token
 history, bans; on the kernel path inside the sampling passes' loads, no fp32 copy) and the history update after
 the draw. Passes over [B, V] on the kernel path: top-k and `all` (top-k 50) take the top-k path, 4 count levels +
-1 candidate pass (`all` reads the bf16 logits + the int32 counts in each: 6 B a logit, 30 B in all, against 86 B
-and 19 launches when it processed into an fp32 copy first); top-p and min-p the full path, 1 max + 4 weight
-levels + kept + draw over bf16. The host build of `all` sends [B]-sized fields only (the bias entries and stop
-sets sit in the device sequence table, written once per sequence, outside the timed build). Side by side on its
+1 candidate pass (`all` first lists each chunk's processed logits that differ from the raw ones, reading the
+int32 counts once: kernels/exceptions.py; its other passes read the bf16 logits with those patched in); top-p
+and min-p the full path, 1 max + 4 weight levels + kept + draw over bf16. The host build of `all` sends [B]-sized
+fields only (the bias entries and stop sets sit in the device sequence table, written once per sequence, outside
+the timed build). Side by side on its
 two paths: `triton` (kernels/sample.py and kernels/penalties.py: no sort) and `torch` (the same definitions as
 torch ops, with a [B, V] sort: the baseline); on the CPU the torch path only. GPU: medians of triton do_bench
 (eager launches included, as in the engine), interleaved and repeated, min taken; CPU: medians of wall times.
@@ -25,8 +26,9 @@ Plus the host time of `SamplingBatch.build` (which run-ahead overlaps with the d
 read of the logits.
 
 --baseline FOLDER adds the arm `base`: the kernel path with FOLDER/sample.py (an earlier copy of kernels/sample.py,
-e.g. `git show REV:multilora_cli/kernels/sample.py`) in place of the current one, checked token for token against
-it (kinds without min-p and processing). --logits peaked: N(0, 2) logits plus 20 tokens per row raised by 12-20
+e.g. `git show REV:multilora_cli/kernels/sample.py`) in place of the current one, and FOLDER's copies of the
+modules it imports from kernels/ where FOLDER has them (sample_row.py, sample_topk.py, penalties.py: the whole
+earlier kernel), checked token for token against it (kinds without min-p and processing). --logits peaked: N(0, 2) logits plus 20 tokens per row raised by 12-20
 (the top-0.9 nucleus is among them), closer to a trained model's than the default N(0, 3), whose top-p nucleus is
 most of the vocabulary.
 
@@ -34,9 +36,10 @@ Where the time goes (GPU, the triton arm): --graph adds per kind `graph_us` (the
 CUDA graph: device time alone, no launch overhead) and `host_us` (the host time of one eager call, median: when
 it is above graph_us, the eager device_us measures the host); --passes adds per kind the kernel passes one by one
 (rows `kind: "pass"`, mode / level as kernels/sample.py numbers them, device us from torch.profiler, median of
-PASS_CALLS calls); --sweep times the kernel launches alone (sample_rows as the Sampler calls it) per chunk size,
-and for `all` with exceptions=0 (every pass processes every load, the kernel before kernels/exceptions.py),
-each checked token for token against the default (`same_tokens`).
+PASS_CALLS calls); --sweep times the kernel launches alone (sample_rows as the Sampler calls it) with each of
+SWEEP's options (chunk, block, warps, and for `all` exceptions=0: every pass processes every load, as the kernel
+did before kernels/exceptions.py), each checked token for token against the defaults (`same_tokens`: a chunk
+size sums the full path's weights in another order, so a draw at a rounding boundary may differ there).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import importlib.util
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -60,7 +64,17 @@ from multilora_cli.kernels.launch import collect
 from multilora_cli.kernels.sample import TOPK_PATH_MAX, _sample_pass, sample_rows
 
 PASS_CALLS = 10
-SWEEP = [dict(chunk=4096), dict(chunk=16384), dict(exceptions=0), dict(chunk=16384, exceptions=0)]
+# sample_rows options against its defaults (chunk 8192, block 1024, 4 warps, exceptions chunk // 8); `block` only
+# on the top-k path (the full path's weight levels hold a [16, block] accumulator: above 1024 it spills)
+SWEEP = [
+    dict(chunk=4096),
+    dict(chunk=16384),
+    dict(block=512),
+    dict(block=2048),
+    dict(num_warps=8),
+    dict(exceptions=0),
+    dict(chunk=16384, exceptions=0),
+]
 V = 128256
 EOS = (128001, 128009)  # Llama-3 Instruct's eos ids (min_tokens bans them), folded into the vocabulary when smaller
 HISTORY = 512  # tokens per row the penalties read: HISTORY // 2 of prompt, HISTORY // 2 generated
@@ -88,10 +102,31 @@ OLD_KERNEL_KINDS = ("plain", "top_p", "top_k", "top_k+top_p")  # what an earlier
 
 
 def load_baseline(folder: str) -> Callable:
-    """`sample_rows` of FOLDER/sample.py (an earlier copy of kernels/sample.py), loaded beside the current one."""
-    spec = importlib.util.spec_from_file_location("sample_base", os.path.join(folder, "sample.py"))
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
+    """`sample_rows` of FOLDER/sample.py (an earlier copy of kernels/sample.py), loaded beside the current one; the
+    kernels/ modules it imports are FOLDER's copies where it has them (in sys.modules while it loads, then the
+    current ones again)."""
+    order = ["penalties", "exceptions", "sample_row", "sample_topk"]  # (each after those it imports)
+    names = sorted(
+        (f[:-3] for f in os.listdir(folder) if f.endswith(".py") and f != "sample.py"),
+        key=lambda n: order.index(n) if n in order else len(order),
+    )
+    saved = {}
+    try:
+        for name in names:
+            full = f"multilora_cli.kernels.{name}"
+            saved[full] = sys.modules.get(full)
+            spec = importlib.util.spec_from_file_location(full, os.path.join(folder, name + ".py"))
+            sys.modules[full] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[full])
+        spec = importlib.util.spec_from_file_location("sample_base", os.path.join(folder, "sample.py"))
+        m = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(m)
+    finally:
+        for full, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(full, None)
+            else:
+                sys.modules[full] = mod
     return m.sample_rows
 
 
@@ -324,7 +359,7 @@ def main() -> int:
                 row = dict(logits=lk, batch=b, kind="sweep", of=kind, default_us=round(device_us(base_run, cuda), 1))
                 alts = []
                 for cfg in SWEEP:
-                    if "exceptions" in cfg and kind != "all":
+                    if ("exceptions" in cfg and kind != "all") or ("block" in cfg and kind == "min_p"):
                         continue
                     alt = kernel_launches(logits, batches[kind][0], **cfg)
                     same = bool(torch.equal(alt(), want))

@@ -218,10 +218,12 @@ def _sample_pass(
                 ok = offs < hi
                 x = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
                 keep = ok & (_keys(x, KEY_BITS) >= low)
-                at = pos + tl.cumsum(keep.to(tl.int32), axis=0) - 1  # in vocabulary order
-                tl.store(cval_ptr + i * KC + at, x.to(tl.float32), mask=keep)
-                tl.store(ctok_ptr + i * KC + at, offs, mask=keep)
-                pos += tl.sum(keep.to(tl.int32), axis=0)
+                nk = tl.sum(keep.to(tl.int32), axis=0)
+                if nk > 0:  # (most blocks hold none of the row's ~k candidates: no scan, no store)
+                    at = pos + tl.cumsum(keep.to(tl.int32), axis=0) - 1  # in vocabulary order
+                    tl.store(cval_ptr + i * KC + at, x.to(tl.float32), mask=keep)
+                    tl.store(ctok_ptr + i * KC + at, offs, mask=keep)
+                pos += nk
     elif MODE == 6:
         prefix = _resolve(part_k_ptr, S, C, i, 4, top_k.to(tl.float32), CB)
         n = tl.sum(_chunk_counts(part_k_ptr, S, C, i, prefix, prefix != NINF16, CB), axis=0)
@@ -397,50 +399,30 @@ def sample_rows(
         passes = [(7, 0)] + passes
     proc = [plan.rows, *plan.kernel_args()] if plan is not None else [rows] * 12 + [0, 0, 0, 0]
 
+    # (built once: a call launches up to 19 passes, and each launch's Python work is host time per step)
+    head = [logits, rows, temp, top_k, top_p, min_p]
+    tail = [pmax, psum, part_k, part_p, cval, ctok, *proc[:12], *exc_args, *proc[12:], v, logits.stride(0), s, c]
+    consts = dict(
+        WITH_MIN_P=bool(any_min_p),
+        PROCESS=process,
+        WITH_COUNTS=plan is not None and bool(plan.num_history),
+        KEY_BITS=bits,
+        CHUNK=chunk,
+        BLOCK=block,
+        CB=triton.next_power_of_2(c),
+        KC=kc,
+        TT=max(1, min(kc, 8192 // kc)),
+        KS=max(1, kc // 8),
+        TS=max(1, min(kc // 8, 8192 // max(1, kc // 8))),
+        NINF16=ninf16,
+        EC=max(ec, 1),
+        # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414): ALU-bound
+        # passes, more programs per SM
+        num_warps=4,
+    )
+
     def run(mode: int, lvl: int, u: torch.Tensor, out: torch.Tensor) -> None:
-        launch(
-            _sample_pass,
-            (s, 1 if mode == 6 else c),
-            logits,
-            rows,
-            temp,
-            top_k,
-            top_p,
-            min_p,
-            u,
-            out,
-            pmax,
-            psum,
-            part_k,
-            part_p,
-            cval,
-            ctok,
-            *proc[:12],
-            *exc_args,
-            *proc[12:],
-            v,
-            logits.stride(0),
-            s,
-            c,
-            lvl,
-            MODE=mode,
-            WITH_MIN_P=bool(any_min_p),
-            PROCESS=process,
-            WITH_COUNTS=plan is not None and bool(plan.num_history),
-            KEY_BITS=bits,
-            CHUNK=chunk,
-            BLOCK=block,
-            # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414): ALU-bound
-            # passes, more programs per SM
-            CB=triton.next_power_of_2(c),
-            KC=kc,
-            TT=max(1, min(kc, 8192 // kc)),
-            KS=max(1, kc // 8),
-            TS=max(1, min(kc // 8, 8192 // max(1, kc // 8))),
-            NINF16=ninf16,
-            EC=max(ec, 1),
-            num_warps=4,
-        )
+        launch(_sample_pass, (s, 1 if mode == 6 else c), *head, u, out, *tail, lvl, MODE=mode, **consts)
 
     for mode, lvl in passes:
         run(mode, lvl, u, out)

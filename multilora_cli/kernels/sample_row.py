@@ -15,7 +15,7 @@ from multilora_cli.kernels.penalties import process_block
 @triton.jit
 def _keys(raw, KEY_BITS: tl.constexpr):
     """Logits (their storage dtype) -> keys in [0, 2^KEY_BITS) ordered as the floats (-0 before +0): int32 for
-    16-bit logits (int64 arithmetic costs two instructions per op), int64 for fp32."""
+    16-bit logits, uint32 for fp32 (int64 arithmetic costs two instructions per op; b + 2^31 = b ^ 2^31 mod 2^32)."""
     if KEY_BITS == 16:
         b = raw.to(tl.int16, bitcast=True).to(tl.int32)
         b = tl.where(b < 0, b ^ 0x7FFF, b)
@@ -23,7 +23,7 @@ def _keys(raw, KEY_BITS: tl.constexpr):
     else:
         b = raw.to(tl.int32, bitcast=True)
         b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
-        return b.to(tl.int64) + 2147483648
+        return b.to(tl.uint32, bitcast=True) ^ 0x80000000
 
 
 @triton.jit
@@ -32,7 +32,7 @@ def _as_key(x, KEY_BITS: tl.constexpr):
     if KEY_BITS == 16:
         return x.to(tl.int32)
     else:
-        return x
+        return x.to(tl.uint32)
 
 
 @triton.jit
@@ -107,8 +107,9 @@ def _histogram(
         ok = offs < hi
         raw = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
         key = _keys(raw, KEY_BITS)
-        ok = ok & (key >= floor) & ((key >> (shift + 4)) == prefix)
-        digit = ((key >> shift) & 15).to(tl.int32)
+        top = key >> shift  # (then >> 4: one shift by shift + 4 = 32 would be undefined on 32-bit keys)
+        ok = ok & (key >= floor) & ((top >> 4) == prefix)
+        digit = (top & 15).to(tl.int32)
         if MASS:
             w = tl.where(ok, _weights(raw, inv_t, m), 0.0)
             acc += tl.where(bins[:, None] == digit[None, :], w[None, :], 0.0)

@@ -41,13 +41,13 @@ def _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P: tl.constex
     idx = tl.arange(0, KC)
     valid = idx < n
     x = tl.load(cval + idx, mask=valid, other=float("-inf"))
-    key = tl.where(valid, _keys(x, 32), -1)  # [KC] int64; -1 below every real key
+    key = tl.where(valid, _keys(x, 32).to(tl.int64), -1)  # [KC] int64; -1 below every real key
     m = tl.max(tl.where(valid, x * inv_t, float("-inf")), axis=0)
     w = tl.where(valid, _weights(x, inv_t, m), 0.0)
     tau_k = tl.zeros((), tl.int64)
     for t0 in range(0, n, TT):  # tau_k = the largest key with >= k keys at or above it
         tt = t0 + tl.arange(0, TT)
-        kt = tl.where(tt < n, _keys(tl.load(cval + tt, mask=tt < n, other=0.0), 32), -1)
+        kt = tl.where(tt < n, _keys(tl.load(cval + tt, mask=tt < n, other=0.0), 32).to(tl.int64), -1)
         ge = tl.sum((key[None, :] >= kt[:, None]).to(tl.int32), axis=1)
         tau_k = tl.maximum(tau_k, tl.max(tl.where((tt < n) & (ge >= top_k), kt, 0), axis=0))
     wk = tl.where(key >= tau_k, w, 0.0)
@@ -57,7 +57,7 @@ def _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P: tl.constex
         tau_p = tl.full((), 9223372036854775807, tl.int64)
         for t0 in range(0, n, TT):
             tt = t0 + tl.arange(0, TT)
-            kt = tl.where(tt < n, _keys(tl.load(cval + tt, mask=tt < n, other=0.0), 32), -1)
+            kt = tl.where(tt < n, _keys(tl.load(cval + tt, mask=tt < n, other=0.0), 32).to(tl.int64), -1)
             above = tl.sum(tl.where(key[None, :] > kt[:, None], wk[None, :], 0.0), axis=1)
             ok = (tt < n) & (kt >= tau_k) & (above < need)
             tau_p = tl.minimum(tau_p, tl.min(tl.where(ok, kt, 9223372036854775807), axis=0))
