@@ -32,9 +32,10 @@ earlier kernel), checked token for token against it (kinds without min-p and pro
 (the top-0.9 nucleus is among them), closer to a trained model's than the default N(0, 3), whose top-p nucleus is
 most of the vocabulary.
 
-Where the time goes (GPU, the triton arm): --graph adds per kind `graph_us` (the same Sampler call replayed from a
-CUDA graph: device time alone, no launch overhead) and `host_us` (the host time of one eager call, median: when
-it is above graph_us, the eager device_us measures the host); --passes adds per kind the kernel passes one by one
+Where the time goes (GPU, the triton arm): --graph adds per kind `graph_us` (the Sampler's kernel launches for
+its sampled rows replayed from a CUDA graph: their device time alone, no launch overhead, no argmax or history
+update) and `host_us` (the host time of one eager Sampler call, median: when it is above graph_us, the eager
+device_us measures the host); --passes adds per kind the kernel passes one by one
 (rows `kind: "pass"`, mode / level as kernels/sample.py numbers them, device us from torch.profiler, median of
 PASS_CALLS calls); --sweep times the kernel launches alone (sample_rows as the Sampler calls it) with each of
 SWEEP's options (chunk, block, warps, and for `all` exceptions=0: every pass processes every load, as the kernel
@@ -194,6 +195,25 @@ def pass_times(run: Callable[[], torch.Tensor]) -> list[dict]:
     return [dict(mode=m, level=lvl, us=round(statistics.median(t), 1)) for (m, lvl), t in zip(labels, per)]
 
 
+def where_time_goes(logits: torch.Tensor, batch: SamplingBatch, sampler: Callable) -> dict:
+    """graph_us: the kernel launches of `batch` (kernel_launches) replayed from a CUDA graph, device time alone;
+    host_us: the host time of one eager `sampler` call (median of 50, no sync between: the launch queue is deep
+    enough). A failure is reported in the row, not raised (the other rows still get measured)."""
+    out = {}
+    try:
+        run = kernel_launches(logits, batch)
+        out["graph_us"] = round(graph_time_us(lambda _k: run(), 1), 1)
+    except Exception as e:  # noqa: BLE001 (a measurement that cannot run says why in its row)
+        out["graph_error"] = repr(e)[:300]
+    torch.cuda.synchronize()
+    fn = lambda: sampler(logits, batch)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    out["host_us"] = round(statistics.median(wall_times_s(fn, 50)) * 1e6, 1)
+    torch.cuda.synchronize()
+    return out
+
+
 def make_logits(b: int, v: int, kind: str, dev, dtype, g) -> torch.Tensor:
     x = torch.randn(b, v, device=dev, generator=g)
     if kind == "flat":
@@ -337,19 +357,17 @@ def main() -> int:
             if impl == "triton" and args.baseline and kind in OLD_KERNEL_KINDS:
                 row.update(base_over_triton=round(best[kind, "base"] / us, 2), same_tokens_as_base=same[kind])
             if impl == "triton" and args.graph:
-                fn = (lambda p, bt: lambda: p(logits, bt))(paths[impl], batches[kind][0])
-                row["graph_us"] = round(graph_time_us(lambda _k, f=fn: f(), 1), 1)
-                fn()
-                torch.cuda.synchronize()
-                row["host_us"] = round(statistics.median(wall_times_s(fn, 50)) * 1e6, 1)
-                torch.cuda.synchronize()
+                row.update(where_time_goes(logits, batches[kind][0], paths[impl]))
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
         for kind in KINDS if cuda and (args.passes or args.sweep) else ():
             if KINDS[kind] is None:
                 continue
             if args.passes:
-                passes = pass_times(kernel_launches(logits, batches[kind][0]))
+                try:
+                    passes = pass_times(kernel_launches(logits, batches[kind][0]))
+                except Exception as e:  # noqa: BLE001 (as in where_time_goes)
+                    passes = [dict(error=repr(e)[:300])]
                 row = dict(logits=lk, batch=b, kind="pass", of=kind, passes=passes)
                 report["rows"].append(row)
                 print(json.dumps(row), flush=True)

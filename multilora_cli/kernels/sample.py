@@ -304,6 +304,8 @@ def sample_rows(
     topk_path_max: int = TOPK_PATH_MAX,
     candidates: int | None = None,
     exceptions: int | None = None,
+    block: int | None = None,
+    num_warps: int = 4,
     redraws: Iterable[tuple[torch.Tensor, torch.Tensor]] = (),
 ) -> None:
     """Draw one token for each row in `rows`; no sort, no host sync (given the any_* flags and max_top_k).
@@ -323,6 +325,8 @@ def sample_rows(
              path's buffer size per row (CANDIDATES; smaller only in tests)
     exceptions: with `plan`, the most exceptions kept per chunk (kernels/exceptions.py; None: chunk // 8, a chunk
              with more is processed as it loads); 0: none, every pass processes every logit as it loads
+    block, num_warps: logits a program takes per step (a power of two <= chunk; None: min(1024, chunk)) and its
+             warps, for benchmarks/bench_sampler.py --sweep (the full path's weight levels hold [16, block] fp32)
     redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
              iterable only once the draw before it was launched (tests bisect on u this way without running the
              filter passes again); the serving path passes none
@@ -364,7 +368,7 @@ def sample_rows(
     # processed logits are fp32: 32-bit keys
     bits = 32 if logits.dtype == torch.float32 or plan is not None else 16
     chunk = chunk or min(CHUNK, triton.next_power_of_2(v))
-    block = min(1024, chunk)
+    block = min(block or 1024, chunk)
     c = triton.cdiv(v, chunk)
     topk_path = max_top_k < v and max_top_k <= topk_path_max  # every row filters by a small top-k
     kc = (candidates or CANDIDATES) if topk_path else 1
@@ -418,7 +422,7 @@ def sample_rows(
         EC=max(ec, 1),
         # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414): ALU-bound
         # passes, more programs per SM
-        num_warps=4,
+        num_warps=num_warps,
     )
 
     def run(mode: int, lvl: int, u: torch.Tensor, out: torch.Tensor) -> None:
