@@ -28,19 +28,20 @@ read of the logits.
 --baseline FOLDER adds the arm `base`: the kernel path with FOLDER/sample.py (an earlier copy of kernels/sample.py,
 e.g. `git show REV:multilora_cli/kernels/sample.py`) in place of the current one, and FOLDER's copies of the
 modules it imports from kernels/ where FOLDER has them (sample_row.py, sample_topk.py, penalties.py: the whole
-earlier kernel), checked token for token against it (kinds without min-p and processing). --logits peaked: N(0, 2) logits plus 20 tokens per row raised by 12-20
-(the top-0.9 nucleus is among them), closer to a trained model's than the default N(0, 3), whose top-p nucleus is
-most of the vocabulary.
+earlier kernel), checked token for token against it (kinds without min-p and processing). --logits peaked:
+N(0, 2) logits plus 20 tokens per row raised by 12-20 (the top-0.9 nucleus is among them), closer to a trained
+model's than the default N(0, 3), whose top-p nucleus is most of the vocabulary.
 
 Where the time goes (GPU, the triton arm): --graph adds per kind `graph_us` (the Sampler's kernel launches for
 its sampled rows replayed from a CUDA graph: their device time alone, no launch overhead, no argmax or history
 update) and `host_us` (the host time of one eager Sampler call, median: when it is above graph_us, the eager
-device_us measures the host); --passes adds per kind the kernel passes one by one
-(rows `kind: "pass"`, mode / level as kernels/sample.py numbers them, device us from torch.profiler, median of
-PASS_CALLS calls); --sweep times the kernel launches alone (sample_rows as the Sampler calls it) with each of
-SWEEP's options (chunk, block, warps, and for `all` exceptions=0: every pass processes every load, as the kernel
-did before kernels/exceptions.py), each checked token for token against the defaults (`same_tokens`: a chunk
-size sums the full path's weights in another order, so a draw at a rounding boundary may differ there).
+device_us measures the host). On the first --logits kind and batch only: --passes adds per kind the kernel
+passes one by one (rows `kind: "pass"`, mode / level as kernels/sample.py numbers them, device us from
+torch.profiler, median of PASS_CALLS calls); --sweep times the kernel launches alone (sample_rows as the Sampler
+calls it) with each of SWEEP's options (chunk, block, warps, the count levels' packed counters, and for `all`
+exceptions=0: every pass processes every load, as the kernel did before kernels/exceptions.py), each checked
+token for token against the defaults (`same_tokens`: a chunk size sums the full path's weights in another
+order, so a draw at a rounding boundary may differ there).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ SWEEP = [
     dict(block=512),
     dict(block=2048),
     dict(num_warps=8),
+    dict(packed_counts=True),
     dict(exceptions=0),
     dict(chunk=16384, exceptions=0),
 ]
@@ -360,7 +362,8 @@ def main() -> int:
                 row.update(where_time_goes(logits, batches[kind][0], paths[impl]))
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
-        for kind in KINDS if cuda and (args.passes or args.sweep) else ():
+        first = lk == args.logits.split(",")[0] and b == ints(args.batches)[0]  # (passes, sweep: once a run)
+        for kind in KINDS if cuda and first and (args.passes or args.sweep) else ():
             if KINDS[kind] is None:
                 continue
             if args.passes:
@@ -377,7 +380,9 @@ def main() -> int:
                 row = dict(logits=lk, batch=b, kind="sweep", of=kind, default_us=round(device_us(base_run, cuda), 1))
                 alts = []
                 for cfg in SWEEP:
-                    if ("exceptions" in cfg and kind != "all") or ("block" in cfg and kind == "min_p"):
+                    if ("exceptions" in cfg and kind != "all") or (
+                        kind == "min_p" and ("block" in cfg or "packed_counts" in cfg)
+                    ):
                         continue
                     alt = kernel_launches(logits, batches[kind][0], **cfg)
                     same = bool(torch.equal(alt(), want))

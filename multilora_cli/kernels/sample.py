@@ -156,6 +156,7 @@ def _sample_pass(
     TS: tl.constexpr,
     NINF16: tl.constexpr,
     EC: tl.constexpr,
+    PACKED: tl.constexpr,
 ):
     """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
     (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight (min-p applied from here on: it cuts
@@ -202,8 +203,9 @@ def _sample_pass(
             hist = tl.zeros((16,), tl.float32)
             if _chunk_live(part_k_ptr, S, C, i, c, LEVEL, prefix):
                 hist = _histogram(
-                    row, lo, hi, prefix * 0, prefix, shift, 1.0, 0.0, r, P, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
-                )
+                    row, lo, hi, prefix * 0, prefix, shift, 1.0, 0.0, r, P, False, PACKED, PROCESS, WITH_COUNTS,
+                    KEY_BITS, BLOCK,
+                )  # fmt: skip
             tl.store(part_k_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
     elif MODE == 5:
         # candidates: top 16 key bits >= prefix; > prefix when prefix is -inf's (a row with fewer than k finite
@@ -257,8 +259,9 @@ def _sample_pass(
                 hist = tl.zeros((16,), tl.float32)
                 if _chunk_live(part_p_ptr, S, C, i, c, LEVEL, prefix):
                     hist = _histogram(
-                        row, lo, hi, floor, prefix, shift, inv_t, m, r, P, True, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
-                    )
+                        row, lo, hi, floor, prefix, shift, inv_t, m, r, P, True, False, PROCESS, WITH_COUNTS,
+                        KEY_BITS, BLOCK,
+                    )  # fmt: skip
                 tl.store(part_p_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
         elif MODE == 3:
             tau = _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, True, KEY_BITS, CB)
@@ -306,6 +309,7 @@ def sample_rows(
     exceptions: int | None = None,
     block: int | None = None,
     num_warps: int = 4,
+    packed_counts: bool = False,
     redraws: Iterable[tuple[torch.Tensor, torch.Tensor]] = (),
 ) -> None:
     """Draw one token for each row in `rows`; no sort, no host sync (given the any_* flags and max_top_k).
@@ -327,6 +331,8 @@ def sample_rows(
              with more is processed as it loads); 0: none, every pass processes every logit as it loads
     block, num_warps: logits a program takes per step (a power of two <= chunk; None: min(1024, chunk)) and its
              warps, for benchmarks/bench_sampler.py --sweep (the full path's weight levels hold [16, block] fp32)
+    packed_counts: the count levels count in packed registers instead of Triton's histogram (the same counts,
+             kernels/sample_row._histogram), for the same sweep
     redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
              iterable only once the draw before it was launched (tests bisect on u this way without running the
              filter passes again); the serving path passes none
@@ -420,6 +426,7 @@ def sample_rows(
         TS=max(1, min(kc // 8, 8192 // max(1, kc // 8))),
         NINF16=ninf16,
         EC=max(ec, 1),
+        PACKED=packed_counts and chunk // block <= 255,
         # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414): ALU-bound
         # passes, more programs per SM
         num_warps=num_warps,

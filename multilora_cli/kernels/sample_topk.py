@@ -98,7 +98,9 @@ def _serial(
         above = tl.zeros((), tl.float32)
         for lvl in range(KEY_BITS // 4):
             shift = KEY_BITS - 4 - 4 * lvl
-            h = _histogram(row, 0, V, tau * 0, tau, shift, inv_t, m, r, P, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)
+            h = _histogram(
+                row, 0, V, tau * 0, tau, shift, inv_t, m, r, P, False, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
+            )
             tau, above = _digit(h, tau, above, top_k.to(tl.float32))
     if top_p < 1.0:
         total = _kept_sum(row, 0, V, tau, inv_t, m, 0.0, r, P, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)
@@ -106,7 +108,9 @@ def _serial(
         above = tl.zeros((), tl.float32)
         for lvl in range(KEY_BITS // 4):
             shift = KEY_BITS - 4 - 4 * lvl
-            h = _histogram(row, 0, V, tau, tau_p, shift, inv_t, m, r, P, True, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)
+            h = _histogram(
+                row, 0, V, tau, tau_p, shift, inv_t, m, r, P, True, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
+            )
             tau_p, above = _digit(h, tau_p, above, top_p * total)
         tau = tl.maximum(tau, tau_p)
     total = _kept_sum(row, 0, V, tau, inv_t, m, min_p, r, P, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)

@@ -1,7 +1,8 @@
 """The sampling and processing kernels go through Triton's real code generator and ptxas for sm_90 (no GPU
-needed): every pass mode of both paths, raw bf16 and processed fp32 keys, and the processing kernel. The
-interpreter the other CPU tests use accepts code that the compiler refuses (types across branches, tuples of
-pointers), so this compiles them in a process without TRITON_INTERPRET."""
+needed): every pass mode of both paths, raw bf16 and processed fp32 keys (processed as loaded, and from the
+chunks' exceptions with the pass that builds them), the count levels' packed counters, and the processing
+kernel. The interpreter the other CPU tests use accepts code that the compiler refuses (types across branches,
+tuples of pointers), so this compiles them in a process without TRITON_INTERPRET."""
 
 from __future__ import annotations
 
@@ -42,13 +43,14 @@ def compile(fn, constexprs, logits="*bf16", out=None):
     triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
-for process, bits in ((0, 16), (1, 32), (2, 32)):  # raw; processed as loaded; exceptions patched in (MODE 7)
-    for mode in range(8 if process == 2 else 7):
-        kc = 2048 if mode in (1, 5, 6) else 1  # (kernels/sample.CANDIDATES)
-        ks = max(1, kc // 8)  # (the small view of the buffer)
-        compile(_sample_pass, dict(MODE=mode, WITH_MIN_P=True, PROCESS=process, WITH_COUNTS=process > 0,
-                                   KEY_BITS=bits, CHUNK=8192, BLOCK=1024, CB=16, KC=kc, TT=max(1, min(kc, 8192 // kc)),
-                                   KS=ks, TS=max(1, min(ks, 8192 // ks)), NINF16=127, EC=1024))
+variants = [(process, bits, mode, False) for process, bits in ((0, 16), (1, 32), (2, 32))  # raw; processed as
+            for mode in range(8 if process == 2 else 7)]  # loaded; exceptions patched in (built by MODE 7)
+for process, bits, mode, packed in variants + [(0, 16, 1, True), (2, 32, 1, True)]:  # (+ packed counters)
+    kc = 2048 if mode in (1, 5, 6) else 1  # (kernels/sample.CANDIDATES)
+    ks = max(1, kc // 8)  # (the small view of the buffer)
+    compile(_sample_pass, dict(MODE=mode, WITH_MIN_P=True, PROCESS=process, WITH_COUNTS=process > 0, KEY_BITS=bits,
+                               CHUNK=8192, BLOCK=1024, CB=16, KC=kc, TT=max(1, min(kc, 8192 // kc)), KS=ks,
+                               TS=max(1, min(ks, 8192 // ks)), NINF16=127, EC=1024, PACKED=packed))
 compile(_process_kernel, dict(WITH_COUNTS=True, BLOCK=2048), out="*fp32")
 print("compiled")
 """

@@ -38,6 +38,9 @@ def test_topk_path_equals_full_path_and_definition(dtype):
         want = sample_rows_torch(x[rows], temp, top_k, top_p, u, min_p)
         topk = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256)
         assert topk[rows].tolist() == want.tolist()
+        if seed == 0:  # the count levels in packed registers (4 blocks a chunk here): the same counts, same draws
+            packed = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256, block=64, packed_counts=True)
+            assert packed[rows].tolist() == want.tolist()
         if seed == 0:  # (the full path's 2 x 8 radix passes on fp32 are slow in the interpreter: once)
             full = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256, topk_path_max=0)
             assert full[rows].tolist() == want.tolist()
