@@ -62,10 +62,11 @@ from multilora_cli.engine.logits_processing import TokenHistory
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
 from multilora_cli.engine.sequence import SeqStatus, Sequence
-from multilora_cli.kernels.launch import collect
+from multilora_cli.kernels.launch import collect, compile_all
 from multilora_cli.kernels.sample import TOPK_PATH_MAX, _sample_pass, sample_rows
 
 PASS_CALLS = 10
+SWEEP_KINDS = ("top_k", "top_k+top_p", "min_p", "all")
 # sample_rows options against its defaults (chunk 8192, block 1024, 4 warps, exceptions chunk // 8); `block` only
 # on the top-k path (the full path's weight levels hold a [16, block] accumulator: above 1024 it spills)
 SWEEP = [
@@ -170,6 +171,27 @@ def kernel_launches(logits: torch.Tensor, batch: SamplingBatch, **kw) -> Callabl
         return torch.cat(outs)
 
     return run
+
+
+def swept(kind: str) -> list[dict]:
+    """SWEEP's options that apply to `kind` (exceptions: processed rows only; block and packed counters: the
+    top-k path only, min_p's full path has weight levels)."""
+    return [
+        cfg
+        for cfg in SWEEP
+        if not ("exceptions" in cfg and kind != "all")
+        and not (kind == "min_p" and ("block" in cfg or "packed_counts" in cfg))
+    ]
+
+
+def precompile(logits: torch.Tensor, batches: dict, sweep: bool) -> int:
+    """Compile the kernel variants the run launches (each kind's, and with --sweep SWEEP's) in parallel before
+    timing anything (kernels/launch.compile_all; one by one, the sweep's ~40 variants took most of the run)."""
+    with collect() as calls:
+        for kind, (batch, _) in batches.items():
+            for cfg in [{}] + (swept(kind) if sweep and kind in SWEEP_KINDS else []):
+                kernel_launches(logits, batch, **cfg)()
+    return compile_all(calls)
 
 
 def pass_times(run: Callable[[], torch.Tensor]) -> list[dict]:
@@ -320,6 +342,10 @@ def main() -> int:
     for lk, b in ((lk, x) for lk in args.logits.split(",") for x in ints(args.batches)):
         logits = make_logits(b, args.vocab, lk, dev, dtype, g)
         batches = {k: build_batch(logits, k, gh) for k in KINDS if KINDS[k] is not None}
+        if cuda:
+            t0 = time.time()
+            n = precompile(logits, batches, args.sweep)
+            print(f"# {n} kernel variants compiled or loaded in {time.time() - t0:.1f} s", flush=True)
         best: dict[tuple, float] = {}
         same: dict[str, bool] = {}
 
@@ -374,16 +400,12 @@ def main() -> int:
                 row = dict(logits=lk, batch=b, kind="pass", of=kind, passes=passes)
                 report["rows"].append(row)
                 print(json.dumps(row), flush=True)
-            if args.sweep and kind in ("top_k", "top_k+top_p", "min_p", "all"):
+            if args.sweep and kind in SWEEP_KINDS:
                 base_run = kernel_launches(logits, batches[kind][0])
                 want = base_run().clone()
                 row = dict(logits=lk, batch=b, kind="sweep", of=kind, default_us=round(device_us(base_run, cuda), 1))
                 alts = []
-                for cfg in SWEEP:
-                    if ("exceptions" in cfg and kind != "all") or (
-                        kind == "min_p" and ("block" in cfg or "packed_counts" in cfg)
-                    ):
-                        continue
+                for cfg in swept(kind):
                     alt = kernel_launches(logits, batches[kind][0], **cfg)
                     same = bool(torch.equal(alt(), want))
                     alts.append(dict(cfg, us=round(device_us(alt, cuda), 1), same_tokens=same))

@@ -55,11 +55,12 @@ def build(row, lo, hi, r, P, tok_ptr, val_ptr, start_ptr, n_ptr, EC, WITH_COUNTS
 
 
 @triton.jit
-def load(row, offs, ok, first, lo, tok_ptr, val_ptr, start_ptr, BLOCK: tl.constexpr):
-    """float32(row[offs]) with the chunk's exceptions of this block patched in (offs = first + arange(BLOCK), a
-    block of the chunk that starts at lo; 0 where not ok): its entries start[b] .. start[b + 1], a few a block."""
+def load(row, offs, ok, first, lo, tok_ptr, val_ptr, start_ptr, TB: tl.constexpr, BLOCK: tl.constexpr):
+    """float32(row[offs]) with the chunk's exceptions of this block patched in (offs = first + arange(BLOCK), in
+    the chunk that starts at lo; 0 where not ok): the entries start[b] .. start[b + 1] of the table's block b
+    (TB logits, as `build` ran; BLOCK <= TB divides it), a few a block."""
     x = tl.load(row + offs, mask=ok, other=0.0).to(tl.float32)
-    b = (first - lo) // BLOCK
+    b = (first - lo) // TB
     for j in range(tl.load(start_ptr + b), tl.load(start_ptr + b + 1)):
         x = tl.where(offs == tl.load(tok_ptr + j), tl.load(val_ptr + j), x)
     return x

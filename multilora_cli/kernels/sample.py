@@ -166,6 +166,7 @@ def _sample_pass(
     them (_finish), or _serial for a row with more than KC. Processed rows: PROCESS 1 processes every load,
     PROCESS 2 loads the raw logits with the chunk's exceptions patched in, built by a first pass, MODE 7
     (kernels/exceptions.py)."""
+    MB: tl.constexpr = min(BLOCK, 256)
     i = tl.program_id(0)
     c = tl.program_id(1)
     r = tl.load(rows_ptr + i)  # the out row; with PROCESS the plan row, whose logits row is plan_rows[r]
@@ -183,7 +184,7 @@ def _sample_pass(
     P = (
         hist_ptr, counts_ptr, rep_ptr, freq_ptr, pres_ptr, ban_on_ptr, bias_tok_ptr, bias_val_ptr, bias_len_ptr,
         ban_tok_ptr, ban_len_ptr, stride_counts, stride_bias, stride_ban, H,
-        exc_tok_ptr + ic * EC, exc_val_ptr + ic * EC, exc_start_ptr + ic * (CHUNK // BLOCK + 1), n_c, lo, EC,
+        exc_tok_ptr + ic * EC, exc_val_ptr + ic * EC, exc_start_ptr + ic * (CHUNK // BLOCK + 1), n_c, lo, EC, BLOCK,
     )  # fmt: skip
     inv_t = 1.0 / tl.load(temp_ptr + i)
     top_k = tl.load(top_k_ptr + i)
@@ -258,9 +259,11 @@ def _sample_pass(
                 prefix = _resolve(part_p_ptr, S, C, i, LEVEL, need, CB)
                 hist = tl.zeros((16,), tl.float32)
                 if _chunk_live(part_p_ptr, S, C, i, c, LEVEL, prefix):
+                    # blocks of at most 256: the weights' [16, block] fp32 accumulator takes 16 x block / 128
+                    # registers a thread (1024: 255 and spilled, 2 programs an SM; ptxas sm_90)
                     hist = _histogram(
                         row, lo, hi, floor, prefix, shift, inv_t, m, r, P, True, False, PROCESS, WITH_COUNTS,
-                        KEY_BITS, BLOCK,
+                        KEY_BITS, MB,
                     )  # fmt: skip
                 tl.store(part_p_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
         elif MODE == 3:

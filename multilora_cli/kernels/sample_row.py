@@ -49,7 +49,7 @@ def _load(row, offs, ok, start, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.con
     (kernels/exceptions.py, built once per step), or processed here where the chunk had more than fit."""
     if PROCESS == 2:
         if P[18] <= P[20]:  # the chunk's exceptions fit (n <= EC)
-            x = _patched(row, offs, ok, start, P[19], P[15], P[16], P[17], BLOCK)
+            x = _patched(row, offs, ok, start, P[19], P[15], P[16], P[17], P[21], BLOCK)
         else:
             x = process_block(
                 row, offs, ok, start, r, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
