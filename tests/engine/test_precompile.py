@@ -74,10 +74,11 @@ def test_dry_sample_records_every_sampling_pass():
     modes = [(kw["MODE"], kw["PROCESS"]) for _, _, kw in calls]
     full, topk = [0] + [1] * 4 + [2] * 4 + [3, 4], [1] * 4 + [5, 6]  # max, top-k, top-p levels, kept, draw
     full32 = [0] + [1] * 8 + [2] * 8 + [3, 4]  # processed logits: fp32 keys, 8 levels
-    assert modes == [(m, False) for m in full + topk] + [(m, True) for m in full32 + topk]
+    # processed: first the chunks' exceptions (7), the passes then load them (PROCESS 2: kernels/exceptions.py)
+    assert modes == [(m, 0) for m in full + topk] + [(m, 2) for m in [7] + full32 + [7] + topk]
     if hasattr(calls[0][0], "params"):  # a compiled JITFunction (the interpreter's wrapper has no parameter kinds)
         # one variant per mode and path: LEVEL is not specialised on (the top-k path's count levels: its own KC)
-        assert len({_variant(c) for c in calls}) == 2 * (5 + 3)
+        assert len({_variant(c) for c in calls}) == 2 * (5 + 3) + 2
 
 
 def test_dry_logprobs_records_the_logprob_kernels():
