@@ -99,12 +99,13 @@ def _lower_bound(tok_ptr, lo, hi, t):
 @triton.jit
 def _block_entries(tok_ptr, b0, n, width, first, last):
     """[j0, j1): the entries j of the sorted list tok[b0 : b0 + n] (n <= width, its table row's) with first <=
-    tok[j] < last. A list of up to 64 (the usual: a few biases, a stop set) is counted from one vector load that
+    tok[j] < last. A list of up to 32 (the usual: a few biases, a stop set) is counted from one vector load that
     waits on no other (a binary search is a chain of dependent loads, per block of every pass it ran in: the
-    latency of the processed passes); a longer one by binary search."""
-    k = tl.arange(0, 64)
+    latency of the processed passes); a longer one by binary search. (64 took the exceptions pass from 80 to 104
+    registers, ptxas sm_90.)"""
+    k = tl.arange(0, 32)
     tok = tl.load(tok_ptr + b0 + k, mask=k < width, other=0)
-    if n <= 64:
+    if n <= 32:
         j0 = b0 + tl.sum(((k < n) & (tok < first)).to(tl.int64), axis=0)
         j1 = b0 + tl.sum(((k < n) & (tok < last)).to(tl.int64), axis=0)
     else:
