@@ -47,6 +47,7 @@ order, so a draw at a rounding boundary may differ there).
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import statistics
@@ -135,12 +136,15 @@ def load_baseline(folder: str) -> Callable:
 
 
 def kernel_path(rows_fn: Callable) -> Callable[[torch.Tensor, SamplingBatch], torch.Tensor]:
-    """`Sampler`'s kernel launch for batches of sampled plain rows only, with `rows_fn` as the kernel."""
+    """`Sampler`'s kernel launch for batches of sampled plain rows only, all on one path, with `rows_fn` as the
+    kernel (given the largest top-k where it takes one, as the Sampler does: else it reads it off the device)."""
+    takes_max = "max_top_k" in inspect.signature(rows_fn).parameters
 
     def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         d = batch.plain
         out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        rows_fn(logits, d.rows, d.temp, d.top_k, d.top_p, d.u, out, any_top_k=d.any_top_k, any_top_p=d.any_top_p)
+        kw = dict(max_top_k=d.max_top_k if d.num_topk else logits.shape[1]) if takes_max else {}
+        rows_fn(logits, d.rows, d.temp, d.top_k, d.top_p, d.u, out, any_top_k=d.any_top_k, any_top_p=d.any_top_p, **kw)
         return out
 
     return sample
