@@ -3,6 +3,7 @@
     python -m benchmarks.bench_sampler --batches 256 --out $OUT/sampler-h200.json          # GPU, Llama-3 vocab
     python -m benchmarks.bench_sampler --vocab 4096 --batch 8 --out /tmp/sampler-cpu.json   # CPU, small shapes
     python -m benchmarks.bench_sampler --baseline .ab/base --logits flat,peaked --out ...   # vs an earlier kernel
+    python -m benchmarks.bench_sampler --batches 256 --graph --passes --sweep --out $OUT/sampler-where.json  # where
 
 Logits [B, V] in the model dtype (bf16 on a GPU, fp32 on the CPU, as the runner's), V = Llama-3's 128256 unless
 --vocab, B = decode batch sizes. Per kind, the device time of everything after the LM head as the runner
@@ -13,10 +14,11 @@ penalties over a history of HISTORY tokens per row (half prompt, half generated)
 min_tokens still banning the eos ids), which adds the processing (bias, penalties from the device token
 history, bans; on the kernel path inside the sampling passes' loads, no fp32 copy) and the history update after
 the draw. Passes over [B, V] on the kernel path: top-k and `all` (top-k 50) take the top-k path, 4 count levels +
-1 candidate pass (`all` reads the bf16 logits + the int32 counts in each: 6 B a logit, 30 B in all, against 86 B
-and 19 launches when it processed into an fp32 copy first); top-p and min-p the full path, 1 max + 4 weight
-levels + kept + draw over bf16. The host build of `all` sends [B]-sized fields only (the bias entries and stop
-sets sit in the device sequence table, written once per sequence, outside the timed build). Side by side on its
+1 candidate pass (`all` first lists each chunk's processed logits that differ from the raw ones, reading the
+int32 counts once: kernels/exceptions.py; its other passes read the bf16 logits with those patched in); top-p
+and min-p the full path, 1 max + 4 weight levels + kept + draw over bf16. The host build of `all` sends [B]-sized
+fields only (the bias entries and stop sets sit in the device sequence table, written once per sequence, outside
+the timed build). Side by side on its
 two paths: `triton` (kernels/sample.py and kernels/penalties.py: no sort) and `torch` (the same definitions as
 torch ops, with a [B, V] sort: the baseline); on the CPU the torch path only. GPU: medians of triton do_bench
 (eager launches included, as in the engine), interleaved and repeated, min taken; CPU: medians of wall times.
@@ -24,30 +26,60 @@ Plus the host time of `SamplingBatch.build` (which run-ahead overlaps with the d
 read of the logits.
 
 --baseline FOLDER adds the arm `base`: the kernel path with FOLDER/sample.py (an earlier copy of kernels/sample.py,
-e.g. `git show REV:multilora_cli/kernels/sample.py`) in place of the current one, checked token for token against
-it (kinds without min-p and processing). --logits peaked: N(0, 2) logits plus 20 tokens per row raised by 12-20
-(the top-0.9 nucleus is among them), closer to a trained model's than the default N(0, 3), whose top-p nucleus is
-most of the vocabulary.
+e.g. `git show REV:multilora_cli/kernels/sample.py`) in place of the current one, and FOLDER's copies of the
+modules it imports from kernels/ where FOLDER has them (sample_row.py, sample_topk.py, penalties.py: the whole
+earlier kernel), checked token for token against it (kinds without min-p and processing). --logits peaked:
+N(0, 2) logits plus 20 tokens per row raised by 12-20 (the top-0.9 nucleus is among them), closer to a trained
+model's than the default N(0, 3), whose top-p nucleus is most of the vocabulary.
+
+Where the time goes (GPU, the triton arm): --graph adds per kind `graph_us` (the Sampler's kernel launches for
+its sampled rows replayed from a CUDA graph: their device time alone, no launch overhead, no argmax or history
+update) and `host_us` (the host time of one eager Sampler call, median: when it is above graph_us, the eager
+device_us measures the host). On the first --logits kind and batch only: --passes adds per kind the kernel
+passes one by one (rows `kind: "pass"`, mode / level as kernels/sample.py numbers them, device us from
+torch.profiler, median of PASS_CALLS calls); --sweep times the kernel launches alone (sample_rows as the Sampler
+calls it) with each of SWEEP's options (chunk, block, warps, the count levels' packed counters, and for `all`
+exceptions=0: every pass processes every load, as the kernel did before kernels/exceptions.py), each checked
+token for token against the defaults (`same_tokens`: a chunk size sums the full path's weights in another
+order, so a draw at a rounding boundary may differ there).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
 import torch
 
-from benchmarks.timing import command_line, copy_bandwidth, ints, parser, save_report
+from benchmarks.timing import command_line, copy_bandwidth, graph_time_us, ints, parser, save_report, wall_times_s
 from multilora_cli.config import SamplingParams
 from multilora_cli.engine.logits_processing import TokenHistory
 from multilora_cli.engine.request import Request
 from multilora_cli.engine.sampler import Sampler, SamplingBatch
 from multilora_cli.engine.sequence import SeqStatus, Sequence
+from multilora_cli.kernels.launch import collect, compile_all
+from multilora_cli.kernels.sample import TOPK_PATH_MAX, _sample_pass, sample_rows
 
+PASS_CALLS = 10
+SWEEP_KINDS = ("top_k", "top_k+top_p", "min_p", "all")
+# sample_rows options against its defaults (chunk 8192, block 1024, 4 warps, exceptions chunk // 8); `block` only
+# on the top-k path (the full path's weight levels hold a [16, block] accumulator: above 1024 it spills)
+SWEEP = [
+    dict(chunk=4096),
+    dict(chunk=16384),
+    dict(block=512),
+    dict(block=2048),
+    dict(num_warps=8),
+    dict(packed_counts=True),
+    dict(exceptions=0),
+    dict(chunk=16384, exceptions=0),
+]
 V = 128256
 EOS = (128001, 128009)  # Llama-3 Instruct's eos ids (min_tokens bans them), folded into the vocabulary when smaller
 HISTORY = 512  # tokens per row the penalties read: HISTORY // 2 of prompt, HISTORY // 2 generated
@@ -75,23 +107,139 @@ OLD_KERNEL_KINDS = ("plain", "top_p", "top_k", "top_k+top_p")  # what an earlier
 
 
 def load_baseline(folder: str) -> Callable:
-    """`sample_rows` of FOLDER/sample.py (an earlier copy of kernels/sample.py), loaded beside the current one."""
-    spec = importlib.util.spec_from_file_location("sample_base", os.path.join(folder, "sample.py"))
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
+    """`sample_rows` of FOLDER/sample.py (an earlier copy of kernels/sample.py), loaded beside the current one; the
+    kernels/ modules it imports are FOLDER's copies where it has them (in sys.modules while it loads, then the
+    current ones again)."""
+    order = ["penalties", "exceptions", "sample_row", "sample_topk"]  # (each after those it imports)
+    names = sorted(
+        (f[:-3] for f in os.listdir(folder) if f.endswith(".py") and f != "sample.py"),
+        key=lambda n: order.index(n) if n in order else len(order),
+    )
+    saved = {}
+    try:
+        for name in names:
+            full = f"multilora_cli.kernels.{name}"
+            saved[full] = sys.modules.get(full)
+            spec = importlib.util.spec_from_file_location(full, os.path.join(folder, name + ".py"))
+            sys.modules[full] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[full])
+        spec = importlib.util.spec_from_file_location("sample_base", os.path.join(folder, "sample.py"))
+        m = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(m)
+    finally:
+        for full, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(full, None)
+            else:
+                sys.modules[full] = mod
     return m.sample_rows
 
 
 def kernel_path(rows_fn: Callable) -> Callable[[torch.Tensor, SamplingBatch], torch.Tensor]:
-    """`Sampler`'s kernel launch for batches of sampled plain rows only, with `rows_fn` as the kernel."""
+    """`Sampler`'s kernel launch for batches of sampled plain rows only, all on one path, with `rows_fn` as the
+    kernel (given the largest top-k where it takes one, as the Sampler does: else it reads it off the device)."""
+    takes_max = "max_top_k" in inspect.signature(rows_fn).parameters
 
     def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         d = batch.plain
         out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        rows_fn(logits, d.rows, d.temp, d.top_k, d.top_p, d.u, out, any_top_k=d.any_top_k, any_top_p=d.any_top_p)
+        kw = dict(max_top_k=d.max_top_k if d.num_topk else logits.shape[1]) if takes_max else {}
+        rows_fn(logits, d.rows, d.temp, d.top_k, d.top_p, d.u, out, any_top_k=d.any_top_k, any_top_p=d.any_top_p, **kw)
         return out
 
     return sample
+
+
+def kernel_launches(logits: torch.Tensor, batch: SamplingBatch, **kw) -> Callable[[], torch.Tensor]:
+    """The Sampler's kernel launches for the sampled rows of `batch` (no argmax, no history update), with the
+    sample_rows options `kw`: a function that launches them and returns the ids written (plain rows' outputs,
+    then the processed rows')."""
+    v = logits.shape[1]
+    sets = [(batch.plain, None, logits.shape[0])]
+    if batch.processing is not None:
+        sets.append((batch.processing_draws, batch.processing.plan, batch.processing.plan.num_rows))
+    outs = [torch.zeros(n, dtype=torch.long, device=logits.device) for _, _, n in sets]
+
+    def run() -> torch.Tensor:
+        for (d, plan, _), out in zip(sets, outs):
+            n = d.num_topk
+            for part, topk in ((slice(0, n), True), (slice(n, None), False)):  # as engine/sampler._draw
+                if (n if topk else d.rows.numel() - n) == 0:
+                    continue
+                sample_rows(
+                    logits, d.rows[part], d.temp[part], d.top_k[part], d.top_p[part], d.u[part], out,
+                    min_p=d.min_p[part], plan=plan, any_top_k=d.any_top_k, any_top_p=d.any_top_p,
+                    any_min_p=d.any_min_p, max_top_k=d.max_top_k if topk else v,
+                    topk_path_max=TOPK_PATH_MAX if topk else 0, **kw,
+                )  # fmt: skip
+        return torch.cat(outs)
+
+    return run
+
+
+def swept(kind: str) -> list[dict]:
+    """SWEEP's options that apply to `kind` (exceptions: processed rows only; block and packed counters: the
+    top-k path only, min_p's full path has weight levels)."""
+    return [
+        cfg
+        for cfg in SWEEP
+        if not ("exceptions" in cfg and kind != "all")
+        and not (kind == "min_p" and ("block" in cfg or "packed_counts" in cfg))
+    ]
+
+
+def precompile(logits: torch.Tensor, batches: dict, sweep: bool) -> int:
+    """Compile the kernel variants the run launches (each kind's, and with --sweep SWEEP's) in parallel before
+    timing anything (kernels/launch.compile_all; one by one, the sweep's ~40 variants took most of the run)."""
+    with collect() as calls:
+        for kind, (batch, _) in batches.items():
+            for cfg in [{}] + (swept(kind) if sweep and kind in SWEEP_KINDS else []):
+                kernel_launches(logits, batch, **cfg)()
+    return compile_all(calls)
+
+
+def pass_times(run: Callable[[], torch.Tensor]) -> list[dict]:
+    """Device us of each kernel pass `run` launches (median of PASS_CALLS calls, torch.profiler), labelled with
+    its MODE and LEVEL as recorded by a dry run (launch.collect)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with collect() as calls:
+        run()
+    at = _sample_pass.arg_names.index("LEVEL")
+    labels = [(kw["MODE"], args[at]) for _, args, kw in calls]
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(PASS_CALLS):
+            run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = sorted((e for e in kernels if "_sample_pass" in e.name), key=lambda e: e.time_range.start)
+    if len(kernels) != len(labels) * PASS_CALLS:
+        return [dict(error=f"{len(kernels)} kernels profiled, {len(labels)} x {PASS_CALLS} launched")]
+    per = [[] for _ in labels]
+    for j, e in enumerate(kernels):
+        per[j % len(labels)].append(e.time_range.elapsed_us())
+    return [dict(mode=m, level=lvl, us=round(statistics.median(t), 1)) for (m, lvl), t in zip(labels, per)]
+
+
+def where_time_goes(logits: torch.Tensor, batch: SamplingBatch, sampler: Callable) -> dict:
+    """graph_us: the kernel launches of `batch` (kernel_launches) replayed from a CUDA graph, device time alone;
+    host_us: the host time of one eager `sampler` call (median of 50, no sync between: the launch queue is deep
+    enough). A failure is reported in the row, not raised (the other rows still get measured)."""
+    out = {}
+    try:
+        run = kernel_launches(logits, batch)
+        out["graph_us"] = round(graph_time_us(lambda _k: run(), 1), 1)
+    except Exception as e:  # noqa: BLE001 (a measurement that cannot run says why in its row)
+        out["graph_error"] = repr(e)[:300]
+    torch.cuda.synchronize()
+    fn = lambda: sampler(logits, batch)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    out["host_us"] = round(statistics.median(wall_times_s(fn, 50)) * 1e6, 1)
+    torch.cuda.synchronize()
+    return out
 
 
 def make_logits(b: int, v: int, kind: str, dev, dtype, g) -> torch.Tensor:
@@ -169,6 +317,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--baseline", default=None, help="folder with an earlier copy of kernels/sample.py")
     ap.add_argument("--logits", default="flat", help="flat | peaked | flat,peaked")
+    ap.add_argument("--graph", action="store_true", help="graph_us and host_us per kind (triton arm)")
+    ap.add_argument("--passes", action="store_true", help="device us per kernel pass per kind (triton arm)")
+    ap.add_argument("--sweep", action="store_true", help="kernel launches per chunk size / exceptions=0")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     start = time.time()
@@ -195,6 +346,10 @@ def main() -> int:
     for lk, b in ((lk, x) for lk in args.logits.split(",") for x in ints(args.batches)):
         logits = make_logits(b, args.vocab, lk, dev, dtype, g)
         batches = {k: build_batch(logits, k, gh) for k in KINDS if KINDS[k] is not None}
+        if cuda:
+            t0 = time.time()
+            n = precompile(logits, batches, args.sweep)
+            print(f"# {n} kernel variants compiled or loaded in {time.time() - t0:.1f} s", flush=True)
         best: dict[tuple, float] = {}
         same: dict[str, bool] = {}
 
@@ -233,8 +388,34 @@ def main() -> int:
             )
             if impl == "triton" and args.baseline and kind in OLD_KERNEL_KINDS:
                 row.update(base_over_triton=round(best[kind, "base"] / us, 2), same_tokens_as_base=same[kind])
+            if impl == "triton" and args.graph:
+                row.update(where_time_goes(logits, batches[kind][0], paths[impl]))
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
+        first = lk == args.logits.split(",")[0] and b == ints(args.batches)[0]  # (passes, sweep: once a run)
+        for kind in KINDS if cuda and first and (args.passes or args.sweep) else ():
+            if KINDS[kind] is None:
+                continue
+            if args.passes:
+                try:
+                    passes = pass_times(kernel_launches(logits, batches[kind][0]))
+                except Exception as e:  # noqa: BLE001 (as in where_time_goes)
+                    passes = [dict(error=repr(e)[:300])]
+                row = dict(logits=lk, batch=b, kind="pass", of=kind, passes=passes)
+                report["rows"].append(row)
+                print(json.dumps(row), flush=True)
+            if args.sweep and kind in SWEEP_KINDS:
+                base_run = kernel_launches(logits, batches[kind][0])
+                want = base_run().clone()
+                row = dict(logits=lk, batch=b, kind="sweep", of=kind, default_us=round(device_us(base_run, cuda), 1))
+                alts = []
+                for cfg in swept(kind):
+                    alt = kernel_launches(logits, batches[kind][0], **cfg)
+                    same = bool(torch.equal(alt(), want))
+                    alts.append(dict(cfg, us=round(device_us(alt, cuda), 1), same_tokens=same))
+                row["alternatives"] = alts
+                report["rows"].append(row)
+                print(json.dumps(row), flush=True)
         if args.out:
             save_report(report, args.out, start)
     return 0

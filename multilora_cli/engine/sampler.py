@@ -218,19 +218,23 @@ def _draw(logits: torch.Tensor, d: Draws, out: torch.Tensor, triton: bool, plan:
         out[d.greedy_rows] = logits[d.greedy_rows].argmax(dim=-1)
     if d.rows.numel():
         if triton:
-            v, n = logits.shape[1], d.num_topk
+            v, n, s = logits.shape[1], d.num_topk, d.rows.numel()
             for part, topk in ((slice(0, n), True), (slice(n, None), False)):  # (views: no copy, no launch)
-                if (n if topk else d.rows.numel() - n) == 0:
+                if (n if topk else s - n) == 0:
                     continue
+                # (a batch on one path, the usual case, takes its fields whole: 6 slices cost host time per step)
+                f = [d.rows, d.temp, d.top_k, d.top_p, d.u, d.min_p]
+                if n not in (0, s):
+                    f = [t[part] for t in f]
                 sample_rows(
                     logits,
-                    d.rows[part],
-                    d.temp[part],
-                    d.top_k[part],
-                    d.top_p[part],
-                    d.u[part],
+                    f[0],
+                    f[1],
+                    f[2],
+                    f[3],
+                    f[4],
                     out,
-                    min_p=d.min_p[part],
+                    min_p=f[5],
                     plan=plan,
                     any_top_k=d.any_top_k,
                     any_top_p=d.any_top_p,

@@ -97,6 +97,24 @@ def _lower_bound(tok_ptr, lo, hi, t):
 
 
 @triton.jit
+def _block_entries(tok_ptr, b0, n, width, first, last):
+    """[j0, j1): the entries j of the sorted list tok[b0 : b0 + n] (n <= width, its table row's) with first <=
+    tok[j] < last. A list of up to 32 (the usual: a few biases, a stop set) is counted from one vector load that
+    waits on no other (a binary search is a chain of dependent loads, per block of every pass it ran in: the
+    latency of the processed passes); a longer one by binary search. (64 took the exceptions pass from 80 to 104
+    registers, ptxas sm_90.)"""
+    k = tl.arange(0, 32)
+    tok = tl.load(tok_ptr + b0 + k, mask=k < width, other=0)
+    if n <= 32:
+        j0 = b0 + tl.sum(((k < n) & (tok < first)).to(tl.int64), axis=0)
+        j1 = b0 + tl.sum(((k < n) & (tok < last)).to(tl.int64), axis=0)
+    else:
+        j0 = _lower_bound(tok_ptr, b0, b0 + n, first)
+        j1 = _lower_bound(tok_ptr, b0, b0 + n, last)
+    return j0, j1
+
+
+@triton.jit
 def process_block(
     row,
     offs,
@@ -126,11 +144,10 @@ def process_block(
     kernel's fused loads (kernels/sample.py) both call it, so both see the same bits."""
     x = tl.load(row + offs, mask=ok, other=0.0).to(tl.float32)
     t = tl.load(hist_ptr + i)
-    # the row's bias / ban entries that fall in this block (found by binary search: a row may bias thousands of
-    # tokens), each compared with the whole block: no scatter, no atomics
-    b0 = t * stride_bias
-    b1 = b0 + tl.load(bias_len_ptr + t)
-    for j in range(_lower_bound(bias_tok_ptr, b0, b1, first), _lower_bound(bias_tok_ptr, b0, b1, first + BLOCK)):
+    # the row's bias / ban entries that fall in this block (a row may bias thousands of tokens), each compared
+    # with the whole block: no scatter, no atomics
+    j0, j1 = _block_entries(bias_tok_ptr, t * stride_bias, tl.load(bias_len_ptr + t), stride_bias, first, first + BLOCK)
+    for j in range(j0, j1):
         x = tl.where(offs == tl.load(bias_tok_ptr + j), x + tl.load(bias_val_ptr + j), x)
     if WITH_COUNTS:
         if i < H:
@@ -141,9 +158,9 @@ def process_block(
             fp = tl.load(freq_ptr + i) * gen.to(tl.float32)
             pp = tl.load(pres_ptr + i) * (gen > 0).to(tl.float32)
             x = x - (fp + pp)
-    n0 = t * stride_ban
-    n1 = n0 + tl.load(ban_len_ptr + t) * tl.load(ban_on_ptr + i)
-    for j in range(_lower_bound(ban_tok_ptr, n0, n1, first), _lower_bound(ban_tok_ptr, n0, n1, first + BLOCK)):
+    n = tl.load(ban_len_ptr + t) * tl.load(ban_on_ptr + i)
+    j0, j1 = _block_entries(ban_tok_ptr, t * stride_ban, n, stride_ban, first, first + BLOCK)
+    for j in range(j0, j1):
         x = tl.where(offs == tl.load(ban_tok_ptr + j), float("-inf"), x)
     return x
 

@@ -23,9 +23,12 @@ over the top 16 key bits whatever the dtype, one pass appending each chunk's can
 prefix found: the top-k-kept tokens plus the few tied with the k-th in those bits) to a per-row buffer, then one
 program per row does the exact top-k, top-p, min-p and the draw on that buffer (kernels/sample_topk.py): 5
 passes over the row, no weight histogram, no max pass (the top token is a candidate).
-Processed rows (logit_bias, penalties, bans: kernels/penalties.py) pass a ProcessPlan: every load of a pass
-computes the processed fp32 logit from the model's logits, the row's token counts and its bias / ban entries
-(kernels/penalties.process_block), so no fp32 [rows, V] processed copy is written and read back.
+Processed rows (logit_bias, penalties, bans: kernels/penalties.py) pass a ProcessPlan, and no fp32 [rows, V]
+processed copy is written and read back: a first pass lists, per chunk, the few processed logits whose bits
+differ from the raw ones (kernels/exceptions.py: the counted, biased and banned tokens), and every other pass
+loads the raw logits with those patched in; a chunk with more than fit computes the processed logit from the
+model's logits, the row's token counts and its bias / ban entries at every load (kernels/penalties.process_block),
+as every chunk does with exceptions=0.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.exceptions import build as build_exceptions
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.penalties import ProcessPlan
 from multilora_cli.kernels.sample_row import _as_key, _digit, _histogram, _kept_sum, _keys, _load, _pick, _row_max
@@ -106,6 +110,7 @@ def _chunk_live(part_ptr, S, C, i, c, level, prefix):
 _PER_STEP_POINTERS = [
     "rows_ptr", "temp_ptr", "top_k_ptr", "top_p_ptr", "min_p_ptr", "u_ptr", "out_ptr", "pmax_ptr", "psum_ptr",
     "part_k_ptr", "part_p_ptr", "plan_rows_ptr", "hist_ptr", "rep_ptr", "freq_ptr", "pres_ptr", "ban_on_ptr",
+    "exc_tok_ptr", "exc_val_ptr", "exc_start_ptr", "exc_n_ptr",
 ]  # fmt: skip
 
 
@@ -140,6 +145,10 @@ def _sample_pass(
     bias_len_ptr,
     ban_tok_ptr,
     ban_len_ptr,
+    exc_tok_ptr,
+    exc_val_ptr,
+    exc_start_ptr,
+    exc_n_ptr,
     stride_counts,
     stride_bias,
     stride_ban,
@@ -159,14 +168,21 @@ def _sample_pass(
     CB: tl.constexpr,
     KC: tl.constexpr,
     TT: tl.constexpr,
+    KS: tl.constexpr,
+    TS: tl.constexpr,
     NINF16: tl.constexpr,
+    EC: tl.constexpr,
+    PACKED: tl.constexpr,
 ):
     """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
     (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight (min-p applied from here on: it cuts
     by weight alone, so the top-p passes before it see the top-k-kept mass, as in transformers). 4: the draw, by
     the chunk holding it. The top-k path: MODE 1 at levels 0-3 only, then 5: the chunk's candidates
     (top 16 key bits >= the 4-level prefix) appended to the row's buffer, 6 (one program a row): the draw from
-    them (_finish), or _serial for a row with more than KC."""
+    them (_finish), or _serial for a row with more than KC. Processed rows: PROCESS 1 processes every load,
+    PROCESS 2 loads the raw logits with the chunk's exceptions patched in, built by a first pass, MODE 7
+    (kernels/exceptions.py)."""
+    MB: tl.constexpr = min(BLOCK, 256)
     i = tl.program_id(0)
     c = tl.program_id(1)
     r = tl.load(rows_ptr + i)  # the out row; with PROCESS the plan row, whose logits row is plan_rows[r]
@@ -174,9 +190,17 @@ def _sample_pass(
     if PROCESS:
         lr = tl.load(plan_rows_ptr + r)
     row = logits_ptr + lr * stride_row
+    lo = c * CHUNK
+    hi = tl.minimum(lo + CHUNK, V)
+    ic = i * C + c
+    n_c = tl.zeros((), tl.int32)  # the chunk's exception count (PROCESS 2, after MODE 7 built them)
+    if PROCESS == 2:
+        if (MODE != 7) & (MODE != 6):
+            n_c = tl.load(exc_n_ptr + ic)
     P = (
         hist_ptr, counts_ptr, rep_ptr, freq_ptr, pres_ptr, ban_on_ptr, bias_tok_ptr, bias_val_ptr, bias_len_ptr,
         ban_tok_ptr, ban_len_ptr, stride_counts, stride_bias, stride_ban, H,
+        exc_tok_ptr + ic * EC, exc_val_ptr + ic * EC, exc_start_ptr + ic * (CHUNK // BLOCK + 1), n_c, lo, EC, BLOCK,
     )  # fmt: skip
     inv_t = 1.0 / tl.load(temp_ptr + i)
     top_k = tl.load(top_k_ptr + i)
@@ -184,11 +208,11 @@ def _sample_pass(
     min_p = 0.0
     if WITH_MIN_P:
         min_p = tl.load(min_p_ptr + i)
-    lo = c * CHUNK
-    hi = tl.minimum(lo + CHUNK, V)
     cs = tl.arange(0, CB)
     shift = KEY_BITS - 4 - 4 * LEVEL
-    if MODE == 0:
+    if MODE == 7:  # (PROCESS 2) the chunk's exceptions, read by every later pass
+        build_exceptions(row, lo, hi, r, P, P[15], P[16], P[17], exc_n_ptr + ic, EC, WITH_COUNTS, BLOCK)
+    elif MODE == 0:
         tl.store(pmax_ptr + i * C + c, _row_max(row, lo, hi, inv_t, r, P, PROCESS, WITH_COUNTS, BLOCK))
     elif MODE == 1:
         if top_k < V:  # the rows that filter by top-k (every row on the top-k path)
@@ -196,8 +220,9 @@ def _sample_pass(
             hist = tl.zeros((16,), tl.float32)
             if _chunk_live(part_k_ptr, S, C, i, c, LEVEL, prefix):
                 hist = _histogram(
-                    row, lo, hi, prefix * 0, prefix, shift, 1.0, 0.0, r, P, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
-                )
+                    row, lo, hi, prefix * 0, prefix, shift, 1.0, 0.0, r, P, False, PACKED, PROCESS, WITH_COUNTS,
+                    KEY_BITS, BLOCK,
+                )  # fmt: skip
             tl.store(part_k_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
     elif MODE == 5:
         # candidates: top 16 key bits >= prefix; > prefix when prefix is -inf's (a row with fewer than k finite
@@ -212,22 +237,34 @@ def _sample_pass(
                 ok = offs < hi
                 x = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
                 keep = ok & (_keys(x, KEY_BITS) >= low)
-                at = pos + tl.cumsum(keep.to(tl.int32), axis=0) - 1  # in vocabulary order
-                tl.store(cval_ptr + i * KC + at, x.to(tl.float32), mask=keep)
-                tl.store(ctok_ptr + i * KC + at, offs, mask=keep)
-                pos += tl.sum(keep.to(tl.int32), axis=0)
+                nk = tl.sum(keep.to(tl.int32), axis=0)
+                if nk > 0:  # (most blocks hold none of the row's ~k candidates: no scan, no store)
+                    at = pos + tl.cumsum(keep.to(tl.int32), axis=0) - 1  # in vocabulary order
+                    tl.store(cval_ptr + i * KC + at, x.to(tl.float32), mask=keep)
+                    tl.store(ctok_ptr + i * KC + at, offs, mask=keep)
+                pos += nk
     elif MODE == 6:
         prefix = _resolve(part_k_ptr, S, C, i, 4, top_k.to(tl.float32), CB)
         n = tl.sum(_chunk_counts(part_k_ptr, S, C, i, prefix, prefix != NINF16, CB), axis=0)
         u = tl.load(u_ptr + i)
-        if n <= KC:
+        if n <= KS:
+            # the usual row (k 20-100, a few ties): the same draw on a KS-sized view of its buffer, 8x fewer
+            # compares and shorter reductions than at KC; which size a row takes depends on its own n only
+            tok = _finish(
+                cval_ptr + i * KC, ctok_ptr + i * KC, n.to(tl.int32), inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KS, TS
+            )
+        elif n <= KC:
             tok = _finish(
                 cval_ptr + i * KC, ctok_ptr + i * KC, n.to(tl.int32), inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KC, TT
             )
         else:
             # blocks of 256: its weight histogram's [16, block] accumulator would take 128 registers a thread at
             # 1024 and spill the buffer's draw above (ptxas, sm_90, processed rows)
-            tok = _serial(row, V, r, P, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, 256)
+            # (over the whole row, not chunks: processed as it loads)
+            tok = _serial(
+                row, V, r, P, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, PROCESS - PROCESS // 2, WITH_COUNTS, KEY_BITS,
+                256,
+            )  # fmt: skip
         tl.store(out_ptr + r, tok.to(tl.int64))
     else:
         m = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=float("-inf")), axis=0)
@@ -238,9 +275,12 @@ def _sample_pass(
                 prefix = _resolve(part_p_ptr, S, C, i, LEVEL, need, CB)
                 hist = tl.zeros((16,), tl.float32)
                 if _chunk_live(part_p_ptr, S, C, i, c, LEVEL, prefix):
+                    # blocks of at most 256: the weights' [16, block] fp32 accumulator takes 16 x block / 128
+                    # registers a thread (1024: 255 and spilled, 2 programs an SM; ptxas sm_90)
                     hist = _histogram(
-                        row, lo, hi, floor, prefix, shift, inv_t, m, r, P, True, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
-                    )
+                        row, lo, hi, floor, prefix, shift, inv_t, m, r, P, True, False, PROCESS, WITH_COUNTS,
+                        KEY_BITS, MB,
+                    )  # fmt: skip
                 tl.store(part_p_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
         elif MODE == 3:
             tau = _threshold(part_k_ptr, part_p_ptr, S, C, i, V, top_k, top_p, True, KEY_BITS, CB)
@@ -285,6 +325,10 @@ def sample_rows(
     chunk: int | None = None,
     topk_path_max: int = TOPK_PATH_MAX,
     candidates: int | None = None,
+    exceptions: int | None = None,
+    block: int | None = None,
+    num_warps: int = 4,
+    packed_counts: bool = False,
     redraws: Iterable[tuple[torch.Tensor, torch.Tensor]] = (),
 ) -> None:
     """Draw one token for each row in `rows`; no sort, no host sync (given the any_* flags and max_top_k).
@@ -302,6 +346,12 @@ def sample_rows(
     topk_path_max: rows are drawn by the top-k path when every row has top_k < V and <= this (the Sampler calls
              once per path, each row by its own top_k: a row's path never depends on its batch); candidates: the
              path's buffer size per row (CANDIDATES; smaller only in tests)
+    exceptions: with `plan`, the most exceptions kept per chunk (kernels/exceptions.py; None: chunk // 8, a chunk
+             with more is processed as it loads); 0: none, every pass processes every logit as it loads
+    block, num_warps: logits a program takes per step (a power of two <= chunk; None: min(1024, chunk)) and its
+             warps, for benchmarks/bench_sampler.py --sweep (the full path's weight levels hold [16, block] fp32)
+    packed_counts: the count levels count in packed registers instead of Triton's histogram (the same counts,
+             kernels/sample_row._histogram), for the same sweep
     redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
              iterable only once the draw before it was launched (tests bisect on u this way without running the
              filter passes again); the serving path passes none
@@ -320,7 +370,9 @@ def sample_rows(
     Top-k path (every row has top_k < V, <= topk_path_max): 4 count levels over the top 16 key bits, then each chunk
     appends its candidates (top 16 bits >= the 4-level prefix: every top-k-kept token, a few ties more) to the
     row's buffer in vocabulary order, then one program per row draws from the buffer (exact top-k, top-p,
-    min-p): 5 passes over the logits instead of up to 2 + 2 x KEY_BITS / 4 + 2.
+    min-p): 5 passes over the logits instead of up to 2 + 2 x KEY_BITS / 4 + 2. With `plan`, a first pass
+    lists each chunk's processed logits that differ from the raw ones (kernels/exceptions.py); the others read
+    the raw logits with those patched in.
     """
     if logits.stride(-1) != 1 or logits.dim() != 2:
         raise ValueError(f"sample_rows: logits must be [N, V] with unit last stride, got {tuple(logits.shape)}")
@@ -341,7 +393,7 @@ def sample_rows(
     # processed logits are fp32: 32-bit keys
     bits = 32 if logits.dtype == torch.float32 or plan is not None else 16
     chunk = chunk or min(CHUNK, triton.next_power_of_2(v))
-    block = min(1024, chunk)
+    block = min(block or 1024, chunk)
     c = triton.cdiv(v, chunk)
     topk_path = max_top_k < v and max_top_k <= topk_path_max  # every row filters by a small top-k
     kc = (candidates or CANDIDATES) if topk_path else 1
@@ -357,6 +409,15 @@ def sample_rows(
     part_p = scratch[at + hist * (any_top_k or topk_path) :] if any_p else scratch
     ninf16 = _ninf16(torch.float32 if plan is not None else logits.dtype)
     ctok = torch.empty(s * kc if topk_path else 1, dtype=torch.int32, device=logits.device)
+    ec = (chunk // 8 if exceptions is None else exceptions) if plan is not None else 0
+    process = 0 if plan is None else 2 if ec else 1
+    if process == 2:  # per chunk: tokens, values (EC each), block starts, count
+        nbs = chunk // block + 1
+        exc = torch.empty(s * c * (2 * ec + nbs + 1), dtype=torch.int32, device=logits.device)
+        exc_tok, exc_start, exc_n = exc[: s * c * ec], exc[2 * s * c * ec : -s * c], exc[-s * c :]
+        exc_args = [exc_tok, exc[s * c * ec : 2 * s * c * ec].view(torch.float32), exc_start, exc_n]
+    else:
+        exc_args = [ctok] * 4
     if topk_path:
         passes = [(1, lvl) for lvl in range(4)] + [(5, 0), (6, 0)]
     else:
@@ -366,47 +427,35 @@ def sample_rows(
             + [(2, lvl) for lvl in range(bits // 4) if any_top_p]
             + [(3, 0), (4, 0)]
         )
+    if process == 2:
+        passes = [(7, 0)] + passes
     proc = [plan.rows, *plan.kernel_args()] if plan is not None else [_unused(logits.device)] * 12 + [0, 0, 0, 0]
 
+    # (built once: a call launches up to 19 passes, and each launch's Python work is host time per step)
+    head = [logits, rows, temp, top_k, top_p, min_p]
+    tail = [pmax, psum, part_k, part_p, cval, ctok, *proc[:12], *exc_args, *proc[12:], v, logits.stride(0), s, c]
+    consts = dict(
+        WITH_MIN_P=bool(any_min_p),
+        PROCESS=process,
+        WITH_COUNTS=plan is not None and bool(plan.num_history),
+        KEY_BITS=bits,
+        CHUNK=chunk,
+        BLOCK=block,
+        CB=triton.next_power_of_2(c),
+        KC=kc,
+        TT=max(1, min(kc, 8192 // kc)),
+        KS=max(1, kc // 8),
+        TS=max(1, min(kc // 8, 8192 // max(1, kc // 8))),
+        NINF16=ninf16,
+        EC=max(ec, 1),
+        PACKED=packed_counts and chunk // block <= 255,
+        # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414): ALU-bound
+        # passes, more programs per SM
+        num_warps=num_warps,
+    )
+
     def run(mode: int, lvl: int, u: torch.Tensor, out: torch.Tensor) -> None:
-        launch(
-            _sample_pass,
-            (s, 1 if mode == 6 else c),
-            logits,
-            rows,
-            temp,
-            top_k,
-            top_p,
-            min_p,
-            u,
-            out,
-            pmax,
-            psum,
-            part_k,
-            part_p,
-            cval,
-            ctok,
-            *proc,
-            v,
-            logits.stride(0),
-            s,
-            c,
-            lvl,
-            MODE=mode,
-            WITH_MIN_P=bool(any_min_p),
-            PROCESS=plan is not None,
-            WITH_COUNTS=plan is not None and bool(plan.num_history),
-            KEY_BITS=bits,
-            CHUNK=chunk,
-            BLOCK=block,
-            # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414): ALU-bound
-            # passes, more programs per SM
-            CB=triton.next_power_of_2(c),
-            KC=kc,
-            TT=max(1, min(kc, 8192 // kc)),
-            NINF16=ninf16,
-            num_warps=4,
-        )
+        launch(_sample_pass, (s, 1 if mode == 6 else c), *head, u, out, *tail, lvl, MODE=mode, **consts)
 
     for mode, lvl in passes:
         run(mode, lvl, u, out)

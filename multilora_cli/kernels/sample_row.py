@@ -8,13 +8,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.exceptions import load as _patched
 from multilora_cli.kernels.penalties import process_block
 
 
 @triton.jit
 def _keys(raw, KEY_BITS: tl.constexpr):
     """Logits (their storage dtype) -> keys in [0, 2^KEY_BITS) ordered as the floats (-0 before +0): int32 for
-    16-bit logits (int64 arithmetic costs two instructions per op), int64 for fp32."""
+    16-bit logits, uint32 for fp32 (int64 arithmetic costs two instructions per op; b + 2^31 = b ^ 2^31 mod 2^32)."""
     if KEY_BITS == 16:
         b = raw.to(tl.int16, bitcast=True).to(tl.int32)
         b = tl.where(b < 0, b ^ 0x7FFF, b)
@@ -22,7 +23,7 @@ def _keys(raw, KEY_BITS: tl.constexpr):
     else:
         b = raw.to(tl.int32, bitcast=True)
         b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
-        return b.to(tl.int64) + 2147483648
+        return b.to(tl.uint32, bitcast=True) ^ 0x80000000
 
 
 @triton.jit
@@ -31,7 +32,7 @@ def _as_key(x, KEY_BITS: tl.constexpr):
     if KEY_BITS == 16:
         return x.to(tl.int32)
     else:
-        return x
+        return x.to(tl.uint32)
 
 
 @triton.jit
@@ -42,10 +43,19 @@ def _weights(raw, inv_t, m):
 
 @triton.jit
 def _load(row, offs, ok, start, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
-    """The logits of `row` at offs = start + arange(BLOCK) (0 where not ok): as stored, or, when PROCESS, plan row
-    r's processed logits in fp32 (kernels/penalties.process_block, P its plan's pointers), computed here in every
-    pass instead of being written to an fp32 [rows, V] copy first."""
-    if PROCESS:
+    """The logits of `row` at offs = start + arange(BLOCK) (0 where not ok): PROCESS 0: as stored; else plan row
+    r's processed logits in fp32 (P: its plan's pointers, then its chunk's exceptions), no fp32 [rows, V] copy:
+    1: processed here (kernels/penalties.process_block), 2: the raw logits with the chunk's exceptions patched in
+    (kernels/exceptions.py, built once per step), or processed here where the chunk had more than fit."""
+    if PROCESS == 2:
+        if P[18] <= P[20]:  # the chunk's exceptions fit (n <= EC)
+            x = _patched(row, offs, ok, start, P[19], P[15], P[16], P[17], P[21], BLOCK)
+        else:
+            x = process_block(
+                row, offs, ok, start, r, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
+                P[12], P[13], P[14], WITH_COUNTS, BLOCK,
+            )  # fmt: skip
+    elif PROCESS == 1:
         x = process_block(
             row, offs, ok, start, r, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
             P[12], P[13], P[14], WITH_COUNTS, BLOCK,
@@ -78,12 +88,16 @@ def _histogram(
     r,
     P,
     MASS: tl.constexpr,
+    PACKED: tl.constexpr,
     PROCESS: tl.constexpr,
     WITH_COUNTS: tl.constexpr,
     KEY_BITS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """[16]: per digit (key >> shift) & 15 of the keys >= floor under `prefix`, their count or weight."""
+    """[16]: per digit (key >> shift) & 15 of the keys >= floor under `prefix`, their count or weight. Counts:
+    Triton's histogram per block, or with PACKED (at most 255 blocks in [lo, hi)) 8-bit counters per register
+    slot, 8 digits to a uint64, widened and summed once at the end: no shared-memory atomics, no barrier per
+    block; integers either way, the same counts."""
     bins = tl.arange(0, 16)
     floor = _as_key(floor, KEY_BITS)
     prefix = _as_key(prefix, KEY_BITS)
@@ -92,22 +106,37 @@ def _histogram(
     # of 128k took 2.7 ms instead of 0.8 ms on an H200 (a [16] reduction per block and int64 keys: 4.5 ms)
     acc = tl.zeros((16, BLOCK), tl.float32)
     counts = tl.zeros((16,), tl.int32)
+    lo8 = tl.zeros((BLOCK,), tl.uint64)  # PACKED: byte d of slot j = how many of its keys had digit d (0-7)
+    hi8 = tl.zeros((BLOCK,), tl.uint64)  # (digits 8-15)
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         ok = offs < hi
         raw = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
         key = _keys(raw, KEY_BITS)
-        ok = ok & (key >= floor) & ((key >> (shift + 4)) == prefix)
-        digit = ((key >> shift) & 15).to(tl.int32)
+        top = key >> shift  # (then >> 4: one shift by shift + 4 = 32 would be undefined on 32-bit keys)
+        ok = ok & (key >= floor) & ((top >> 4) == prefix)
+        digit = (top & 15).to(tl.int32)
         if MASS:
             w = tl.where(ok, _weights(raw, inv_t, m), 0.0)
             acc += tl.where(bins[:, None] == digit[None, :], w[None, :], 0.0)
+        elif PACKED:
+            inc = ok.to(tl.uint64) << ((digit & 7) * 8).to(tl.uint64)
+            lo8 += tl.where(digit < 8, inc, 0)
+            hi8 += tl.where(digit < 8, 0, inc)
         else:
             # counts: Triton's warp-vote histogram, ~2x faster than the compare per bin (H200, 256 x 128k:
             # 64-80 vs 150-155 us a pass); integers, so exact
             counts += tl.histogram(digit, 16, mask=ok)
     if MASS:
         return tl.sum(acc, axis=1)
+    if PACKED:
+        # bytes -> 16-bit fields (even bytes, odd bytes) before summing the slots: a digit's total is < 2^16
+        m = 0x00FF00FF00FF00FF
+        lo_e, lo_o = tl.sum(lo8 & m, axis=0), tl.sum((lo8 >> 8) & m, axis=0)
+        hi_e, hi_o = tl.sum(hi8 & m, axis=0), tl.sum((hi8 >> 8) & m, axis=0)
+        even = (bins & 1) == 0
+        word = tl.where(bins < 8, tl.where(even, lo_e, lo_o), tl.where(even, hi_e, hi_o))
+        return ((word >> (((bins & 7) // 2) * 16).to(tl.uint64)) & 0xFFFF).to(tl.float32)
     return counts.to(tl.float32)
 
 

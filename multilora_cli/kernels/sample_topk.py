@@ -36,18 +36,18 @@ def _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P: tl.constex
     """The draw from a row's n <= KC candidates (cval: their logits, fp32, ctok: their ids, in vocabulary order;
     every top-k-kept token is among them): the exact top-k (k-th largest key), top-p within its survivors, min-p,
     the inverse-CDF draw. Ranks and masses above a key are compare-and-sum over all pairs, TT candidates at a
-    time (n x KC compares). KC is the same for every launch (kernels/sample.CANDIDATES), so a row's sums run in
-    the same order whatever its batch."""
+    time (n x KC compares). KC (the buffer, kernels/sample.CANDIDATES, or its first eighth when n fits there) is
+    set by the launch's buffer and the row's own n, so a row's sums run in the same order whatever its batch."""
     idx = tl.arange(0, KC)
     valid = idx < n
     x = tl.load(cval + idx, mask=valid, other=float("-inf"))
-    key = tl.where(valid, _keys(x, 32), -1)  # [KC] int64; -1 below every real key
+    key = tl.where(valid, _keys(x, 32).to(tl.int64), -1)  # [KC] int64; -1 below every real key
     m = tl.max(tl.where(valid, x * inv_t, float("-inf")), axis=0)
     w = tl.where(valid, _weights(x, inv_t, m), 0.0)
     tau_k = tl.zeros((), tl.int64)
     for t0 in range(0, n, TT):  # tau_k = the largest key with >= k keys at or above it
         tt = t0 + tl.arange(0, TT)
-        kt = tl.where(tt < n, _keys(tl.load(cval + tt, mask=tt < n, other=0.0), 32), -1)
+        kt = tl.where(tt < n, _keys(tl.load(cval + tt, mask=tt < n, other=0.0), 32).to(tl.int64), -1)
         ge = tl.sum((key[None, :] >= kt[:, None]).to(tl.int32), axis=1)
         tau_k = tl.maximum(tau_k, tl.max(tl.where((tt < n) & (ge >= top_k), kt, 0), axis=0))
     wk = tl.where(key >= tau_k, w, 0.0)
@@ -57,7 +57,7 @@ def _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P: tl.constex
         tau_p = tl.full((), 9223372036854775807, tl.int64)
         for t0 in range(0, n, TT):
             tt = t0 + tl.arange(0, TT)
-            kt = tl.where(tt < n, _keys(tl.load(cval + tt, mask=tt < n, other=0.0), 32), -1)
+            kt = tl.where(tt < n, _keys(tl.load(cval + tt, mask=tt < n, other=0.0), 32).to(tl.int64), -1)
             above = tl.sum(tl.where(key[None, :] > kt[:, None], wk[None, :], 0.0), axis=1)
             ok = (tt < n) & (kt >= tau_k) & (above < need)
             tau_p = tl.minimum(tau_p, tl.min(tl.where(ok, kt, 9223372036854775807), axis=0))
@@ -98,7 +98,9 @@ def _serial(
         above = tl.zeros((), tl.float32)
         for lvl in range(KEY_BITS // 4):
             shift = KEY_BITS - 4 - 4 * lvl
-            h = _histogram(row, 0, V, tau * 0, tau, shift, inv_t, m, r, P, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)
+            h = _histogram(
+                row, 0, V, tau * 0, tau, shift, inv_t, m, r, P, False, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
+            )
             tau, above = _digit(h, tau, above, top_k.to(tl.float32))
     if top_p < 1.0:
         total = _kept_sum(row, 0, V, tau, inv_t, m, 0.0, r, P, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)
@@ -106,7 +108,9 @@ def _serial(
         above = tl.zeros((), tl.float32)
         for lvl in range(KEY_BITS // 4):
             shift = KEY_BITS - 4 - 4 * lvl
-            h = _histogram(row, 0, V, tau, tau_p, shift, inv_t, m, r, P, True, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)
+            h = _histogram(
+                row, 0, V, tau, tau_p, shift, inv_t, m, r, P, True, False, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK
+            )
             tau_p, above = _digit(h, tau_p, above, top_p * total)
         tau = tl.maximum(tau, tau_p)
     total = _kept_sum(row, 0, V, tau, inv_t, m, min_p, r, P, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)

@@ -113,25 +113,27 @@ def test_draws_from_processed_rows_match_torch(dtype):
                 assert want[i].item() == t
 
 
-def test_many_entries_across_blocks():
-    """A row biasing and banning hundreds of tokens spread over several kernel blocks: each block finds its own
-    entries (binary search over the row's sorted tokens), none is lost or applied twice."""
+@pytest.mark.parametrize("nbias,nban", [(500, 300), (30, 20)])
+def test_many_entries_across_blocks(nbias, nban):
+    """A row biasing and banning tens to hundreds of tokens spread over several kernel blocks: each block finds
+    its own entries (counted from one load up to 32 entries, by binary search above), none is lost or applied
+    twice."""
     v = 5000
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(2, v, generator=g) * 3).to(DEV)
     p = plan(v, [1, 0], 1, g)
     toks = torch.randperm(v, generator=g)
-    bias = sorted(toks[:500].tolist())
-    ban = sorted(toks[500:800].tolist())
-    vals = (torch.rand(500, generator=g) * 200 - 100).tolist()
-    p.bias_tok = torch.zeros(6, 500, dtype=torch.long, device=DEV)  # plan row 0 on table row 5, 1 on 0
-    p.bias_val = torch.zeros(6, 500, device=DEV)
+    bias = sorted(toks[:nbias].tolist())
+    ban = sorted(toks[nbias : nbias + nban].tolist())
+    vals = (torch.rand(nbias, generator=g) * 200 - 100).tolist()
+    p.bias_tok = torch.zeros(6, nbias, dtype=torch.long, device=DEV)  # plan row 0 on table row 5, 1 on 0
+    p.bias_val = torch.zeros(6, nbias, device=DEV)
     p.bias_tok[5] = torch.tensor(bias, device=DEV)
     p.bias_val[5] = torch.tensor(vals, dtype=torch.float32, device=DEV)
-    p.bias_len = torch.tensor([0, 0, 0, 0, 0, 500], device=DEV)
-    p.ban_tok = torch.zeros(6, 300, dtype=torch.long, device=DEV)
+    p.bias_len = torch.tensor([0, 0, 0, 0, 0, nbias], device=DEV)
+    p.ban_tok = torch.zeros(6, nban, dtype=torch.long, device=DEV)
     p.ban_tok[0] = torch.tensor(ban, device=DEV)
-    p.ban_len = torch.tensor([300, 0, 0, 0, 0, 0], device=DEV)
+    p.ban_len = torch.tensor([nban, 0, 0, 0, 0, 0], device=DEV)
     got, want = process_rows(x, p), process_rows_torch(x, p)
     torch.testing.assert_close(got, want, rtol=0 if DEV == "cpu" else 1e-6, atol=0 if DEV == "cpu" else 1e-5)
-    assert torch.isinf(want[1]).sum() == 300 and not torch.isinf(want[0]).any()
+    assert torch.isinf(want[1]).sum() == nban and not torch.isinf(want[0]).any()

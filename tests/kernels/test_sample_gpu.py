@@ -70,3 +70,24 @@ def test_paths_agree_at_llama3_vocab(processed, top_k, top_p, min_p):
     kept = kept_weights(ref, temp, k, p, m) > 0
     for out in outs:
         assert kept.gather(1, out.unsqueeze(1)).all()
+
+
+@pytest.mark.parametrize("exceptions", [None, 8])  # None: chunk // 8 (all fit here); 8: most chunks overflow
+@pytest.mark.parametrize("top_k,top_p,min_p", [(50, 0.9, 0.05), (1000, 0.95, 0.0)])
+def test_exceptions_draw_what_processing_every_load_draws(exceptions, top_k, top_p, min_p):
+    """Processed rows drawn from the raw logits with each chunk's exceptions patched in (kernels/exceptions.py)
+    see the bits processing every load sees (exceptions=0), so every token is the same, on both paths."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x, plan = _logits(g), _plan(g)
+    rows = torch.arange(B, device="cuda")
+    temp = torch.full((B,), 0.9, device="cuda")
+    k, p = torch.full((B,), top_k, device="cuda"), torch.full((B,), top_p, device="cuda")
+    m = torch.full((B,), min_p, device="cuda")
+    u = torch.rand(B, device="cuda", dtype=torch.float64, generator=g)
+    for path_max in (1024, 0):
+        outs = []
+        for exc in (exceptions, 0):
+            out = torch.empty(B, dtype=torch.long, device="cuda")
+            sample_rows(x, rows, temp, k, p, u, out, min_p=m, plan=plan, topk_path_max=path_max, exceptions=exc)
+            outs.append(out)
+        assert torch.equal(*outs), (path_max, (outs[0] != outs[1]).nonzero().flatten().tolist())

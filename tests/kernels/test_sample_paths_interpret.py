@@ -38,6 +38,9 @@ def test_topk_path_equals_full_path_and_definition(dtype):
         want = sample_rows_torch(x[rows], temp, top_k, top_p, u, min_p)
         topk = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256)
         assert topk[rows].tolist() == want.tolist()
+        if seed == 0:  # the count levels in packed registers (4 blocks a chunk here): the same counts, same draws
+            packed = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256, block=64, packed_counts=True)
+            assert packed[rows].tolist() == want.tolist()
         if seed == 0:  # (the full path's 2 x 8 radix passes on fp32 are slow in the interpreter: once)
             full = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256, topk_path_max=0)
             assert full[rows].tolist() == want.tolist()
@@ -69,9 +72,12 @@ def test_overflowing_rows_take_the_serial_path():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("topk_path_max", [1024, pytest.param(0, marks=pytest.mark.slow)])  # 0: full path, fp32
-def test_fused_processing_equals_the_processed_copy(dtype, topk_path_max):
-    """Rows of a ProcessPlan (bias +-100, bans, penalties from a history) drawn by the kernel processing as it
-    loads, on either path, equal the torch path drawing from process_rows_torch's fp32 copy."""
+@pytest.mark.parametrize("exceptions", [None, 256, 0])
+def test_fused_processing_equals_the_processed_copy(dtype, topk_path_max, exceptions):
+    """Rows of a ProcessPlan (bias +-100, bans, penalties from a history) drawn by the kernel, on either path,
+    equal the torch path drawing from process_rows_torch's fp32 copy: with each chunk's exceptions listed first
+    (None: 32 a chunk, so the chunks of the rows with a dense history (2/3 of their tokens counted) overflow
+    and process as they load, the others do not; 256: every chunk fits) or processing every load (0)."""
     v = 700
     g = torch.Generator().manual_seed(8)
     x = (torch.randn(5, v, generator=g) * 3).to(dtype).to(DEV)
@@ -85,7 +91,10 @@ def test_fused_processing_equals_the_processed_copy(dtype, topk_path_max):
     for seed in range(3 if topk_path_max else 1):
         u = torch.rand(4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         want = sample_rows_torch(proc[rows], temp, top_k, top_p, u, min_p)
-        got = _draw(x, rows, temp, top_k, top_p, u, min_p, 5, plan=p, chunk=256, topk_path_max=topk_path_max)
+        got = _draw(
+            x, rows, temp, top_k, top_p, u, min_p, 5, plan=p, chunk=256, topk_path_max=topk_path_max,
+            exceptions=exceptions,
+        )  # fmt: skip
         assert got[rows].tolist() == want.tolist()
         assert got[2].item() == -7
         assert not torch.isinf(proc[rows].gather(1, want.unsqueeze(1))).any()  # never a banned token
