@@ -85,7 +85,9 @@ def run_cli(args: list[str], stdin: bytes | None = None) -> tuple[int, bytes, st
 
 
 def subprocess_env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    # the repository first, then whatever the parent had (packages the test process found must import there too)
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     env.pop("MULTILORA_DEBUG", None)
     return env
 
