@@ -68,11 +68,17 @@ def test_samples_on_cuda(setup, eager):
     assert [s.token_ids for s in got[3].samples] == [r.token_ids for r in alone3]
     assert eng.generate_all([mix[1]])[0].token_ids == got[1].token_ids
     eng.close()
-    tight = engine(setup, eager, block_size=16, num_kv_blocks=5, max_num_seqs=10)
-    again = tight.generate_all([req(k, r.prompt_token_ids, r.adapter, **_sp(r)) for k, r in enumerate(mix)])
-    assert [[s.token_ids for s in r.samples] for r in again] == [[s.token_ids for s in r.samples] for r in got]
-    assert tight.stats.preemptions > 0 and tight.block_manager.num_free_blocks == 5
-    tight.close()
+    # tiny caches: whether a given size preempts depends on admission timing (slot loads, preloads), so a few
+    # sizes run and at least one must preempt; every one gives the same samples and ends with every block free
+    preempted = 0
+    for blocks in (5, 6, 7):
+        tight = engine(setup, eager, block_size=16, num_kv_blocks=blocks, max_num_seqs=10)
+        again = tight.generate_all([req(k, r.prompt_token_ids, r.adapter, **_sp(r)) for k, r in enumerate(mix)])
+        assert [[s.token_ids for s in r.samples] for r in again] == [[s.token_ids for s in r.samples] for r in got]
+        assert tight.block_manager.num_free_blocks == blocks
+        preempted += tight.stats.preemptions
+        tight.close()
+    assert preempted > 0
 
 
 def _sp(r: Request) -> dict:
