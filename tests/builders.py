@@ -246,3 +246,28 @@ def load_peft(base: Path, adapters: dict[str, Path]):
     for n in names[1:]:
         pm.load_adapter(adapters[n], adapter_name=n)
     return pm.eval()
+
+
+def hf_greedy_margins(base: Path, adapters: dict[str, Path], prompts, plan, new: int):
+    """HF + PEFT fp32 greedy continuations of `prompts` (each under its `plan` adapter, None: the base) for `new`
+    tokens, with each step's top-1 margin (top logit minus the second): where a bf16 comparison may part ways."""
+    import torch
+
+    pm = load_peft(base, adapters)
+    tokens, margins = [], []
+    with torch.no_grad():
+        for p, a in zip(prompts, plan):
+            ids, marg = torch.tensor([p]), []
+            for _ in range(new):
+                if a is None:
+                    with pm.disable_adapter():
+                        logits = pm(input_ids=ids).logits[0, -1]
+                else:
+                    pm.set_adapter(a)
+                    logits = pm(input_ids=ids).logits[0, -1]
+                top = logits.topk(2).values
+                marg.append(float(top[0] - top[1]))
+                ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+            tokens.append(ids[0, len(p) :].tolist())
+            margins.append(marg)
+    return tokens, margins

@@ -10,7 +10,7 @@ import torch
 from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
-from tests.builders import build_mixed, load_peft
+from tests.builders import build_mixed, hf_greedy_margins
 
 pytestmark = pytest.mark.gpu
 
@@ -41,23 +41,7 @@ def family(tmp_path_factory, request):
     prompts = [
         torch.randint(3, 256, (int(torch.randint(3, 21, (1,), generator=g)),), generator=g).tolist() for _ in PLAN
     ]
-    pm = load_peft(base, adapters)
-    tokens, margins = [], []
-    with torch.no_grad():
-        for p, a in zip(prompts, PLAN):
-            ids, marg = torch.tensor([p]), []
-            for _ in range(NEW):
-                if a is None:
-                    with pm.disable_adapter():
-                        logits = pm(input_ids=ids).logits[0, -1]
-                else:
-                    pm.set_adapter(a)
-                    logits = pm(input_ids=ids).logits[0, -1]
-                top = logits.topk(2).values
-                marg.append(float(top[0] - top[1]))
-                ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
-            tokens.append(ids[0, len(p) :].tolist())
-            margins.append(marg)
+    tokens, margins = hf_greedy_margins(base, adapters, prompts, PLAN, NEW)
     return base, adapters, prompts, tokens, margins
 
 

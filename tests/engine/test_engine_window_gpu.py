@@ -13,7 +13,7 @@ from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.block_manager import cdiv
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
-from tests.builders import build_adapter, build_base, build_tokenizer, load_peft, mixed_adapters
+from tests.builders import build_adapter, build_base, build_tokenizer, hf_greedy_margins, mixed_adapters
 from tests.engine.test_engine_families_gpu import TIE
 from tests.engine.test_engine_window import _spy_held
 
@@ -34,23 +34,7 @@ def windowed(tmp_path_factory):
     prompts = [
         torch.randint(3, 256, (int(torch.randint(40, 71, (1,), generator=g)),), generator=g).tolist() for _ in PLAN
     ]
-    pm = load_peft(base, adapters)
-    tokens, margins = [], []
-    with torch.no_grad():
-        for p, a in zip(prompts, PLAN):
-            ids, marg = torch.tensor([p]), []
-            for _ in range(NEW):
-                if a is None:
-                    with pm.disable_adapter():
-                        logits = pm(input_ids=ids).logits[0, -1]
-                else:
-                    pm.set_adapter(a)
-                    logits = pm(input_ids=ids).logits[0, -1]
-                top = logits.topk(2).values
-                marg.append(float(top[0] - top[1]))
-                ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
-            tokens.append(ids[0, len(p) :].tolist())
-            margins.append(marg)
+    tokens, margins = hf_greedy_margins(base, adapters, prompts, PLAN, NEW)
     return base, adapters, prompts, tokens, margins
 
 
