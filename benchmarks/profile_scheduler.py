@@ -20,7 +20,6 @@ the row then reports the hashes the admissions still made on the step loop's thr
 from __future__ import annotations
 
 import cProfile
-import gc
 import hashlib
 import pstats
 import statistics
@@ -30,6 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks.timing import parser
+from multilora_cli.bench.suite import GcClock
 from multilora_cli.bench.workload import Workload
 from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.block_manager import BlockManager
@@ -96,27 +96,6 @@ def make_engine(work: Workload, base_only: bool):
         slots._pool = InlinePool()  # the engine reads adapters on prefetch threads; a base-only run has none
     bm = BlockManager(cfg.num_kv_blocks, block)
     return Scheduler(cfg, bm, slots, max_model_len=cfg.max_model_len), StopChecker(max_model_len=cfg.max_model_len)
-
-
-class GcClock:
-    """GC collections per generation and their seconds while inside the `with` (gc.callbacks)."""
-
-    def __init__(self):
-        self.seconds, self.collections, self._t = 0.0, [0, 0, 0], 0.0
-
-    def _cb(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._t
-            self.collections[info["generation"]] += 1
-
-    def __enter__(self):
-        gc.callbacks.append(self._cb)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        gc.callbacks.remove(self._cb)
 
 
 def slow_hash(ms: float):

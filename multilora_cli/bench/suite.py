@@ -183,7 +183,7 @@ def run_multilora_row(
         sched0, wait0 = engine.schedule_seconds, engine.slots.read_wait_seconds
         host0 = (engine.feed_seconds, engine.results_seconds, engine.preload_seconds)
         ids0 = (engine.identities.caller_hashes, engine.identities.caller_seconds, engine.scheduler.num_ahead_steps)
-        gc_clock = _GcClock()
+        gc_clock = GcClock()
         engine.runner.step_log = []
         _sync(device)
         t0 = time.perf_counter()
@@ -263,7 +263,7 @@ def run_multilora_row(
         _free(device)
 
 
-class _GcClock:
+class GcClock:
     """Time spent in garbage collection while inside the `with` (gc.callbacks), and how many of each generation."""
 
     def __init__(self):
