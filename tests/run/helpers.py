@@ -98,3 +98,18 @@ def multilora_cmd() -> list[str]:
 
 def run_sub(args: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(multilora_cmd() + args, capture_output=True, env=subprocess_env(), **kw)
+
+
+def run_cold_then_warm(model_dir: Path, tmp_path: Path, inp: Path) -> list[tuple[dict, str]]:
+    """`multilora run` of `inp` on CUDA with the demo-shaped `model_dir` (base, legal, medical), twice over one
+    fresh Triton cache: [(startup stats, output text) of the cold run, the same of the warm run]."""
+    env = dict(subprocess_env(), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    runs = []
+    for tag in ("cold", "warm"):
+        stats, out = tmp_path / f"{tag}.json", tmp_path / f"{tag}.jsonl"
+        args = ["run", str(inp), "-m", str(model_dir / "base"), "--device", "cuda", "-q"]
+        args += ["-a", f"legal={model_dir / 'legal'},medical={model_dir / 'medical'}", "--stats", str(stats)]
+        p = subprocess.run([*multilora_cmd(), *args, "-o", str(out)], capture_output=True, text=True, env=env)
+        assert p.returncode == 0, p.stderr
+        runs.append((json.loads(stats.read_text())["startup"], out.read_text()))
+    return runs

@@ -6,12 +6,9 @@ warm process compiles nothing either and writes the same records."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
 
-from tests.run.helpers import multilora_cmd, subprocess_env, write_jsonl
+from tests.run.helpers import run_cold_then_warm, write_jsonl
 
 pytestmark = pytest.mark.gpu
 
@@ -36,16 +33,7 @@ LINES = [
 def test_a_jobs_steps_compile_nothing_on_a_cold_cache(model_dir, tmp_path):
     pytest.importorskip("llguidance")
     inp = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "max_tokens": 6, **x} for i, x in enumerate(LINES)])
-    env = dict(subprocess_env(), TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    runs = []
-    for tag in ("cold", "warm"):
-        stats, out = tmp_path / f"{tag}.json", tmp_path / f"{tag}.jsonl"
-        args = ["run", str(inp), "-m", str(model_dir / "base"), "--device", "cuda", "-q"]
-        args += ["-a", f"legal={model_dir / 'legal'},medical={model_dir / 'medical'}", "--stats", str(stats)]
-        p = subprocess.run([*multilora_cmd(), *args, "-o", str(out)], capture_output=True, text=True, env=env)
-        assert p.returncode == 0, p.stderr
-        runs.append((json.loads(stats.read_text())["startup"], out.read_text()))
-    (cold, cold_out), (warm, warm_out) = runs
+    (cold, cold_out), (warm, warm_out) = run_cold_then_warm(model_dir, tmp_path, inp)
     steps = cold["triton_in_steps"]
     assert steps["compiled"] == 0, f"compiled inside the steps: {steps['kernels']}"
     assert cold["triton_at_start"]["compiled"] > 0 and cold["precompiled"] > 0
