@@ -102,7 +102,7 @@ def prompt_token_bound(path: str, max_bytes: int = PROMPT_BOUND_BYTES, enough: i
         return None
     total = 0
     for spec in specs:
-        total += _line_tokens(spec)
+        total += line_token_bound(spec)
         if total > enough:
             break
     return total
@@ -138,7 +138,8 @@ def _specs(lines: Iterator[bytes]) -> Iterator[LineSpec]:
         yield parse_line(raw, key, key + 1, fmt)
 
 
-def _line_tokens(spec: LineSpec) -> int:
+def line_token_bound(spec: LineSpec) -> int:
+    """An upper bound on a line's prompt tokens without its tokenizer: its bytes (a token covers >= 1) + slack."""
     if spec.error is not None:
         return 0  # an error record runs nothing
     if spec.prompt_token_ids is not None:

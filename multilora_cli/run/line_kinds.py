@@ -22,7 +22,7 @@ from multilora_cli.engine.generation_config import read_generation_config
 from multilora_cli.engine.scoring import scoring_ids
 from multilora_cli.engine.tokenizer import Tokenizer
 from multilora_cli.errors import MultiloraError
-from multilora_cli.io.reader import small_file_specs
+from multilora_cli.io.reader import line_token_bound, small_file_specs
 from multilora_cli.io.sampling import SamplingFlags, SamplingResolver
 from multilora_cli.run.lines import admit, to_request
 
@@ -70,10 +70,14 @@ def read_input_facts(
             continue
         scoring = spec.continuation is not None
         if tokenizer is not None and tokens <= enough:
-            req = to_request(spec, adapter, params)
-            try:
-                tokens += len(scoring_ids(tokenizer, req)[0] if scoring else tokenizer.encode_request(req))
-            except MultiloraError:  # an error record: runs nothing
-                continue
+            bound = line_token_bound(spec)
+            if tokens + bound > enough:  # counting ends past `enough`: the bound serves, and a huge prompt (a
+                tokens += bound  # megabyte: seconds and GBs to encode) is left to the run's own length check
+            else:
+                req = to_request(spec, adapter, params)
+                try:
+                    tokens += len(scoring_ids(tokenizer, req)[0] if scoring else tokenizer.encode_request(req))
+                except MultiloraError:  # an error record: runs nothing
+                    continue
         kinds.add(LineKind.of(params, base=adapter is None, scoring=scoring))
     return InputFacts(frozenset(kinds), tokens if tokenizer is not None else None, tokenizer)
