@@ -10,12 +10,11 @@ import torch
 
 from multilora_cli.config import EngineConfig
 from multilora_cli.engine.engine import Engine
-from tests.builders import build_adapter, build_base, build_tokenizer
+from tests.builders import build_adapter, build_base, build_tokenizer, hf_greedy_margins
 from tests.engine.test_engine_dora import KINDS, PLAN, _prompts, _requests
-from tests.engine.test_engine_gpu import _hf_reference
 
 pytestmark = pytest.mark.gpu
-NEW = 8  # test_engine_gpu._hf_reference's
+NEW = 8  # test_engine_gpu's
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +24,7 @@ def setup(tmp_path_factory):
     build_tokenizer(base)
     adapters = {n: build_adapter(base, root / n, **kw) for n, kw in KINDS.items()}
     prompts = _prompts(len(PLAN), seed=11)
-    return base, adapters, prompts, _hf_reference(base, adapters, prompts, PLAN)
+    return base, adapters, prompts, hf_greedy_margins(base, adapters, prompts, PLAN, NEW)
 
 
 def _engine(base, adapters, **kw) -> Engine:

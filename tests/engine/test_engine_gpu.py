@@ -7,15 +7,13 @@ top-1 margin is clear of bf16 rounding, and most tokens of whole sequences agree
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from multilora_cli.config import EngineConfig, SamplingParams
 from multilora_cli.engine.engine import Engine
 from multilora_cli.engine.request import Request
-from tests.builders import build_mixed, load_peft
+from tests.builders import build_mixed, hf_greedy_margins
 
 pytestmark = pytest.mark.gpu
 
@@ -48,34 +46,11 @@ def _requests(prompts, plan, sampled: bool = False) -> list[Request]:
     ]
 
 
-def _hf_reference(base: Path, adapters: dict[str, Path], prompts, plan):
-    """Greedy tokens of HF + PEFT in fp32 on CPU, and the top-1 minus top-2 logit margin at every step."""
-    pm = load_peft(base, adapters)
-    tokens, margins = [], []
-    with torch.no_grad():
-        for p, a in zip(prompts, plan):
-            ids = torch.tensor([p])
-            marg = []
-            for _ in range(NEW):
-                if a is None:
-                    with pm.disable_adapter():
-                        logits = pm(input_ids=ids).logits[0, -1]
-                else:
-                    pm.set_adapter(a)
-                    logits = pm(input_ids=ids).logits[0, -1]
-                top = logits.topk(2).values
-                marg.append(float(top[0] - top[1]))
-                ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
-            tokens.append(ids[0, len(p) :].tolist())
-            margins.append(marg)
-    return tokens, margins
-
-
 @pytest.fixture(scope="module")
 def reference(setup):
     base, adapters = setup
     prompts = _prompts(len(PLAN))
-    return prompts, _hf_reference(base, adapters, prompts, PLAN)
+    return prompts, hf_greedy_margins(base, adapters, prompts, PLAN, NEW)
 
 
 @pytest.mark.parametrize("eager", [False, True])
