@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import pytest
 
+from tests.engine.test_precompile_cover import LINES as COVER_LINES
 from tests.run.helpers import run_cold_then_warm, write_jsonl
 
 pytestmark = pytest.mark.gpu
 
+# the CPU cover test's lines (every sampling and processing kind of the demo and more), plus a chat line,
+# logprobs, a scoring line and a regex
 LINES = [
-    {"adapter": "legal", "prompt": "The court held that"},
-    {"prompt": "Here is one example:"},
+    *COVER_LINES,
     {"adapter": "medical", "messages": [{"role": "user", "content": "What helps with a dry cough?"}]},
-    {"adapter": "legal", "prompt": "Remember that", "temperature": 0.8, "top_p": 0.95, "seed": 7},
-    {"adapter": "medical", "prompt": "The doctor prescribed", "stop": [" for"]},
-    {"prompt": "On Sunday morning we", "temperature": 0.7, "top_k": 20, "seed": 3},
-    {"adapter": "medical", "prompt": "The patient", "temperature": 1.0, "min_p": 0.1, "seed": 1},
-    {"adapter": "legal", "prompt": "The lease", "temperature": 0.9, "repetition_penalty": 1.3, "seed": 2},
-    {"prompt": "The weather", "logit_bias": {"57": 5}},
-    {"adapter": "medical", "prompt": "A dry cough", "temperature": 0.9, "top_k": 5, "logit_bias": {"9": -3}},
-    {"prompt": "We went", "temperature": 0.6, "min_tokens": 2, "seed": 5},
     {"adapter": "legal", "prompt": "The tenant", "logprobs": 3, "prompt_logprobs": 1},
     {"adapter": "legal", "prompt": "The court", "continuation": " held that"},
     {"prompt": "The code is", "regex": "[0-9]{2}-[a-f]{3}", "temperature": 1.0, "seed": 4},
