@@ -3,6 +3,11 @@ JITFunctions expose the parameter kinds its variant keys rely on."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -39,3 +44,37 @@ def test_collect_records_without_running_then_compiled_kernels_run_right():
     ref = add_lora_reference(y0, x, w, torch.tensor(ts))
     rel = ((y.double() - ref).norm() / (ref - y0.double()).norm()).item()
     assert rel < 1e-2
+
+
+LAUNCHERS_BUILT_AHEAD = """
+import os, sys, torch
+from multilora_cli.kernels import add_lora, build_lora_meta
+from multilora_cli.kernels.launch import collect, compile_all
+from tests.kernels.lora_cases import make_pool, token_slots
+ts = token_slots("zipf", 33, seed=1)
+w = make_pool(256, [256, 64], torch.float16, device="cuda")
+x, y = torch.randn(33, 256).half().cuda(), torch.randn(33, 320).half().cuda()
+meta = build_lora_meta(ts, "cuda")
+with collect() as calls:
+    add_lora(y, x, w, meta)
+compile_all(calls)
+before = len(os.listdir(os.environ["TRITON_CACHE_DIR"]))
+add_lora(y, x, w, meta)
+torch.cuda.synchronize()
+print(before, len(os.listdir(os.environ["TRITON_CACHE_DIR"])))
+"""
+
+
+def test_compile_all_builds_launchers_so_the_first_launch_builds_nothing(tmp_path):
+    """In a fresh Triton cache, compile_all leaves nothing for the first real launch to build: each kernel's
+    launcher (a C module per signature, built with the host's compiler) lands in the cache during compile_all,
+    not at the launch (a cold demo run built 14 of them inside its steps, one after another)."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCHERS_BUILT_AHEAD], env=env, cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = map(int, out.stdout.split()[-2:])
+    assert before > 0 and after == before, f"cache entries {before} after compile_all, {after} after the launch"
