@@ -9,7 +9,7 @@
      "logprob_lm_head": how a step with logprob rows runs the LM head (models/head_check.py's HeadGemms.stats:
      "path" "one_gemm" | "two_gemms" | "mixed", the row counts of each, the check's seconds)}
 
-A one-shot job (the 14-line demo) is mostly this: on an H200 host 21 s cold, 8 s warm, of which 3.6-4.6 s are
+A one-shot job (the 14-line demo) is mostly this: on an H200 host 14.8 s cold, 5.2 s warm, of which 3.9-4.7 s are
 imports (benchmarks/RESULTS.md, issue 36).
 """
 
