@@ -10,7 +10,9 @@ with two spaces of indent per nesting level. A module is counted once, under the
 so the split is exclusive: `torch_s` is every module loaded while `import torch` ran (its numpy, its stdlib
 modules), `triton_s` the same for triton's imports outside torch's, `rest_s` everything else (the interpreter's
 start-up modules, typer, our own modules, tokenizers, jinja2...); the three add up to `total_s`. `top_rest`
-names the largest first-level imports of the rest (cumulative, less the torch / triton inside them).
+names the largest first-level imports of the rest (cumulative, less the torch / triton inside them), `top_torch`
+the largest imports inside `import torch` (its own module body is `torch` itself: the shared libraries its
+torch._C loads count under torch._C).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def split(stderr: str, top: int = 8) -> dict:
         children.setdefault(p, []).append(i)
 
     sums = dict.fromkeys(GROUPS, 0)
+    inside_torch: list[tuple[int, str]] = []  # (cumulative us, module) of the imports `import torch` made
 
     def rest_of(i: int) -> int:
         """Microseconds of node i's subtree outside torch / triton subtrees (those go to `sums`)."""
@@ -61,6 +64,9 @@ def split(stderr: str, top: int = 8) -> dict:
         g = group_of(name)
         if g is not None:
             sums[g] += cum
+            if g == "torch":
+                inside_torch.extend((rows[c][1], rows[c][3]) for c in children.get(i, []))
+                inside_torch.append((own, name))
             return 0
         return own + sum(rest_of(c) for c in children.get(i, []))
 
@@ -74,4 +80,5 @@ def split(stderr: str, top: int = 8) -> dict:
         "total_s": s(rest + sums["torch"] + sums["triton"]),
         "modules": len(rows),
         "top_rest": [[name, s(us)] for us, name in sorted(firsts, reverse=True)[:top]],
+        "top_torch": [[name, s(us)] for us, name in sorted(inside_torch, reverse=True)[:top]],
     }

@@ -33,6 +33,7 @@ def test_split_attributes_each_subtree_to_torch_triton_or_the_rest():
     assert got["total_s"] == 3.725 and got["modules"] == 10
     # first-level imports of the rest, less the torch / triton inside them (job: itself, encodings, logprobs, batch)
     assert got["top_rest"] == [["multilora_cli.run.job", 0.155], ["typer", 0.02]]
+    assert got["top_torch"] == [["torch._C", 2.3], ["torch", 1.0]]  # torch's children, then its own body
     assert split("no importtime here") == {}
 
 
