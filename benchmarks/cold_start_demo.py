@@ -4,9 +4,13 @@ Used by `python -m benchmarks.profile_cold_start --demo DIR` (see there). Each r
 `multilora run prompts.jsonl --adapters legal,medical` in DIR, as `python -m multilora_cli` with `--stats`; the
 parent times its wall clock and reads the run's "startup" stats (engine/startup.py): seconds from the process's
 start to the engine (imports, pre-flight), the engine's start (precompile, capture, arena), the first step, and
-Triton's compiles vs cache loads at start and inside the steps (kernels/compile_log.py). A cold run gets a new
-empty TRITON_CACHE_DIR; the warm runs after it reuse that directory. Import costs are timed apart, each in its
-own fresh process: the interpreter alone, torch, torch + triton, and the modules `multilora run` imports.
+Triton's compiles vs cache loads at start and inside the steps (kernels/compile_log.py), and which kernel path
+ran (`kernels`: "triton" on CUDA, "torch" elsewhere; engine/startup.py). A cold run gets a new empty
+TRITON_CACHE_DIR; the warm runs after it reuse that directory. Each run's child runs under `python -X importtime`
+and its row splits the imports it paid (`imports`: torch_s / triton_s / rest_s / total_s and the largest imports
+of the rest; benchmarks/import_split.py; the importtime lines cost the child a few ms of stderr writes). Import
+costs are also timed apart, each in its own fresh process: the interpreter alone, torch, torch + triton, and the
+modules `multilora run` imports.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.import_split import LINE, split
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository (its multilora_cli for the child processes)
 JOB = ["run", "prompts.jsonl", "--adapters", "legal,medical"]
@@ -69,7 +75,7 @@ def run_job(demo: Path, cache: str, tag: str, extra: list[str]) -> dict:
         before = entries(cache)
         t = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "multilora_cli", *JOB, "--stats", str(stats_path), *extra],
+            [sys.executable, "-X", "importtime", "-m", "multilora_cli", *JOB, "--stats", str(stats_path), *extra],
             cwd=demo,
             env=child_env(cache),
             stdout=subprocess.DEVNULL,
@@ -86,9 +92,10 @@ def run_job(demo: Path, cache: str, tag: str, extra: list[str]) -> dict:
         "generate_s": stats.get("generation_seconds"),
         "cache_entries_added": entries(cache) - before,
         **stats.get("startup", {}),
+        "imports": split(proc.stderr, top=6),
     }
     if proc.returncode not in (0, 3):
-        row["stderr_tail"] = proc.stderr[-2000:]
+        row["stderr_tail"] = "\n".join(s for s in proc.stderr.splitlines() if not LINE.match(s))[-2000:]
     return row
 
 

@@ -21,8 +21,9 @@ The demo job (issue 36: <= 12 s cold, <= 4 s warm), as a user runs it, each run 
 
 Per run: wall_s, process_s (process start -> engine start: imports, pre-flight), engine_s, precompile_s,
 capture_s, first_step_s (process start -> first step's ids), triton_at_start / triton_in_steps (compiled vs
-loaded) and the cache entries it added; plus import times of fresh processes (python, torch, torch + triton, the
-run path's modules).
+loaded) and the cache entries it added, `kernels` (the path that ran: "triton" on CUDA) and `imports` (the run's
+own import seconds split into torch_s / triton_s / rest_s, with the largest of the rest); plus import times of
+fresh processes (python, torch, torch + triton, the run path's modules).
 """
 
 from __future__ import annotations

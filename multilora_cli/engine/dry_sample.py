@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import torch
 
 from multilora_cli.config import LineKind
-from multilora_cli.kernels.logprobs import logprob_rows_triton
 from multilora_cli.kernels.penalties import ProcessPlan, process_rows
 from multilora_cli.kernels.sample import TOPK_PATH_MAX, sample_rows
 
@@ -138,6 +137,8 @@ def dry_sample(logits: torch.Tensor, kinds: Iterable[LineKind] | None) -> None:
             topk_path_max=TOPK_PATH_MAX if call.topk_path else 0,
         )  # fmt: skip
     for k in sorted(logprob_ks(kinds)):
+        from multilora_cli.kernels.logprobs import logprob_rows_triton  # (only for lines asking for logprobs)
+
         logprob_rows_triton(torch.zeros(1, v, device=dev), ids, k)  # [1, V] fp32, as the runner's
     if any(k.constrained for k in kinds):
         from multilora_cli.kernels.bitmask import apply_bitmask

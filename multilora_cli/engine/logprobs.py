@@ -41,7 +41,6 @@ from multilora_cli.engine.batch import ScheduledBatch
 from multilora_cli.engine.request import TokenLogprob
 from multilora_cli.engine.sequence import SeqStatus, Sequence
 from multilora_cli.kernels import use_triton
-from multilora_cli.kernels.logprobs import logprob_rows_torch, logprob_rows_triton
 
 CHUNK_ELEMS = 1 << 25  # fp32 logits of one chunk of rows: 128 MiB (256 rows of a 128k vocabulary)
 
@@ -60,6 +59,9 @@ def logprob_rows(
     chunk(lo, hi) -> the fp32 logits [hi - lo, V] of rows lo .. hi - 1, asked for at most chunk_elems // V rows
     at a time; targets: [R] long on their device. Each chunk goes through kernels/logprobs.py: the fused Triton
     kernel on CUDA (one read of the logits), its torch reference elsewhere."""
+    # imported here, not at the top: its Triton kernel is JIT-parsed only by a run whose lines ask for logprobs
+    from multilora_cli.kernels.logprobs import logprob_rows_torch, logprob_rows_triton
+
     step = max(1, chunk_elems // max(vocab, 1))
     parts = []
     for lo in range(0, num_rows, step):

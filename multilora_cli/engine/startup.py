@@ -5,10 +5,11 @@
      "capture_s": decode-graph capture so far (lazy: inside the steps), "arena_s", "kv_blocks",
      "first_step_s": seconds from the process's start to the first step's sampled ids (None: no step ran),
      "triton_at_start" / "triton_in_steps": kernels/compile_log.py's counts (compiled, loaded, seconds),
+     "kernels": "triton" | "torch", the path of the LoRA, sampling and logprob ops (kernels.kernel_path),
      "logprob_lm_head": how a step with logprob rows runs the LM head (models/head_check.py's HeadGemms.stats:
      "path" "one_gemm" | "two_gemms" | "mixed", the row counts of each, the check's seconds)}
 
-A one-shot job (the 14-line demo) is mostly this: on an H200 host 21 s cold, 8 s warm, of which 3.6-4.6 s are
+A one-shot job (the 14-line demo) is mostly this: on an H200 host 14.8 s cold, 5.2 s warm, of which 3.9-4.7 s are
 imports (benchmarks/RESULTS.md, issue 36).
 """
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import os
 import time
+
+from multilora_cli.kernels import kernel_path
 
 
 def process_seconds() -> float | None:
@@ -59,6 +62,7 @@ class StartupClock:
             "arena_s": r(arena_s),
             "kv_blocks": runner.num_blocks,
             "first_step_s": r(first),
+            "kernels": kernel_path(runner.device),
             **runner.triton_counts(),
             "logprob_lm_head": runner.head_gemms.stats(),
         }

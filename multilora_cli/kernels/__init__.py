@@ -23,18 +23,24 @@ __all__ = [
     "apply_dora",
     "add_lora_silu_mul",
     "build_lora_meta",
+    "kernel_path",
     "use_triton",
 ]
 
 
 def use_triton(y: torch.Tensor) -> bool:
     """Which path `add_lora` takes for an output tensor y."""
+    return kernel_path(y.device) == "triton"
+
+
+def kernel_path(device: torch.device) -> str:
+    """ "triton" | "torch": the path of `add_lora`, the sampler, logprobs and the grammar mask for tensors on
+    `device` (the run's stats report it: engine/startup.py). Attention, norms and MoE experts follow the
+    device alone (Triton on CUDA)."""
     forced = os.environ.get("MULTILORA_KERNELS", "").lower()
-    if forced == "triton":
-        return True
-    if forced == "torch":
-        return False
-    return y.is_cuda
+    if forced in ("triton", "torch"):
+        return forced
+    return "triton" if device.type == "cuda" else "torch"
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, w: LoraWeights, meta: LoraMeta) -> None:

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from multilora_cli.kernels.expert_weights import ExpertLoraWeights
-from multilora_cli.kernels.fused_moe import fused_moe
 from multilora_cli.kernels.moe_reference import moe_reference, route
 from multilora_cli.layers.context import get_context
 from multilora_cli.layers.linear import FusedLinear
@@ -45,6 +44,9 @@ class MoeExperts(nn.Module):
         if self.lora is not None and ctx is not None and ctx.lora is not None and ctx.lora.segments:
             slot = ctx.lora.token_slot  # [T] int32, -1 = base
         if x.is_cuda:
+            # imported here: its Triton kernels (and their JIT parsing) only for an MoE model on CUDA
+            from multilora_cli.kernels.fused_moe import fused_moe
+
             return fused_moe(x, weights, experts, self.gate_up_proj, self.down_proj, slot, self.lora)
         slot = slot.to(torch.int64) if slot is not None else None
         return moe_reference(x, weights, experts, self.gate_up_proj, self.down_proj, slot, self.lora)

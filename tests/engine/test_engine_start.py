@@ -55,6 +55,7 @@ def test_a_kv_cache_capped_by_the_input_gives_the_same_tokens(tmp_path, n):
             st = stats["startup"]
             assert st["kv_blocks"] == blocks[bound] and st["precompiled"] == 0  # CPU: no Triton, no precompile
             assert st["first_step_s"] >= st["process_s"] > 0 and "triton_at_start" not in st
+            assert st["kernels"] == "torch"  # the CPU path's grouped torch ops
         finally:
             engine.close()
     assert blocks[3 * n] == input_kv_blocks(cfg, engine.runner.model_config.max_position_embeddings)

@@ -24,6 +24,7 @@ def test_a_warm_triton_cache_compiles_nothing(model_dir, tmp_path):
     (cold, cold_out), (warm, warm_out) = run_cold_then_warm(model_dir, tmp_path, inp)
     assert cold["triton_at_start"]["compiled"] > 0, "an empty cache compiles at start (the precompile)"
     assert cold["precompiled"] > 0 and cold["first_step_s"] >= cold["process_s"] > 0
+    assert cold["kernels"] == warm["kernels"] == "triton"
     for phase in ("triton_at_start", "triton_in_steps"):
         assert warm[phase]["compiled"] == 0, f"{phase} recompiled {warm[phase]['kernels']} on a warm cache"
     assert warm["triton_at_start"]["loaded"] > 0

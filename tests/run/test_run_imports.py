@@ -25,6 +25,11 @@ NEVER = (
     "multilora_cli.distributed.launch",  # --data-parallel only
     "multilora_cli.distributed.worker",
     "multilora_cli.distributed.coordinator",
+    # Triton kernels whose JIT parsing only some runs need: MoE experts, logprobs, a grammar's token mask
+    "multilora_cli.kernels.fused_moe",
+    "multilora_cli.kernels.moe_align",
+    "multilora_cli.kernels.logprobs",
+    "multilora_cli.kernels.bitmask",
 )
 HELP_NEVER = (*NEVER, "torch", "triton", "numpy", "tokenizers", "multilora_cli.engine", "multilora_cli.run.job")
 

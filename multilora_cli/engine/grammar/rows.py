@@ -28,7 +28,6 @@ from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.sequence import Sequence
 from multilora_cli.errors import EngineError
 from multilora_cli.kernels import use_triton
-from multilora_cli.kernels.bitmask import apply_bitmask, apply_bitmask_torch
 
 
 @dataclass(slots=True)
@@ -41,6 +40,8 @@ class GrammarMask:
     def apply(self, logits: torch.Tensor, triton: bool | None = None) -> torch.Tensor:
         """A copy of `logits` ([N, V]) with the disallowed tokens of the constrained rows at -inf (the input stays
         the raw model's: logprobs are read from it)."""
+        from multilora_cli.kernels.bitmask import apply_bitmask, apply_bitmask_torch  # constrained runs only
+
         out = logits.clone()
         if use_triton(logits) if triton is None else triton:
             apply_bitmask(out, self.rows, self.mask)
