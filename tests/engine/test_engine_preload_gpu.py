@@ -34,7 +34,9 @@ def _run(cfg: EngineConfig, adapters: dict, requests, preloads: int, warm: bool)
         if warm:
             for name in adapters:
                 engine.slots.warm(name)
-            assert engine.slots.stats()["cpu_loads"] == len(adapters)  # all held: preload finds every one read
+            # each read once; the host cache keeps the last ones the arena holds beside a wave of reads (CUDA: 40
+            # of 48, 59 of 64), so the first admissions read theirs again and the later adapters are all at hand
+            assert engine.slots.stats()["cpu_loads"] == len(adapters)
         res = engine.generate_all(requests)
         assert [r.error for r in res] == [None] * len(requests)
         return [r.token_ids for r in res], engine.slots.stats(), engine.scheduler.num_ahead_steps
