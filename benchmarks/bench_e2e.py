@@ -7,6 +7,10 @@
     # issue 38: 1,000 adapters, the default slots (a row without /SLOTS) against a --max-loras sweep
     python -m benchmarks.bench_e2e --preset llama-3.2-1b --requests 2048 --distinct-weights 256 \
         --rows 64,1000,1000/64,1000/256,1000/512,1000/1000 --budget-s 420
+    # issue 38 at Llama-3-8B shapes: 1,000 adapters (84 GB: a host cache of what fits the pinned share, the rest
+    # read from 64 hard-linked files at their loads), default slots; extra.step_vs_roofline is the step at the
+    # common batch over the roofline of that step's own distinct adapters
+    python -m benchmarks.bench_e2e --preset llama-3-8b --requests 4096 --rows 1000
     python -m benchmarks.bench_e2e --rows 64 --distribution round --shared-prefix 1024 --prompt-len 64 \
         --output-len 64 --prefix-ab          # issue 31: prefix cache on vs off, 64 adapters x 16 sharing 1,024
 

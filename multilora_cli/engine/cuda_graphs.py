@@ -153,7 +153,13 @@ class DecodeGraphs:
                 self.model(ids, pos)  # warm-up: compiles what engine/precompile.py did not, grows the allocator
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
+                # thread_local, not torch's default "global": in global mode a CUDA call that CUDA deems unsafe
+                # during a capture (cudaEventQuery, an implicitly synchronising copy) on ANY thread fails and
+                # invalidates the capture. A lazy capture runs inside a step while the prefetch threads read
+                # adapters into the pinned arena (its blocks' events are queried) and stage them on their own
+                # stream (engine/staging.py): a random failure of the run. Their work is on other streams, never
+                # on the capturing one, so only this thread needs the check.
+                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                     out = self.model(ids, pos)
                 if self.pool is None:
                     self.pool = graph.pool()

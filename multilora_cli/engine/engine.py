@@ -37,10 +37,10 @@ from multilora_cli.models.config import ModelConfig
 
 # slot loads per step made ahead of admission while the step runs (Scheduler.preload): a plain load is ~0.2 ms
 # of host time, well inside a decode step; a DoRA load a few ms. A load racing a step would be a silent wrong
-# answer: tests/engine/test_engine_preload_gpu.py checks tokens against HF + PEFT with preloads on and off. Off
-# (0) by default: that test passed on an H200 twice and failed once, in a run under load whose log did not keep
-# which assertion failed (token equality or the timing-dependent counts); on until that is settled it is not.
-PRELOADS_PER_STEP = 0
+# answer; the ordering that prevents it (load stream, events at install and eviction) is stated once in
+# engine/slot_writer.py. tests/engine/test_engine_preload_gpu.py checks tokens against HF + PEFT with preloads
+# on and off, with host-warm adapters (preloads certain to fire) and under slot pressure with run-ahead.
+PRELOADS_PER_STEP = 2
 
 
 def device_label(device: torch.device) -> str:

@@ -186,8 +186,8 @@ class ModelRunner:
         mask = None
         if self.grammar is not None:
             if self.graphs is not None and self.graphs.can_run(batch):
-                # a lazy capture must not run while the worker waits on the previous step's event: a capture
-                # in the default (global) mode forbids other threads' CUDA calls, so capture first
+                # a lazy capture first, before the worker starts waiting on the previous step's event (captures
+                # run in thread_local mode, engine/cuda_graphs.py, but the worker's wait gains nothing by overlapping)
                 self.graphs.capture([self.graphs.bucket(batch.num_seqs)])
             read_prev = (lambda: self._read_ids(prev)) if batch.ahead else None
             mask = self.grammar.begin(batch.sampled_seqs(), read_prev)

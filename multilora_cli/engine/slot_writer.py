@@ -20,10 +20,20 @@ MoE bases: the expert LoRA slots (engine/expert_slots.py) take the packed expert
 the same scatter launch (their views added to the plan), and their scale / rank rows in one foreach copy.
 DoRA adapters: their magnitudes come in the same packed buffer (engine/packed.py), are gathered into one row on the
 device, and `DoraNorms` (engine/dora.py) turns them into the slot's scale rows in a few batched ops, no host sync.
-Streams (CUDA): a load is enqueued on the writer's own load stream, so its copies, scatter and DoRA norms run
-beside the step already enqueued on the compute stream; the compute stream then waits for it (an event) before
-the next step, the first that may read the slot. A slot that was evicted (`clear`) is written only after the
-steps enqueued before its eviction (which may still read it) have run; a free slot nobody reads waits for none.
+Streams (CUDA), the ordering invariant of every slot write, loads made ahead of admission (Engine's preloads,
+while one or two steps are in flight with run-ahead) included:
+- a load (device copy of its staged or host buffer, scatter of A / B, rank / scale rows, DoRA norms) runs on the
+  writer's load stream, beside the steps already enqueued on the compute stream; the compute stream waits for its
+  event before anything enqueued after `install`, so the first step that may read the slot sees all of it;
+- eviction (`clear`) zeroes the rank / scale / DoRA rows on the compute stream, after every step enqueued so far,
+  and records an event there; the next load into that slot waits for it on the load stream: a step enqueued or
+  launched ahead before the eviction (a sequence that stopped at the step before still rides the ahead step)
+  reads the old adapter to its end. Only unpinned adapters are evicted, and a step is enqueued only with its
+  sequences' adapters pinned, so no step enqueued after the eviction reads the slot until the new load;
+- a never-used slot has no event (nothing reads it); embed_tokens / lm_head slots (layers/vocab_lora.py) are
+  written on the compute stream itself (ordered both ways by the stream);
+- buffers the load reads: a staging buffer is refilled after the load's event (engine/staging.py), an arena block
+  after its recorded event (engine/pinned.py); temporaries are allocated on the load stream that uses them.
 """
 
 from __future__ import annotations

@@ -116,6 +116,9 @@ def test_suite_on_cpu(tmp_path):
     ours = rows[("multilora", 4)]
     assert ours["output_tokens"] == 10 * 4 and ours["tokens_per_s"] > 0
     assert ours["decode_step_ms"] > 0 and ours["roofline_ms"] > 0 and ours["decode_vs_roofline"] > 0
+    # the step at its batch against the roofline of that step's own distinct adapters (issue 38's 8B target)
+    assert ours["extra"]["step_vs_roofline"] == pytest.approx(ours["decode_step_ms"] / ours["roofline_ms"])
+    assert 1 <= ours["extra"]["adapters_at_batch"] <= 4
     x = ours["extra"]
     assert x["decode_steps"] + (x["steps"] - x["decode_steps"]) == x["steps"] and x["graph_steps"] == 0
     drawn = {n: len(set(w.assignment())) for k, w in plan if k == "multilora" for n in [w.num_adapters]}
@@ -123,7 +126,9 @@ def test_suite_on_cpu(tmp_path):
     assert rows[("multilora", 6)]["extra"]["slot_loads"] >= drawn[6] > 2  # through 2 slots
     # the row without slots got multilora run's default (CPU: min(adapters, 8)) and says why
     assert ours["workload"]["max_loras"] == 4 and x["slots"]["reason"].startswith("CPU default")
-    assert rows[("multilora", 6)]["extra"]["slots"] == {"max_loras": 2, "reason": "--max-loras 2"}
+    six = rows[("multilora", 6)]["extra"]["slots"]
+    assert {k: six[k] for k in ("max_loras", "reason")} == {"max_loras": 2, "reason": "--max-loras 2"}
+    assert six["host_cache"].startswith("6 = min(6 adapters")  # `multilora run`'s host cache rule: all fit
     assert rows[("multilora-base", 0)]["extra"]["slot_loads"] == 0
     hf = rows[("hf-peft", 4)]
     assert hf["extra"]["extrapolated"] and hf["extra"]["batch_sizes"][0]["batch_size"] == 4
@@ -392,3 +397,27 @@ def test_slot_load_bench_smoke():
     report = main(["--device", "cpu", "--layers", "2", "--hidden", "64", "--loads", "1", "--repeats", "1"])
     assert set(report["arms"]) == {"plain", "dora", "dora_per_slice"}
     assert report["dora_extra_bytes"] > 0 and report["dora_rel_diff_vs_per_slice"] < 1e-5
+
+
+def test_host_cache_of_the_8b_row_of_1000_adapters_fits_a_128_gib_host(tmp_path):
+    """Issue 38's Llama-3-8B row: 1,000 rank-16 adapters on 7 modules are 84 GB; on a 128 GiB host the host cache
+    keeps what fits the pinned share beside a wave of reads, says so, and the others come from disk; the 1B
+    row's 1,000 (22 GB) all fit."""
+    from multilora_cli.bench.model_dir import write_model_dir
+    from multilora_cli.bench.suite import host_cache
+    from multilora_cli.bench.workload import Workload
+    from multilora_cli.engine.pinned import PINNED_HOST_FRACTION
+    from multilora_cli.models.config import ModelConfig
+
+    host = 128 << 30
+    cuda = torch.device("cuda")  # (a device object only: the itemsize of the run dtype, bf16)
+    cfg = ModelConfig.from_dir(write_model_dir("llama-3-8b", tmp_path / "8b"))
+    big = host_cache(Workload(preset="llama-3-8b", num_adapters=1000, max_loras=304), cfg, cuda, host)
+    one = 2 * 16 * 32 * (2 * 4096 + 2 * (4096 + 1024) + 2 * 4096 + 3 * (4096 + 14336))  # 84 MB
+    blocks = int(PINNED_HOST_FRACTION * host) // one
+    # a wave of reads in flight (256 seats) keeps up to half the blocks: ~205 adapters cached
+    assert big.max_cpu_loras == blocks - min(256, blocks // 2) and 150 < big.max_cpu_loras < 400
+    assert big.warning is not None and "of 1000 adapters" in big.warning and "read from disk" in big.warning
+    small_cfg = ModelConfig.from_dir(write_model_dir("llama-3.2-1b", tmp_path / "1b"))
+    small = host_cache(Workload(preset="llama-3.2-1b", num_adapters=1000, max_loras=1000), small_cfg, cuda, host)
+    assert small.max_cpu_loras == 1000 and small.warning is None
