@@ -6,9 +6,10 @@ base, and with expert LoRA of S distinct adapters, against the bytes floor at th
 
 Shapes: hidden 2048, 128 experts, top-8, expert intermediate 768, bf16; T tokens spread round-robin over S
 adapters (each its own slot, rank --rank, adapting gate, up and down), every arm replayed from a CUDA graph as
-decode steps run it, interleaved (min of medians). Arms: "base" (no LoRA), "lora" (the default path for T: the
-per-row epilogues up to 4,096 pairs, else the grouped launches) and, where the default is the row path, "grouped"
-(the grouped launches at the same T, side by side: what the row path saves).
+decode steps run it, interleaved (min of medians). Arms: "base" (no LoRA), "row" (expert LoRA in the base GEMMs'
+per-row epilogues) and "grouped" (expert LoRA in launches grouped by (expert, adapter)), side by side at every T;
+`default` names the one fused_moe picks at that T (row up to ROW_LORA_MAX_PAIRS pairs: the rows show whether that
+switch sits right; T = 8192 is a prefill chunk).
 The floor (benchmarks/moe_floor.py has the formulas): base = distinct experts x 3*I*H*2 B, LoRA = distinct
 (expert, adapter) pairs x r*(3H + 3I)*2 B, at the copy bandwidth measured here. Reads: per (T, S) base / lora /
 floor us, lora - base vs the LoRA floor (what expert LoRA costs over what it must), the bytes each path reads and
@@ -92,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         row = T * K <= ROW_LORA_MAX_PAIRS
         for S in ints(args.distinct):
             slot = (torch.arange(T, device=dev) % S).to(torch.int64)
-            arms = {"lora": dict(row_lora=None)}
-            if row:
-                arms["grouped"] = dict(row_lora=False)
+            arms = {"row": dict(row_lora=True), "grouped": dict(row_lora=False)}
             timers = {
                 name: (lambda kw=kw: graph_time_us(lambda _: fused_moe(x, w, idx, gate_up, down, slot, lora, **kw), 1))
                 for name, kw in arms.items()
@@ -112,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
                 "base": _launches(lambda: fused_moe(x, w, idx, gate_up, down)),
                 **{n: _launches(lambda kw=kw: fused_moe(x, w, idx, gate_up, down, slot, lora, **kw)) for n, kw in arms.items()},
             }  # fmt: skip
-            programs = {n: _programs(T * K, slots, acc, row and n == "lora") for n in arms}
+            programs = {n: _programs(T * K, slots, acc, n == "row") for n in arms}
             extra = {n: best[n] - best["base"] for n in arms}
             rec = dict(
                 distinct=S,
-                lora_path="row" if row else "grouped",
+                default="row" if row else "grouped",
                 time_us=best,
                 floor_us={"base": floor_base, "lora": floor_lora},
                 lora_extra_us=extra,
@@ -132,12 +131,12 @@ def main(argv: list[str] | None = None) -> int:
                 **acc,
             )
             report["rows"].append(rec)
-            grouped = f" | grouped {best['grouped']:7.1f} us (+{extra['grouped']:6.1f})" if row else ""
             print(
                 f"T={T:5d} S={S:3d} experts {acc['distinct_experts']:3d} (expert, adapter) {acc['expert_adapter_pairs']:5d}"
-                f" | base {best['base']:7.1f} us floor {floor_base:6.1f} | lora ({rec['lora_path']}) {best['lora']:7.1f}"
-                f" us (+{extra['lora']:6.1f}) floor +{floor_lora:6.1f} ({extra['lora'] / floor_lora:.1f}x){grouped}"
-                f" | lora/base {rec['lora_over_base']['lora']:.2f} floor {rec['floor_lora_over_base']:.2f}"
+                f" | base {best['base']:7.1f} us floor {floor_base:6.1f} | LoRA floor +{floor_lora:6.1f} us"
+                f" | row {best['row']:7.1f} us (+{extra['row']:6.1f}, {extra['row'] / floor_lora:.1f}x floor)"
+                f" grouped {best['grouped']:7.1f} us (+{extra['grouped']:6.1f}) default {rec['default']}"
+                f" | row/base {rec['lora_over_base']['row']:.2f} floor {rec['floor_lora_over_base']:.2f}"
                 f" | LoRA MB floor {acc['floor_lora_bytes'] / 1e6:.0f} row ~{acc['row_lora_dram_bytes'] / 1e6:.0f}"
                 f" (<= {acc['row_lora_bytes'] / 1e6:.0f} without cache reuse)"
                 f" grouped {acc['grouped_lora_bytes'] / 1e6:.0f} | launches {launches} programs {programs}"
