@@ -254,7 +254,9 @@ def run_multilora_row(
         log(
             f"  {row.system} {work.num_adapters} adapters ({work.distribution}, {work.max_loras} slots): "
             f"{row.tokens_per_s:.0f} tok/s, decode step {row.decode_step_ms or 0:.2f} ms at batch "
-            f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms)"
+            f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms"
+            + "".join(f", {k} {v:.2f}" for k, v in row.extra.get("roofline_parts_ms", {}).items() if v)
+            + f"; decode {row.decode_vs_roofline or 0:.2f}x it)"
         )
         return row
     finally:
@@ -323,6 +325,11 @@ def _summarise(work: Workload, steps, roof: Roofline, system: str, out_tokens: i
             roof.step_seconds(s.kv_tokens, s.adapters, s.tokens) for s in decode
         )
         row.floor_ms = statistics.median(roof.floor_seconds(s.tokens, s.kv_tokens, s.adapters) for s in at) * 1e3
+        # the median step's roofline by part (ms at the measured bandwidth): where a MoE step's floor lies
+        mid = sorted(at, key=lambda s: roof.step_seconds(s.kv_tokens, s.adapters, s.tokens))[len(at) // 2]
+        parts = roof.step_parts(mid.kv_tokens, mid.adapters, mid.tokens)
+        row.extra["roofline_parts_ms"] = {k: v / roof.bandwidth * 1e3 for k, v in parts.items()}
+        row.extra["roofline_step"] = dict(tokens=mid.tokens, adapters=mid.adapters, kv_tokens=mid.kv_tokens)
         row.extra["decode_vs_floor"] = sum(s.seconds for s in decode) / sum(
             roof.floor_seconds(s.tokens, s.kv_tokens, s.adapters) for s in decode
         )
