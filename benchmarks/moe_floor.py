@@ -11,9 +11,10 @@ launches (benchmarks/bench_moe.py prints it beside the measured times).
     base's, ~90 us a layer at 4 TB/s.
 
 What the kernels read beyond the floor (from the step's actual routing; `bm` rows per block):
-    row path (decode-sized, kernels/moe_gemm.py): the gate_up shrink reads A (2r x H) once per (expert, adapter)
-      block: = G blocks when no group exceeds bm pairs; the epilogues gather B and down's A per adapted pair and
-      output tile (repeats of a group within a block come from L1/L2, so DRAM sees ~G x their bytes)
+    row path (decode-sized, kernels/moe_gemm.py): the gate_up shrink reads A (2r x H) once per (by-expert block,
+      adapter in it): ~G (more where an (expert, adapter)'s pairs straddle two blocks of that expert); the
+      epilogues gather B and down's A per adapted pair and output tile (repeats of a group within a block come
+      from L1/L2, so DRAM sees ~G x their bytes): ~the floor
     grouped path (kernels/moe_lora.py): every factor once per (expert, adapter) block, plus the activations
       h [P, 2I] written and read, y [P, H] read and written again
 Launches and programs: counted by dry-running the call under kernels/launch.collect (real launches, not a guess);
@@ -68,7 +69,7 @@ def layer_account(experts: torch.Tensor, slot: torch.Tensor, E: int, H: int, int
         expert_adapter_blocks=blocks_es,
         floor_base_bytes=D * eb,
         floor_lora_bytes=G * lb,
-        row_lora_bytes=blocks_es * shrink_a + adapted * rest,  # upper bound: no L1/L2 reuse of a block's repeats
-        row_lora_dram_bytes=blocks_es * shrink_a + G * rest,  # repeats within a group from cache
+        row_lora_bytes=G * shrink_a + adapted * rest,  # no L1/L2 reuse of a block's repeats
+        row_lora_dram_bytes=G * shrink_a + G * rest,  # repeats within a group from cache (straddles not counted)
         grouped_lora_bytes=blocks_es * lb + act * (2 * 2 * inter + 2 * H),  # + h written and read, y re-read/written
     )

@@ -23,13 +23,14 @@ compare against). Shapes (T tokens, K top-k, E experts, hidden H, expert interme
     out[t] = sum over k = 0..K-1 of y[t*K + k]  (fp32 sum in k order, cast to x's dtype)
 
 Two ways to run the LoRA terms, the same numbers up to rounding order (`row_lora`, default: decode-sized steps):
-  row_lora (T*K <= ROW_LORA_MAX_PAIRS): one grouped shrink launch for gate and up (shared input x), then the two
-    base GEMMs with the rest in their epilogues (kernels/moe_gemm.py): each row adds its own adapter's expand
-    before the SiLU-and-mul and before the routing weight, and the gate_up GEMM leaves the down shrink's partials
-    per output tile. 3 launches besides the alignments, vs the base's 2.
+  row_lora (T*K <= ROW_LORA_MAX_PAIRS): the base's one alignment (by expert), one shrink launch for gate and up
+    (shared input x; a program per (by-expert block, distinct adapter in it): each (expert, adapter) of a block
+    reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py): each row
+    adds its own adapter's expand before the SiLU-and-mul and before the routing weight, and the gate_up GEMM
+    leaves the down shrink's partials per output tile. 6 Triton launches vs the base's 5.
   grouped (prefill-sized steps, where many rows share an (expert, adapter) and tensor-core dots over a block pay):
-    h = x @ gate_up^T stored, shrink, expand + SiLU-and-mul, down GEMM, shrink, expand + weight in place
-    (kernels/moe_lora.py): 6 launches.
+    a second alignment by (expert, slot), h = x @ gate_up^T stored, shrink, expand + SiLU-and-mul, down GEMM,
+    shrink, expand + weight in place (kernels/moe_lora.py): 12 Triton launches.
 
 Why LoRA is not in the base GEMM's grouping: a decode step of 256 tokens and 16 adapters has ~1,300 (expert,
 adapter) groups of ~1.6 pairs; grouping the base GEMM by them would stream each expert's weights once per group,
@@ -90,11 +91,10 @@ def fused_moe(
         y = new(P, H)
         gemm(act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=True)
         return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
-    by_es = align_pairs(experts, slot, E, lora.max_loras, bm)
     R = lora.max_rank
     sg = new(P, 2 * R)
-    shrink(x, lora.gu_a, lora.gu_scale, lora.rank, by_es, sg, K, R, gather=True, nsl=2, prec=prec)
-    if row_lora if row_lora is not None else P <= ROW_LORA_MAX_PAIRS:
+    if row_lora if row_lora is not None else P <= ROW_LORA_MAX_PAIRS:  # one alignment: by expert
+        shrink(x, lora.gu_a, lora.gu_scale, lora.rank, by_e, sg, K, R, gather=True, nsl=2, prec=prec, slot=slot)
         part = torch.empty(triton.cdiv(inter, BN), P, R, dtype=torch.float32, device=x.device)
         act = new(P, inter)
         lo = RowLora(slot, lora.rank, sg, lora.gu_b, lora.dn_a, part, R)
@@ -103,6 +103,8 @@ def fused_moe(
         lo = RowLora(slot, lora.rank, lora.dn_scale, lora.dn_b, None, part, R)
         gemm(act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=True, lora=lo)
         return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    by_es = align_pairs(experts, slot, E, lora.max_loras, bm)
+    shrink(x, lora.gu_a, lora.gu_scale, lora.rank, by_es, sg, K, R, gather=True, nsl=2, prec=prec)
     h = new(P, two_i)
     gemm(x, gate_up, by_e, rw, h, K, two_i, inter, gather=True, silu=False, weight=False)
     act = new(P, inter)

@@ -25,23 +25,43 @@ BN, BK = 64, 64
 
 @triton.jit
 def _lora_shrink_kernel(
-    src_ptr, a_ptr, scale_ptr, rank_ptr, pair_ptr, bexp_ptr, bslot_ptr, out_ptr,
+    src_ptr, a_ptr, scale_ptr, rank_ptr, pair_ptr, bexp_ptr, bslot_ptr, slot_ptr, out_ptr,
     KD, top_k, R,
     stride_src, stride_a_slot, stride_a_exp, stride_a_row, stride_scale, stride_out,
-    GATHER: tl.constexpr, NSL: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    GATHER: tl.constexpr, BY_EXPERT: tl.constexpr, NSL: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr,
+    BK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
-    """out[p, sl*R + j] = scale[s, sl*R + j] * src[row(p)] @ a[s, e, sl*R + j]^T for j < rank[s], NSL slices."""
-    b = tl.program_id(0)
+    """out[p, sl*R + j] = scale[s, sl*R + j] * src[row(p)] @ a[s, e, sl*R + j]^T for j < rank[s], NSL slices.
+    BY_EXPERT: the blocks are by expert alone, rows of many slots; program (b, j) takes the block's j-th distinct
+    adapted slot (in row order) and its rows: each (expert, adapter) of a block reads its A once."""
+    if BY_EXPERT:
+        b = tl.program_id(0) // BM
+        j = tl.program_id(0) % BM
+    else:
+        b = tl.program_id(0)
     e = tl.load(bexp_ptr + b)
-    s = tl.load(bslot_ptr + b)
-    if (e < 0) | (s < 0):
-        return
-    r = tl.load(rank_ptr + s)
-    if r == 0:
+    if e < 0:
         return
     pair = tl.load(pair_ptr + b * BM + tl.arange(0, BM))
     ok = pair >= 0
+    if BY_EXPERT:
+        s_row = tl.load(slot_ptr + pair // top_k, mask=ok, other=-1)
+        live = ok & (s_row >= 0) & (tl.load(rank_ptr + tl.maximum(s_row, 0), mask=ok & (s_row >= 0), other=0) > 0)
+        i = tl.arange(0, BM)
+        seen = (s_row[:, None] == s_row[None, :]) & live[None, :] & (i[None, :] < i[:, None])  # an earlier row has it
+        first = live & (tl.sum(seen.to(tl.int32), axis=1) == 0)
+        mine = first & (tl.cumsum(first.to(tl.int32), 0) == j + 1)
+        if tl.sum(mine.to(tl.int32), 0) == 0:
+            return
+        s = tl.sum(tl.where(mine, s_row, 0), 0)
+        ok = ok & (s_row == s)
+    else:
+        s = tl.load(bslot_ptr + b)
+        if s < 0:
+            return
+    r = tl.load(rank_ptr + s)
+    if r == 0:
+        return
     if GATHER:
         src_row = pair // top_k
     else:
@@ -113,13 +133,15 @@ def _lora_expand_kernel(
         tl.store(out_ptr + row[:, None] * stride_out + n[None, :], v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def shrink(src, a, scale, rank, al: MoeAlign, out, top_k, R, *, gather, nsl, prec) -> None:
-    """`_lora_shrink_kernel` over the (expert, slot) blocks: a [L, E, nsl*R, KD], out [T*K, nsl*R]."""
+def shrink(src, a, scale, rank, al: MoeAlign, out, top_k, R, *, gather, nsl, prec, slot=None) -> None:
+    """`_lora_shrink_kernel` over the (expert, slot) blocks, or with `slot` ([T], -1 = base) over blocks by expert
+    alone (BM programs a block, one per distinct slot): a [L, E, nsl*R, KD], out [T*K, nsl*R]."""
+    by_expert = slot is not None
     launch(
-        _lora_shrink_kernel, (al.num_blocks,), src, a, scale, rank, al.sorted_pair, al.block_expert, al.block_slot,
-        out, a.shape[3], top_k, R,
+        _lora_shrink_kernel, (al.num_blocks * (al.block_m if by_expert else 1),), src, a, scale, rank,
+        al.sorted_pair, al.block_expert, al.block_slot, slot if by_expert else al.block_slot, out, a.shape[3], top_k, R,
         src.stride(0), a.stride(0), a.stride(1), a.stride(2), scale.stride(0), out.stride(0),
-        GATHER=gather, NSL=nsl, RB=rank_bucket(R), BM=al.block_m, BK=BK, DOT_PREC=prec,
+        GATHER=gather, BY_EXPERT=by_expert, NSL=nsl, RB=rank_bucket(R), BM=al.block_m, BK=BK, DOT_PREC=prec,
     )  # fmt: skip
 
 

@@ -174,8 +174,8 @@ def test_align_by_expert_alone():
     assert int((al.block_expert >= 0).sum()) == sum(-(-int((experts == e).sum()) // 16) for e in range(E))
 
 
-@pytest.mark.parametrize("row_lora, shrinks, expands", [(True, 1, 0), (False, 2, 2)])
-def test_dry_run_records_every_launch(row_lora, shrinks, expands):
+@pytest.mark.parametrize("row_lora, aligns, shrinks, expands", [(True, 1, 1, 0), (False, 2, 2, 2)])
+def test_dry_run_records_every_launch(row_lora, aligns, shrinks, expands):
     """engine/precompile.py dry-runs forwards under launch.collect(): every kernel of the call is recorded (so it is
     compiled before the first step), and the torch ops around them need no kernel output."""
     from multilora_cli.kernels.launch import collect
@@ -184,6 +184,6 @@ def test_dry_run_records_every_launch(row_lora, shrinks, expands):
     with collect() as calls:
         fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
     names = [c[0].fn.__name__ for c in calls]
-    assert names.count("_count_kernel") == names.count("_place_kernel") == 2  # by expert, by (expert, slot)
+    assert names.count("_count_kernel") == names.count("_place_kernel") == aligns  # by expert (, by (expert, slot))
     assert names.count("_expert_gemm_kernel") == 2 and names.count("_lora_expand_kernel") == expands
-    assert names.count("_lora_shrink_kernel") == shrinks and len(names) == 8 + shrinks + expands
+    assert names.count("_lora_shrink_kernel") == shrinks and len(names) == 3 * aligns + 2 + shrinks + expands
