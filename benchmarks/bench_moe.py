@@ -76,9 +76,6 @@ def main(argv: list[str] | None = None) -> int:
     lora = ExpertLoraWeights.empty(slots, r, E, H, INTER, dt, dev)
     for t in (lora.gu_a, lora.gu_b, lora.dn_a, lora.dn_b):
         t.normal_(0, 0.02)
-    # gu_b is block-diagonal in a slot (kernels/expert_weights.py): gate rows read the gate ranks, up rows the up ranks
-    lora.gu_b[:, :, :INTER, r:] = 0
-    lora.gu_b[:, :, INTER:, :r] = 0
     lora.gu_scale.fill_(2.0)
     lora.dn_scale.fill_(2.0)
     lora.rank.fill_(r)

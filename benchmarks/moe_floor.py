@@ -33,7 +33,7 @@ def expert_bytes(H: int, inter: int) -> int:
 
 
 def lora_bytes(H: int, inter: int, rank: int) -> int:
-    """One adapter's factors of one expert (block-diagonal gate_up B: only its gate and up blocks are read)."""
+    """One adapter's factors of one expert."""
     return rank * (2 * H + 2 * inter + inter + H) * BYTES
 
 

@@ -7,7 +7,7 @@ from pageable memory on the step loop's thread per load. Packed (engine/packed_e
 host->device copy and ONE scatter launch as the dense modules: `views` gives each part's (slot view, view of the
 packed buffer) pairs, with the layout changes as strides of the slot views:
     A [E, r, in]   -> gu_a[slot, :, col:col+r, :] (gate col 0, up col R) | dn_a[slot, :, :r, :]
-    B [E, out, r]  -> gu_b[slot, :, rows, col:col+r] (gate rows 0..I, up rows I..2I) | dn_b[slot, :, :, :r]
+    B [E, out, r]  -> gu_b[slot, :, rows, :r] (gate rows 0..I, up rows I..2I) | dn_b[slot, :, :, :r]
     B [out, r, E]  -> the same slot view permuted to [out, r, E] (PEFT's lora_B: the transpose runs on the device)
 then `write_rows` copies the slot's scale and rank rows from device rows cached per (ranks, scalings).
 Stale values: a slot is zeroed (`prepare`) only when the parts written last differ from the new ones (any rank,
@@ -68,7 +68,7 @@ class ExpertSlots:
             else:
                 col = 0 if p.part == "gate" else R
                 rows = slice(0, inter) if p.part == "gate" else slice(inter, 2 * inter)
-                da, db, a_t, b_t = w.gu_a[slot, :, col : col + r], w.gu_b[slot, :, rows, col : col + r], w.gu_a, w.gu_b
+                da, db, a_t, b_t = w.gu_a[slot, :, col : col + r], w.gu_b[slot, :, rows, :r], w.gu_a, w.gu_b
             dst += [da, db.permute(1, 2, 0) if p.peft_b else db]
             src += [p.a_view(base), p.b_stored(base)]
             steps += [a_t.stride(0), b_t.stride(0)]

@@ -6,8 +6,8 @@ compare against). Shapes (T tokens, K top-k, E experts, hidden H, expert interme
     x:       [T, H]          fp16 | bf16 | fp32       weights: [T, K] fp32 or x's dtype (routing weights)
     experts: [T, K]          int (distinct per row)   slot:    [T] int, -1 = base (None: no LoRA)
     gate_up: [E, 2I, H]      x's dtype                down:    [E, H, I] x's dtype
-    lora:    ExpertLoraWeights in x's dtype (kernels/expert_weights.py: gate|up A/B, block-diagonal B, scales
-             per rank column, rank per slot)
+    lora:    ExpertLoraWeights in x's dtype (kernels/expert_weights.py: gate|up A/B (B of each over its own rank
+             columns), scales per rank column, rank per slot)
 
     pairs p = t*K + k; two block-aligned orders (kernels/moe_align.py, static shapes, no host sync):
       by expert (the base GEMMs: each expert's weights streamed once per block of up to BM pairs),
@@ -17,7 +17,7 @@ compare against). Shapes (T tokens, K top-k, E experts, hidden H, expert interme
       y[p]   = (act[p] @ down[e]^T) * weights[t, k]                                 [T*K, H]   (one launch)
     with LoRA (s = slot[t]; the LoRA terms only where s >= 0 and the slot is not empty):
       sg[p]  = (x[t] @ gu_a[s, e]^T) * gu_scale[s]                                  [T*K, 2R]  (by (expert, slot))
-      act[p] = silu(g) * u,  [g | u] = x[t] @ gate_up[e]^T + sg[p] @ gu_b[s, e]^T   [T*K, I]
+      act[p] = silu(g) * u,  [g | u] = x[t] @ gate_up[e]^T + gate_up_delta(sg[p], gu_b[s, e])   [T*K, I]
       sd[p]  = (act[p] @ dn_a[s, e]^T) * dn_scale[s]                                [T*K, R]
       y[p]   = (act[p] @ down[e]^T + sd[p] @ dn_b[s, e]^T) * weights[t, k]          [T*K, H]
     out[t] = sum over k = 0..K-1 of y[t*K + k]  (fp32 sum in k order, cast to x's dtype)

@@ -4,7 +4,7 @@ optional per-row expert-LoRA epilogue (the expand added before the SiLU-and-mul 
     pair p = t*K + k of expert e = block_expert[b], s = slot[t], r = rank[s] (0 for s = -1 or an empty slot)
     gate_up (silu=True):  src = x [T, H], w = gate_up [E, 2I, H], out = act [T*K, I] in x's dtype
         g = x[t] @ w[e, n]^T (+ sg[p, :r] @ gu_b[s, e, n, :r]^T)          sg [T*K, 2R] (the grouped shrink's output)
-        u = x[t] @ w[e, I + n]^T (+ sg[p, R:R+r] @ gu_b[s, e, I + n, R:R+r]^T)
+        u = x[t] @ w[e, I + n]^T (+ sg[p, R:R+r] @ gu_b[s, e, I + n, :r]^T)
         act[p, n] = silu(g) * u
         lora: part[tile(n), p, :r] = round(act[p, n in tile]) @ dn_a[s, e, :r, n in tile]^T   fp32 [n_tiles, T*K, R]
     down (silu=False):    src = act, w = down [E, H, I], out = y [T*K, H] in x's dtype
@@ -101,12 +101,12 @@ def _expert_gemm_kernel(
             c = c0 + tl.arange(0, RC)
             cm = c[None, :] < r[:, None]  # [BM, RC]
             m3 = cm[:, :, None] & n_ok[None, None, :]  # [BM, RC, BN]
-            if SILU:  # gate ranks 0..r, up ranks R..R+r (B block-diagonal: no zero bytes read)
+            if SILU:  # sg: gate ranks 0..r, up ranks R..R+r; gu_b: gate rows then up rows, each over 0..r
                 sg = tl.load(sh_ptr + pair[:, None] * stride_sh + c[None, :], mask=cm, other=0.0).to(tl.float32)
                 su = tl.load(sh_ptr + pair[:, None] * stride_sh + (R + c)[None, :], mask=cm, other=0.0)
                 bg = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
                 acc += tl.sum(sg[:, :, None] * bg.to(tl.float32), axis=1)
-                up = b_row[:, None, None] + (n + INTER)[None, None, :] * stride_bn + (R + c)[None, :, None]
+                up = b_row[:, None, None] + (n + INTER)[None, None, :] * stride_bn + c[None, :, None]
                 bu = tl.load(up, mask=m3, other=0.0)
                 acc_u += tl.sum(su.to(tl.float32)[:, :, None] * bu.to(tl.float32), axis=1)
             else:  # the down shrink: its partials summed in tile order, scaled, rounded as the reference rounds

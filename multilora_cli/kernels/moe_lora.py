@@ -4,7 +4,7 @@ shrink of every step, and the expand of steps too large for `kernels/moe_gemm.py
     _shrink: out[p, sl*R + j] = scale[s, sl*R + j] * src[row(p)] @ a[s, e, sl*R + j]^T     j < rank[s], NSL slices
              src [T or T*K, KD], a [L, E, NSL*R, KD], scale [L, NSL*R] fp32, out [T*K, NSL*R] in src's dtype
     _expand: v = in[p, n] + sh[p] @ b[s, e, n]^T (the LoRA term only for s >= 0 and rank[s] > 0);
-             SILU: out[p, n] = silu(v) * (in[p, N + n] + sh[p, R:] @ b[s, e, N + n, R:]^T), out [T*K, N]
+             SILU: out[p, n] = silu(v) * (in[p, N + n] + sh[p, R:] @ b[s, e, N + n, :]^T),  out [T*K, N]
              else: out[p, n] = v * rw[p]                                                     out [T*K, N]
 
 One program per (expert, slot) block: the block's rows share one adapter's factors of one expert, so they are read
@@ -123,8 +123,8 @@ def _lora_expand_kernel(
             b_mask = c_ok[:, None] & n_ok[None, :]
             bt = tl.load(b_base + n[None, :] * stride_bn + c[:, None], mask=b_mask, other=0.0)  # [RB, BN]
             v = tl.dot(sh, bt.to(sh.dtype), v, input_precision=DOT_PREC)
-            if SILU:  # B is block-diagonal: up rows read only up's rank columns (no zero bytes)
-                bt = tl.load(b_base + (n + N)[None, :] * stride_bn + (R + c)[:, None], mask=b_mask, other=0.0)
+            if SILU:  # up rows of B hold up's rank columns 0..r (kernels/expert_weights.py)
+                bt = tl.load(b_base + (n + N)[None, :] * stride_bn + c[:, None], mask=b_mask, other=0.0)
                 u = tl.dot(sh_u, bt.to(sh_u.dtype), u, input_precision=DOT_PREC)
         if SILU:
             v = v * tl.sigmoid(v) * u
