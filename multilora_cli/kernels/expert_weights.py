@@ -7,6 +7,9 @@
     dn_a:     [L, E, R, I]    lora_A of down;  dn_b: [L, E, H, R];  dn_scale: [L, R] float32
     rank:     [L] int32       largest rank of the slot's parts (0 = empty): the fused kernels read no rank row past
                               it and skip an empty slot (moe_reference needs no ranks: the padding is zeros)
+    shared:   [L] int32       1 where up's A rows and scales equal gate's (PEFT target_parameters on gate_up_proj:
+                              one lora_A for both): the fused shrink reads gate's A once and writes both slices'
+                              columns (moe_reference reads both copies: same numbers)
 Unused rank rows hold zeros and scale 0, so one shrink / expand per (expert, slot) covers both gate_up slices and
 any rank <= R exactly: h[:, :I] += sg[:, :R] @ gu_b[s, e, :I]^T, h[:, I:] += sg[:, R:] @ gu_b[s, e, I:]^T
 (`gate_up_delta`). A slot's bytes: E * (2R * H + 2I * R + R * I + H * R) values (`slot_numel`; at Qwen3-30B-A3B
@@ -29,6 +32,7 @@ class ExpertLoraWeights:
     dn_b: torch.Tensor
     dn_scale: torch.Tensor
     rank: torch.Tensor
+    shared: torch.Tensor
 
     @classmethod
     def empty(cls, max_loras: int, max_rank: int, num_experts: int, hidden: int, inter: int, dtype, device):
@@ -44,6 +48,7 @@ class ExpertLoraWeights:
             z(L, E, R, inter),
             z(L, E, hidden, R),
             z(L, R, dt=torch.float32),
+            z(L, dt=torch.int32),
             z(L, dt=torch.int32),
         )
 
@@ -62,7 +67,7 @@ class ExpertLoraWeights:
         return num_experts * (2 * r * hidden + 2 * inter * r + r * inter + hidden * r)
 
     def clear_slot(self, slot: int) -> None:
-        for t in (self.gu_a, self.gu_b, self.gu_scale, self.dn_a, self.dn_b, self.dn_scale, self.rank):
+        for t in (self.gu_a, self.gu_b, self.gu_scale, self.dn_a, self.dn_b, self.dn_scale, self.rank, self.shared):
             t[slot].zero_()
 
     def set_slot(self, slot: int, parts: dict[str, tuple[torch.Tensor, torch.Tensor, float]]) -> None:
@@ -84,6 +89,9 @@ class ExpertLoraWeights:
             self.gu_b[slot, :, rows, :r] = b
             self.gu_scale[slot, col : col + r] = scaling
         self.rank[slot] = max((a.shape[1] for a, _, _ in parts.values()), default=0)
+        gate, up = parts.get("gate"), parts.get("up")
+        if gate is not None and up is not None and gate[2] == up[2] and gate[0].shape == up[0].shape:
+            self.shared[slot] = int(torch.equal(gate[0], up[0]))
 
 
 def gate_up_delta(sg: torch.Tensor, gu_b: torch.Tensor) -> torch.Tensor:

@@ -94,7 +94,21 @@ def fused_moe(
     R = lora.max_rank
     sg = new(P, 2 * R)
     if row_lora if row_lora is not None else P <= ROW_LORA_MAX_PAIRS:  # one alignment: by expert
-        shrink(x, lora.gu_a, lora.gu_scale, lora.rank, by_e, sg, K, R, gather=True, nsl=2, prec=prec, slot=slot)
+        shrink(
+            x,
+            lora.gu_a,
+            lora.gu_scale,
+            lora.rank,
+            lora.shared,
+            by_e,
+            sg,
+            K,
+            R,
+            gather=True,
+            nsl=2,
+            prec=prec,
+            slot=slot,
+        )
         part = torch.empty(triton.cdiv(inter, BN), P, R, dtype=torch.float32, device=x.device)
         act = new(P, inter)
         lo = RowLora(slot, lora.rank, sg, lora.gu_b, lora.dn_a, part, R)
@@ -104,7 +118,7 @@ def fused_moe(
         gemm(act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=True, lora=lo)
         return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
     by_es = align_pairs(experts, slot, E, lora.max_loras, bm)
-    shrink(x, lora.gu_a, lora.gu_scale, lora.rank, by_es, sg, K, R, gather=True, nsl=2, prec=prec)
+    shrink(x, lora.gu_a, lora.gu_scale, lora.rank, lora.shared, by_es, sg, K, R, gather=True, nsl=2, prec=prec)
     h = new(P, two_i)
     gemm(x, gate_up, by_e, rw, h, K, two_i, inter, gather=True, silu=False, weight=False)
     act = new(P, inter)
@@ -112,6 +126,6 @@ def fused_moe(
     y = new(P, H)
     gemm(act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=False)
     sd = new(P, R)
-    shrink(act, lora.dn_a, lora.dn_scale, lora.rank, by_es, sd, K, R, gather=False, nsl=1, prec=prec)
+    shrink(act, lora.dn_a, lora.dn_scale, lora.rank, lora.shared, by_es, sd, K, R, gather=False, nsl=1, prec=prec)
     expand(y, sd, lora.dn_b, lora.rank, by_es, rw, y, H, R, silu=False, prec=prec)  # in place, row by row
     return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)

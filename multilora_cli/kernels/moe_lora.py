@@ -25,13 +25,14 @@ BN, BK = 64, 64
 
 @triton.jit
 def _lora_shrink_kernel(
-    src_ptr, a_ptr, scale_ptr, rank_ptr, pair_ptr, bexp_ptr, bslot_ptr, slot_ptr, out_ptr,
+    src_ptr, a_ptr, scale_ptr, rank_ptr, shared_ptr, pair_ptr, bexp_ptr, bslot_ptr, slot_ptr, out_ptr,
     KD, top_k, R,
     stride_src, stride_a_slot, stride_a_exp, stride_a_row, stride_scale, stride_out,
     GATHER: tl.constexpr, BY_EXPERT: tl.constexpr, NSL: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr,
     BK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
-    """out[p, sl*R + j] = scale[s, sl*R + j] * src[row(p)] @ a[s, e, sl*R + j]^T for j < rank[s], NSL slices.
+    """out[p, sl*R + j] = scale[s, sl*R + j] * src[row(p)] @ a[s, e, sl*R + j]^T for j < rank[s], NSL slices;
+    NSL = 2 and shared[s]: slice 1 equals slice 0 (one A for gate and up): only slice 0's A is read, stored twice.
     BY_EXPERT: the blocks are by expert alone, rows of many slots; program (b, j) takes the block's j-th distinct
     adapted slot (in row order) and its rows: each (expert, adapter) of a block reads its A once."""
     if BY_EXPERT:
@@ -69,19 +70,27 @@ def _lora_shrink_kernel(
     c = tl.arange(0, NSL * RB)
     col = (c // RB) * R + c % RB
     col_ok = c % RB < r
+    read = col_ok  # the A rows read
+    if NSL == 2:
+        shared = tl.load(shared_ptr + s)
+        read = col_ok & (c < tl.where(shared != 0, RB, 2 * RB))  # shared: slice 0's rows only
     a_base = a_ptr + s.to(tl.int64) * stride_a_slot + e.to(tl.int64) * stride_a_exp
     acc = tl.zeros((BM, NSL * RB), dtype=tl.float32)
     for k in range(0, KD, BK):
         kk = k + tl.arange(0, BK)
         k_ok = kk < KD
         xt = tl.load(src_ptr + src_row[:, None] * stride_src + kk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-        at = tl.load(
-            a_base + col[None, :] * stride_a_row + kk[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0
-        )
+        at = tl.load(a_base + col[None, :] * stride_a_row + kk[:, None], mask=read[None, :] & k_ok[:, None], other=0.0)
         acc = tl.dot(xt, at.to(xt.dtype), acc, input_precision=DOT_PREC)
     acc = acc * tl.load(scale_ptr + s * stride_scale + col, mask=col_ok, other=0.0)[None, :]
     out = out_ptr + pair[:, None] * stride_out + col[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & col_ok[None, :])
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & read[None, :])
+    if NSL == 2:  # shared: slice 0's columns again as slice 1's (their scales are equal by the flag's definition)
+        tl.store(
+            out + R,
+            acc.to(out_ptr.dtype.element_ty),
+            mask=ok[:, None] & (col_ok & (c < tl.where(shared != 0, RB, 0)))[None, :],
+        )
 
 
 @triton.jit
@@ -133,12 +142,13 @@ def _lora_expand_kernel(
         tl.store(out_ptr + row[:, None] * stride_out + n[None, :], v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def shrink(src, a, scale, rank, al: MoeAlign, out, top_k, R, *, gather, nsl, prec, slot=None) -> None:
+def shrink(src, a, scale, rank, shared, al: MoeAlign, out, top_k, R, *, gather, nsl, prec, slot=None) -> None:
     """`_lora_shrink_kernel` over the (expert, slot) blocks, or with `slot` ([T], -1 = base) over blocks by expert
-    alone (BM programs a block, one per distinct slot): a [L, E, nsl*R, KD], out [T*K, nsl*R]."""
+    alone (BM programs a block, one per distinct slot): a [L, E, nsl*R, KD], out [T*K, nsl*R]; shared [L] int32
+    (read with nsl = 2)."""
     by_expert = slot is not None
     launch(
-        _lora_shrink_kernel, (al.num_blocks * (al.block_m if by_expert else 1),), src, a, scale, rank,
+        _lora_shrink_kernel, (al.num_blocks * (al.block_m if by_expert else 1),), src, a, scale, rank, shared,
         al.sorted_pair, al.block_expert, al.block_slot, slot if by_expert else al.block_slot, out, a.shape[3], top_k, R,
         src.stride(0), a.stride(0), a.stride(1), a.stride(2), scale.stride(0), out.stride(0),
         GATHER=gather, BY_EXPERT=by_expert, NSL=nsl, RB=rank_bucket(R), BM=al.block_m, BK=BK, DOT_PREC=prec,

@@ -30,7 +30,9 @@ def _case(T, pattern, dtype, seed=0, h=H, inter=INTER, e=E, k=K):
 
 
 def _fp32(lora):
-    return type(lora)(*(getattr(lora, n).float() if n != "rank" else lora.rank for n in lora.__slots__))
+    return type(lora)(
+        *(getattr(lora, n).float() if n not in ("rank", "shared") else getattr(lora, n) for n in lora.__slots__)
+    )
 
 
 def _rel(got, want):

@@ -42,7 +42,9 @@ def _reference(x, weights, experts, gate_up, down, slot, lora):
     f = lambda t: t.float()  # noqa: E731
     lf = None
     if lora is not None:
-        lf = type(lora)(*(f(getattr(lora, n)) if n != "rank" else lora.rank for n in lora.__slots__))
+        lf = type(lora)(
+            *(f(getattr(lora, n)) if n not in ("rank", "shared") else getattr(lora, n) for n in lora.__slots__)
+        )
     return moe_reference(f(x), weights, experts, f(gate_up), f(down), slot, lf)
 
 
