@@ -11,9 +11,10 @@ per-row epilogues) and "grouped" (expert LoRA in launches grouped by (expert, ad
 `default` names the one fused_moe picks at that T (row up to ROW_LORA_MAX_PAIRS pairs: the rows show whether that
 switch sits right; T = 8192 is a prefill chunk).
 The floor (benchmarks/moe_floor.py has the formulas): base = distinct experts x 3*I*H*2 B, LoRA = distinct
-(expert, adapter) pairs x r*(3H + 3I)*2 B, at the copy bandwidth measured here. Reads: per (T, S) base / lora /
-floor us, lora - base vs the LoRA floor (what expert LoRA costs over what it must), the bytes each path reads and
-its Triton launches (dry-run counted) and programs (static grid / busy). Per decode step of the whole model:
+(expert, adapter) pairs x r*(2H + 3I)*2 B (--layout peft: gate and up share one A; modules: r*(3H + 3I)), at the
+copy bandwidth measured here. Reads: per (T, S) base / lora / floor us, lora - base vs the LoRA floor (what expert
+LoRA costs over what it must), the bytes each path reads and its Triton launches (dry-run counted) and programs
+(static grid / busy). Per decode step of the whole model:
 x 48 layers. rel_err: each LoRA arm against kernels/moe_reference.py (bf16 rounding, ~1e-3).
 """
 
@@ -63,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="1,16,64,256,1024")
     ap.add_argument("--distinct", default="1,16,64", help="distinct adapters in the step (each has its own slot)")
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument(
+        "--layout",
+        choices=("peft", "modules"),
+        default="peft",
+        help="peft: target_parameters (gate and up share one A, as the e2e bench's adapters); modules: per-expert "
+        "modules (gate and up each their own A)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/moe.json")
     args = ap.parse_args(argv)
@@ -76,14 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     lora = ExpertLoraWeights.empty(slots, r, E, H, INTER, dt, dev)
     for t in (lora.gu_a, lora.gu_b, lora.dn_a, lora.dn_b):
         t.normal_(0, 0.02)
+    shared = args.layout == "peft"
+    if shared:  # one lora_A of gate_up_proj: the slot holds it as gate's and up's rows (kernels/expert_weights.py)
+        lora.gu_a[:, :, r:] = lora.gu_a[:, :, :r]
+        lora.shared.fill_(1)
     lora.gu_scale.fill_(2.0)
     lora.dn_scale.fill_(2.0)
     lora.rank.fill_(r)
     bw = copy_bandwidth()
-    report = {**device_header("benchmarks.bench_moe", bw), "shapes": dict(H=H, E=E, K=K, I=INTER, rank=r), "rows": []}
+    shapes = dict(H=H, E=E, K=K, I=INTER, rank=r, layout=args.layout)
+    report = {**device_header("benchmarks.bench_moe", bw), "shapes": shapes, "rows": []}
     us = lambda nbytes: nbytes / bw * 1e6  # noqa: E731
+    per = "r(2H + 3I)" if shared else "r(3H + 3I)"
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; floor = distinct experts x 3IH x 2 B + (expert, adapter) pairs x "
-          f"r(3H + 3I) x 2 B at it (benchmarks/moe_floor.py)")  # fmt: skip
+          f"{per} x 2 B at it (benchmarks/moe_floor.py; --layout {args.layout})")  # fmt: skip
     for T in ints(args.tokens):
         x = torch.randn(T, H, device=dev, dtype=dt)
         w, idx = route(x @ router.T, K, "qwen", True)
@@ -102,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, kw in arms.items():
                 got = fused_moe(x, w, idx, gate_up, down, slot, lora, **kw).double()
                 err[name] = ((got - ref).norm() / ref.norm()).item()
-            acc = layer_account(idx, slot, E, H, INTER, r, block_m_for(T * K))
+            acc = layer_account(idx, slot, E, H, INTER, r, block_m_for(T * K), shared)
             floor_base, floor_lora = us(acc["floor_base_bytes"]), us(acc["floor_lora_bytes"])
             launches = {
                 "base": _launches(lambda: fused_moe(x, w, idx, gate_up, down)),

@@ -4,6 +4,7 @@ launches (benchmarks/bench_moe.py prints it beside the measured times).
     T tokens, top-k K of E experts, S distinct adapters (each token one adapter or the base), rank r, bf16 (2 B)
     expert bytes     eb = 3 * I * H * 2                                  (gate, up, down of one expert)
     LoRA bytes       lb = r * (2H + 2I + I + H) * 2                      (A gate, A up, B gate, B up, A down, B down)
+                     PEFT target_parameters on gate_up_proj: one A for gate and up, lb = r * (H + 2I + I + H) * 2
     floor (base)     = distinct experts D * eb
     floor (LoRA)     = distinct (expert, adapter) pairs G * lb           (each touched factor read once)
     uniform routing: D = E * (1 - (1 - K/E)^T), G = S * E * (1 - (1 - K/E)^(T/S))
@@ -32,9 +33,9 @@ def expert_bytes(H: int, inter: int) -> int:
     return 3 * inter * H * BYTES
 
 
-def lora_bytes(H: int, inter: int, rank: int) -> int:
-    """One adapter's factors of one expert."""
-    return rank * (2 * H + 2 * inter + inter + H) * BYTES
+def lora_bytes(H: int, inter: int, rank: int, shared_a: bool = False) -> int:
+    """One adapter's factors of one expert (shared_a: gate and up share one A, read once)."""
+    return rank * ((1 if shared_a else 2) * H + 2 * inter + inter + H) * BYTES
 
 
 def expected_touched(E: int, K: int, tokens: float) -> float:
@@ -42,7 +43,9 @@ def expected_touched(E: int, K: int, tokens: float) -> float:
     return E * (1.0 - (1.0 - K / E) ** tokens) if tokens > 0 else 0.0
 
 
-def layer_account(experts: torch.Tensor, slot: torch.Tensor, E: int, H: int, inter: int, rank: int, bm: int) -> dict:
+def layer_account(
+    experts: torch.Tensor, slot: torch.Tensor, E: int, H: int, inter: int, rank: int, bm: int, shared_a: bool = False
+) -> dict:
     """Bytes floor and kernel reads of one layer for this routing (experts [T, K]) and slots ([T], -1 = base)."""
     T, K = experts.shape
     P = T * K
@@ -56,8 +59,8 @@ def layer_account(experts: torch.Tensor, slot: torch.Tensor, E: int, H: int, int
     blocks_e = int(((per_expert + bm - 1) // bm).sum())
     blocks_es = int(((groups + bm - 1) // bm).sum())
     adapted = int((s >= 0).sum())
-    eb, lb = expert_bytes(H, inter), lora_bytes(H, inter, rank)
-    shrink_a = 2 * rank * H * BYTES  # gate and up A of one (expert, adapter)
+    eb, lb = expert_bytes(H, inter), lora_bytes(H, inter, rank, shared_a)
+    shrink_a = (1 if shared_a else 2) * rank * H * BYTES  # gate and up A of one (expert, adapter)
     rest = lb - shrink_a  # the B blocks and down's A / B
     act = BYTES * P
     return dict(

@@ -50,3 +50,12 @@ def test_blocks_are_the_alignment_kernels_blocks():
         assert acc["expert_adapter_blocks"] == int(busy.sum())
         by_e = align_pairs(experts, None, E, 0, bm)
         assert acc["expert_blocks"] == int((by_e.block_expert >= 0).sum())
+
+
+def test_shared_a_is_read_once():
+    """PEFT target_parameters: gate and up share one A, so the floor and the shrink count r x H once."""
+    experts, slot = _routing(9, 3, 9)
+    own, shared = (layer_account(experts, slot, E, H, INTER, R, 4, shared_a=s) for s in (False, True))
+    G = own["expert_adapter_pairs"]
+    assert own["floor_lora_bytes"] - shared["floor_lora_bytes"] == G * R * H * 2
+    assert own["row_lora_bytes"] - shared["row_lora_bytes"] == G * R * H * 2
