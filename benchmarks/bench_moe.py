@@ -1,18 +1,21 @@
-"""One sparse MoE layer at Qwen3-30B-A3B shapes: the grouped torch path (kernels/moe_reference.py) against the fused
-MoE Triton kernels (kernels/fused_moe.py), without and with expert LoRA.
+"""One sparse MoE layer at Qwen3-30B-A3B shapes through the fused MoE Triton kernels (kernels/fused_moe.py):
+base, and with expert LoRA of S distinct adapters, against the bytes floor at the bandwidth measured in the run.
 
     python -m benchmarks.bench_moe --out $OUT/moe-h200.json
-    python -m benchmarks.bench_moe --tokens 1,64,256,2048 --adapters 64 --rank 16
+    python -m benchmarks.bench_moe --tokens 1,64,256,1024 --distinct 1,16,64 --rank 16
 
-Shapes: hidden 2048, 128 experts, top-8, expert intermediate 768, bf16. For each T (tokens in the step, e.g. a
-decode batch) five arms, interleaved (min of medians): "base" and "lora" through the grouped path (eager
-launches: it syncs once per call), "fused_base" and "fused_lora" through the fused kernels (replayed from a CUDA
-graph, as decode steps run them), where lora = T tokens spread round-robin over `--adapters` slots, rank `--rank`,
-every slot adapting gate_up and down; and the floor "bytes": the distinct experts' weights the step touches (and,
-for lora, the distinct (expert, adapter) LoRA factors) read once at the measured copy bandwidth. Per decode step
-of the whole model: x 48 layers. Reads: time_us per arm; fused_lora / fused_base (what expert LoRA costs),
-base / fused_base (the fused kernels' speed-up), fused_base / floor (distance to the roofline); rel_err: the
-fused output against the grouped one (bf16 rounding, ~1e-3).
+Shapes: hidden 2048, 128 experts, top-8, expert intermediate 768, bf16; T tokens spread round-robin over S
+adapters (each its own slot, rank --rank, adapting gate, up and down), every arm replayed from a CUDA graph as
+decode steps run it, interleaved (min of medians). Arms: "base" (no LoRA), "row" (expert LoRA in the base GEMMs'
+per-row epilogues) and "grouped" (expert LoRA in launches grouped by (expert, adapter)), side by side at every T;
+`default` names the one fused_moe picks at that T (row up to ROW_LORA_MAX_PAIRS pairs: the rows show whether that
+switch sits right; T = 8192 is a prefill chunk).
+The floor (benchmarks/moe_floor.py has the formulas): base = distinct experts x 3*I*H*2 B, LoRA = distinct
+(expert, adapter) pairs x r*(2H + 3I)*2 B (--layout peft: gate and up share one A; modules: r*(3H + 3I)), at the
+copy bandwidth measured here. Reads: per (T, S) base / lora / floor us, lora - base vs the LoRA floor (what expert
+LoRA costs over what it must), the bytes each path reads and its Triton launches (dry-run counted) and programs
+(static grid / busy). Per decode step of the whole model:
+x 48 layers. rel_err: each LoRA arm against kernels/moe_reference.py (bf16 rounding, ~1e-3).
 """
 
 from __future__ import annotations
@@ -21,101 +24,136 @@ import time
 
 import torch
 
-from benchmarks.timing import (
-    copy_bandwidth,
-    device_header,
-    eager_time_us,
-    graph_time_us,
-    interleaved_min,
-    ints,
-    parser,
-    save_report,
-)
+from benchmarks.moe_floor import expected_touched, layer_account
+from benchmarks.timing import copy_bandwidth, device_header, graph_time_us, interleaved_min, ints, parser, save_report
 
 H, E, K, INTER, LAYERS = 2048, 128, 8, 768, 48
 
 
+def _launches(fn) -> int:
+    from multilora_cli.kernels.launch import collect
+
+    with collect() as calls:
+        fn()
+    return len(calls)
+
+
+def _programs(P: int, slots: int, acc: dict, row: bool) -> dict:
+    """Static grid (a graph replays all of it) and busy programs (with work) of the LoRA call's Triton kernels."""
+    from multilora_cli.kernels.fused_moe import block_m_for
+    from multilora_cli.kernels.moe_align import num_blocks
+    from multilora_cli.kernels.moe_gemm import BN
+
+    bm = block_m_for(P)
+    nb_e, nb_es = num_blocks(P, E, bm), num_blocks(P, E * (slots + 1), bm)
+    tiles = -(-INTER // BN) + -(-H // BN)  # gate_up's and down's output tiles
+    gemm_static, gemm_busy = nb_e * tiles, acc["expert_blocks"] * tiles
+    lora = acc["expert_adapter_blocks"]
+    if row:  # one shrink: bm programs per by-expert block, one per distinct adapter (busy: ~G, straddles not counted)
+        return dict(static=gemm_static + nb_e * bm, busy=gemm_busy + acc["expert_adapter_pairs"])
+    tiles_h = -(-2 * INTER // BN) + -(-H // BN)  # the grouped path's gate_up GEMM writes h [P, 2I]
+    return dict(static=nb_e * tiles_h + 4 * nb_es, busy=acc["expert_blocks"] * tiles_h + 4 * lora)
+
+
 def main(argv: list[str] | None = None) -> int:
     from multilora_cli.kernels.expert_weights import ExpertLoraWeights
-    from multilora_cli.kernels.fused_moe import fused_moe
+    from multilora_cli.kernels.fused_moe import ROW_LORA_MAX_PAIRS, block_m_for, fused_moe
     from multilora_cli.kernels.moe_reference import moe_reference, route
 
     ap = parser(__doc__)
     ap.add_argument("--tokens", default="1,16,64,256,1024")
-    ap.add_argument("--adapters", type=int, default=64)
-    ap.add_argument("--slots", type=int, default=16, help="LoRA slots allocated (each is E x rank per layer)")
+    ap.add_argument("--distinct", default="1,16,64", help="distinct adapters in the step (each has its own slot)")
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument(
+        "--layout",
+        choices=("peft", "modules"),
+        default="peft",
+        help="peft: target_parameters (gate and up share one A, as the e2e bench's adapters); modules: per-expert "
+        "modules (gate and up each their own A)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/moe.json")
     args = ap.parse_args(argv)
-    dev, dt = "cuda", torch.bfloat16
+    dev, dt, r = "cuda", torch.bfloat16, args.rank
     start = time.time()
     torch.manual_seed(0)
     gate_up = torch.randn(E, 2 * INTER, H, device=dev, dtype=dt) * 0.02
     down = torch.randn(E, H, INTER, device=dev, dtype=dt) * 0.02
     router = torch.randn(E, H, device=dev, dtype=dt) * 0.02
-    slots = min(args.slots, args.adapters)
-    lora = ExpertLoraWeights.empty(slots, args.rank, E, H, INTER, dt, dev)
+    slots = max(ints(args.distinct))
+    lora = ExpertLoraWeights.empty(slots, r, E, H, INTER, dt, dev)
     for t in (lora.gu_a, lora.gu_b, lora.dn_a, lora.dn_b):
         t.normal_(0, 0.02)
-    # gu_b is block-diagonal in a slot (kernels/expert_weights.py): gate rows read the gate ranks, up rows the up ranks
-    lora.gu_b[:, :, :INTER, args.rank :] = 0
-    lora.gu_b[:, :, INTER:, : args.rank] = 0
+    shared = args.layout == "peft"
+    if shared:  # one lora_A of gate_up_proj: the slot holds it as gate's and up's rows (kernels/expert_weights.py)
+        lora.gu_a[:, :, r:] = lora.gu_a[:, :, :r]
+        lora.shared.fill_(1)
     lora.gu_scale.fill_(2.0)
     lora.dn_scale.fill_(2.0)
-    lora.rank.fill_(args.rank)
+    lora.rank.fill_(r)
     bw = copy_bandwidth()
-    report = {**device_header("benchmarks.bench_moe", bw), "shapes": dict(H=H, E=E, K=K, I=INTER), "rows": []}
-    expert_bytes = (2 * INTER * H + H * INTER) * 2
-    # A of gate, up, down and B of gate, up, down (the slots store gate_up B block-diagonal; read: its blocks)
-    lora_bytes = (2 * args.rank * H + 2 * INTER * args.rank + args.rank * INTER + H * args.rank) * 2
+    shapes = dict(H=H, E=E, K=K, I=INTER, rank=r, layout=args.layout)
+    report = {**device_header("benchmarks.bench_moe", bw), "shapes": shapes, "rows": []}
+    us = lambda nbytes: nbytes / bw * 1e6  # noqa: E731
+    per = "r(2H + 3I)" if shared else "r(3H + 3I)"
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; floor = distinct experts x 3IH x 2 B + (expert, adapter) pairs x "
+          f"{per} x 2 B at it (benchmarks/moe_floor.py; --layout {args.layout})")  # fmt: skip
     for T in ints(args.tokens):
         x = torch.randn(T, H, device=dev, dtype=dt)
         w, idx = route(x @ router.T, K, "qwen", True)
-        slot = (torch.arange(T, device=dev) % slots).to(torch.int64)
-        timers = {
-            "base": lambda: eager_time_us(lambda _: moe_reference(x, w, idx, gate_up, down), 1),
-            "lora": lambda: eager_time_us(lambda _: moe_reference(x, w, idx, gate_up, down, slot, lora), 1),
-            "fused_base": lambda: graph_time_us(lambda _: fused_moe(x, w, idx, gate_up, down), 1),
-            "fused_lora": lambda: graph_time_us(lambda _: fused_moe(x, w, idx, gate_up, down, slot, lora), 1),
-        }
-        err = {}
-        for arm, args_ in (("base", ()), ("lora", (slot, lora))):
-            ref = moe_reference(x, w, idx, gate_up, down, *args_).double()
-            err[arm] = ((fused_moe(x, w, idx, gate_up, down, *args_).double() - ref).norm() / ref.norm()).item()
-        best = interleaved_min(timers, args.repeats)
-        distinct = int(idx.unique().numel())
-        pairs = int((idx * slots + slot[:, None]).unique().numel())
-        floor = {
-            "base": distinct * expert_bytes / bw * 1e6,
-            "lora": (distinct * expert_bytes + pairs * lora_bytes) / bw * 1e6,
-        }
-        floor["fused_base"], floor["fused_lora"] = floor["base"], floor["lora"]
-        row = dict(
-            tokens=T,
-            distinct_experts=distinct,
-            expert_adapter_pairs=pairs,
-            time_us=best,
-            floor_us=floor,
-            lora_over_base=best["lora"] / best["base"],
-            base_over_floor=best["base"] / floor["base"],
-            fused_lora_over_fused_base=best["fused_lora"] / best["fused_base"],
-            base_over_fused_base=best["base"] / best["fused_base"],
-            lora_over_fused_lora=best["lora"] / best["fused_lora"],
-            fused_base_over_floor=best["fused_base"] / floor["base"],
-            fused_lora_over_floor=best["fused_lora"] / floor["lora"],
-            rel_err=err,
-            decode_step_ms={k: v * LAYERS / 1e3 for k, v in best.items()},
-        )
-        report["rows"].append(row)
-        print(
-            f"T={T:5d} experts={distinct:3d} base {best['base']:8.1f} us  lora {best['lora']:8.1f} us  "
-            f"lora/base {row['lora_over_base']:.2f}  base/floor {row['base_over_floor']:.1f} | fused base "
-            f"{best['fused_base']:8.1f} us  lora {best['fused_lora']:8.1f} us  lora/base "
-            f"{row['fused_lora_over_fused_base']:.2f}  grouped/fused {row['base_over_fused_base']:.1f}  "
-            f"fused/floor {row['fused_base_over_floor']:.1f}  err {max(err.values()):.1e}"
-        )
-        save_report(report, args.out, start)
+        row = T * K <= ROW_LORA_MAX_PAIRS
+        for S in ints(args.distinct):
+            slot = (torch.arange(T, device=dev) % S).to(torch.int64)
+            arms = {"row": dict(row_lora=True), "grouped": dict(row_lora=False)}
+            timers = {
+                name: (lambda kw=kw: graph_time_us(lambda _: fused_moe(x, w, idx, gate_up, down, slot, lora, **kw), 1))
+                for name, kw in arms.items()
+            }
+            timers["base"] = lambda: graph_time_us(lambda _: fused_moe(x, w, idx, gate_up, down), 1)
+            best = interleaved_min(timers, args.repeats)
+            ref = moe_reference(x, w, idx, gate_up, down, slot, lora).double()
+            err = {}
+            for name, kw in arms.items():
+                got = fused_moe(x, w, idx, gate_up, down, slot, lora, **kw).double()
+                err[name] = ((got - ref).norm() / ref.norm()).item()
+            acc = layer_account(idx, slot, E, H, INTER, r, block_m_for(T * K), shared)
+            floor_base, floor_lora = us(acc["floor_base_bytes"]), us(acc["floor_lora_bytes"])
+            launches = {
+                "base": _launches(lambda: fused_moe(x, w, idx, gate_up, down)),
+                **{n: _launches(lambda kw=kw: fused_moe(x, w, idx, gate_up, down, slot, lora, **kw)) for n, kw in arms.items()},
+            }  # fmt: skip
+            programs = {n: _programs(T * K, slots, acc, n == "row") for n in arms}
+            extra = {n: best[n] - best["base"] for n in arms}
+            rec = dict(
+                distinct=S,
+                default="row" if row else "grouped",
+                time_us=best,
+                floor_us={"base": floor_base, "lora": floor_lora},
+                lora_extra_us=extra,
+                lora_extra_over_floor={n: v / floor_lora for n, v in extra.items()},
+                lora_over_base={n: best[n] / best["base"] for n in arms},
+                floor_lora_over_base=(floor_base + floor_lora) / floor_base,
+                base_over_floor=best["base"] / floor_base,
+                expected_expert_adapter_pairs=min(T, S) * expected_touched(E, K, T / min(T, S)),
+                launches=launches,
+                programs=programs,
+                rel_err=err,
+                decode_step_ms={k: v * LAYERS / 1e3 for k, v in best.items()},
+                **acc,
+            )
+            report["rows"].append(rec)
+            print(
+                f"T={T:5d} S={S:3d} experts {acc['distinct_experts']:3d} (expert, adapter) {acc['expert_adapter_pairs']:5d}"
+                f" | base {best['base']:7.1f} us floor {floor_base:6.1f} | LoRA floor +{floor_lora:6.1f} us"
+                f" | row {best['row']:7.1f} us (+{extra['row']:6.1f}, {extra['row'] / floor_lora:.1f}x floor)"
+                f" grouped {best['grouped']:7.1f} us (+{extra['grouped']:6.1f}) default {rec['default']}"
+                f" | row/base {rec['lora_over_base']['row']:.2f} floor {rec['floor_lora_over_base']:.2f}"
+                f" | LoRA MB floor {acc['floor_lora_bytes'] / 1e6:.0f} row ~{acc['row_lora_dram_bytes'] / 1e6:.0f}"
+                f" (<= {acc['row_lora_bytes'] / 1e6:.0f} without cache reuse)"
+                f" grouped {acc['grouped_lora_bytes'] / 1e6:.0f} | launches {launches} programs {programs}"
+                f" | err {max(err.values()):.1e}"
+            )  # fmt: skip
+            save_report(report, args.out, start)
     return 0
 
 

@@ -149,14 +149,26 @@ class Roofline:
             return 0.0
         return self.num_experts * (1.0 - (1.0 - self.top_k / self.num_experts) ** tokens)
 
+    def step_parts(self, kv_tokens: int, adapters: int, tokens: int = 0) -> dict[str, float]:
+        """The step's bytes by what reads them: weights (every step: attention, norms, LM head; dense: all),
+        experts (MoE: the touched experts), adapters (their non-expert LoRA), expert_lora (each adapter's LoRA of
+        the experts its tokens touch), kv (the live context)."""
+        parts = dict(
+            weights=float(self.weight_bytes),
+            experts=0.0,
+            adapters=float(adapters * self.adapter_bytes),
+            expert_lora=0.0,
+            kv=float(kv_tokens * self.kv_bytes_per_token),
+        )
+        if self.num_experts:
+            parts["experts"] = self.touched_experts(tokens) * self.expert_bytes
+            if adapters:
+                parts["expert_lora"] = adapters * self.touched_experts(tokens / adapters) * self.adapter_expert_bytes
+        return parts
+
     def step_bytes(self, kv_tokens: int, adapters: int, tokens: int = 0) -> float:
         """tokens: the step's tokens (MoE: which experts it reads; ignored on a dense base)."""
-        b = self.weight_bytes + kv_tokens * self.kv_bytes_per_token + adapters * self.adapter_bytes
-        if self.num_experts:
-            b += self.touched_experts(tokens) * self.expert_bytes
-            if adapters:
-                b += adapters * self.touched_experts(tokens / adapters) * self.adapter_expert_bytes
-        return b
+        return sum(self.step_parts(kv_tokens, adapters, tokens).values())
 
     def step_seconds(self, kv_tokens: int, adapters: int, tokens: int = 0) -> float:
         return self.step_bytes(kv_tokens, adapters, tokens) / self.bandwidth

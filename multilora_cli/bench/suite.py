@@ -277,7 +277,9 @@ def run_multilora_row(
             f"{row.tokens_per_s:.0f} tok/s, decode step {row.decode_step_ms or 0:.2f} ms at batch "
             f"{row.decode_batch} (roofline {row.roofline_ms or 0:.2f} ms of its "
             f"{row.extra.get('adapters_at_batch', 0):.0f} distinct adapters: "
-            f"{row.extra.get('step_vs_roofline') or 0:.2f}x)"
+            f"{row.extra.get('step_vs_roofline') or 0:.2f}x"
+            + "".join(f", {k} {v:.2f}" for k, v in row.extra.get("roofline_parts_ms", {}).items() if v)
+            + f"; all decode steps {row.decode_vs_roofline or 0:.2f}x theirs)"
         )
         return row
     finally:
@@ -349,6 +351,11 @@ def _summarise(work: Workload, steps, roof: Roofline, system: str, out_tokens: i
         # the 8B target: the step at that batch against the roofline of its own distinct adapters
         row.extra["step_vs_roofline"] = row.decode_step_ms / row.roofline_ms
         row.extra["adapters_at_batch"] = statistics.median(s.adapters for s in at)
+        # the median step's roofline by part (ms at the measured bandwidth): where a MoE step's floor lies
+        mid = sorted(at, key=lambda s: roof.step_seconds(s.kv_tokens, s.adapters, s.tokens))[len(at) // 2]
+        parts = roof.step_parts(mid.kv_tokens, mid.adapters, mid.tokens)
+        row.extra["roofline_parts_ms"] = {k: v / roof.bandwidth * 1e3 for k, v in parts.items()}
+        row.extra["roofline_step"] = dict(tokens=mid.tokens, adapters=mid.adapters, kv_tokens=mid.kv_tokens)
         row.extra["decode_vs_floor"] = sum(s.seconds for s in decode) / sum(
             roof.floor_seconds(s.tokens, s.kv_tokens, s.adapters) for s in decode
         )

@@ -7,9 +7,11 @@ from pageable memory on the step loop's thread per load. Packed (engine/packed_e
 host->device copy and ONE scatter launch as the dense modules: `views` gives each part's (slot view, view of the
 packed buffer) pairs, with the layout changes as strides of the slot views:
     A [E, r, in]   -> gu_a[slot, :, col:col+r, :] (gate col 0, up col R) | dn_a[slot, :, :r, :]
-    B [E, out, r]  -> gu_b[slot, :, rows, col:col+r] (gate rows 0..I, up rows I..2I) | dn_b[slot, :, :, :r]
+    B [E, out, r]  -> gu_b[slot, :, rows, :r] (gate rows 0..I, up rows I..2I) | dn_b[slot, :, :, :r]
     B [out, r, E]  -> the same slot view permuted to [out, r, E] (PEFT's lora_B: the transpose runs on the device)
-then `write_rows` copies the slot's scale and rank rows from device rows cached per (ranks, scalings).
+then `write_rows` copies the slot's scale, rank and `shared` rows from device rows cached per (ranks, scalings,
+shared A): shared where a layer's up part reads the gate's A in the buffer (PEFT's one lora_A of gate_up_proj)
+with the gate's rank and scaling, so the fused shrink reads that A once.
 Stale values: a slot is zeroed (`prepare`) only when the parts written last differ from the new ones (any rank,
 layer or part); with the same parts every value is overwritten. Eviction zeroes the rank and scale rows only (the
 kernels skip a rank-0 slot; moe_reference multiplies its rows by scale 0).
@@ -68,7 +70,7 @@ class ExpertSlots:
             else:
                 col = 0 if p.part == "gate" else R
                 rows = slice(0, inter) if p.part == "gate" else slice(inter, 2 * inter)
-                da, db, a_t, b_t = w.gu_a[slot, :, col : col + r], w.gu_b[slot, :, rows, col : col + r], w.gu_a, w.gu_b
+                da, db, a_t, b_t = w.gu_a[slot, :, col : col + r], w.gu_b[slot, :, rows, :r], w.gu_a, w.gu_b
             dst += [da, db.permute(1, 2, 0) if p.peft_b else db]
             src += [p.a_view(base), p.b_stored(base)]
             steps += [a_t.stride(0), b_t.stride(0)]
@@ -90,7 +92,7 @@ class ExpertSlots:
         device rows cached per (ranks, scalings), so a load of a known kind copies no host buffer."""
         if not self.modules:
             return
-        key = tuple((p.layer, p.part, p.rank, p.scaling) for p in parts)
+        key = tuple((p.layer, p.part, p.rank, p.scaling, p.a_off) for p in parts)
         hit = self._rows.get(key)
         if hit is None:
             hit = self._rows[key] = self._make_rows(parts)
@@ -98,20 +100,27 @@ class ExpertSlots:
                 self._rows.pop(next(iter(self._rows)))
         src_s, src_r = hit
         dst_s = [t[slot] for w in self.modules.values() for t in (w.gu_scale, w.dn_scale)]
-        torch._foreach_copy_(dst_s + [w.rank[slot] for w in self.modules.values()], src_s + src_r)
+        dst_r = [t[slot] for w in self.modules.values() for t in (w.rank, w.shared)]
+        torch._foreach_copy_(dst_s + dst_r, src_s + src_r)
 
     def _make_rows(self, parts):
         n, R = len(self.modules), next(iter(self.modules.values())).max_rank
         scales = np.zeros((n, 3 * R), dtype=np.float32)  # gu_scale [2R] then dn_scale [R]
-        ranks = np.zeros(n, dtype=np.int32)
+        ranks = np.zeros((n, 2), dtype=np.int32)  # rank, shared
+        gates = {}
         for p in parts:
             j = self._index[p.layer]
             col = {"gate": 0, "up": R, "down": 2 * R}[p.part]
             scales[j, col : col + p.rank] = p.scaling
-            ranks[j] = max(ranks[j], p.rank)
+            ranks[j, 0] = max(ranks[j, 0], p.rank)
+            if p.part == "gate":
+                gates[p.layer] = p
+            g = gates.get(p.layer)
+            if p.part == "up" and g is not None and (g.a_off, g.rank, g.scaling) == (p.a_off, p.rank, p.scaling):
+                ranks[j, 1] = 1
         s_dev, r_dev = (self._to_device(torch.from_numpy(a)) for a in (scales, ranks))
         src_s = [v for j in range(n) for v in (s_dev[j, : 2 * R], s_dev[j, 2 * R :])]
-        return src_s, [r_dev[j] for j in range(n)]
+        return src_s, [v for j in range(n) for v in (r_dev[j, 0], r_dev[j, 1])]
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory().to(self.device, non_blocking=True) if self.cuda else t.to(self.device)
@@ -128,4 +137,5 @@ class ExpertSlots:
         """Forget the adapter in `slot`: rank and scale rows 0 (its A / B stay until the next load needs them
         gone)."""
         if self.modules:
-            torch._foreach_zero_([t[slot] for w in self.modules.values() for t in (w.gu_scale, w.dn_scale, w.rank)])
+            rows = [t[slot] for w in self.modules.values() for t in (w.gu_scale, w.dn_scale, w.rank, w.shared)]
+            torch._foreach_zero_(rows)

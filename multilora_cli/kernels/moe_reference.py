@@ -16,7 +16,7 @@ R = max rank; S = 2 LoRA slices of gate_up (gate | up), 1 of down):
     for e in 0..E-1 (ascending, as transformers adds them):
         for each (t, k) with experts[t, k] == e:
             h = x[t] @ gate_up[e].T                                  # [2I]
-            if slot[t] >= 0: h += ((x[t] @ gu_a[s, e].T) * gu_scale[s]) @ gu_b[s, e].T      # s = slot[t]
+            if slot[t] >= 0: h += gate_up_delta((x[t] @ gu_a[s, e].T) * gu_scale[s], gu_b[s, e])  # s = slot[t]
             a = silu(h[:I]) * h[I:]                                  # [I]
             y = a @ down[e].T                                        # [H]
             if slot[t] >= 0: y += ((a @ dn_a[s, e].T) * dn_scale[s]) @ dn_b[s, e].T
@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from multilora_cli.kernels.expert_weights import ExpertLoraWeights
+from multilora_cli.kernels.expert_weights import ExpertLoraWeights, gate_up_delta
 
 
 def route(logits: torch.Tensor, top_k: int, kind: str, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,5 +101,5 @@ def _add_runs(y, x, runs, a, b, scale, e) -> None:
     for s, n in enumerate(runs[1:]):
         if n:
             shrink = F.linear(x[lo : lo + n], a[s, e]) * scale[s].to(x.dtype)  # [n, S*R]
-            y[lo : lo + n] += F.linear(shrink, b[s, e])
+            y[lo : lo + n] += gate_up_delta(shrink, b[s, e]) if b.shape[3] != a.shape[2] else F.linear(shrink, b[s, e])
             lo += n

@@ -96,6 +96,12 @@ def test_roofline_moe_reads_the_routed_experts_and_their_lora():
     assert r.touched_experts(1) == pytest.approx(8) and r.touched_experts(10_000) == pytest.approx(128)
     assert r.step_bytes(0, 1, 1) == pytest.approx(r.weight_bytes + 8 * expert + 10**6 + 8 * 1000)
     assert r.step_bytes(0, 0, 10_000) == pytest.approx(cfg.num_params() * 2 - cfg.vocab_size * cfg.hidden_size * 2)
+    parts = r.step_parts(100, 4, 16)  # 4 adapters of 4 tokens each: each touches its 4 tokens' experts
+    assert (
+        parts["experts"] == pytest.approx(r.touched_experts(16) * expert) and parts["kv"] == 100 * r.kv_bytes_per_token
+    )
+    assert parts["expert_lora"] == pytest.approx(4 * r.touched_experts(4) * 1000) and parts["adapters"] == 4 * 10**6
+    assert sum(parts.values()) == pytest.approx(r.step_bytes(100, 4, 16))
 
 
 def test_suite_on_cpu(tmp_path):
@@ -120,6 +126,9 @@ def test_suite_on_cpu(tmp_path):
     assert ours["extra"]["step_vs_roofline"] == pytest.approx(ours["decode_step_ms"] / ours["roofline_ms"])
     assert 1 <= ours["extra"]["adapters_at_batch"] <= 4
     x = ours["extra"]
+    parts = x["roofline_parts_ms"]  # the median step's roofline, by part
+    assert parts["weights"] > 0 and parts["adapters"] > 0 and parts["experts"] == parts["expert_lora"] == 0
+    assert min(ours["roofline_ms"], sum(parts.values())) / max(ours["roofline_ms"], sum(parts.values())) > 0.5
     assert x["decode_steps"] + (x["steps"] - x["decode_steps"]) == x["steps"] and x["graph_steps"] == 0
     drawn = {n: len(set(w.assignment())) for k, w in plan if k == "multilora" for n in [w.num_adapters]}
     assert x["slot_loads"] == drawn[4]  # the warm-up used other adapters: every timed adapter loads once

@@ -73,9 +73,12 @@ def _live(slots, slot):
     stale by design after an eviction)."""
     out = []
     for w in slots.values():
-        out += [w.rank[slot].clone(), w.gu_scale[slot].clone(), w.dn_scale[slot].clone()]
+        out += [w.rank[slot].clone(), w.shared[slot].clone(), w.gu_scale[slot].clone(), w.dn_scale[slot].clone()]
         out += [(w.gu_a[slot] * w.gu_scale[slot][None, :, None] != 0).float() * w.gu_a[slot]]
-        out += [w.gu_b[slot] * (w.gu_scale[slot] != 0), w.dn_b[slot] * (w.dn_scale[slot] != 0)]
+        R, inter = w.max_rank, w.dn_a.shape[3]
+        live_g, live_u = (w.gu_scale[slot][:R] != 0), (w.gu_scale[slot][R:] != 0)  # gate rows | up rows of gu_b
+        out += [torch.cat([w.gu_b[slot][:, :inter] * live_g, w.gu_b[slot][:, inter:] * live_u], dim=1)]
+        out += [w.dn_b[slot] * (w.dn_scale[slot] != 0)]
     return out
 
 

@@ -22,7 +22,8 @@ def routing(pattern: str, T: int, E: int, K: int, g: torch.Generator) -> tuple[t
 
 
 def expert_lora(L: int, R: int, E: int, H: int, inter: int, ranks, g, dtype, device, amp: float = 0.1):
-    """Slots 0..L-1 with ranks `ranks` (0 = left empty); slot 1 adapts only gate and down (no up)."""
+    """Slots 0..L-1 with ranks `ranks` (0 = left empty); slot 1 adapts only gate and down (no up); slot 3's gate
+    and up share one A (as PEFT's lora_A of gate_up_proj: the fused shrink reads it once)."""
     lora = ExpertLoraWeights.empty(L, R, E, H, inter, dtype, device)
     for s, r in enumerate(ranks):
         if r == 0:
@@ -37,5 +38,8 @@ def expert_lora(L: int, R: int, E: int, H: int, inter: int, ranks, g, dtype, dev
         }
         if s == 1:
             del parts["up"]
+        if s == 3:
+            parts["up"] = (parts["gate"][0], *parts["up"][1:])
         lora.set_slot(s, parts)
+    assert lora.shared.tolist() == [int(s == 3 and r > 0) for s, r in enumerate(ranks)]
     return lora

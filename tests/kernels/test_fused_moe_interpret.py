@@ -1,6 +1,7 @@
 """`kernels/fused_moe.py` equals `kernels/moe_reference.py` (under TRITON_INTERPRET=1 on CPU: fp32 and fp16, the
 interpreter's bf16 tl.dot is garbage), over routing patterns, T=1, base-only and mixed adapter slots with ranks
-differing per slot (one empty); the alignment metadata holds every pair once; a row's result is its own."""
+differing per slot (one empty), by both LoRA paths (per-row epilogues in the base GEMMs, and grouped launches) and
+adapter popularity patterns; the alignment metadata holds every pair once; a row's result is its own."""
 
 from __future__ import annotations
 
@@ -41,16 +42,19 @@ def _reference(x, weights, experts, gate_up, down, slot, lora):
     f = lambda t: t.float()  # noqa: E731
     lf = None
     if lora is not None:
-        lf = type(lora)(*(f(getattr(lora, n)) if n != "rank" else lora.rank for n in lora.__slots__))
+        lf = type(lora)(
+            *(f(getattr(lora, n)) if n not in ("rank", "shared") else getattr(lora, n) for n in lora.__slots__)
+        )
     return moe_reference(f(x), weights, experts, f(gate_up), f(down), slot, lf)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
 @pytest.mark.parametrize("pattern", ["one", "uniform", "sparse"])
 @pytest.mark.parametrize("T", [1, 7, 20])
-def test_fused_equals_reference_with_mixed_slots(dtype, tol, pattern, T):
+@pytest.mark.parametrize("row_lora", [True, False])
+def test_fused_equals_reference_with_mixed_slots(dtype, tol, pattern, T, row_lora):
     x, weights, experts, gate_up, down, slot, lora = _inputs(T, pattern, dtype)
-    got = fused_moe(x, weights, experts, gate_up, down, slot, lora)
+    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
     want = _reference(x, weights, experts, gate_up, down, slot, lora)
     assert got.dtype == dtype
     _close(got, want, tol)
@@ -60,6 +64,42 @@ def test_fused_equals_reference_with_mixed_slots(dtype, tol, pattern, T):
         assert (want[adapted] - base[adapted]).abs().amax() > 20 * tol
 
 
+def _popular(kind: str, T: int, g: torch.Generator) -> torch.Tensor:
+    """Slots by adapter popularity: one adapter for every row, every row a different slot (no base rows), or
+    mostly base rows with a few adapted ones."""
+    if kind == "one":
+        return torch.zeros(T, dtype=torch.int64)
+    if kind == "distinct":
+        return torch.tensor([0, 1, 3] * T)[:T]  # the non-empty slots, round-robin
+    slot = torch.full((T,), -1, dtype=torch.int64)
+    slot[torch.randperm(T, generator=g)[: max(1, T // 5)]] = 3
+    return slot
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
+@pytest.mark.parametrize("popularity", ["one", "distinct", "base_heavy"])
+@pytest.mark.parametrize("row_lora", [True, False])
+def test_fused_by_adapter_popularity(dtype, tol, popularity, row_lora):
+    x, weights, experts, gate_up, down, _, lora = _inputs(20, "uniform", dtype, seed=11)
+    slot = _popular(popularity, 20, torch.Generator().manual_seed(12))
+    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
+    want = _reference(x, weights, experts, gate_up, down, slot, lora)
+    _close(got, want, tol)
+    base = _reference(x, weights, experts, gate_up, down, None, None)
+    adapted = slot >= 0
+    assert (want[adapted] - base[adapted]).abs().amax() > 20 * tol
+    if popularity == "base_heavy":  # the base rows are the base's
+        _close(got[~adapted], base[~adapted], tol)
+
+
+def test_both_lora_paths_agree_in_fp32():
+    """The per-row epilogues and the grouped launches: one computation, summed in other orders."""
+    x, weights, experts, gate_up, down, slot, lora = _inputs(20, "uniform", torch.float32, seed=13)
+    a = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=True)
+    b = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=False)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
 def test_fused_base_only(dtype, tol):
     x, weights, experts, gate_up, down, _, _ = _inputs(9, "uniform", dtype, seed=3)
@@ -67,29 +107,33 @@ def test_fused_base_only(dtype, tol):
     _close(got, _reference(x, weights, experts, gate_up, down, None, None), tol)
 
 
-def test_fused_qwen_weights_in_model_dtype_and_block_64():
+@pytest.mark.parametrize("row_lora", [True, False])
+def test_fused_qwen_weights_in_model_dtype_and_block_64(row_lora):
     """Qwen's routing weights come in the model's dtype; a 64-row block (the prefill size) covers the same."""
     x, weights, experts, gate_up, down, slot, lora = _inputs(12, "uniform", torch.float16, seed=4)
     w16 = weights.to(torch.float16)
-    got = fused_moe(x, w16, experts, gate_up, down, slot, lora, block_m=64)
+    got = fused_moe(x, w16, experts, gate_up, down, slot, lora, block_m=64, row_lora=row_lora)
     want = _reference(x, w16.float(), experts, gate_up, down, slot, lora)
     _close(got, want, 2e-2)
 
 
-def test_a_row_is_its_own():
+@pytest.mark.parametrize("row_lora", [True, False])
+def test_a_row_is_its_own(row_lora):
     """Batch invariance: each row computed with 19 neighbours equals that row computed alone, bit for bit."""
     x, weights, experts, gate_up, down, slot, lora = _inputs(20, "uniform", torch.float32, seed=5)
-    full = fused_moe(x, weights, experts, gate_up, down, slot, lora)
+    full = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
     for t in (0, 7, 19):
-        alone = fused_moe(x[t : t + 1], weights[t : t + 1], experts[t : t + 1], gate_up, down, slot[t : t + 1], lora)
+        one = (x[t : t + 1], weights[t : t + 1], experts[t : t + 1], gate_up, down, slot[t : t + 1], lora)
+        alone = fused_moe(*one, row_lora=row_lora)
         assert torch.equal(alone[0], full[t])
 
 
-def test_eviction_gives_the_base_rows_back():
+@pytest.mark.parametrize("row_lora", [True, False])
+def test_eviction_gives_the_base_rows_back(row_lora):
     x, weights, experts, gate_up, down, _, lora = _inputs(6, "uniform", torch.float32, seed=6)
     slot = torch.zeros(6, dtype=torch.int64)
     lora.clear_slot(0)
-    got = fused_moe(x, weights, experts, gate_up, down, slot, lora)
+    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
     torch.testing.assert_close(got, fused_moe(x, weights, experts, gate_up, down), atol=0, rtol=0)
 
 
@@ -132,15 +176,16 @@ def test_align_by_expert_alone():
     assert int((al.block_expert >= 0).sum()) == sum(-(-int((experts == e).sum()) // 16) for e in range(E))
 
 
-def test_dry_run_records_every_launch():
+@pytest.mark.parametrize("row_lora, aligns, shrinks, expands", [(True, 1, 1, 0), (False, 2, 2, 2)])
+def test_dry_run_records_every_launch(row_lora, aligns, shrinks, expands):
     """engine/precompile.py dry-runs forwards under launch.collect(): every kernel of the call is recorded (so it is
     compiled before the first step), and the torch ops around them need no kernel output."""
     from multilora_cli.kernels.launch import collect
 
     x, weights, experts, gate_up, down, slot, lora = _inputs(5, "uniform", torch.float32, seed=9)
     with collect() as calls:
-        fused_moe(x, weights, experts, gate_up, down, slot, lora)
+        fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
     names = [c[0].fn.__name__ for c in calls]
-    assert names.count("_count_kernel") == names.count("_place_kernel") == 2  # by expert, by (expert, slot)
-    assert names.count("_expert_gemm_kernel") == 2 and names.count("_lora_expand_kernel") == 2
-    assert names.count("_lora_shrink_kernel") == 2 and len(names) == 12
+    assert names.count("_count_kernel") == names.count("_place_kernel") == aligns  # by expert (, by (expert, slot))
+    assert names.count("_expert_gemm_kernel") == 2 and names.count("_lora_expand_kernel") == expands
+    assert names.count("_lora_shrink_kernel") == shrinks and len(names) == 3 * aligns + 2 + shrinks + expands

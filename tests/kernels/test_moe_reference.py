@@ -52,7 +52,9 @@ def _loop(x, weights, experts, gate_up, down, slot, lora):
             h = x[t] @ gate_up[e].T
             s = int(slot[t])
             if s >= 0:
-                h = h + ((x[t] @ lora.gu_a[s, e].T) * lora.gu_scale[s]) @ lora.gu_b[s, e].T
+                sg = (x[t] @ lora.gu_a[s, e].T) * lora.gu_scale[s]  # [2R]: gate ranks | up ranks
+                b = lora.gu_b[s, e]  # [2I, R]: gate rows | up rows, each over its own ranks
+                h = h + torch.cat([b[:INTER] @ sg[: b.shape[1]], b[INTER:] @ sg[b.shape[1] :]])
             a = F.silu(h[:INTER]) * h[INTER:]
             y = a @ down[e].T
             if s >= 0:

@@ -1,0 +1,161 @@
+"""`expert_gemm`: the experts' grouped GEMMs of `fused_moe` over the by-expert blocks (kernels/moe_align.py), with an
+optional per-row expert-LoRA epilogue (the expand added before the SiLU-and-mul / before the routing weight).
+
+    pair p = t*K + k of expert e = block_expert[b], s = slot[t], r = rank[s] (0 for s = -1 or an empty slot)
+    gate_up (silu=True):  src = x [T, H], w = gate_up [E, 2I, H], out = act [T*K, I] in x's dtype
+        g = x[t] @ w[e, n]^T (+ sg[p, :r] @ gu_b[s, e, n, :r]^T)          sg [T*K, 2R] (the grouped shrink's output)
+        u = x[t] @ w[e, I + n]^T (+ sg[p, R:R+r] @ gu_b[s, e, I + n, :r]^T)
+        act[p, n] = silu(g) * u
+        lora: part[tile(n), p, :r] = round(act[p, n in tile]) @ dn_a[s, e, :r, n in tile]^T   fp32 [n_tiles, T*K, R]
+    down (silu=False):    src = act, w = down [E, H, I], out = y [T*K, H] in x's dtype
+        sd = round(sum over tiles of part[., p, :r] (tile order) * dn_scale[s, :r])  (the down shrink, in x's dtype)
+        y[p, n] = (act[p] @ w[e, n]^T (+ sd @ dn_b[s, e, n, :r]^T)) * (weight: rw[p])
+
+Why per row: a block holds one expert's pairs of many adapters (a decode step of 256 tokens and 16 adapters has
+~1,300 (expert, adapter) groups of ~1.6 pairs; grouping the base GEMM by them would stream each expert's weights
+once per group). So each row gathers its own adapter's factors for this program's output tile (r x BN values per
+factor: no more bytes than a grouped expand reads per pair) and the products run as fp32 FMAs, RC rank columns at a
+time, only up to the block's largest rank (rank-aware; a block without LoRA rows skips it). What that removes from
+the grouped path (kernels/moe_lora.py): the gate_up GEMM's [T*K, 2I] output written and read back, the expand
+launches, the down shrink launch, and y's read-modify-write. The down shrink's sum over I is split by the gate_up
+GEMM's output tiles (each program owns one tile of act) into fp32 partials that the down GEMM sums in a fixed
+order: no atomics, each row's numbers depend on its own inputs only (batch invariance).
+Reference: kernels/moe_reference.py; tests compare `fused_moe` with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from multilora_cli.kernels.launch import launch
+from multilora_cli.kernels.moe_align import MoeAlign
+
+BN, BK = 64, 64
+
+
+@dataclass(slots=True)
+class RowLora:
+    """The per-row epilogue's operands. gate_up: sh = sg [T*K, 2R], b = gu_b, a2 = dn_a, part written;
+    down: sh = dn_scale [L, R] fp32, b = dn_b, a2 unused, part read."""
+
+    slot: torch.Tensor  # [T] int, -1 = base
+    rank: torch.Tensor  # [L] int32
+    sh: torch.Tensor
+    b: torch.Tensor
+    a2: torch.Tensor | None
+    part: torch.Tensor  # [n_parts, T*K, R] float32
+    max_rank: int  # R
+
+
+@triton.jit
+def _expert_gemm_kernel(
+    src_ptr, w_ptr, pair_ptr, bexp_ptr, rw_ptr, out_ptr,
+    slot_ptr, rank_ptr, sh_ptr, b_ptr, a2_ptr, part_ptr,
+    KD, N, INTER, top_k, n_tiles, R, n_parts,
+    stride_src, stride_we, stride_wn, stride_out,
+    stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_a2_slot, stride_a2_exp, stride_a2_row, stride_part,
+    GATHER: tl.constexpr, SILU: tl.constexpr, WEIGHT: tl.constexpr, LORA: tl.constexpr, RC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """out[p, n-tile] = src[row(p)] @ w[e, n-tile]^T; SILU: silu(that) * (src @ w[e, INTER + n-tile]^T);
+    WEIGHT: times rw[p]. row(p) = p // top_k (GATHER: x by token) or p (act by pair). LORA: the module docstring."""
+    pid = tl.program_id(0)
+    b = pid // n_tiles  # blocks on the slow axis: padding blocks (static grid) come after the real work
+    tile = pid % n_tiles
+    e = tl.load(bexp_ptr + b)
+    if e < 0:
+        return
+    pair = tl.load(pair_ptr + b * BM + tl.arange(0, BM))
+    ok = pair >= 0
+    if GATHER:
+        src_row = pair // top_k
+    else:
+        src_row = pair
+    n = tile * BN + tl.arange(0, BN)
+    n_ok = n < N
+    w_base = w_ptr + e.to(tl.int64) * stride_we
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, KD, BK):
+        kk = k + tl.arange(0, BK)
+        k_ok = kk < KD
+        xt = tl.load(src_ptr + src_row[:, None] * stride_src + kk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = n_ok[None, :] & k_ok[:, None]
+        wt = tl.load(w_base + n[None, :] * stride_wn + kk[:, None], mask=w_mask, other=0.0)  # [BK, BN]
+        acc = tl.dot(xt, wt, acc, input_precision=DOT_PREC)
+        if SILU:
+            wu = tl.load(w_base + (n + INTER)[None, :] * stride_wn + kk[:, None], mask=w_mask, other=0.0)
+            acc_u = tl.dot(xt, wu, acc_u, input_precision=DOT_PREC)
+    if LORA:
+        s = tl.load(slot_ptr + pair // top_k, mask=ok, other=-1)
+        r = tl.load(rank_ptr + tl.maximum(s, 0), mask=ok & (s >= 0), other=0)  # [BM]; 0: base row or empty slot
+        r_max = tl.max(r, 0)  # the block's largest rank: rank columns past it are never touched
+        s64 = tl.maximum(s, 0).to(tl.int64)
+        b_row = b_ptr + s64 * stride_b_slot + e.to(tl.int64) * stride_b_exp  # [BM] this row's adapter's B of e
+        out_dt = out_ptr.dtype.element_ty
+        for c0 in range(0, r_max, RC):
+            c = c0 + tl.arange(0, RC)
+            cm = c[None, :] < r[:, None]  # [BM, RC]
+            m3 = cm[:, :, None] & n_ok[None, None, :]  # [BM, RC, BN]
+            if SILU:  # sg: gate ranks 0..r, up ranks R..R+r; gu_b: gate rows then up rows, each over 0..r
+                sg = tl.load(sh_ptr + pair[:, None] * stride_sh + c[None, :], mask=cm, other=0.0).to(tl.float32)
+                su = tl.load(sh_ptr + pair[:, None] * stride_sh + (R + c)[None, :], mask=cm, other=0.0)
+                bg = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
+                acc += tl.sum(sg[:, :, None] * bg.to(tl.float32), axis=1)
+                up = b_row[:, None, None] + (n + INTER)[None, None, :] * stride_bn + c[None, :, None]
+                bu = tl.load(up, mask=m3, other=0.0)
+                acc_u += tl.sum(su.to(tl.float32)[:, :, None] * bu.to(tl.float32), axis=1)
+            else:  # the down shrink: its partials summed in tile order, scaled, rounded as the reference rounds
+                sd = tl.zeros((BM, RC), dtype=tl.float32)
+                for t in range(0, n_parts):
+                    sd += tl.load(part_ptr + t * stride_part + pair[:, None] * R + c[None, :], mask=cm, other=0.0)
+                sd = sd * tl.load(sh_ptr + s64[:, None] * stride_sh + c[None, :], mask=cm, other=0.0)
+                sd = sd.to(out_dt).to(tl.float32)
+                bt = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
+                acc += tl.sum(sd[:, :, None] * bt.to(tl.float32), axis=1)
+    if SILU:
+        acc = acc * tl.sigmoid(acc) * acc_u
+        if LORA:  # the down shrink's partial over this tile's columns of act (as stored: rounded)
+            act = acc.to(out_dt).to(tl.float32)
+            a_row = a2_ptr + s64 * stride_a2_slot + e.to(tl.int64) * stride_a2_exp
+            for c0 in range(0, r_max, RC):
+                c = c0 + tl.arange(0, RC)
+                cm = c[None, :] < r[:, None]
+                m3 = cm[:, :, None] & n_ok[None, None, :]
+                at = tl.load(
+                    a_row[:, None, None] + c[None, :, None] * stride_a2_row + n[None, None, :], mask=m3, other=0.0
+                )  # [BM, RC, BN]: dn_a rows are contiguous over I
+                part = tl.sum(act[:, None, :] * at.to(tl.float32), axis=2)
+                tl.store(part_ptr + tile * stride_part + pair[:, None] * R + c[None, :], part, mask=ok[:, None] & cm)
+    if WEIGHT:
+        acc = acc * tl.load(rw_ptr + pair, mask=ok, other=0.0).to(tl.float32)[:, None]
+    out = out_ptr + pair[:, None].to(tl.int64) * stride_out + n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & n_ok[None, :])
+
+
+def expert_gemm(
+    src, w, al: MoeAlign, rw, out, top_k, n_out, inter, *, gather, silu, weight, prec, lora: RowLora | None = None
+) -> None:
+    """`_expert_gemm_kernel` over the expert-sorted blocks: w [E, n_out (x2 with silu), KD], out [T*K, n_out]."""
+    tiles = triton.cdiv(n_out, BN)
+    if lora is None:
+        d = rw  # never read (LORA=False prunes the epilogue)
+        lo = (d, d, d, d, d, d, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    else:
+        a2 = lora.a2 if lora.a2 is not None else lora.b
+        lo = (
+            lora.slot, lora.rank, lora.sh, lora.b, a2, lora.part, lora.max_rank, lora.part.shape[0],
+            lora.sh.stride(0), lora.b.stride(0), lora.b.stride(1), lora.b.stride(2),
+            a2.stride(0), a2.stride(1), a2.stride(2), lora.part.stride(0),
+        )  # fmt: skip
+    launch(
+        _expert_gemm_kernel, (al.num_blocks * tiles,), src, w, al.sorted_pair, al.block_expert, rw, out, *lo[:6],
+        w.shape[2], n_out, inter, top_k, tiles, *lo[6:8],
+        src.stride(0), w.stride(0), w.stride(1), out.stride(0), *lo[8:],
+        GATHER=gather, SILU=silu, WEIGHT=weight, LORA=lora is not None, RC=max(1, 64 // al.block_m),
+        BM=al.block_m, BN=BN, BK=BK, DOT_PREC=prec,
+    )  # fmt: skip
