@@ -43,14 +43,15 @@ import triton.language as tl
 from multilora_cli.kernels.exceptions import build as build_exceptions
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.penalties import ProcessPlan
-from multilora_cli.kernels.sample_row import _as_key, _digit, _histogram, _kept_sum, _keys, _load, _pick, _row_max
-from multilora_cli.kernels.sample_topk import _chunk_counts, _finish, _serial
+from multilora_cli.kernels.sample_row import _digit, _histogram, _kept_sum, _key16, _load, _pick, _row_max
+from multilora_cli.kernels.sample_topk import _distance_hist, _draw_row, _in_window, _max_key16, _window
 
 LOG2E = 1.4426950408889634
 CHUNK = 8192  # logits per program: a 128k vocabulary x 256 rows is 4096 programs, 8 blocks of 1024 each
 TOPK_PATH_MAX = 1024  # the top-k path's largest k
 CANDIDATES = 2048  # the top-k path's buffer per row (KC): one size for every launch, so a row's draw never depends
 # on its batch's largest k (the buffer's reductions run in an order set by its size); 2 x the largest k
+WIDE = 4  # the top-k path's wide buffer per row (the window's keys), in candidate buffers: 8192 entries
 
 
 @triton.jit
@@ -109,7 +110,7 @@ def _chunk_live(part_ptr, S, C, i, c, level, prefix):
 # nothing there.
 _PER_STEP_POINTERS = [
     "rows_ptr", "temp_ptr", "top_k_ptr", "top_p_ptr", "min_p_ptr", "u_ptr", "out_ptr", "pmax_ptr", "psum_ptr",
-    "part_k_ptr", "part_p_ptr", "plan_rows_ptr", "hist_ptr", "rep_ptr", "freq_ptr", "pres_ptr", "ban_on_ptr",
+    "part_k_ptr", "part_p_ptr", "wval_ptr", "wtok_ptr", "plan_rows_ptr", "hist_ptr", "rep_ptr", "freq_ptr", "pres_ptr", "ban_on_ptr",
     "exc_tok_ptr", "exc_val_ptr", "exc_start_ptr", "exc_n_ptr",
 ]  # fmt: skip
 
@@ -133,6 +134,8 @@ def _sample_pass(
     part_p_ptr,
     cval_ptr,
     ctok_ptr,
+    wval_ptr,
+    wtok_ptr,
     plan_rows_ptr,
     hist_ptr,
     counts_ptr,
@@ -167,6 +170,7 @@ def _sample_pass(
     BLOCK: tl.constexpr,
     CB: tl.constexpr,
     KC: tl.constexpr,
+    WIDE: tl.constexpr,
     TT: tl.constexpr,
     KS: tl.constexpr,
     TS: tl.constexpr,
@@ -224,47 +228,34 @@ def _sample_pass(
                     KEY_BITS, BLOCK,
                 )  # fmt: skip
             tl.store(part_k_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
-    elif MODE == 5:
-        # candidates: top 16 key bits >= prefix; > prefix when prefix is -inf's (a row with fewer than k finite
-        # logits, e.g. under a grammar mask: its -inf ones weigh 0, are never drawn, and would overflow the buffer)
-        prefix = _resolve(part_k_ptr, S, C, i, 4, top_k.to(tl.float32), CB)
-        cnt = _chunk_counts(part_k_ptr, S, C, i, prefix, prefix != NINF16, CB)
+    elif MODE == 8:  # the top-k path: the chunk's max key16
+        tl.store(pmax_ptr + ic, _max_key16(row, lo, hi, r, P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK).to(tl.float32))
+    elif MODE == 9:  # its keys' distance counts (to the row's max key16)
+        m16 = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=-1.0), axis=0).to(tl.int32)
+        hist = _distance_hist(row, lo, hi, m16, r, P, PACKED, PROCESS, WITH_COUNTS, KEY_BITS, NINF16, BLOCK)
+        tl.store(part_k_ptr + ic * 16 + tl.arange(0, 16), hist)
+    elif MODE == 5:  # its keys in the row's window, appended to the row's wide buffer
+        m16 = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=-1.0), axis=0).to(tl.int32)
+        j, cnt, _ = _window(part_k_ptr, C, i, top_k, CB)
         pos = tl.sum(tl.where(cs < c, cnt, 0.0), axis=0).to(tl.int32)  # this chunk's place in the row's buffer
-        if (tl.sum(cnt, axis=0) <= KC) & (tl.sum(tl.where(cs == c, cnt, 0.0), axis=0) > 0):
-            low = _as_key((prefix + (prefix == NINF16).to(tl.int64)) << (KEY_BITS - 16), KEY_BITS)
+        if (tl.sum(cnt, axis=0) <= WIDE) & (tl.sum(tl.where(cs == c, cnt, 0.0), axis=0) > 0):
             for start in range(lo, hi, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 ok = offs < hi
                 x = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
-                keep = ok & (_keys(x, KEY_BITS) >= low)
+                keep = ok & _in_window(_key16(x, KEY_BITS), m16, j, NINF16)
                 nk = tl.sum(keep.to(tl.int32), axis=0)
-                if nk > 0:  # (most blocks hold none of the row's ~k candidates: no scan, no store)
+                if nk > 0:  # (most blocks hold none of the row's window: no scan, no store)
                     at = pos + tl.cumsum(keep.to(tl.int32), axis=0) - 1  # in vocabulary order
-                    tl.store(cval_ptr + i * KC + at, x.to(tl.float32), mask=keep)
-                    tl.store(ctok_ptr + i * KC + at, offs, mask=keep)
+                    tl.store(wval_ptr + i * WIDE + at, x.to(tl.float32), mask=keep)
+                    tl.store(wtok_ptr + i * WIDE + at, offs, mask=keep)
                 pos += nk
     elif MODE == 6:
-        prefix = _resolve(part_k_ptr, S, C, i, 4, top_k.to(tl.float32), CB)
-        n = tl.sum(_chunk_counts(part_k_ptr, S, C, i, prefix, prefix != NINF16, CB), axis=0)
-        u = tl.load(u_ptr + i)
-        if n <= KS:
-            # the usual row (k 20-100, a few ties): the same draw on a KS-sized view of its buffer, 8x fewer
-            # compares and shorter reductions than at KC; which size a row takes depends on its own n only
-            tok = _finish(
-                cval_ptr + i * KC, ctok_ptr + i * KC, n.to(tl.int32), inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KS, TS
-            )
-        elif n <= KC:
-            tok = _finish(
-                cval_ptr + i * KC, ctok_ptr + i * KC, n.to(tl.int32), inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KC, TT
-            )
-        else:
-            # blocks of 256: its weight histogram's [16, block] accumulator would take 128 registers a thread at
-            # 1024 and spill the buffer's draw above (ptxas, sm_90, processed rows)
-            # (over the whole row, not chunks: processed as it loads)
-            tok = _serial(
-                row, V, r, P, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, PROCESS - PROCESS // 2, WITH_COUNTS, KEY_BITS,
-                256,
-            )  # fmt: skip
+        tok = _draw_row(
+            row, V, r, P, part_k_ptr, wval_ptr + i * WIDE, wtok_ptr + i * WIDE, cval_ptr + i * KC, ctok_ptr + i * KC,
+            C, i, inv_t, top_k, top_p, min_p, tl.load(u_ptr + i), logits_ptr.dtype.element_ty, WITH_MIN_P,
+            PROCESS - PROCESS // 2, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS, BLOCK,
+        )  # fmt: skip
         tl.store(out_ptr + r, tok.to(tl.int64))
     else:
         m = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=float("-inf")), axis=0)
@@ -412,6 +403,9 @@ def sample_rows(
     part_p = scratch[at + hist * (any_top_k or topk_path) :] if any_p else scratch
     ninf16 = _ninf16(torch.float32 if plan is not None else logits.dtype)
     ctok = torch.empty(s * kc if topk_path else 1, dtype=torch.int32, device=logits.device)
+    wide = WIDE * kc if topk_path else 1
+    wbuf = torch.empty(2 * s * wide, dtype=torch.int32, device=logits.device)  # per row: the window's logits, ids
+    wval, wtok = wbuf[: s * wide].view(torch.float32), wbuf[s * wide :]
     ec = (chunk // 8 if exceptions is None else exceptions) if plan is not None else 0
     process = 0 if plan is None else 2 if ec else 1
     if process == 2:  # per chunk: tokens, values (EC each), block starts, count
@@ -422,7 +416,7 @@ def sample_rows(
     else:
         exc_args = [ctok] * 4
     if topk_path:
-        passes = [(1, lvl) for lvl in range(4)] + [(5, 0), (6, 0)]
+        passes = [(8, 0), (9, 0), (5, 0), (6, 0)]
     else:
         passes = (
             [(0, 0)]
@@ -436,7 +430,23 @@ def sample_rows(
 
     # (built once: a call launches up to 19 passes, and each launch's Python work is host time per step)
     head = [logits, rows, temp, top_k, top_p, min_p]
-    tail = [pmax, psum, part_k, part_p, cval, ctok, *proc[:12], *exc_args, *proc[12:], v, logits.stride(0), s, c]
+    tail = [
+        pmax,
+        psum,
+        part_k,
+        part_p,
+        cval,
+        ctok,
+        wval,
+        wtok,
+        *proc[:12],
+        *exc_args,
+        *proc[12:],
+        v,
+        logits.stride(0),
+        s,
+        c,
+    ]
     consts = dict(
         WITH_MIN_P=bool(any_min_p),
         PROCESS=process,
@@ -446,6 +456,7 @@ def sample_rows(
         BLOCK=block,
         CB=triton.next_power_of_2(c),
         KC=kc,
+        WIDE=wide,
         TT=max(1, min(kc, 8192 // kc)),
         KS=max(1, kc // 8),
         TS=max(1, min(kc // 8, 8192 // max(1, kc // 8))),

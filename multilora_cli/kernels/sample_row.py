@@ -27,6 +27,15 @@ def _keys(raw, KEY_BITS: tl.constexpr):
 
 
 @triton.jit
+def _key16(raw, KEY_BITS: tl.constexpr):
+    """The keys' top 16 bits, int32 in [0, 2^16): the top-k path's search keys."""
+    if KEY_BITS == 16:
+        return _keys(raw, 16)
+    else:
+        return (_keys(raw, 32) >> 16).to(tl.int32)
+
+
+@triton.jit
 def _as_key(x, KEY_BITS: tl.constexpr):
     """A key-valued int64 scalar in the keys' own type (so comparisons with them stay 32-bit where they can)."""
     if KEY_BITS == 16:
@@ -120,9 +129,7 @@ def _histogram(
             w = tl.where(ok, _weights(raw, inv_t, m), 0.0)
             acc += tl.where(bins[:, None] == digit[None, :], w[None, :], 0.0)
         elif PACKED:
-            inc = ok.to(tl.uint64) << ((digit & 7) * 8).to(tl.uint64)
-            lo8 += tl.where(digit < 8, inc, 0)
-            hi8 += tl.where(digit < 8, 0, inc)
+            lo8, hi8 = _pack(lo8, hi8, digit, ok)
         else:
             # counts: Triton's warp-vote histogram, ~2x faster than the compare per bin (H200, 256 x 128k:
             # 64-80 vs 150-155 us a pass); integers, so exact
@@ -130,14 +137,29 @@ def _histogram(
     if MASS:
         return tl.sum(acc, axis=1)
     if PACKED:
-        # bytes -> 16-bit fields (even bytes, odd bytes) before summing the slots: a digit's total is < 2^16
-        m = 0x00FF00FF00FF00FF
-        lo_e, lo_o = tl.sum(lo8 & m, axis=0), tl.sum((lo8 >> 8) & m, axis=0)
-        hi_e, hi_o = tl.sum(hi8 & m, axis=0), tl.sum((hi8 >> 8) & m, axis=0)
-        even = (bins & 1) == 0
-        word = tl.where(bins < 8, tl.where(even, lo_e, lo_o), tl.where(even, hi_e, hi_o))
-        return ((word >> (((bins & 7) // 2) * 16).to(tl.uint64)) & 0xFFFF).to(tl.float32)
+        return _unpack(lo8, hi8)
     return counts.to(tl.float32)
+
+
+@triton.jit
+def _pack(lo8, hi8, digit, ok):
+    """Count each slot's key (where ok) in its digit's byte of the slot's packed counters: lo8 holds digits 0-7,
+    hi8 8-15, a byte each ([BLOCK] uint64; at most 255 counts a slot)."""
+    inc = ok.to(tl.uint64) << ((digit & 7) * 8).to(tl.uint64)
+    return lo8 + tl.where(digit < 8, inc, 0), hi8 + tl.where(digit < 8, 0, inc)
+
+
+@triton.jit
+def _unpack(lo8, hi8):
+    """[16] fp32: the packed counters' totals per digit. Bytes -> 16-bit fields (even bytes, odd bytes) before
+    summing the slots: a digit's total is < 2^16."""
+    bins = tl.arange(0, 16)
+    m = 0x00FF00FF00FF00FF
+    lo_e, lo_o = tl.sum(lo8 & m, axis=0), tl.sum((lo8 >> 8) & m, axis=0)
+    hi_e, hi_o = tl.sum(hi8 & m, axis=0), tl.sum((hi8 >> 8) & m, axis=0)
+    even = (bins & 1) == 0
+    word = tl.where(bins < 8, tl.where(even, lo_e, lo_o), tl.where(even, hi_e, hi_o))
+    return ((word >> (((bins & 7) // 2) * 16).to(tl.uint64)) & 0xFFFF).to(tl.float32)
 
 
 @triton.jit
