@@ -18,11 +18,13 @@ logits, parameters and u only: every reduction runs in a fixed order.
 
 Two paths. Full (top-p or min-p without top-k, or a k above TOPK_PATH_MAX): the chunk max, 4 (16-bit keys) or
 8 (fp32) count levels for top-k, as many weight levels for top-p, the kept weight per chunk, the draw: up to
-2 + 2 x 8 passes over the row. Top-k (every row has a top_k <= TOPK_PATH_MAX, the usual 20-100): 4 count levels
-over the top 16 key bits whatever the dtype, one pass appending each chunk's candidates (top 16 bits >= the
-prefix found: the top-k-kept tokens plus the few tied with the k-th in those bits) to a per-row buffer, then one
-program per row does the exact top-k, top-p, min-p and the draw on that buffer (kernels/sample_topk.py): 5
-passes over the row, no weight histogram, no max pass (the top token is a candidate).
+2 + 2 x 8 passes over the row. Top-k (every row has a top_k <= TOPK_PATH_MAX, the usual 20-100): the candidates
+are the tokens whose top 16 key bits are >= the 16-bit radix prefix of the k-th largest key (the top-k-kept
+tokens plus the few tied with the k-th in those bits), found without a count level per 4 bits
+(kernels/sample_topk.py): the chunk max of those 16 bits, per chunk the counts of 16 log2 bins of the distance
+to the row's max, one pass appending the keys of the smallest window of bins that holds k to a per-row buffer,
+then one program per row finds the prefix on that buffer, compacts the candidates and does the exact top-k,
+top-p, min-p and the draw on them: 3 passes over the row and a row program, no weight histogram, no max pass.
 Processed rows (logit_bias, penalties, bans: kernels/penalties.py) pass a ProcessPlan, and no fp32 [rows, V]
 processed copy is written and read back: every pass computes the processed logit from the model's logits, the
 row's token counts and its bias / ban entries at every load (kernels/penalties.process_block). The alternative,
@@ -181,9 +183,9 @@ def _sample_pass(
     """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
     (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight (min-p applied from here on: it cuts
     by weight alone, so the top-p passes before it see the top-k-kept mass, as in transformers). 4: the draw, by
-    the chunk holding it. The top-k path: MODE 1 at levels 0-3 only, then 5: the chunk's candidates
-    (top 16 key bits >= the 4-level prefix) appended to the row's buffer, 6 (one program a row): the draw from
-    them (_finish), or _serial for a row with more than KC. Processed rows: PROCESS 1 processes every load,
+    the chunk holding it. The top-k path (kernels/sample_topk.py): 8: the chunk's max key16 (top 16 key bits),
+    9: its distance counts, 5: its keys in the row's window appended to the row's wide buffer, 6 (one program a
+    row): the prefix, the candidates and the draw from them (_finish), or _serial for a row with more than KC. Processed rows: PROCESS 1 processes every load,
     PROCESS 2 loads the raw logits with the chunk's exceptions patched in, built by a first pass, MODE 7
     (kernels/exceptions.py)."""
     MB: tl.constexpr = min(BLOCK, 256)
@@ -343,8 +345,8 @@ def sample_rows(
              itself; the count passes it spares cost ~45 us more each when they process as they load)
     block, num_warps: logits a program takes per step (a power of two <= chunk; None: min(1024, chunk)) and its
              warps, for benchmarks/bench_sampler.py --sweep (the full path's weight levels hold [16, block] fp32)
-    packed_counts: the count levels count in packed registers instead of Triton's histogram (the same counts,
-             kernels/sample_row._histogram); on by default: H200, 256 x 128k, top-k 400 vs 420 us, top-k + top-p
+    packed_counts: the count levels and the top-k path's distance counts count in packed registers instead of
+             Triton's histogram (the same counts, kernels/sample_row._pack); on by default: H200, 256 x 128k, top-k 400 vs 420 us, top-k + top-p
              380 vs 427, every field on 726 vs 810 (bench_sampler --sweep, tokens identical)
     redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
              iterable only once the draw before it was launched (tests bisect on u this way without running the
@@ -361,10 +363,13 @@ def sample_rows(
     Full path: the chunk max, then per radix level (KEY_BITS / 4 of them) a 16-bin histogram per chunk, counts for
     top-k and weights for top-p, each program reducing the earlier levels' partial histograms itself (fixed
     order: the draw is deterministic), then the kept weight per chunk, then the draw in the chunk that holds it.
-    Top-k path (every row has top_k < V, <= topk_path_max): 4 count levels over the top 16 key bits, then each chunk
-    appends its candidates (top 16 bits >= the 4-level prefix: every top-k-kept token, a few ties more) to the
-    row's buffer in vocabulary order, then one program per row draws from the buffer (exact top-k, top-p,
-    min-p): 5 passes over the logits instead of up to 2 + 2 x KEY_BITS / 4 + 2. With `plan`, a first pass
+    Top-k path (every row has top_k < V, <= topk_path_max): per chunk the max of the top 16 key bits (key16),
+    then per chunk 16 counts of log2 bins of the distance to the row's max, then each chunk appends its keys in
+    the smallest window of bins that holds k to the row's wide buffer (4 x candidates) in vocabulary order, then
+    one program per row finds the 16-bit radix prefix of the k-th key on that buffer (on the whole row where the
+    window overflowed it), compacts the candidates (key16 >= prefix: every top-k-kept token, a few ties more)
+    and draws from them (exact top-k, top-p, min-p): 3 passes over the logits and a row program instead of up to
+    2 + 2 x KEY_BITS / 4 + 2. With `plan`, a first pass
     lists each chunk's processed logits that differ from the raw ones (kernels/exceptions.py); the others read
     the raw logits with those patched in.
     """

@@ -129,7 +129,7 @@ def _buffer_prefix(val, n, top_k, DT: tl.constexpr, KEY_BITS: tl.constexpr, BLOC
     prefix = tl.zeros((), tl.int32)
     above = tl.zeros((), tl.float32)
     for lvl in tl.static_range(4):
-        shift: tl.constexpr = 12 - 4 * lvl
+        shift = 12 - 4 * lvl
         counts = tl.zeros((16,), tl.int32)
         for start in range(0, n, BLOCK):
             idx = start + tl.arange(0, BLOCK)

@@ -1,5 +1,6 @@
 """The sampling kernel's two paths and its fused processing (kernels/sample.py), against the torch definition:
-the top-k path (4 count levels on the top 16 key bits, candidates compacted, one program a row) and the full
+the top-k path (chunk max, distance counts and the window buffered on the top 16 key bits, candidates compacted,
+one program a row) and the full
 path (forced by topk_path_max=0) draw the same tokens as sample_rows_torch; a row whose candidates overflow the
 buffer (ties at the k-th logit) is drawn by the serial fallback, its neighbours by the buffer; and rows drawn
 with a ProcessPlan (processing inside every pass, no copy) equal the torch path on the processed copy."""
@@ -38,7 +39,7 @@ def test_topk_path_equals_full_path_and_definition(dtype):
         want = sample_rows_torch(x[rows], temp, top_k, top_p, u, min_p)
         topk = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256)
         assert topk[rows].tolist() == want.tolist()
-        if seed == 0:  # the count levels in packed registers (4 blocks a chunk here): the same counts, same draws
+        if seed == 0:  # the distance counts in packed registers (4 blocks a chunk here): the same counts, same draws
             packed = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256, block=64, packed_counts=True)
             assert packed[rows].tolist() == want.tolist()
         if seed == 0:  # (the full path's 2 x 8 radix passes on fp32 are slow in the interpreter: once)
