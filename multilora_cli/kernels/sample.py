@@ -27,10 +27,9 @@ then one program per row finds the prefix on that buffer, compacts the candidate
 top-p, min-p and the draw on them: 3 passes over the row and a row program, no weight histogram, no max pass.
 Processed rows (logit_bias, penalties, bans: kernels/penalties.py) pass a ProcessPlan, and no fp32 [rows, V]
 processed copy is written and read back: every pass computes the processed logit from the model's logits, the
-row's token counts and its bias / ban entries at every load (kernels/penalties.process_block). The alternative,
-`exceptions` > 0, is a first pass listing per chunk the few processed logits whose bits differ from the raw ones
-(kernels/exceptions.py: the counted, biased and banned tokens) and passes that load the raw logits with those
-patched in; measured slower on an H200 (see `sample_rows`), kept for the sweep.
+row's token counts and its bias / ban entries at every load (kernels/penalties.process_block). (A first pass
+listing per chunk the processed logits whose bits differ from the raw ones, patched into the raw loads of the
+later passes, measured slower on an H200: 810 against 669 us for every field at 256 x 128k.)
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ import torch
 import triton
 import triton.language as tl
 
-from multilora_cli.kernels.exceptions import build as build_exceptions
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.penalties import ProcessPlan
 from multilora_cli.kernels.sample_row import _digit, _histogram, _kept_sum, _key16, _load, _pick, _row_max
@@ -113,7 +111,6 @@ def _chunk_live(part_ptr, S, C, i, c, level, prefix):
 _PER_STEP_POINTERS = [
     "rows_ptr", "temp_ptr", "top_k_ptr", "top_p_ptr", "min_p_ptr", "u_ptr", "out_ptr", "pmax_ptr", "psum_ptr",
     "part_k_ptr", "part_p_ptr", "wval_ptr", "wtok_ptr", "plan_rows_ptr", "hist_ptr", "rep_ptr", "freq_ptr", "pres_ptr", "ban_on_ptr",
-    "exc_tok_ptr", "exc_val_ptr", "exc_start_ptr", "exc_n_ptr",
 ]  # fmt: skip
 
 
@@ -150,10 +147,6 @@ def _sample_pass(
     bias_len_ptr,
     ban_tok_ptr,
     ban_len_ptr,
-    exc_tok_ptr,
-    exc_val_ptr,
-    exc_start_ptr,
-    exc_n_ptr,
     stride_counts,
     stride_bias,
     stride_ban,
@@ -177,7 +170,6 @@ def _sample_pass(
     KS: tl.constexpr,
     TS: tl.constexpr,
     NINF16: tl.constexpr,
-    EC: tl.constexpr,
     PACKED: tl.constexpr,
 ):
     """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
@@ -185,9 +177,8 @@ def _sample_pass(
     by weight alone, so the top-p passes before it see the top-k-kept mass, as in transformers). 4: the draw, by
     the chunk holding it. The top-k path (kernels/sample_topk.py): 8: the chunk's max key16 (top 16 key bits),
     9: its distance counts, 5: its keys in the row's window appended to the row's wide buffer, 6 (one program a
-    row): the prefix, the candidates and the draw from them (_finish), or _serial for a row with more than KC. Processed rows: PROCESS 1 processes every load,
-    PROCESS 2 loads the raw logits with the chunk's exceptions patched in, built by a first pass, MODE 7
-    (kernels/exceptions.py)."""
+    row): the prefix, the candidates and the draw from them (_finish), or _serial for a row with more than KC.
+    Processed rows: PROCESS 1 processes every load."""
     MB: tl.constexpr = min(BLOCK, 256)
     i = tl.program_id(0)
     c = tl.program_id(1)
@@ -199,14 +190,9 @@ def _sample_pass(
     lo = c * CHUNK
     hi = tl.minimum(lo + CHUNK, V)
     ic = i * C + c
-    n_c = tl.zeros((), tl.int32)  # the chunk's exception count (PROCESS 2, after MODE 7 built them)
-    if PROCESS == 2:
-        if (MODE != 7) & (MODE != 6):
-            n_c = tl.load(exc_n_ptr + ic)
     P = (
         hist_ptr, counts_ptr, rep_ptr, freq_ptr, pres_ptr, ban_on_ptr, bias_tok_ptr, bias_val_ptr, bias_len_ptr,
         ban_tok_ptr, ban_len_ptr, stride_counts, stride_bias, stride_ban, H,
-        exc_tok_ptr + ic * EC, exc_val_ptr + ic * EC, exc_start_ptr + ic * (CHUNK // BLOCK + 1), n_c, lo, EC, BLOCK,
     )  # fmt: skip
     inv_t = 1.0 / tl.load(temp_ptr + i)
     top_k = tl.load(top_k_ptr + i)
@@ -216,9 +202,7 @@ def _sample_pass(
         min_p = tl.load(min_p_ptr + i)
     cs = tl.arange(0, CB)
     shift = KEY_BITS - 4 - 4 * LEVEL
-    if MODE == 7:  # (PROCESS 2) the chunk's exceptions, read by every later pass
-        build_exceptions(row, lo, hi, r, P, P[15], P[16], P[17], exc_n_ptr + ic, EC, WITH_COUNTS, BLOCK)
-    elif MODE == 0:
+    if MODE == 0:
         tl.store(pmax_ptr + i * C + c, _row_max(row, lo, hi, inv_t, r, P, PROCESS, WITH_COUNTS, BLOCK))
     elif MODE == 1:
         if top_k < V:  # the rows that filter by top-k (every row on the top-k path)
@@ -256,7 +240,7 @@ def _sample_pass(
         tok = _draw_row(
             row, V, r, P, part_k_ptr, wval_ptr + i * WIDE, wtok_ptr + i * WIDE, cval_ptr + i * KC, ctok_ptr + i * KC,
             C, i, inv_t, top_k, top_p, min_p, tl.load(u_ptr + i), logits_ptr.dtype.element_ty, WITH_MIN_P,
-            PROCESS - PROCESS // 2, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS, BLOCK,
+            PROCESS, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS, BLOCK,
         )  # fmt: skip
         tl.store(out_ptr + r, tok.to(tl.int64))
     else:
@@ -318,7 +302,6 @@ def sample_rows(
     chunk: int | None = None,
     topk_path_max: int = TOPK_PATH_MAX,
     candidates: int | None = None,
-    exceptions: int | None = 0,
     block: int | None = None,
     num_warps: int = 4,
     packed_counts: bool = True,
@@ -339,10 +322,6 @@ def sample_rows(
     topk_path_max: rows are drawn by the top-k path when every row has top_k < V and <= this (the Sampler calls
              once per path, each row by its own top_k: a row's path never depends on its batch); candidates: the
              path's buffer size per row (CANDIDATES; smaller only in tests)
-    exceptions: with `plan`, the most exceptions kept per chunk (kernels/exceptions.py; None: chunk // 8, a chunk
-             with more is processed as it loads); 0 (the default): none, every pass processes every logit as it
-             loads. H200, 256 x 128k, every field on: 669 us with 0 against 810 with the exceptions pass (175 us
-             itself; the count passes it spares cost ~45 us more each when they process as they load)
     block, num_warps: logits a program takes per step (a power of two <= chunk; None: min(1024, chunk)) and its
              warps, for benchmarks/bench_sampler.py --sweep (the full path's weight levels hold [16, block] fp32)
     packed_counts: the count levels and the top-k path's distance counts count in packed registers instead of
@@ -369,9 +348,7 @@ def sample_rows(
     one program per row finds the 16-bit radix prefix of the k-th key on that buffer (on the whole row where the
     window overflowed it), compacts the candidates (key16 >= prefix: every top-k-kept token, a few ties more)
     and draws from them (exact top-k, top-p, min-p): 3 passes over the logits and a row program instead of up to
-    2 + 2 x KEY_BITS / 4 + 2. With `plan`, a first pass
-    lists each chunk's processed logits that differ from the raw ones (kernels/exceptions.py); the others read
-    the raw logits with those patched in.
+    2 + 2 x KEY_BITS / 4 + 2. With `plan`, every pass processes the logits as it loads them.
     """
     if logits.stride(-1) != 1 or logits.dim() != 2:
         raise ValueError(f"sample_rows: logits must be [N, V] with unit last stride, got {tuple(logits.shape)}")
@@ -411,15 +388,6 @@ def sample_rows(
     wide = WIDE * kc if topk_path else 1
     wbuf = torch.empty(2 * s * wide, dtype=torch.int32, device=logits.device)  # per row: the window's logits, ids
     wval, wtok = wbuf[: s * wide].view(torch.float32), wbuf[s * wide :]
-    ec = (chunk // 8 if exceptions is None else exceptions) if plan is not None else 0
-    process = 0 if plan is None else 2 if ec else 1
-    if process == 2:  # per chunk: tokens, values (EC each), block starts, count
-        nbs = chunk // block + 1
-        exc = torch.empty(s * c * (2 * ec + nbs + 1), dtype=torch.int32, device=logits.device)
-        exc_tok, exc_start, exc_n = exc[: s * c * ec], exc[2 * s * c * ec : -s * c], exc[-s * c :]
-        exc_args = [exc_tok, exc[s * c * ec : 2 * s * c * ec].view(torch.float32), exc_start, exc_n]
-    else:
-        exc_args = [ctok] * 4
     if topk_path:
         passes = [(8, 0), (9, 0), (5, 0), (6, 0)]
     else:
@@ -429,8 +397,6 @@ def sample_rows(
             + [(2, lvl) for lvl in range(bits // 4) if any_top_p]
             + [(3, 0), (4, 0)]
         )
-    if process == 2:
-        passes = [(7, 0)] + passes
     proc = [plan.rows, *plan.kernel_args()] if plan is not None else [_unused(logits.device)] * 12 + [0, 0, 0, 0]
 
     # (built once: a call launches up to 19 passes, and each launch's Python work is host time per step)
@@ -445,7 +411,6 @@ def sample_rows(
         wval,
         wtok,
         *proc[:12],
-        *exc_args,
         *proc[12:],
         v,
         logits.stride(0),
@@ -454,7 +419,7 @@ def sample_rows(
     ]
     consts = dict(
         WITH_MIN_P=bool(any_min_p),
-        PROCESS=process,
+        PROCESS=int(plan is not None),
         WITH_COUNTS=plan is not None and bool(plan.num_history),
         KEY_BITS=bits,
         CHUNK=chunk,
@@ -466,7 +431,6 @@ def sample_rows(
         KS=max(1, kc // 8),
         TS=max(1, min(kc // 8, 8192 // max(1, kc // 8))),
         NINF16=ninf16,
-        EC=max(ec, 1),
         PACKED=packed_counts and chunk // block <= 255,
         # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414): ALU-bound
         # passes, more programs per SM

@@ -8,7 +8,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from multilora_cli.kernels.exceptions import load as _patched
 from multilora_cli.kernels.penalties import process_block
 
 
@@ -52,19 +51,10 @@ def _weights(raw, inv_t, m):
 
 @triton.jit
 def _load(row, offs, ok, start, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
-    """The logits of `row` at offs = start + arange(BLOCK) (0 where not ok): PROCESS 0: as stored; else plan row
-    r's processed logits in fp32 (P: its plan's pointers, then its chunk's exceptions), no fp32 [rows, V] copy:
-    1: processed here (kernels/penalties.process_block), 2: the raw logits with the chunk's exceptions patched in
-    (kernels/exceptions.py, built once per step), or processed here where the chunk had more than fit."""
-    if PROCESS == 2:
-        if P[18] <= P[20]:  # the chunk's exceptions fit (n <= EC)
-            x = _patched(row, offs, ok, start, P[19], P[15], P[16], P[17], P[21], BLOCK)
-        else:
-            x = process_block(
-                row, offs, ok, start, r, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
-                P[12], P[13], P[14], WITH_COUNTS, BLOCK,
-            )  # fmt: skip
-    elif PROCESS == 1:
+    """The logits of `row` at offs = start + arange(BLOCK) (0 where not ok): PROCESS 0: as stored; 1: plan row
+    r's processed logits in fp32 (P: its plan's pointers), processed here (kernels/penalties.process_block): no
+    fp32 [rows, V] copy."""
+    if PROCESS:
         x = process_block(
             row, offs, ok, start, r, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
             P[12], P[13], P[14], WITH_COUNTS, BLOCK,
