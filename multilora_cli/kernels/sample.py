@@ -240,7 +240,7 @@ def _sample_pass(
         tok = _draw_row(
             row, V, r, P, part_k_ptr, wval_ptr + i * WIDE, wtok_ptr + i * WIDE, cval_ptr + i * KC, ctok_ptr + i * KC,
             C, i, inv_t, top_k, top_p, min_p, tl.load(u_ptr + i), logits_ptr.dtype.element_ty, WITH_MIN_P,
-            PROCESS, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS, BLOCK,
+            PROCESS, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS,
         )  # fmt: skip
         tl.store(out_ptr + r, tok.to(tl.int64))
     else:

@@ -222,22 +222,23 @@ def _draw_row(
     TT: tl.constexpr,
     KS: tl.constexpr,
     TS: tl.constexpr,
-    BLOCK: tl.constexpr,
 ):
     """MODE 6, one program for row i: the prefix p, the candidates compacted into cval / ctok[:KC] (this row's),
-    the draw (module docstring). part / wval / wtok: the row's distance counts and wide buffer. DT: the logits' dtype (the buffered keys' own)."""
+    the draw (module docstring). part / wval / wtok: the row's distance counts and wide buffer. DT: the logits'
+    dtype (the buffered keys' own). Its loops take 256 logits at a time: at BLOCK (1024) the processed row
+    program spilled (ptxas, sm_90, Triton 3.6)."""
     _, cnt, n_ninf = _window(part, C, i, top_k, CB)
     n_w = tl.sum(cnt, axis=0)
     if (n_w <= WIDE) & (n_w + n_ninf >= top_k.to(tl.float32)):
         p = tl.full((), NINF16, tl.int32)  # fewer than k above -inf's, at least k with them: p is -inf's
         if n_w >= top_k.to(tl.float32):
-            p = _buffer_prefix(wval, n_w.to(tl.int32), top_k, DT, KEY_BITS, BLOCK)
+            p = _buffer_prefix(wval, n_w.to(tl.int32), top_k, DT, KEY_BITS, 256)
         low = p + (p == NINF16).to(tl.int32)
-        n = _compact_buffer(wval, wtok, n_w.to(tl.int32), low, cval, ctok, DT, KEY_BITS, KC, BLOCK)
+        n = _compact_buffer(wval, wtok, n_w.to(tl.int32), low, cval, ctok, DT, KEY_BITS, KC, 256)
     else:
-        p = _row_prefix(row, V, top_k, r, P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK)
+        p = _row_prefix(row, V, top_k, r, P, PROCESS, WITH_COUNTS, KEY_BITS, 256)
         low = p + (p == NINF16).to(tl.int32)
-        n = _compact_row(row, V, low, r, P, cval, ctok, PROCESS, WITH_COUNTS, KEY_BITS, KC, BLOCK)
+        n = _compact_row(row, V, low, r, P, cval, ctok, PROCESS, WITH_COUNTS, KEY_BITS, KC, 256)
     tl.debug_barrier()  # (the candidates this program's threads stored, read back by all of them)
     if n <= KS:
         # the usual row (k 20-100, a few ties): the same draw on a KS-sized view of its buffer, 8x fewer
