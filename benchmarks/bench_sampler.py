@@ -13,9 +13,9 @@ path); the others = `Sampler` on them: plain (temperature only), top-p, top-k, b
 penalties over a history of HISTORY tokens per row (half prompt, half generated), a logit_bias of BIAS entries,
 min_tokens still banning the eos ids), which adds the processing (bias, penalties from the device token
 history, bans; on the kernel path inside the sampling passes' loads, no fp32 copy) and the history update after
-the draw. Passes over [B, V] on the kernel path: top-k and `all` (top-k 50) take the top-k path, 4 count levels +
-1 candidate pass (`all` first lists each chunk's processed logits that differ from the raw ones, reading the
-int32 counts once: kernels/exceptions.py; its other passes read the bf16 logits with those patched in); top-p
+the draw. Passes over [B, V] on the kernel path: top-k and `all` (top-k 50) take the top-k path, MODE 8 (chunk
+max key16), 9 (distance counts), 5 (the window's keys buffered) and the row program 6 (`all` processes every
+load: bias, penalties from the int32 counts, bans); top-p
 and min-p the full path, 1 max + 4 weight levels + kept + draw over bf16. The host build of `all` sends [B]-sized
 fields only (the bias entries and stop sets sit in the device sequence table, written once per sequence, outside
 the timed build). Side by side on its
@@ -38,9 +38,8 @@ update) and `host_us` (the host time of one eager Sampler call, median: when it 
 device_us measures the host). On the first --logits kind and batch only: --passes adds per kind the kernel
 passes one by one (rows `kind: "pass"`, mode / level as kernels/sample.py numbers them, device us from
 torch.profiler, median of PASS_CALLS calls); --sweep times the kernel launches alone (sample_rows as the Sampler
-calls it) with each of SWEEP's options (chunk, block, warps, the count levels' packed counters, and for `all`
-exceptions=0: every pass processes every load, as the kernel did before kernels/exceptions.py), each checked
-token for token against the defaults (`same_tokens`: a chunk size sums the full path's weights in another
+calls it) with each of SWEEP's options (chunk, block, warps, the count levels' and distance counts' packed
+counters: packed_counts=False times Triton's histogram instead), each checked token for token against the defaults (`same_tokens`: a chunk size sums the full path's weights in another
 order, so a draw at a rounding boundary may differ there).
 """
 
@@ -68,7 +67,7 @@ from multilora_cli.kernels.sample import TOPK_PATH_MAX, _sample_pass, sample_row
 
 PASS_CALLS = 10
 SWEEP_KINDS = ("top_k", "top_k+top_p", "min_p", "all")
-# sample_rows options against its defaults (chunk 8192, block 1024, 4 warps, exceptions chunk // 8); `block` only
+# sample_rows options against its defaults (chunk 8192, block 1024, 4 warps, packed counters); `block` only
 # on the top-k path (the full path's weight levels hold a [16, block] accumulator: above 1024 it spills)
 SWEEP = [
     dict(chunk=4096),
@@ -76,9 +75,7 @@ SWEEP = [
     dict(block=512),
     dict(block=2048),
     dict(num_warps=8),
-    dict(packed_counts=True),
-    dict(exceptions=0),
-    dict(chunk=16384, exceptions=0),
+    dict(packed_counts=False),
 ]
 V = 128256
 EOS = (128001, 128009)  # Llama-3 Instruct's eos ids (min_tokens bans them), folded into the vocabulary when smaller
@@ -110,7 +107,8 @@ def load_baseline(folder: str) -> Callable:
     """`sample_rows` of FOLDER/sample.py (an earlier copy of kernels/sample.py), loaded beside the current one; the
     kernels/ modules it imports are FOLDER's copies where it has them (in sys.modules while it loads, then the
     current ones again)."""
-    order = ["penalties", "exceptions", "sample_row", "sample_topk"]  # (each after those it imports)
+    order = ["penalties", "exceptions", "sample_row", "sample_topk"]  # (each after those it imports; an earlier
+    # kernel may have exceptions.py)
     names = sorted(
         (f[:-3] for f in os.listdir(folder) if f.endswith(".py") and f != "sample.py"),
         key=lambda n: order.index(n) if n in order else len(order),
@@ -178,14 +176,9 @@ def kernel_launches(logits: torch.Tensor, batch: SamplingBatch, **kw) -> Callabl
 
 
 def swept(kind: str) -> list[dict]:
-    """SWEEP's options that apply to `kind` (exceptions: processed rows only; block and packed counters: the
-    top-k path only, min_p's full path has weight levels)."""
-    return [
-        cfg
-        for cfg in SWEEP
-        if not ("exceptions" in cfg and kind != "all")
-        and not (kind == "min_p" and ("block" in cfg or "packed_counts" in cfg))
-    ]
+    """SWEEP's options that apply to `kind` (block and packed counters: the top-k path only, min_p's full path
+    has weight levels)."""
+    return [cfg for cfg in SWEEP if not (kind == "min_p" and ("block" in cfg or "packed_counts" in cfg))]
 
 
 def precompile(logits: torch.Tensor, batches: dict, sweep: bool) -> int:
@@ -319,7 +312,7 @@ def main() -> int:
     ap.add_argument("--logits", default="flat", help="flat | peaked | flat,peaked")
     ap.add_argument("--graph", action="store_true", help="graph_us and host_us per kind (triton arm)")
     ap.add_argument("--passes", action="store_true", help="device us per kernel pass per kind (triton arm)")
-    ap.add_argument("--sweep", action="store_true", help="kernel launches per chunk size / exceptions=0")
+    ap.add_argument("--sweep", action="store_true", help="kernel launches per chunk / block / warps / counters")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     start = time.time()

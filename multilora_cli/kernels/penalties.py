@@ -101,7 +101,7 @@ def _block_entries(tok_ptr, b0, n, width, first, last):
     """[j0, j1): the entries j of the sorted list tok[b0 : b0 + n] (n <= width, its table row's) with first <=
     tok[j] < last. A list of up to 32 (the usual: a few biases, a stop set) is counted from one vector load that
     waits on no other (a binary search is a chain of dependent loads, per block of every pass it ran in: the
-    latency of the processed passes); a longer one by binary search. (64 took the exceptions pass from 80 to 104
+    latency of the processed passes); a longer one by binary search. (64 took a processing pass from 80 to 104
     registers, ptxas sm_90.)"""
     k = tl.arange(0, 32)
     tok = tl.load(tok_ptr + b0 + k, mask=k < width, other=0)

@@ -18,17 +18,18 @@ logits, parameters and u only: every reduction runs in a fixed order.
 
 Two paths. Full (top-p or min-p without top-k, or a k above TOPK_PATH_MAX): the chunk max, 4 (16-bit keys) or
 8 (fp32) count levels for top-k, as many weight levels for top-p, the kept weight per chunk, the draw: up to
-2 + 2 x 8 passes over the row. Top-k (every row has a top_k <= TOPK_PATH_MAX, the usual 20-100): 4 count levels
-over the top 16 key bits whatever the dtype, one pass appending each chunk's candidates (top 16 bits >= the
-prefix found: the top-k-kept tokens plus the few tied with the k-th in those bits) to a per-row buffer, then one
-program per row does the exact top-k, top-p, min-p and the draw on that buffer (kernels/sample_topk.py): 5
-passes over the row, no weight histogram, no max pass (the top token is a candidate).
+2 + 2 x 8 passes over the row. Top-k (every row has a top_k <= TOPK_PATH_MAX, the usual 20-100): the candidates
+are the tokens whose top 16 key bits are >= the 16-bit radix prefix of the k-th largest key (the top-k-kept
+tokens plus the few tied with the k-th in those bits), found without a count level per 4 bits
+(kernels/sample_topk.py): the chunk max of those 16 bits, per chunk the counts of 16 log2 bins of the distance
+to the row's max, one pass appending the keys of the smallest window of bins that holds k to a per-row buffer,
+then one program per row finds the prefix on that buffer, compacts the candidates and does the exact top-k,
+top-p, min-p and the draw on them: 3 passes over the row and a row program, no weight histogram, no max pass.
 Processed rows (logit_bias, penalties, bans: kernels/penalties.py) pass a ProcessPlan, and no fp32 [rows, V]
 processed copy is written and read back: every pass computes the processed logit from the model's logits, the
-row's token counts and its bias / ban entries at every load (kernels/penalties.process_block). The alternative,
-`exceptions` > 0, is a first pass listing per chunk the few processed logits whose bits differ from the raw ones
-(kernels/exceptions.py: the counted, biased and banned tokens) and passes that load the raw logits with those
-patched in; measured slower on an H200 (see `sample_rows`), kept for the sweep.
+row's token counts and its bias / ban entries at every load (kernels/penalties.process_block). (A first pass
+listing per chunk the processed logits whose bits differ from the raw ones, patched into the raw loads of the
+later passes, measured slower on an H200: 810 against 669 us for every field at 256 x 128k.)
 """
 
 from __future__ import annotations
@@ -40,17 +41,17 @@ import torch
 import triton
 import triton.language as tl
 
-from multilora_cli.kernels.exceptions import build as build_exceptions
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.penalties import ProcessPlan
-from multilora_cli.kernels.sample_row import _as_key, _digit, _histogram, _kept_sum, _keys, _load, _pick, _row_max
-from multilora_cli.kernels.sample_topk import _chunk_counts, _finish, _serial
+from multilora_cli.kernels.sample_row import _digit, _histogram, _kept_sum, _key16, _load, _pick, _row_max
+from multilora_cli.kernels.sample_topk import _distance_hist, _draw_row, _in_window, _max_key16, _window
 
 LOG2E = 1.4426950408889634
 CHUNK = 8192  # logits per program: a 128k vocabulary x 256 rows is 4096 programs, 8 blocks of 1024 each
 TOPK_PATH_MAX = 1024  # the top-k path's largest k
 CANDIDATES = 2048  # the top-k path's buffer per row (KC): one size for every launch, so a row's draw never depends
 # on its batch's largest k (the buffer's reductions run in an order set by its size); 2 x the largest k
+WIDE = 4  # the top-k path's wide buffer per row (the window's keys), in candidate buffers: 8192 entries
 
 
 @triton.jit
@@ -109,8 +110,7 @@ def _chunk_live(part_ptr, S, C, i, c, level, prefix):
 # nothing there.
 _PER_STEP_POINTERS = [
     "rows_ptr", "temp_ptr", "top_k_ptr", "top_p_ptr", "min_p_ptr", "u_ptr", "out_ptr", "pmax_ptr", "psum_ptr",
-    "part_k_ptr", "part_p_ptr", "plan_rows_ptr", "hist_ptr", "rep_ptr", "freq_ptr", "pres_ptr", "ban_on_ptr",
-    "exc_tok_ptr", "exc_val_ptr", "exc_start_ptr", "exc_n_ptr",
+    "part_k_ptr", "part_p_ptr", "wval_ptr", "wtok_ptr", "plan_rows_ptr", "hist_ptr", "rep_ptr", "freq_ptr", "pres_ptr", "ban_on_ptr",
 ]  # fmt: skip
 
 
@@ -133,6 +133,8 @@ def _sample_pass(
     part_p_ptr,
     cval_ptr,
     ctok_ptr,
+    wval_ptr,
+    wtok_ptr,
     plan_rows_ptr,
     hist_ptr,
     counts_ptr,
@@ -145,10 +147,6 @@ def _sample_pass(
     bias_len_ptr,
     ban_tok_ptr,
     ban_len_ptr,
-    exc_tok_ptr,
-    exc_val_ptr,
-    exc_start_ptr,
-    exc_n_ptr,
     stride_counts,
     stride_bias,
     stride_ban,
@@ -167,21 +165,20 @@ def _sample_pass(
     BLOCK: tl.constexpr,
     CB: tl.constexpr,
     KC: tl.constexpr,
+    WIDE: tl.constexpr,
     TT: tl.constexpr,
     KS: tl.constexpr,
     TS: tl.constexpr,
     NINF16: tl.constexpr,
-    EC: tl.constexpr,
     PACKED: tl.constexpr,
 ):
     """One pass over chunk c of row i. MODE 0: chunk max of logits / T. 1: counts per digit at radix level LEVEL
     (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight (min-p applied from here on: it cuts
     by weight alone, so the top-p passes before it see the top-k-kept mass, as in transformers). 4: the draw, by
-    the chunk holding it. The top-k path: MODE 1 at levels 0-3 only, then 5: the chunk's candidates
-    (top 16 key bits >= the 4-level prefix) appended to the row's buffer, 6 (one program a row): the draw from
-    them (_finish), or _serial for a row with more than KC. Processed rows: PROCESS 1 processes every load,
-    PROCESS 2 loads the raw logits with the chunk's exceptions patched in, built by a first pass, MODE 7
-    (kernels/exceptions.py)."""
+    the chunk holding it. The top-k path (kernels/sample_topk.py): 8: the chunk's max key16 (top 16 key bits),
+    9: its distance counts, 5: its keys in the row's window appended to the row's wide buffer, 6 (one program a
+    row): the prefix, the candidates and the draw from them (_finish), or _serial for a row with more than KC.
+    Processed rows: PROCESS 1 processes every load."""
     MB: tl.constexpr = min(BLOCK, 256)
     i = tl.program_id(0)
     c = tl.program_id(1)
@@ -193,14 +190,9 @@ def _sample_pass(
     lo = c * CHUNK
     hi = tl.minimum(lo + CHUNK, V)
     ic = i * C + c
-    n_c = tl.zeros((), tl.int32)  # the chunk's exception count (PROCESS 2, after MODE 7 built them)
-    if PROCESS == 2:
-        if (MODE != 7) & (MODE != 6):
-            n_c = tl.load(exc_n_ptr + ic)
     P = (
         hist_ptr, counts_ptr, rep_ptr, freq_ptr, pres_ptr, ban_on_ptr, bias_tok_ptr, bias_val_ptr, bias_len_ptr,
         ban_tok_ptr, ban_len_ptr, stride_counts, stride_bias, stride_ban, H,
-        exc_tok_ptr + ic * EC, exc_val_ptr + ic * EC, exc_start_ptr + ic * (CHUNK // BLOCK + 1), n_c, lo, EC, BLOCK,
     )  # fmt: skip
     inv_t = 1.0 / tl.load(temp_ptr + i)
     top_k = tl.load(top_k_ptr + i)
@@ -210,9 +202,7 @@ def _sample_pass(
         min_p = tl.load(min_p_ptr + i)
     cs = tl.arange(0, CB)
     shift = KEY_BITS - 4 - 4 * LEVEL
-    if MODE == 7:  # (PROCESS 2) the chunk's exceptions, read by every later pass
-        build_exceptions(row, lo, hi, r, P, P[15], P[16], P[17], exc_n_ptr + ic, EC, WITH_COUNTS, BLOCK)
-    elif MODE == 0:
+    if MODE == 0:
         tl.store(pmax_ptr + i * C + c, _row_max(row, lo, hi, inv_t, r, P, PROCESS, WITH_COUNTS, BLOCK))
     elif MODE == 1:
         if top_k < V:  # the rows that filter by top-k (every row on the top-k path)
@@ -224,47 +214,34 @@ def _sample_pass(
                     KEY_BITS, BLOCK,
                 )  # fmt: skip
             tl.store(part_k_ptr + ((LEVEL * S + i) * C + c) * 16 + tl.arange(0, 16), hist)
-    elif MODE == 5:
-        # candidates: top 16 key bits >= prefix; > prefix when prefix is -inf's (a row with fewer than k finite
-        # logits, e.g. under a grammar mask: its -inf ones weigh 0, are never drawn, and would overflow the buffer)
-        prefix = _resolve(part_k_ptr, S, C, i, 4, top_k.to(tl.float32), CB)
-        cnt = _chunk_counts(part_k_ptr, S, C, i, prefix, prefix != NINF16, CB)
+    elif MODE == 8:  # the top-k path: the chunk's max key16
+        tl.store(pmax_ptr + ic, _max_key16(row, lo, hi, r, P, PROCESS, WITH_COUNTS, KEY_BITS, BLOCK).to(tl.float32))
+    elif MODE == 9:  # its keys' distance counts (to the row's max key16)
+        m16 = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=-1.0), axis=0).to(tl.int32)
+        hist = _distance_hist(row, lo, hi, m16, r, P, PACKED, PROCESS, WITH_COUNTS, KEY_BITS, NINF16, BLOCK)
+        tl.store(part_k_ptr + ic * 16 + tl.arange(0, 16), hist)
+    elif MODE == 5:  # its keys in the row's window, appended to the row's wide buffer
+        m16 = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=-1.0), axis=0).to(tl.int32)
+        j, cnt, _ = _window(part_k_ptr, C, i, top_k, CB)
         pos = tl.sum(tl.where(cs < c, cnt, 0.0), axis=0).to(tl.int32)  # this chunk's place in the row's buffer
-        if (tl.sum(cnt, axis=0) <= KC) & (tl.sum(tl.where(cs == c, cnt, 0.0), axis=0) > 0):
-            low = _as_key((prefix + (prefix == NINF16).to(tl.int64)) << (KEY_BITS - 16), KEY_BITS)
+        if (tl.sum(cnt, axis=0) <= WIDE) & (tl.sum(tl.where(cs == c, cnt, 0.0), axis=0) > 0):
             for start in range(lo, hi, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 ok = offs < hi
                 x = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
-                keep = ok & (_keys(x, KEY_BITS) >= low)
+                keep = ok & _in_window(_key16(x, KEY_BITS), m16, j, NINF16)
                 nk = tl.sum(keep.to(tl.int32), axis=0)
-                if nk > 0:  # (most blocks hold none of the row's ~k candidates: no scan, no store)
+                if nk > 0:  # (most blocks hold none of the row's window: no scan, no store)
                     at = pos + tl.cumsum(keep.to(tl.int32), axis=0) - 1  # in vocabulary order
-                    tl.store(cval_ptr + i * KC + at, x.to(tl.float32), mask=keep)
-                    tl.store(ctok_ptr + i * KC + at, offs, mask=keep)
+                    tl.store(wval_ptr + i * WIDE + at, x.to(tl.float32), mask=keep)
+                    tl.store(wtok_ptr + i * WIDE + at, offs, mask=keep)
                 pos += nk
     elif MODE == 6:
-        prefix = _resolve(part_k_ptr, S, C, i, 4, top_k.to(tl.float32), CB)
-        n = tl.sum(_chunk_counts(part_k_ptr, S, C, i, prefix, prefix != NINF16, CB), axis=0)
-        u = tl.load(u_ptr + i)
-        if n <= KS:
-            # the usual row (k 20-100, a few ties): the same draw on a KS-sized view of its buffer, 8x fewer
-            # compares and shorter reductions than at KC; which size a row takes depends on its own n only
-            tok = _finish(
-                cval_ptr + i * KC, ctok_ptr + i * KC, n.to(tl.int32), inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KS, TS
-            )
-        elif n <= KC:
-            tok = _finish(
-                cval_ptr + i * KC, ctok_ptr + i * KC, n.to(tl.int32), inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KC, TT
-            )
-        else:
-            # blocks of 256: its weight histogram's [16, block] accumulator would take 128 registers a thread at
-            # 1024 and spill the buffer's draw above (ptxas, sm_90, processed rows)
-            # (over the whole row, not chunks: processed as it loads)
-            tok = _serial(
-                row, V, r, P, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, PROCESS - PROCESS // 2, WITH_COUNTS, KEY_BITS,
-                256,
-            )  # fmt: skip
+        tok = _draw_row(
+            row, V, r, P, part_k_ptr, wval_ptr + i * WIDE, wtok_ptr + i * WIDE, cval_ptr + i * KC, ctok_ptr + i * KC,
+            C, i, inv_t, top_k, top_p, min_p, tl.load(u_ptr + i), logits_ptr.dtype.element_ty, WITH_MIN_P,
+            PROCESS, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS,
+        )  # fmt: skip
         tl.store(out_ptr + r, tok.to(tl.int64))
     else:
         m = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=float("-inf")), axis=0)
@@ -325,7 +302,6 @@ def sample_rows(
     chunk: int | None = None,
     topk_path_max: int = TOPK_PATH_MAX,
     candidates: int | None = None,
-    exceptions: int | None = 0,
     block: int | None = None,
     num_warps: int = 4,
     packed_counts: bool = True,
@@ -346,14 +322,10 @@ def sample_rows(
     topk_path_max: rows are drawn by the top-k path when every row has top_k < V and <= this (the Sampler calls
              once per path, each row by its own top_k: a row's path never depends on its batch); candidates: the
              path's buffer size per row (CANDIDATES; smaller only in tests)
-    exceptions: with `plan`, the most exceptions kept per chunk (kernels/exceptions.py; None: chunk // 8, a chunk
-             with more is processed as it loads); 0 (the default): none, every pass processes every logit as it
-             loads. H200, 256 x 128k, every field on: 669 us with 0 against 810 with the exceptions pass (175 us
-             itself; the count passes it spares cost ~45 us more each when they process as they load)
     block, num_warps: logits a program takes per step (a power of two <= chunk; None: min(1024, chunk)) and its
              warps, for benchmarks/bench_sampler.py --sweep (the full path's weight levels hold [16, block] fp32)
-    packed_counts: the count levels count in packed registers instead of Triton's histogram (the same counts,
-             kernels/sample_row._histogram); on by default: H200, 256 x 128k, top-k 400 vs 420 us, top-k + top-p
+    packed_counts: the count levels and the top-k path's distance counts count in packed registers instead of
+             Triton's histogram (the same counts, kernels/sample_row._pack); on by default: H200, 256 x 128k, top-k 400 vs 420 us, top-k + top-p
              380 vs 427, every field on 726 vs 810 (bench_sampler --sweep, tokens identical)
     redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
              iterable only once the draw before it was launched (tests bisect on u this way without running the
@@ -370,12 +342,13 @@ def sample_rows(
     Full path: the chunk max, then per radix level (KEY_BITS / 4 of them) a 16-bin histogram per chunk, counts for
     top-k and weights for top-p, each program reducing the earlier levels' partial histograms itself (fixed
     order: the draw is deterministic), then the kept weight per chunk, then the draw in the chunk that holds it.
-    Top-k path (every row has top_k < V, <= topk_path_max): 4 count levels over the top 16 key bits, then each chunk
-    appends its candidates (top 16 bits >= the 4-level prefix: every top-k-kept token, a few ties more) to the
-    row's buffer in vocabulary order, then one program per row draws from the buffer (exact top-k, top-p,
-    min-p): 5 passes over the logits instead of up to 2 + 2 x KEY_BITS / 4 + 2. With `plan`, a first pass
-    lists each chunk's processed logits that differ from the raw ones (kernels/exceptions.py); the others read
-    the raw logits with those patched in.
+    Top-k path (every row has top_k < V, <= topk_path_max): per chunk the max of the top 16 key bits (key16),
+    then per chunk 16 counts of log2 bins of the distance to the row's max, then each chunk appends its keys in
+    the smallest window of bins that holds k to the row's wide buffer (4 x candidates) in vocabulary order, then
+    one program per row finds the 16-bit radix prefix of the k-th key on that buffer (on the whole row where the
+    window overflowed it), compacts the candidates (key16 >= prefix: every top-k-kept token, a few ties more)
+    and draws from them (exact top-k, top-p, min-p): 3 passes over the logits and a row program instead of up to
+    2 + 2 x KEY_BITS / 4 + 2. With `plan`, every pass processes the logits as it loads them.
     """
     if logits.stride(-1) != 1 or logits.dim() != 2:
         raise ValueError(f"sample_rows: logits must be [N, V] with unit last stride, got {tuple(logits.shape)}")
@@ -412,17 +385,11 @@ def sample_rows(
     part_p = scratch[at + hist * (any_top_k or topk_path) :] if any_p else scratch
     ninf16 = _ninf16(torch.float32 if plan is not None else logits.dtype)
     ctok = torch.empty(s * kc if topk_path else 1, dtype=torch.int32, device=logits.device)
-    ec = (chunk // 8 if exceptions is None else exceptions) if plan is not None else 0
-    process = 0 if plan is None else 2 if ec else 1
-    if process == 2:  # per chunk: tokens, values (EC each), block starts, count
-        nbs = chunk // block + 1
-        exc = torch.empty(s * c * (2 * ec + nbs + 1), dtype=torch.int32, device=logits.device)
-        exc_tok, exc_start, exc_n = exc[: s * c * ec], exc[2 * s * c * ec : -s * c], exc[-s * c :]
-        exc_args = [exc_tok, exc[s * c * ec : 2 * s * c * ec].view(torch.float32), exc_start, exc_n]
-    else:
-        exc_args = [ctok] * 4
+    wide = WIDE * kc if topk_path else 1
+    wbuf = torch.empty(2 * s * wide, dtype=torch.int32, device=logits.device)  # per row: the window's logits, ids
+    wval, wtok = wbuf[: s * wide].view(torch.float32), wbuf[s * wide :]
     if topk_path:
-        passes = [(1, lvl) for lvl in range(4)] + [(5, 0), (6, 0)]
+        passes = [(8, 0), (9, 0), (5, 0), (6, 0)]
     else:
         passes = (
             [(0, 0)]
@@ -430,27 +397,40 @@ def sample_rows(
             + [(2, lvl) for lvl in range(bits // 4) if any_top_p]
             + [(3, 0), (4, 0)]
         )
-    if process == 2:
-        passes = [(7, 0)] + passes
     proc = [plan.rows, *plan.kernel_args()] if plan is not None else [_unused(logits.device)] * 12 + [0, 0, 0, 0]
 
     # (built once: a call launches up to 19 passes, and each launch's Python work is host time per step)
     head = [logits, rows, temp, top_k, top_p, min_p]
-    tail = [pmax, psum, part_k, part_p, cval, ctok, *proc[:12], *exc_args, *proc[12:], v, logits.stride(0), s, c]
+    tail = [
+        pmax,
+        psum,
+        part_k,
+        part_p,
+        cval,
+        ctok,
+        wval,
+        wtok,
+        *proc[:12],
+        *proc[12:],
+        v,
+        logits.stride(0),
+        s,
+        c,
+    ]
     consts = dict(
         WITH_MIN_P=bool(any_min_p),
-        PROCESS=process,
+        PROCESS=int(plan is not None),
         WITH_COUNTS=plan is not None and bool(plan.num_history),
         KEY_BITS=bits,
         CHUNK=chunk,
         BLOCK=block,
         CB=triton.next_power_of_2(c),
         KC=kc,
+        WIDE=wide,
         TT=max(1, min(kc, 8192 // kc)),
         KS=max(1, kc // 8),
         TS=max(1, min(kc // 8, 8192 // max(1, kc // 8))),
         NINF16=ninf16,
-        EC=max(ec, 1),
         PACKED=packed_counts and chunk // block <= 255,
         # 4 warps beat 8 in every pass (H200, 256 x 128k: top-p 853 -> 652 us, top-k 468 -> 414): ALU-bound
         # passes, more programs per SM

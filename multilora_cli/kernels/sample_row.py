@@ -8,7 +8,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from multilora_cli.kernels.exceptions import load as _patched
 from multilora_cli.kernels.penalties import process_block
 
 
@@ -24,6 +23,15 @@ def _keys(raw, KEY_BITS: tl.constexpr):
         b = raw.to(tl.int32, bitcast=True)
         b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
         return b.to(tl.uint32, bitcast=True) ^ 0x80000000
+
+
+@triton.jit
+def _key16(raw, KEY_BITS: tl.constexpr):
+    """The keys' top 16 bits, int32 in [0, 2^16): the top-k path's search keys."""
+    if KEY_BITS == 16:
+        return _keys(raw, 16)
+    else:
+        return (_keys(raw, 32) >> 16).to(tl.int32)
 
 
 @triton.jit
@@ -43,19 +51,10 @@ def _weights(raw, inv_t, m):
 
 @triton.jit
 def _load(row, offs, ok, start, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
-    """The logits of `row` at offs = start + arange(BLOCK) (0 where not ok): PROCESS 0: as stored; else plan row
-    r's processed logits in fp32 (P: its plan's pointers, then its chunk's exceptions), no fp32 [rows, V] copy:
-    1: processed here (kernels/penalties.process_block), 2: the raw logits with the chunk's exceptions patched in
-    (kernels/exceptions.py, built once per step), or processed here where the chunk had more than fit."""
-    if PROCESS == 2:
-        if P[18] <= P[20]:  # the chunk's exceptions fit (n <= EC)
-            x = _patched(row, offs, ok, start, P[19], P[15], P[16], P[17], P[21], BLOCK)
-        else:
-            x = process_block(
-                row, offs, ok, start, r, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
-                P[12], P[13], P[14], WITH_COUNTS, BLOCK,
-            )  # fmt: skip
-    elif PROCESS == 1:
+    """The logits of `row` at offs = start + arange(BLOCK) (0 where not ok): PROCESS 0: as stored; 1: plan row
+    r's processed logits in fp32 (P: its plan's pointers), processed here (kernels/penalties.process_block): no
+    fp32 [rows, V] copy."""
+    if PROCESS:
         x = process_block(
             row, offs, ok, start, r, P[0], P[1], P[2], P[3], P[4], P[5], P[6], P[7], P[8], P[9], P[10], P[11],
             P[12], P[13], P[14], WITH_COUNTS, BLOCK,
@@ -120,9 +119,7 @@ def _histogram(
             w = tl.where(ok, _weights(raw, inv_t, m), 0.0)
             acc += tl.where(bins[:, None] == digit[None, :], w[None, :], 0.0)
         elif PACKED:
-            inc = ok.to(tl.uint64) << ((digit & 7) * 8).to(tl.uint64)
-            lo8 += tl.where(digit < 8, inc, 0)
-            hi8 += tl.where(digit < 8, 0, inc)
+            lo8, hi8 = _pack(lo8, hi8, digit, ok)
         else:
             # counts: Triton's warp-vote histogram, ~2x faster than the compare per bin (H200, 256 x 128k:
             # 64-80 vs 150-155 us a pass); integers, so exact
@@ -130,14 +127,29 @@ def _histogram(
     if MASS:
         return tl.sum(acc, axis=1)
     if PACKED:
-        # bytes -> 16-bit fields (even bytes, odd bytes) before summing the slots: a digit's total is < 2^16
-        m = 0x00FF00FF00FF00FF
-        lo_e, lo_o = tl.sum(lo8 & m, axis=0), tl.sum((lo8 >> 8) & m, axis=0)
-        hi_e, hi_o = tl.sum(hi8 & m, axis=0), tl.sum((hi8 >> 8) & m, axis=0)
-        even = (bins & 1) == 0
-        word = tl.where(bins < 8, tl.where(even, lo_e, lo_o), tl.where(even, hi_e, hi_o))
-        return ((word >> (((bins & 7) // 2) * 16).to(tl.uint64)) & 0xFFFF).to(tl.float32)
+        return _unpack(lo8, hi8)
     return counts.to(tl.float32)
+
+
+@triton.jit
+def _pack(lo8, hi8, digit, ok):
+    """Count each slot's key (where ok) in its digit's byte of the slot's packed counters: lo8 holds digits 0-7,
+    hi8 8-15, a byte each ([BLOCK] uint64; at most 255 counts a slot)."""
+    inc = ok.to(tl.uint64) << ((digit & 7) * 8).to(tl.uint64)
+    return lo8 + tl.where(digit < 8, inc, 0), hi8 + tl.where(digit < 8, 0, inc)
+
+
+@triton.jit
+def _unpack(lo8, hi8):
+    """[16] fp32: the packed counters' totals per digit. Bytes -> 16-bit fields (even bytes, odd bytes) before
+    summing the slots: a digit's total is < 2^16."""
+    bins = tl.arange(0, 16)
+    m = 0x00FF00FF00FF00FF
+    lo_e, lo_o = tl.sum(lo8 & m, axis=0), tl.sum((lo8 >> 8) & m, axis=0)
+    hi_e, hi_o = tl.sum(hi8 & m, axis=0), tl.sum((hi8 >> 8) & m, axis=0)
+    even = (bins & 1) == 0
+    word = tl.where(bins < 8, tl.where(even, lo_e, lo_o), tl.where(even, hi_e, hi_o))
+    return ((word >> (((bins & 7) // 2) * 16).to(tl.uint64)) & 0xFFFF).to(tl.float32)
 
 
 @triton.jit

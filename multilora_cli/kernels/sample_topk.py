@@ -1,34 +1,256 @@
-"""The sampling kernel's top-k path (kernels/sample.py): per row, the candidates whose top 16 key bits are >= the
-4-level radix prefix (every top-k-kept token and the few that tie with the k-th one in those bits) sit in a
-buffer in vocabulary order; one program draws from them (`_finish`: exact top-k, top-p on the survivors, min-p,
-inverse CDF). A row with more candidates than the buffer holds (thousands of ties) is drawn by `_serial`, the
-whole definition level after level over its row by one program."""
+"""The sampling kernel's top-k path (kernels/sample.py): four passes over a row instead of a radix level per 4
+key bits. Keys here are the top 16 bits of the order keys (key16; the logits' own bits for bf16 / fp16).
+
+    MODE 8, per chunk:  m[c] = max key16                                          (one read, no histogram)
+    MODE 9, per chunk:  hist[c, b] = #{key16 in bin b}, M = max_c m[c] (the row's), bins of the distance to M:
+                          b = floor(log2(M - key16 + 2)) - 1, at most 14, for key16 > NINF16 (above -inf's);
+                          b = 15 for key16 == NINF16; keys below it (negative NaNs) in none
+    MODE 5, per chunk:  j = the smallest bin <= 14 with #{bins 0..j} >= k (14 if none): the window
+                          key16 > NINF16 and M - key16 + 2 < 2^(j + 2) holds at least k keys where the row has
+                          k above -inf, and at most the keys up to twice the k-th's distance to the top;
+                          its keys appended to the row's wide buffer (WIDE entries) in vocabulary order
+    MODE 6, per row:    p = the largest x with #{key16 >= x} >= k (the radix search's 16-bit prefix), found on
+                          the buffer; the candidates key16 >= p (> p when p is -inf's: a row with fewer than k
+                          finite logits) compacted to the candidate buffer; `_finish` draws from them
+
+The candidates are those of the 4-level radix search over the row (every top-k-kept token, plus those that tie
+with the k-th in key16), in the same order: the draw is the same bits. A row whose window overflows the wide
+buffer (thousands of ties near the top) finds p with the radix levels over its whole row in the row program
+(`_row_prefix`), and a row with more than KC candidates is drawn by `_serial`, the whole definition level after
+level over its row by one program; neither happens on a usual row.
+"""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from multilora_cli.kernels.sample_row import _digit, _histogram, _kept_sum, _keys, _pick, _row_max, _weights
+from multilora_cli.kernels.sample_row import (
+    _digit,
+    _histogram,
+    _kept_sum,
+    _key16,
+    _keys,
+    _load,
+    _pack,
+    _pick,
+    _row_max,
+    _unpack,
+    _weights,
+)
 
 
 @triton.jit
-def _chunk_counts(part_ptr, S, C, i, prefix, incl, CB: tl.constexpr):
-    """[CB] f32: per chunk of row i, how many of its keys have their top 16 bits > prefix (a 4-level prefix), or
-    >= it where `incl`, read off the 4 levels' count histograms part[lvl, i, :C, :16] (digits above the prefix's
-    at each level, plus the prefix's own bin at the last where incl)."""
+def _max_key16(row, lo, hi, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.constexpr, KEY_BITS: tl.constexpr,
+               BLOCK: tl.constexpr):  # fmt: skip
+    """MODE 8: max key16 over [lo, hi), int32."""
+    mx = tl.full((), -1, tl.int32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < hi
+        raw = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
+        mx = tl.maximum(mx, tl.max(tl.where(ok, _key16(raw, KEY_BITS), -1), axis=0))
+    return mx
+
+
+@triton.jit
+def _distance_hist(
+    row,
+    lo,
+    hi,
+    m16,
+    r,
+    P,
+    PACKED: tl.constexpr,
+    PROCESS: tl.constexpr,
+    WITH_COUNTS: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    NINF16: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """MODE 9: [16] fp32 counts of [lo, hi)'s keys per distance bin to the row's max key16 m16 (module
+    docstring). floor(log2(y)) of the integer y = m16 - key16 + 2 in [2, 2^16 + 1] is its fp32 exponent (exact).
+    The counts as the count levels take them: packed registers (PACKED) or Triton's histogram."""
+    counts = tl.zeros((16,), tl.int32)
+    lo8 = tl.zeros((BLOCK,), tl.uint64)
+    hi8 = tl.zeros((BLOCK,), tl.uint64)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < hi
+        k16 = _key16(_load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK), KEY_BITS)
+        y = tl.maximum(m16 - k16 + 2, 2).to(tl.float32)  # (>= 2 where ok: m16 is the max)
+        b = tl.minimum((y.to(tl.int32, bitcast=True) >> 23) - 128, 14)
+        b = tl.where(k16 == NINF16, 15, b)
+        ok = ok & (k16 >= NINF16)
+        if PACKED:
+            lo8, hi8 = _pack(lo8, hi8, b, ok)
+        else:
+            counts += tl.histogram(b, 16, mask=ok)
+    if PACKED:
+        return _unpack(lo8, hi8)
+    return counts.to(tl.float32)
+
+
+@triton.jit
+def _window(part_ptr, C, i, top_k, CB: tl.constexpr):
+    """The row's window from its chunks' distance counts part[i, :C, :16]: (j, [CB] fp32 keys in the window per
+    chunk, the row's count of key16 == NINF16). j: the smallest bin <= 14 whose bins 0..j hold >= top_k keys, else
+    14 (every key above -inf's)."""
     bins = tl.arange(0, 16)
     cs = tl.arange(0, CB)
-    cnt = tl.zeros((CB,), tl.float32)
+    h = tl.load(part_ptr + (i * C + cs[:, None]) * 16 + bins[None, :], mask=cs[:, None] < C, other=0.0)
+    tot = tl.sum(h, axis=0)  # [16], chunks in a fixed order (integers: any order is exact)
+    cum = tl.cumsum(tl.where(bins < 15, tot, 0.0), axis=0)
+    j = tl.min(tl.where((cum >= top_k.to(tl.float32)) & (bins < 15), bins, 14), axis=0)
+    cnt = tl.sum(tl.where(bins[None, :] <= j, h, 0.0), axis=1)
+    return j, cnt, tl.sum(tl.where(bins == 15, tot, 0.0), axis=0)
+
+
+@triton.jit
+def _in_window(k16, m16, j, NINF16: tl.constexpr):
+    """Whether key16 is in bins 0..j: above -inf's and m16 - key16 + 2 < 2^(j + 2)."""
+    return (k16 > NINF16) & (m16 - k16 + 2 < (4 << j))
+
+
+@triton.jit
+def _buf_key16(x, DT: tl.constexpr, KEY_BITS: tl.constexpr):
+    """key16 of a buffered fp32 logit: as the passes computed it from the logit in its own dtype DT (fp32 holds
+    a 16-bit float exactly, so the round trip is exact)."""
+    if KEY_BITS == 16:
+        return _keys(x.to(DT), 16)
+    else:
+        return _key16(x, 32)
+
+
+@triton.jit
+def _buffer_prefix(val, n, top_k, DT: tl.constexpr, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """The largest 16-bit x with #{key16 >= x} >= top_k among the n buffered logits (n >= top_k): the 4 radix
+    levels over the buffer, 16 bins a level."""
+    prefix = tl.zeros((), tl.int32)
+    above = tl.zeros((), tl.float32)
     for lvl in tl.static_range(4):
-        d = (prefix >> (12 - 4 * lvl)) & 15
-        h = tl.load(part_ptr + ((lvl * S + i) * C + cs[:, None]) * 16 + bins[None, :], mask=cs[:, None] < C, other=0.0)
-        if lvl == 3:
-            sel = (bins > d) | ((bins == d) & incl)
-        else:
-            sel = bins > d
-        cnt += tl.sum(tl.where(sel[None, :], h, 0.0), axis=1)
-    return cnt
+        shift = 12 - 4 * lvl
+        counts = tl.zeros((16,), tl.int32)
+        for start in range(0, n, BLOCK):
+            idx = start + tl.arange(0, BLOCK)
+            ok = idx < n
+            k16 = _buf_key16(tl.load(val + idx, mask=ok, other=0.0), DT, KEY_BITS)
+            ok = ok & ((k16 >> (shift + 4)) == prefix)
+            counts += tl.histogram((k16 >> shift) & 15, 16, mask=ok)
+        prefix, above = _digit(counts.to(tl.float32), prefix, above, top_k.to(tl.float32))
+    return prefix
+
+
+@triton.jit
+def _row_prefix(
+    row, V, top_k, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.constexpr, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr
+):
+    """The same prefix from the radix levels over the whole row, by one program (a row whose window overflows
+    the wide buffer)."""
+    prefix = tl.zeros((), tl.int32)
+    above = tl.zeros((), tl.float32)
+    for lvl in tl.static_range(4):
+        h = _histogram(
+            row, 0, V, prefix * 0, prefix, KEY_BITS - 4 - 4 * lvl, 1.0, 0.0, r, P, False, False, PROCESS, WITH_COUNTS,
+            KEY_BITS, BLOCK,
+        )  # fmt: skip
+        prefix, above = _digit(h, prefix, above, top_k.to(tl.float32))
+    return prefix
+
+
+@triton.jit
+def _compact_buffer(val, tok, n, low, cval, ctok, DT: tl.constexpr, KEY_BITS: tl.constexpr, KC: tl.constexpr,
+                    BLOCK: tl.constexpr):  # fmt: skip
+    """The buffered logits with key16 >= low -> cval / ctok[:KC], in buffer (vocabulary) order: their count."""
+    pos = tl.zeros((), tl.int32)
+    for start in range(0, n, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        ok = idx < n
+        x = tl.load(val + idx, mask=ok, other=0.0)
+        keep = ok & (_buf_key16(x, DT, KEY_BITS) >= low)
+        at = pos + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        tl.store(cval + at, x, mask=keep & (at < KC))
+        tl.store(ctok + at, tl.load(tok + idx, mask=ok, other=0), mask=keep & (at < KC))
+        pos += tl.sum(keep.to(tl.int32), axis=0)
+    return pos
+
+
+@triton.jit
+def _compact_row(row, V, low, r, P, cval, ctok, PROCESS: tl.constexpr, WITH_COUNTS: tl.constexpr,
+                 KEY_BITS: tl.constexpr, KC: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """The row's logits with key16 >= low -> cval / ctok[:KC], in vocabulary order: their count."""
+    pos = tl.zeros((), tl.int32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < V
+        x = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
+        keep = ok & (_key16(x, KEY_BITS) >= low)
+        at = pos + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        tl.store(cval + at, x.to(tl.float32), mask=keep & (at < KC))
+        tl.store(ctok + at, offs, mask=keep & (at < KC))
+        pos += tl.sum(keep.to(tl.int32), axis=0)
+    return pos
+
+
+@triton.jit
+def _draw_row(
+    row,
+    V,
+    r,
+    P,
+    part,
+    wval,
+    wtok,
+    cval,
+    ctok,
+    C,
+    i,
+    inv_t,
+    top_k,
+    top_p,
+    min_p,
+    u,
+    DT: tl.constexpr,
+    WITH_MIN_P: tl.constexpr,
+    PROCESS: tl.constexpr,
+    WITH_COUNTS: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    NINF16: tl.constexpr,
+    CB: tl.constexpr,
+    WIDE: tl.constexpr,
+    KC: tl.constexpr,
+    TT: tl.constexpr,
+    KS: tl.constexpr,
+    TS: tl.constexpr,
+):
+    """MODE 6, one program for row i: the prefix p, the candidates compacted into cval / ctok[:KC] (this row's),
+    the draw (module docstring). part / wval / wtok: the row's distance counts and wide buffer. DT: the logits'
+    dtype (the buffered keys' own). Its loops take 256 logits at a time: at BLOCK (1024) the processed row
+    program spilled (ptxas, sm_90, Triton 3.6)."""
+    _, cnt, n_ninf = _window(part, C, i, top_k, CB)
+    n_w = tl.sum(cnt, axis=0)
+    if (n_w <= WIDE) & (n_w + n_ninf >= top_k.to(tl.float32)):
+        p = tl.full((), NINF16, tl.int32)  # fewer than k above -inf's, at least k with them: p is -inf's
+        if n_w >= top_k.to(tl.float32):
+            p = _buffer_prefix(wval, n_w.to(tl.int32), top_k, DT, KEY_BITS, 256)
+        low = p + (p == NINF16).to(tl.int32)
+        n = _compact_buffer(wval, wtok, n_w.to(tl.int32), low, cval, ctok, DT, KEY_BITS, KC, 256)
+    else:
+        p = _row_prefix(row, V, top_k, r, P, PROCESS, WITH_COUNTS, KEY_BITS, 256)
+        low = p + (p == NINF16).to(tl.int32)
+        n = _compact_row(row, V, low, r, P, cval, ctok, PROCESS, WITH_COUNTS, KEY_BITS, KC, 256)
+    tl.debug_barrier()  # (the candidates this program's threads stored, read back by all of them)
+    if n <= KS:
+        # the usual row (k 20-100, a few ties): the same draw on a KS-sized view of its buffer, 8x fewer
+        # compares and shorter reductions than at KC; which size a row takes depends on its own n only
+        tok = _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KS, TS)
+    elif n <= KC:
+        tok = _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KC, TT)
+    else:
+        # blocks of 256: its weight histogram's [16, block] accumulator would take 128 registers a thread at
+        # 1024 and spill the buffer's draw above (ptxas, sm_90, processed rows)
+        tok = _serial(row, V, r, P, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, 256)
+    return tok
 
 
 @triton.jit

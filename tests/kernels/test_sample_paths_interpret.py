@@ -1,5 +1,6 @@
 """The sampling kernel's two paths and its fused processing (kernels/sample.py), against the torch definition:
-the top-k path (4 count levels on the top 16 key bits, candidates compacted, one program a row) and the full
+the top-k path (chunk max, distance counts and the window buffered on the top 16 key bits, candidates compacted,
+one program a row) and the full
 path (forced by topk_path_max=0) draw the same tokens as sample_rows_torch; a row whose candidates overflow the
 buffer (ties at the k-th logit) is drawn by the serial fallback, its neighbours by the buffer; and rows drawn
 with a ProcessPlan (processing inside every pass, no copy) equal the torch path on the processed copy."""
@@ -38,7 +39,7 @@ def test_topk_path_equals_full_path_and_definition(dtype):
         want = sample_rows_torch(x[rows], temp, top_k, top_p, u, min_p)
         topk = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256)
         assert topk[rows].tolist() == want.tolist()
-        if seed == 0:  # the count levels in packed registers (4 blocks a chunk here): the same counts, same draws
+        if seed == 0:  # the distance counts in packed registers (4 blocks a chunk here): the same counts, same draws
             packed = _draw(x, rows, temp, top_k, top_p, u, min_p, n, chunk=256, block=64, packed_counts=True)
             assert packed[rows].tolist() == want.tolist()
         if seed == 0:  # (the full path's 2 x 8 radix passes on fp32 are slow in the interpreter: once)
@@ -72,12 +73,9 @@ def test_overflowing_rows_take_the_serial_path():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("topk_path_max", [1024, pytest.param(0, marks=pytest.mark.slow)])  # 0: full path, fp32
-@pytest.mark.parametrize("exceptions", [None, 256, 0])
-def test_fused_processing_equals_the_processed_copy(dtype, topk_path_max, exceptions):
+def test_fused_processing_equals_the_processed_copy(dtype, topk_path_max):
     """Rows of a ProcessPlan (bias +-100, bans, penalties from a history) drawn by the kernel, on either path,
-    equal the torch path drawing from process_rows_torch's fp32 copy: with each chunk's exceptions listed first
-    (None: 32 a chunk, so the chunks of the rows with a dense history (2/3 of their tokens counted) overflow
-    and process as they load, the others do not; 256: every chunk fits) or processing every load (0)."""
+    equal the torch path drawing from process_rows_torch's fp32 copy (every pass processes as it loads)."""
     v = 700
     g = torch.Generator().manual_seed(8)
     x = (torch.randn(5, v, generator=g) * 3).to(dtype).to(DEV)
@@ -92,8 +90,7 @@ def test_fused_processing_equals_the_processed_copy(dtype, topk_path_max, except
         u = torch.rand(4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         want = sample_rows_torch(proc[rows], temp, top_k, top_p, u, min_p)
         got = _draw(
-            x, rows, temp, top_k, top_p, u, min_p, 5, plan=p, chunk=256, topk_path_max=topk_path_max,
-            exceptions=exceptions,
+            x, rows, temp, top_k, top_p, u, min_p, 5, plan=p, chunk=256, topk_path_max=topk_path_max
         )  # fmt: skip
         assert got[rows].tolist() == want.tolist()
         assert got[2].item() == -7
