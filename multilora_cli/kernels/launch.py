@@ -186,7 +186,9 @@ def compile_all(calls: list, threads: int | None = None, cache_dir: str | None =
         unique.setdefault(_variant(call), call)
     if not unique:
         return 0
-    items = list(unique.values())
+    # longest first (a kernel's source length stands for its compile time): the pool's last wave is then short
+    # compiles, not the sampler's large ones started last while the other threads sit idle
+    items = sorted(unique.values(), key=lambda c: -len(getattr(c[0], "src", "") or ""))
 
     def warm(call):
         kernel, args, kwargs = call
