@@ -232,8 +232,8 @@ def _sample_pass(
         hist = _distance_hist(row, lo, hi, m16, r, P, PACKED, PROCESS, WITH_COUNTS, KEY_BITS, NINF16, BLOCK)
         tl.store(part_k_ptr + ic * 16 + tl.arange(0, 16), hist)
     elif MODE == 7:  # a row whose bins 0..j overflow the wide buffer: its bin j's sub-bin counts (part_p)
-        j, below, at_j, _ = _window(part_k_ptr, C, i, top_k, CB)
-        if tl.sum(below + at_j, axis=0) > WIDE:  # (the other rows exit here)
+        j, cnt, at_j, _ = _window(part_k_ptr, C, i, top_k, CB)
+        if tl.sum(cnt, axis=0) > WIDE:  # (the other rows exit here)
             m16 = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=-1.0), axis=0).to(tl.int32)
             hist = tl.zeros((256,), tl.float32)
             if tl.sum(tl.where(cs == c, at_j, 0.0), axis=0) > 0:

@@ -103,7 +103,7 @@ def _distance_hist(
 @triton.jit
 def _window(part_ptr, C, i, top_k, CB: tl.constexpr):
     """The row's window from its chunks' distance counts part[i, :C, :16]: (j, [CB] fp32 keys per chunk in bins
-    0..j-1, [CB] in bin j, the row's count of key16 == NINF16). j: the smallest bin <= 14 whose bins 0..j hold
+    0..j, [CB] in bin j, the row's count of key16 == NINF16). j: the smallest bin <= 14 whose bins 0..j hold
     >= top_k keys, else 14 (every key above -inf's)."""
     bins = tl.arange(0, 16)
     cs = tl.arange(0, CB)
@@ -111,9 +111,9 @@ def _window(part_ptr, C, i, top_k, CB: tl.constexpr):
     tot = tl.sum(h, axis=0)  # [16], chunks in a fixed order (integers: any order is exact)
     cum = tl.cumsum(tl.where(bins < 15, tot, 0.0), axis=0)
     j = tl.min(tl.where((cum >= top_k.to(tl.float32)) & (bins < 15), bins, 14), axis=0)
-    below = tl.sum(tl.where(bins[None, :] < j, h, 0.0), axis=1)
+    cnt = tl.sum(tl.where(bins[None, :] <= j, h, 0.0), axis=1)
     at_j = tl.sum(tl.where(bins[None, :] == j, h, 0.0), axis=1)
-    return j, below, at_j, tl.sum(tl.where(bins == 15, tot, 0.0), axis=0)
+    return j, cnt, at_j, tl.sum(tl.where(bins == 15, tot, 0.0), axis=0)
 
 
 @triton.jit
@@ -141,22 +141,29 @@ def _sub_hist(row, lo, hi, m16, j, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.
 
 @triton.jit
 def _refined(part_ptr, sub_ptr, C, i, top_k, WIDE: tl.constexpr, CB: tl.constexpr):
-    """The row's window, refined where bins 0..j overflow the wide buffer: (D, [CB] fp32 keys per chunk in the
+    """The row's window, refined where bins 0..j overflow the wide buffer: (d_hi, [CB] fp32 keys per chunk in the
     window, the row's count of key16 == NINF16). The window is key16 > NINF16 and M - key16 < d_hi. Unrefined:
     d_hi = 2^(j+2) - 2 (bins 0..j). Refined (more than WIDE keys in bins 0..j; sub[i, :C, :256]: MODE 7's sub-bin
     counts of bin j): bins 0..j-1 and bin j's sub-bins 0..s, s the smallest with the window holding >= top_k
     keys; it still holds every key whose key16 is >= the k-th key's, so MODE 6's prefix is the same."""
-    j, below, at_j, n_ninf = _window(part_ptr, C, i, top_k, CB)
-    cnt = below + at_j
+    j, cnt, at_j, n_ninf = _window(part_ptr, C, i, top_k, CB)
     d_hi = (4 << j) - 2
     if tl.sum(cnt, axis=0) > WIDE:
+        # a chunk's [256] at a time: the [C, 256] tile took MODE 5 to 96 registers (this: 88; without the
+        # refinement 80; ptxas sm_90)
         sb = tl.arange(0, 256)
         cs = tl.arange(0, CB)
-        h = tl.load(sub_ptr + (i * C + cs[:, None]) * 256 + sb[None, :], mask=cs[:, None] < C, other=0.0)
-        cum = tl.cumsum(tl.sum(h, axis=0), axis=0)  # [256], chunks in a fixed order (integers: exact)
+        tot = tl.zeros((256,), tl.float32)
+        for cc in range(0, C):
+            tot += tl.load(sub_ptr + (i * C + cc) * 256 + sb)
+        cum = tl.cumsum(tot, axis=0)  # (integers: exact in any order)
+        below = cnt - at_j  # (integers: exact)
         need = top_k.to(tl.float32) - tl.sum(below, axis=0)  # (> 0: bins 0..j-1 hold fewer than top_k)
         s = tl.min(tl.where(cum >= need, sb, 255), axis=0)
-        cnt = below + tl.sum(tl.where(sb[None, :] <= s, h, 0.0), axis=1)
+        cnt = below
+        for cc in range(0, C):
+            n_c = tl.sum(tl.where(sb <= s, tl.load(sub_ptr + (i * C + cc) * 256 + sb), 0.0), axis=0)
+            cnt += tl.where(cs == cc, n_c, 0.0)
         d_hi = tl.minimum((2 << j) - 2 + ((s + 1) << tl.maximum(j - 7, 0)), d_hi)  # (s = 255: all of bin j)
     return d_hi, cnt, n_ninf
 
