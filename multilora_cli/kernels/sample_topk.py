@@ -149,21 +149,24 @@ def _refined(part_ptr, sub_ptr, C, i, top_k, WIDE: tl.constexpr, CB: tl.constexp
     j, cnt, at_j, n_ninf = _window(part_ptr, C, i, top_k, CB)
     d_hi = (4 << j) - 2
     if tl.sum(cnt, axis=0) > WIDE:
-        # a chunk's [256] at a time: the [C, 256] tile took MODE 5 to 96 registers (this: 88; without the
-        # refinement 80; ptxas sm_90)
-        sb = tl.arange(0, 256)
-        cs = tl.arange(0, CB)
-        tot = tl.zeros((256,), tl.float32)
+        # a chunk's [256] at a time, as [16, 16] by radix digits of 255 - sub-bin: s by two _digit levels, then
+        # masked loads of sub-bins 0..s. (MODE 5 at 80 / 72 registers raw / processed, as without the
+        # refinement; a [256] cumsum took it to 88 / 96, the [C, 256] tile to 96 / 96; ptxas sm_90)
+        dig = tl.arange(0, 16)
+        at = 255 - (dig[:, None] * 16 + dig[None, :])  # [16, 16] the sub-bin of digits (hi, lo)
+        tot = tl.zeros((16, 16), tl.float32)
         for cc in range(0, C):
-            tot += tl.load(sub_ptr + (i * C + cc) * 256 + sb)
-        cum = tl.cumsum(tot, axis=0)  # (integers: exact in any order)
-        below = cnt - at_j  # (integers: exact)
+            tot += tl.load(sub_ptr + (i * C + cc) * 256 + at)
+        below = cnt - at_j  # [CB] keys in bins 0..j-1 (integers: exact)
         need = top_k.to(tl.float32) - tl.sum(below, axis=0)  # (> 0: bins 0..j-1 hold fewer than top_k)
-        s = tl.min(tl.where(cum >= need, sb, 255), axis=0)
+        hi_d, above = _digit(tl.sum(tot, axis=1), tl.zeros((), tl.int32), tl.zeros((), tl.float32), need)
+        d, _ = _digit(tl.sum(tl.where(dig[:, None] == hi_d, tot, 0.0), axis=0), hi_d, above, need)
+        s = 255 - d  # the smallest sub-bin with #{sub-bins 0..s} >= need (255: bin j holds fewer)
+        cs = tl.arange(0, CB)
         cnt = below
-        for cc in range(0, C):
-            n_c = tl.sum(tl.where(sb <= s, tl.load(sub_ptr + (i * C + cc) * 256 + sb), 0.0), axis=0)
-            cnt += tl.where(cs == cc, n_c, 0.0)
+        sb = tl.arange(0, 256)
+        for cc in range(0, C):  # (masked loads: the sub-bins 0..s only)
+            cnt += tl.where(cs == cc, tl.sum(tl.load(sub_ptr + (i * C + cc) * 256 + sb, mask=sb <= s, other=0.0)), 0.0)
         d_hi = tl.minimum((2 << j) - 2 + ((s + 1) << tl.maximum(j - 7, 0)), d_hi)  # (s = 255: all of bin j)
     return d_hi, cnt, n_ninf
 
