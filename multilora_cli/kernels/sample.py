@@ -24,8 +24,8 @@ tokens plus the few tied with the k-th in those bits), found without a count lev
 (kernels/sample_topk.py): the chunk max of those 16 bits, per chunk the counts of 16 log2 bins of the distance
 to the row's max (for a row where those bins are too coarse, a gated pass counting 256 sub-bins of the last
 one), one pass appending the keys of the smallest window of bins that holds k to a per-row buffer, then one
-program per row finds the prefix on that buffer, compacts the candidates and does the exact top-k,
-top-p, min-p and the draw on them: 3 passes over the row and a row program, no weight histogram, no max pass.
+program per row finds the prefix on that buffer, compacts the candidates and does the exact top-k, top-p, min-p
+and the draw on them: 3 passes over the row and a row program, no weight histogram, no max pass.
 Processed rows (logit_bias, penalties, bans: kernels/penalties.py) pass a ProcessPlan, and no fp32 [rows, V]
 processed copy is written and read back: every pass computes the processed logit from the model's logits, the
 row's token counts and its bias / ban entries at every load (kernels/penalties.process_block). (A first pass
@@ -257,9 +257,9 @@ def _sample_pass(
                 pos += nk
     elif MODE == 6:
         tok = _draw_row(
-            row, V, r, P, part_k_ptr, part_p_ptr, wval_ptr + i * WIDE, wtok_ptr + i * WIDE, cval_ptr + i * KC, ctok_ptr + i * KC,
-            C, i, inv_t, top_k, top_p, min_p, tl.load(u_ptr + i), logits_ptr.dtype.element_ty, WITH_MIN_P,
-            PROCESS, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS,
+            row, V, r, P, part_k_ptr, part_p_ptr, wval_ptr + i * WIDE, wtok_ptr + i * WIDE, cval_ptr + i * KC,
+            ctok_ptr + i * KC, C, i, inv_t, top_k, top_p, min_p, tl.load(u_ptr + i), logits_ptr.dtype.element_ty,
+            WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS,
         )  # fmt: skip
         tl.store(out_ptr + r, tok.to(tl.int64))
     else:
@@ -367,12 +367,14 @@ def sample_rows(
     counts) per chunk 256 linear sub-bin counts of the window's last bin, then each chunk appends its keys in
     the smallest window of bins (and sub-bins) that holds k to the row's wide buffer (4 x candidates) in
     vocabulary order, then one program per row finds the 16-bit radix prefix of the k-th key on that buffer (on
-    the whole row where even the refined window overflowed it), compacts the candidates (key16 >= prefix: every top-k-kept token, a few ties more)
-    and draws from them (exact top-k, top-p, min-p): 3 passes over the logits (4 for rows whose window needed
-    the sub-bins) and a row program instead of up to 2 + 2 x KEY_BITS / 4 + 2:
+    the whole row where even the refined window overflowed it), compacts the candidates (key16 >= prefix: every
+    top-k-kept token, a few ties more) and draws from them (exact top-k, top-p, min-p): 3 passes over the logits
+    (4 for rows whose window needed the sub-bins) and a row program instead of up to 2 + 2 x KEY_BITS / 4 + 2:
 
         MODE 8 (row, chunk) -> MODE 9 (row, chunk) -> MODE 7 (row, chunk; gated per row) -> MODE 5 (row, chunk)
-        -> MODE 6 (row)   # 5 launches every call (CUDA-graph safe, no host sync) With `plan`, every pass processes the logits as it loads them.
+        -> MODE 6 (row)   # 5 launches every call (CUDA-graph safe, no host sync)
+
+    With `plan`, every pass processes the logits as it loads them.
     """
     if logits.stride(-1) != 1 or logits.dim() != 2:
         raise ValueError(f"sample_rows: logits must be [N, V] with unit last stride, got {tuple(logits.shape)}")
