@@ -8,17 +8,17 @@
 Logits [B, V] in the model dtype (bf16 on a GPU, fp32 on the CPU, as the runner's), V = Llama-3's 128256 unless
 --vocab, B = decode batch sizes. Per kind, the device time of everything after the LM head as the runner
 launches it (eager: the sampler is not in the decode graph): greedy = argmax over the logits (the runner's fast
-path); the others = `Sampler` on them: plain (temperature only), top-p, top-k, both, min-p (with top-p), and
-`all`: every row with every parameter on (temperature, top-k, top-p, min-p, repetition / frequency / presence
+path); the others = `Sampler` on them: plain (temperature only), top-p, top-k, both, top-k 1000, min-p (with top-p),
+and `all`: every row with every parameter on (temperature, top-k, top-p, min-p, repetition / frequency / presence
 penalties over a history of HISTORY tokens per row (half prompt, half generated), a logit_bias of BIAS entries,
-min_tokens still banning the eos ids), which adds the processing (bias, penalties from the device token
-history, bans; on the kernel path inside the sampling passes' loads, no fp32 copy) and the history update after
-the draw. Passes over [B, V] on the kernel path: top-k and `all` (top-k 50) take the top-k path, MODE 8 (chunk
-max key16), 9 (distance counts), 5 (the window's keys buffered) and the row program 6 (`all` processes every
-load: bias, penalties from the int32 counts, bans); top-p
-and min-p the full path, 1 max + 4 weight levels + kept + draw over bf16. The host build of `all` sends [B]-sized
-fields only (the bias entries and stop sets sit in the device sequence table, written once per sequence, outside
-the timed build). Side by side on its
+min_tokens still banning the eos ids), which adds the processing (bias, penalties from the device token history,
+bans; on the kernel path inside the sampling passes' loads, no fp32 copy) and the history update after the draw.
+Passes over [B, V] on the kernel path: top-k (50 and 1000) and `all` (top-k 50) take the top-k path, MODE 8 (chunk
+max key16), 9 (distance counts), 7 (sub-bin counts, only for rows whose window of bins overflows the buffer), 5 (the
+window's keys buffered) and the row program 6 (`all` processes every load: bias, penalties from the int32 counts,
+bans); top-p and min-p the full path, 1 max + 4 weight levels + kept + draw over bf16. The host build of `all` sends
+[B]-sized fields only (the bias entries and stop sets sit in the device sequence table, written once per sequence,
+outside the timed build). Side by side on its
 two paths: `triton` (kernels/sample.py and kernels/penalties.py: no sort) and `torch` (the same definitions as
 torch ops, with a [B, V] sort: the baseline); on the CPU the torch path only. GPU: medians of triton do_bench
 (eager launches included, as in the engine), interleaved and repeated, min taken; CPU: medians of wall times.
@@ -87,6 +87,9 @@ KINDS = {
     "top_p": dict(temperature=1.0, top_p=0.9),
     "top_k": dict(temperature=1.0, top_k=50),
     "top_k+top_p": dict(temperature=1.0, top_k=50, top_p=0.9),
+    # the top-k path's largest k: its window of distance bins overflows the wide buffer on most peaked rows (and
+    # a few flat ones), which the sub-bin pass (MODE 7) narrows to ~k keys
+    "top_k1000": dict(temperature=1.0, top_k=1000),
     "min_p": dict(temperature=1.0, top_p=0.9, min_p=0.05),
     "all": dict(
         temperature=1.0,
@@ -100,7 +103,13 @@ KINDS = {
         max_tokens=2 * HISTORY,
     ),
 }
-OLD_KERNEL_KINDS = ("plain", "top_p", "top_k", "top_k+top_p")  # what an earlier sample.py (--baseline) can run
+OLD_KERNEL_KINDS = (
+    "plain",
+    "top_p",
+    "top_k",
+    "top_k+top_p",
+    "top_k1000",
+)  # what an earlier sample.py (--baseline) can run
 
 
 def load_baseline(folder: str) -> Callable:

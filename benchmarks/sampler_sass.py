@@ -2,7 +2,7 @@
 needed (Triton's code generator, ptxas and cuobjdump from its NVIDIA backend):
 
     python -m benchmarks.sampler_sass                      # every MODE of the raw and processed kernels
-    python -m benchmarks.sampler_sass --modes 5,6,8,9       # the top-k path's passes
+    python -m benchmarks.sampler_sass --modes 5,6,7,8,9     # the top-k path's passes
     python -m benchmarks.sampler_sass --modes 1,7 --sass $OUT/sass   # some modes; SASS text per variant kept
 
 Each variant is compiled as a real launch at Llama-3's vocabulary specialises it (pointers and the row stride,
@@ -65,7 +65,7 @@ def compile_variant(constexprs: dict, logits: str = "*bf16", num_warps: int = 4)
 
 def main() -> int:
     ap = parser(__doc__)
-    ap.add_argument("--modes", default="0,1,2,3,4,5,6,8,9")
+    ap.add_argument("--modes", default="0,1,2,3,4,5,6,7,8,9")
     ap.add_argument("--sass", default=None, help="folder to write each variant's SASS into")
     args = ap.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
@@ -73,7 +73,7 @@ def main() -> int:
     for process, bits in ((0, 16), (1, 32)):
         for mode in ints(args.modes):
             for packed in (False, True) if mode in (1, 9) else (False,):
-                kc = 2048 if mode in (5, 6, 8, 9) else 1  # (the top-k path's candidate buffer: CANDIDATES)
+                kc = 2048 if mode in (5, 6, 7, 8, 9) else 1  # (the top-k path's candidate buffer: CANDIDATES)
                 ks = max(1, kc // 8)
                 consts = dict(
                     MODE=mode, WITH_MIN_P=True, PROCESS=process, WITH_COUNTS=process > 0, KEY_BITS=bits, CHUNK=8192,

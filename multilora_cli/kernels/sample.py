@@ -22,9 +22,10 @@ Two paths. Full (top-p or min-p without top-k, or a k above TOPK_PATH_MAX): the 
 are the tokens whose top 16 key bits are >= the 16-bit radix prefix of the k-th largest key (the top-k-kept
 tokens plus the few tied with the k-th in those bits), found without a count level per 4 bits
 (kernels/sample_topk.py): the chunk max of those 16 bits, per chunk the counts of 16 log2 bins of the distance
-to the row's max, one pass appending the keys of the smallest window of bins that holds k to a per-row buffer,
-then one program per row finds the prefix on that buffer, compacts the candidates and does the exact top-k,
-top-p, min-p and the draw on them: 3 passes over the row and a row program, no weight histogram, no max pass.
+to the row's max (for a row where those bins are too coarse, a gated pass counting 256 sub-bins of the last
+one), one pass appending the keys of the smallest window of bins that holds k to a per-row buffer, then one
+program per row finds the prefix on that buffer, compacts the candidates and does the exact top-k, top-p, min-p
+and the draw on them: 3 passes over the row and a row program, no weight histogram, no max pass.
 Processed rows (logit_bias, penalties, bans: kernels/penalties.py) pass a ProcessPlan, and no fp32 [rows, V]
 processed copy is written and read back: every pass computes the processed logit from the model's logits, the
 row's token counts and its bias / ban entries at every load (kernels/penalties.process_block). (A first pass
@@ -44,7 +45,15 @@ import triton.language as tl
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.penalties import ProcessPlan
 from multilora_cli.kernels.sample_row import _digit, _histogram, _kept_sum, _key16, _load, _pick, _row_max
-from multilora_cli.kernels.sample_topk import _distance_hist, _draw_row, _in_window, _max_key16, _window
+from multilora_cli.kernels.sample_topk import (
+    _distance_hist,
+    _draw_row,
+    _in_window,
+    _max_key16,
+    _refined,
+    _sub_hist,
+    _window,
+)
 
 LOG2E = 1.4426950408889634
 CHUNK = 8192  # logits per program: a 128k vocabulary x 256 rows is 4096 programs, 8 blocks of 1024 each
@@ -176,8 +185,10 @@ def _sample_pass(
     (top-k). 2: kept weight per digit at LEVEL (top-p). 3: kept weight (min-p applied from here on: it cuts
     by weight alone, so the top-p passes before it see the top-k-kept mass, as in transformers). 4: the draw, by
     the chunk holding it. The top-k path (kernels/sample_topk.py): 8: the chunk's max key16 (top 16 key bits),
-    9: its distance counts, 5: its keys in the row's window appended to the row's wide buffer, 6 (one program a
-    row): the prefix, the candidates and the draw from them (_finish), or _serial for a row with more than KC.
+    9: its distance counts, 7: for a row whose window overflows the wide buffer, its sub-bin counts of the
+    window's last bin (part_p: [S, C, 256] on this path), 5: its keys in the row's window appended to the row's
+    wide buffer, 6 (one program a row): the prefix, the candidates and the draw from them (_finish), or _serial
+    for a row with more than KC.
     Processed rows: PROCESS 1 processes every load."""
     MB: tl.constexpr = min(BLOCK, 256)
     i = tl.program_id(0)
@@ -220,16 +231,24 @@ def _sample_pass(
         m16 = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=-1.0), axis=0).to(tl.int32)
         hist = _distance_hist(row, lo, hi, m16, r, P, PACKED, PROCESS, WITH_COUNTS, KEY_BITS, NINF16, BLOCK)
         tl.store(part_k_ptr + ic * 16 + tl.arange(0, 16), hist)
+    elif MODE == 7:  # a row whose bins 0..j overflow the wide buffer: its bin j's sub-bin counts (part_p)
+        j, cnt, at_j, _ = _window(part_k_ptr, C, i, top_k, CB)
+        if tl.sum(cnt, axis=0) > WIDE:  # (the other rows exit here)
+            m16 = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=-1.0), axis=0).to(tl.int32)
+            hist = tl.zeros((256,), tl.float32)
+            if tl.sum(tl.where(cs == c, at_j, 0.0), axis=0) > 0:
+                hist = _sub_hist(row, lo, hi, m16, j, r, P, PROCESS, WITH_COUNTS, KEY_BITS, NINF16, BLOCK)
+            tl.store(part_p_ptr + ic * 256 + tl.arange(0, 256), hist)
     elif MODE == 5:  # its keys in the row's window, appended to the row's wide buffer
         m16 = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=-1.0), axis=0).to(tl.int32)
-        j, cnt, _ = _window(part_k_ptr, C, i, top_k, CB)
+        d_hi, cnt, _ = _refined(part_k_ptr, part_p_ptr, C, i, top_k, WIDE, CB)
         pos = tl.sum(tl.where(cs < c, cnt, 0.0), axis=0).to(tl.int32)  # this chunk's place in the row's buffer
         if (tl.sum(cnt, axis=0) <= WIDE) & (tl.sum(tl.where(cs == c, cnt, 0.0), axis=0) > 0):
             for start in range(lo, hi, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 ok = offs < hi
                 x = _load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK)
-                keep = ok & _in_window(_key16(x, KEY_BITS), m16, j, NINF16)
+                keep = ok & _in_window(_key16(x, KEY_BITS), m16, d_hi, NINF16)
                 nk = tl.sum(keep.to(tl.int32), axis=0)
                 if nk > 0:  # (most blocks hold none of the row's window: no scan, no store)
                     at = pos + tl.cumsum(keep.to(tl.int32), axis=0) - 1  # in vocabulary order
@@ -238,9 +257,9 @@ def _sample_pass(
                 pos += nk
     elif MODE == 6:
         tok = _draw_row(
-            row, V, r, P, part_k_ptr, wval_ptr + i * WIDE, wtok_ptr + i * WIDE, cval_ptr + i * KC, ctok_ptr + i * KC,
-            C, i, inv_t, top_k, top_p, min_p, tl.load(u_ptr + i), logits_ptr.dtype.element_ty, WITH_MIN_P,
-            PROCESS, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS,
+            row, V, r, P, part_k_ptr, part_p_ptr, wval_ptr + i * WIDE, wtok_ptr + i * WIDE, cval_ptr + i * KC,
+            ctok_ptr + i * KC, C, i, inv_t, top_k, top_p, min_p, tl.load(u_ptr + i), logits_ptr.dtype.element_ty,
+            WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS,
         )  # fmt: skip
         tl.store(out_ptr + r, tok.to(tl.int64))
     else:
@@ -343,12 +362,19 @@ def sample_rows(
     top-k and weights for top-p, each program reducing the earlier levels' partial histograms itself (fixed
     order: the draw is deterministic), then the kept weight per chunk, then the draw in the chunk that holds it.
     Top-k path (every row has top_k < V, <= topk_path_max): per chunk the max of the top 16 key bits (key16),
-    then per chunk 16 counts of log2 bins of the distance to the row's max, then each chunk appends its keys in
-    the smallest window of bins that holds k to the row's wide buffer (4 x candidates) in vocabulary order, then
-    one program per row finds the 16-bit radix prefix of the k-th key on that buffer (on the whole row where the
-    window overflowed it), compacts the candidates (key16 >= prefix: every top-k-kept token, a few ties more)
-    and draws from them (exact top-k, top-p, min-p): 3 passes over the logits and a row program instead of up to
-    2 + 2 x KEY_BITS / 4 + 2. With `plan`, every pass processes the logits as it loads them.
+    then per chunk 16 counts of log2 bins of the distance to the row's max, then (a pass launched always, working
+    only for the rows whose window of bins holds more than the wide buffer: the others exit after reading their
+    counts) per chunk 256 linear sub-bin counts of the window's last bin, then each chunk appends its keys in
+    the smallest window of bins (and sub-bins) that holds k to the row's wide buffer (4 x candidates) in
+    vocabulary order, then one program per row finds the 16-bit radix prefix of the k-th key on that buffer (on
+    the whole row where even the refined window overflowed it), compacts the candidates (key16 >= prefix: every
+    top-k-kept token, a few ties more) and draws from them (exact top-k, top-p, min-p): 3 passes over the logits
+    (4 for rows whose window needed the sub-bins) and a row program instead of up to 2 + 2 x KEY_BITS / 4 + 2:
+
+        MODE 8 (row, chunk) -> MODE 9 (row, chunk) -> MODE 7 (row, chunk; gated per row) -> MODE 5 (row, chunk)
+        -> MODE 6 (row)   # 5 launches every call (CUDA-graph safe, no host sync)
+
+    With `plan`, every pass processes the logits as it loads them.
     """
     if logits.stride(-1) != 1 or logits.dim() != 2:
         raise ValueError(f"sample_rows: logits must be [N, V] with unit last stride, got {tuple(logits.shape)}")
@@ -377,19 +403,21 @@ def sample_rows(
     hist = s * c * 16 * (bits // 4)
     # the candidates first: their buffer (read in [KC] blocks) starts at the allocation, 16-byte aligned
     cand = s * kc
-    scratch = torch.empty(cand + 2 * s * c + hist * (any_top_k or topk_path) + hist * any_p, device=logits.device)
+    # part_p: the top-p levels' weights on the full path; the sub-bin counts [S, C, 256] on the top-k path
+    sub = s * c * 256 * topk_path
+    scratch = torch.empty(cand + 2 * s * c + hist * (any_top_k or topk_path) + hist * any_p + sub, device=logits.device)
     cval = scratch[:cand]
     pmax, psum = scratch[cand : cand + s * c], scratch[cand + s * c : cand + 2 * s * c]
     at = cand + 2 * s * c
     part_k = scratch[at : at + hist] if any_top_k or topk_path else scratch
-    part_p = scratch[at + hist * (any_top_k or topk_path) :] if any_p else scratch
+    part_p = scratch[at + hist * (any_top_k or topk_path) :] if any_p or topk_path else scratch
     ninf16 = _ninf16(torch.float32 if plan is not None else logits.dtype)
     ctok = torch.empty(s * kc if topk_path else 1, dtype=torch.int32, device=logits.device)
     wide = WIDE * kc if topk_path else 1
     wbuf = torch.empty(2 * s * wide, dtype=torch.int32, device=logits.device)  # per row: the window's logits, ids
     wval, wtok = wbuf[: s * wide].view(torch.float32), wbuf[s * wide :]
     if topk_path:
-        passes = [(8, 0), (9, 0), (5, 0), (6, 0)]
+        passes = [(8, 0), (9, 0), (7, 0), (5, 0), (6, 0)]
     else:
         passes = (
             [(0, 0)]

@@ -1,23 +1,32 @@
-"""The sampling kernel's top-k path (kernels/sample.py): four passes over a row instead of a radix level per 4
-key bits. Keys here are the top 16 bits of the order keys (key16; the logits' own bits for bf16 / fp16).
+"""The sampling kernel's top-k path (kernels/sample.py): four passes over a row (a fifth, flag-gated, for rows
+whose window is too wide) instead of a radix level per 4 key bits. Keys here are the top 16 bits of the order
+keys (key16; the logits' own bits for bf16 / fp16).
 
     MODE 8, per chunk:  m[c] = max key16                                          (one read, no histogram)
     MODE 9, per chunk:  hist[c, b] = #{key16 in bin b}, M = max_c m[c] (the row's), bins of the distance to M:
                           b = floor(log2(M - key16 + 2)) - 1, at most 14, for key16 > NINF16 (above -inf's);
                           b = 15 for key16 == NINF16; keys below it (negative NaNs) in none
-    MODE 5, per chunk:  j = the smallest bin <= 14 with #{bins 0..j} >= k (14 if none): the window
-                          key16 > NINF16 and M - key16 + 2 < 2^(j + 2) holds at least k keys where the row has
-                          k above -inf, and at most the keys up to twice the k-th's distance to the top;
-                          its keys appended to the row's wide buffer (WIDE entries) in vocabulary order
+                        j = the smallest bin <= 14 with #{bins 0..j} >= k (14 if none): bins 0..j hold at least
+                          k keys where the row has k above -inf
+    MODE 7, per chunk:  only for a row whose bins 0..j hold more than WIDE keys (the others read their counts
+                          and exit): sub[c, s] = #{keys of bin j in sub-bin s}, 256 linear sub-bins of bin j's
+                          distances (one key16 each up to j = 7, 2^(j-7) above); the window becomes bins 0..j-1
+                          plus sub-bins 0..s of bin j, s the smallest with >= k keys in it (`_refined`)
+    MODE 5, per chunk:  the window's keys (key16 > NINF16, M - key16 < its distance bound) appended to the row's
+                          wide buffer (WIDE entries) in vocabulary order, unless the window overflows it
     MODE 6, per row:    p = the largest x with #{key16 >= x} >= k (the radix search's 16-bit prefix), found on
                           the buffer; the candidates key16 >= p (> p when p is -inf's: a row with fewer than k
                           finite logits) compacted to the candidate buffer; `_finish` draws from them
 
-The candidates are those of the 4-level radix search over the row (every top-k-kept token, plus those that tie
-with the k-th in key16), in the same order: the draw is the same bits. A row whose window overflows the wide
-buffer (thousands of ties near the top) finds p with the radix levels over its whole row in the row program
-(`_row_prefix`), and a row with more than KC candidates is drawn by `_serial`, the whole definition level after
-level over its row by one program; neither happens on a usual row.
+The window is a key16 range from the top holding at least k keys, so it holds every key >= the k-th's key16 and
+the candidates are those of the 4-level radix search over the row (every top-k-kept token, plus those that tie
+with the k-th in key16), in the same order: the draw is the same bits. Bins 0..j are coarse far below the top:
+with a few tokens far above the rest (a trained model's logits, N(0, 2) plus 20 raised by 12-20), the 50th key
+lies in the bulk and bin j holds tens of thousands of keys; MODE 7 narrows it to about k. A row whose refined
+window still overflows the wide buffer (thousands of ties, or 2^(j-7) key16s a sub-bin, near the k-th) finds p
+with the radix levels over its whole row in the row program (`_row_prefix`), and a row with more than KC
+candidates is drawn by `_serial`, the whole definition level after level over its row by one program; neither
+happens on a usual row.
 """
 
 from __future__ import annotations
@@ -93,9 +102,9 @@ def _distance_hist(
 
 @triton.jit
 def _window(part_ptr, C, i, top_k, CB: tl.constexpr):
-    """The row's window from its chunks' distance counts part[i, :C, :16]: (j, [CB] fp32 keys in the window per
-    chunk, the row's count of key16 == NINF16). j: the smallest bin <= 14 whose bins 0..j hold >= top_k keys, else
-    14 (every key above -inf's)."""
+    """The row's window from its chunks' distance counts part[i, :C, :16]: (j, [CB] fp32 keys per chunk in bins
+    0..j, [CB] in bin j, the row's count of key16 == NINF16). j: the smallest bin <= 14 whose bins 0..j hold
+    >= top_k keys, else 14 (every key above -inf's)."""
     bins = tl.arange(0, 16)
     cs = tl.arange(0, CB)
     h = tl.load(part_ptr + (i * C + cs[:, None]) * 16 + bins[None, :], mask=cs[:, None] < C, other=0.0)
@@ -103,13 +112,69 @@ def _window(part_ptr, C, i, top_k, CB: tl.constexpr):
     cum = tl.cumsum(tl.where(bins < 15, tot, 0.0), axis=0)
     j = tl.min(tl.where((cum >= top_k.to(tl.float32)) & (bins < 15), bins, 14), axis=0)
     cnt = tl.sum(tl.where(bins[None, :] <= j, h, 0.0), axis=1)
-    return j, cnt, tl.sum(tl.where(bins == 15, tot, 0.0), axis=0)
+    at_j = tl.sum(tl.where(bins[None, :] == j, h, 0.0), axis=1)
+    return j, cnt, at_j, tl.sum(tl.where(bins == 15, tot, 0.0), axis=0)
 
 
 @triton.jit
-def _in_window(k16, m16, j, NINF16: tl.constexpr):
-    """Whether key16 is in bins 0..j: above -inf's and m16 - key16 + 2 < 2^(j + 2)."""
-    return (k16 > NINF16) & (m16 - k16 + 2 < (4 << j))
+def _sub_bin(d, j):
+    """Bin j's distances d = M - key16 in [2^(j+1) - 2, 2^(j+2) - 2) -> their sub-bin, int32 in [0, 256):
+    (d - 2^(j+1) + 2) >> max(j - 7, 0), one distance a sub-bin up to j = 7 (bin 14 holds 2^15 distances: 128 a
+    sub-bin)."""
+    return tl.minimum(tl.maximum(d - ((2 << j) - 2), 0) >> tl.maximum(j - 7, 0), 255)
+
+
+@triton.jit
+def _sub_hist(row, lo, hi, m16, j, r, P, PROCESS: tl.constexpr, WITH_COUNTS: tl.constexpr, KEY_BITS: tl.constexpr,
+              NINF16: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """MODE 7: [256] fp32 counts of [lo, hi)'s keys in distance bin j (above -inf's) per sub-bin (_sub_bin)."""
+    counts = tl.zeros((256,), tl.int32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < hi
+        k16 = _key16(_load(row, offs, ok, start, r, P, PROCESS, WITH_COUNTS, BLOCK), KEY_BITS)
+        d = m16 - k16
+        ok = ok & (k16 > NINF16) & (d >= (2 << j) - 2) & (d < (4 << j) - 2)
+        counts += tl.histogram(_sub_bin(d, j), 256, mask=ok)
+    return counts.to(tl.float32)
+
+
+@triton.jit
+def _refined(part_ptr, sub_ptr, C, i, top_k, WIDE: tl.constexpr, CB: tl.constexpr):
+    """The row's window, refined where bins 0..j overflow the wide buffer: (d_hi, [CB] fp32 keys per chunk in the
+    window, the row's count of key16 == NINF16). The window is key16 > NINF16 and M - key16 < d_hi. Unrefined:
+    d_hi = 2^(j+2) - 2 (bins 0..j). Refined (more than WIDE keys in bins 0..j; sub[i, :C, :256]: MODE 7's sub-bin
+    counts of bin j): bins 0..j-1 and bin j's sub-bins 0..s, s the smallest with the window holding >= top_k
+    keys; it still holds every key whose key16 is >= the k-th key's, so MODE 6's prefix is the same."""
+    j, cnt, at_j, n_ninf = _window(part_ptr, C, i, top_k, CB)
+    d_hi = (4 << j) - 2
+    if tl.sum(cnt, axis=0) > WIDE:
+        # a chunk's [256] at a time, as [16, 16] by radix digits of 255 - sub-bin: s by two _digit levels, then
+        # masked loads of sub-bins 0..s. (MODE 5 at 80 / 72 registers raw / processed, as without the
+        # refinement; a [256] cumsum took it to 88 / 96, the [C, 256] tile to 96 / 96; ptxas sm_90)
+        dig = tl.arange(0, 16)
+        at = 255 - (dig[:, None] * 16 + dig[None, :])  # [16, 16] the sub-bin of digits (hi, lo)
+        tot = tl.zeros((16, 16), tl.float32)
+        for cc in range(0, C):
+            tot += tl.load(sub_ptr + (i * C + cc) * 256 + at)
+        below = cnt - at_j  # [CB] keys in bins 0..j-1 (integers: exact)
+        need = top_k.to(tl.float32) - tl.sum(below, axis=0)  # (> 0: bins 0..j-1 hold fewer than top_k)
+        hi_d, above = _digit(tl.sum(tot, axis=1), tl.zeros((), tl.int32), tl.zeros((), tl.float32), need)
+        d, _ = _digit(tl.sum(tl.where(dig[:, None] == hi_d, tot, 0.0), axis=0), hi_d, above, need)
+        s = 255 - d  # the smallest sub-bin with #{sub-bins 0..s} >= need (255: bin j holds fewer)
+        cs = tl.arange(0, CB)
+        cnt = below
+        sb = tl.arange(0, 256)
+        for cc in range(0, C):  # (masked loads: the sub-bins 0..s only)
+            cnt += tl.where(cs == cc, tl.sum(tl.load(sub_ptr + (i * C + cc) * 256 + sb, mask=sb <= s, other=0.0)), 0.0)
+        d_hi = tl.minimum((2 << j) - 2 + ((s + 1) << tl.maximum(j - 7, 0)), d_hi)  # (s = 255: all of bin j)
+    return d_hi, cnt, n_ninf
+
+
+@triton.jit
+def _in_window(k16, m16, d_hi, NINF16: tl.constexpr):
+    """Whether key16 is in the window of distance bound d_hi (_refined): above -inf's and m16 - key16 < d_hi."""
+    return (k16 > NINF16) & (m16 - k16 < d_hi)
 
 
 @triton.jit
@@ -199,6 +264,7 @@ def _draw_row(
     r,
     P,
     part,
+    sub,
     wval,
     wtok,
     cval,
@@ -224,10 +290,11 @@ def _draw_row(
     TS: tl.constexpr,
 ):
     """MODE 6, one program for row i: the prefix p, the candidates compacted into cval / ctok[:KC] (this row's),
-    the draw (module docstring). part / wval / wtok: the row's distance counts and wide buffer. DT: the logits'
+    the draw (module docstring). part / sub / wval / wtok: the row's distance counts, sub-bin counts and wide
+    buffer. DT: the logits'
     dtype (the buffered keys' own). Its loops take 256 logits at a time: at BLOCK (1024) the processed row
     program spilled (ptxas, sm_90, Triton 3.6)."""
-    _, cnt, n_ninf = _window(part, C, i, top_k, CB)
+    _, cnt, n_ninf = _refined(part, sub, C, i, top_k, WIDE, CB)
     n_w = tl.sum(cnt, axis=0)
     if (n_w <= WIDE) & (n_w + n_ninf >= top_k.to(tl.float32)):
         p = tl.full((), NINF16, tl.int32)  # fewer than k above -inf's, at least k with them: p is -inf's
