@@ -117,18 +117,20 @@ def run(
     hash_ms: float | None = None,
     step_ms: float = 0.0,
     run_ahead: bool = False,
+    hash_at_start: bool = False,
 ) -> dict:
     """One row. `warm`: the slots start as bench_e2e's warm-up leaves them (its min(slots, 2 x seats) other
     adapters loaded, then evicted: `SlotManager.evict_idle`); `preloads`: `Scheduler.preload` after each schedule,
     as the engine does on CUDA; `hash_ms`: prefix-cache identities hashed by workers (`AdapterIdentities`);
     `step_ms`: the "GPU" step's time, slept (untimed) after each schedule, so background work has the time it has
-    in a real run; `run_ahead`: `Scheduler.schedule_ahead` after each launch, as the engine on a GPU (a step
+    in a real run; `hash_at_start`: the identities are queued and hashed before the run, as the engine queues them
+    at its start (`AdapterIdentities.start_all`); `run_ahead`: `Scheduler.schedule_ahead` after each launch, as the engine on a GPU (a step
     planned ahead hides the host time before it; the others' is `exposed`)."""
     with FrozenHeap().during(), GcClock() as clock:
-        return _run(row, trace, requests, warm, preloads, hash_ms, step_ms, run_ahead, clock)
+        return _run(row, trace, requests, warm, preloads, hash_ms, step_ms, run_ahead, hash_at_start, clock)
 
 
-def _run(row, trace, requests, warm, preloads, hash_ms, step_ms, run_ahead, clock) -> dict:
+def _run(row, trace, requests, warm, preloads, hash_ms, step_ms, run_ahead, hash_at_start, clock) -> dict:
     n_ad, dist, max_loras = ROWS[row]
     work = Workload(num_adapters=n_ad, distribution=dist, max_loras=max_loras, num_requests=requests)
     sched, stop = make_engine(work, base_only=n_ad == 0)
@@ -143,6 +145,11 @@ def _run(row, trace, requests, warm, preloads, hash_ms, step_ms, run_ahead, cloc
         idents = AdapterIdentities(
             {a: Path(a) for a in work.adapter_names}, threads=identity_threads(2), hash_fn=slow_hash(hash_ms)
         )
+        if hash_at_start:  # as Engine.__init__: every hash queued at start, done within its seconds of start-up
+            idents.start_all(work.adapter_names)
+            for a in work.adapter_names:
+                AdapterIdentities.resolve(idents.start(a))  # (the last ones on this thread: start-up time)
+            idents.caller_hashes, idents.caller_seconds = 0, 0.0  # the run's own count
     feed = iter([make_seq(i, a, work.prompt_len, work.output_len) for i, a in enumerate(work.assignment())])
     t_sched = t_post = t_feed = t_exposed = 0.0
     steps = done = exposed = 0
@@ -213,6 +220,9 @@ def main() -> int:
     ap.add_argument("--warm", action="store_true", help="slots start full of idle warm-up adapters (bench_e2e)")
     ap.add_argument("--preloads", type=int, default=0, help="Scheduler.preload per step (the engine: 2 on CUDA)")
     ap.add_argument("--hash-ms", type=float, default=None, help="identity hashes of this many ms (workers)")
+    ap.add_argument(
+        "--hash-at-start", action="store_true", help="with --hash-ms: hashed before the run, as the engine's start does"
+    )
     ap.add_argument("--run-ahead", action="store_true", help="plan decode steps ahead, as the engine on a GPU")
     ap.add_argument("--step-ms", type=float, default=0.0, help="sleep this long per step (the GPU step, untimed)")
     ap.add_argument("--profile", action="store_true", help="cProfile one more run of each row (top 25, tottime)")
@@ -229,6 +239,7 @@ def main() -> int:
             hash_ms=args.hash_ms,
             step_ms=args.step_ms,
             run_ahead=args.run_ahead,
+            hash_at_start=args.hash_at_start,
         )
         run(row, trace, **kw)  # warm-up, and the trace (timing never changes a decision)
         digest = hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16]

@@ -156,8 +156,17 @@ class Admission:
             return  # the cache is short: admitting now would only preempt again
         if self.num_seats >= self.max_num_seqs or plan.budget <= 0:
             return  # no seat or token budget: skip the ordering work (steady decode with a queue)
-        oldest = w.oldest()
-        if oldest.adapter is not None and self._admissions - oldest.enqueued_at > self.defer_limit:
+        # (`w.floor` <= every waiting sequence's enqueued_at: within the limit, no queue head can be past it)
+        oldest = None
+        if self._admissions - w.floor > self.defer_limit:
+            oldest = w.oldest()
+            if self._admissions - oldest.enqueued_at <= self.defer_limit:
+                w.refresh_floor()  # the bound was stale: made exact, later admissions skip the walk again
+        if (
+            oldest is not None
+            and oldest.adapter is not None
+            and self._admissions - oldest.enqueued_at > self.defer_limit
+        ):
             # deferred too long: its queue goes first. Once it is in, the others fill the seats left (draining
             # them too would idle seats while slots are free); while it has no slot, drain: only its adapter and
             # base (which needs no slot) may start, so the next slot that frees is its

@@ -62,6 +62,9 @@ class ReadPlan:
     mag_spans: tuple[tuple[int, int, int], ...] = ()
     mag_dtype: torch.dtype | None = None
     zeros: tuple[tuple[int, int], ...] = ()  # element ranges [begin, end) no span fills (left-out experts)
+    # `plan.layout(dtype)`, made once here (at start) rather than per read: ~70 tuples an adapter that the host
+    # cache kept, the GC's young work and its older generations' (1,000 adapters: ~70k of them; issue 38)
+    layout: tuple = ()
 
     @property
     def nbytes(self) -> int:
@@ -126,7 +129,9 @@ def plan_read(
         if spec.b_rows is not None:  # a fused module's slice: its rows of the magnitude vector
             begin, end = begin + spec.b_rows[0] * mdtype.itemsize, begin + spec.b_rows[1] * mdtype.itemsize
         mspans.append((begin, end, off * mdtype.itemsize))
-    return ReadPlan(scan, plan, tuple(sorted(spans)), fdtype, dtype, scan.ident, tuple(mspans), mdtype, zeros)
+    return ReadPlan(
+        scan, plan, tuple(sorted(spans)), fdtype, dtype, scan.ident, tuple(mspans), mdtype, zeros, plan.layout(dtype)
+    )
 
 
 def _expert_spans(tf, specs: dict, plan: PackPlan, isz: int):
@@ -209,7 +214,7 @@ def read_packed(
         if block is not None:
             arena.release(block)
         raise
-    packed = packed_adapter(rp.scan, flat, rp.plan, block, arena)
+    packed = packed_adapter(rp.scan, flat, rp.plan, block, arena, layout=rp.layout)
     packed.magnitudes = magnitudes
     packed.vocab = vocab
     return packed

@@ -87,6 +87,12 @@ class Engine:
         self.default_sampling: dict = dict(gen.sampling)
         eos = [*self.model_config.eos_token_ids, *gen.eos_token_ids, *self.tokenizer.eos_token_ids]
         self.eos_token_ids = list(dict.fromkeys(eos))
+        # adapter -> its prefix-cache identity (`_prefix_id`), hashed on workers (identities.py): all of them
+        # queued now, so they are hashed while the model loads and compiles, not at the first admissions (issue
+        # 38: 69 hashes of ~10 ms on the step loop at 1,000 adapters); the admissions' order goes first after
+        self.identities = AdapterIdentities(self.adapters, threads=identity_threads(config.prefetch_threads))
+        if config.prefix_cache:
+            self.identities.start_all(self.adapters)
         self.runner = ModelRunner(
             config,
             self.model_config,
@@ -133,8 +139,6 @@ class Engine:
         )
         self._next_seq_id = 0
         self._token_texts: list[str] | None = None  # token id -> its text, for logprobs (_token_text)
-        # adapter -> its prefix-cache identity (`_prefix_id`), hashed on workers in admission order (identities.py)
-        self.identities = AdapterIdentities(self.adapters, threads=identity_threads(config.prefetch_threads))
         self._samples: dict[int, list[Sequence]] = {}  # request key -> its finished samples (n > 1), until all are
         self.schedule_seconds = 0.0  # host time in Scheduler.schedule + postprocess (slot installs included)
         # the rest of the step loop's host time, so a bench can split its time outside steps (issue 38)

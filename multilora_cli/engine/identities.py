@@ -13,7 +13,9 @@ admission.LoadPicker), so with 1,000 adapters of a request or two the next admis
 of others and were hashed on the step loop (`get` takes back a queued one rather than wait for the queue). The
 scheduler therefore moves the next admissions' hashes to the front of the queue each time that order changes
 (`hurry`, the same list its adapter reads are prefetched in), so they are hashed a wave ahead, as the reads are.
-`caller_hashes` / `caller_seconds` count what was still hashed on the caller's thread.
+The engine queues every adapter's hash when it starts (`start_all`), so they are hashed while the model loads,
+kernels compile and the host arena is page-locked, not at the first wave's admissions. `caller_hashes` /
+`caller_seconds` count what was still hashed on the caller's thread.
 """
 
 from __future__ import annotations
@@ -118,6 +120,17 @@ class AdapterIdentities:
                 t.start()
             self._cv.notify()
         return got
+
+    def start_all(self, names: Iterable[str]) -> None:
+        """Queue the hash of each of `names` not known yet, in that order (the engine's start: with 1,000
+        adapters, the first wave of admissions needs ~230 identities at once, and those the workers had not
+        reached were hashed on the step loop, ~10 ms each on a GPU host). Without workers: nothing (each is
+        hashed at its first request, as before)."""
+        if self._threads <= 0:
+            return
+        for name in names:
+            if name not in self._known:
+                self.start(name)
 
     def hurry(self, pending: Iterable[PendingIdentity]) -> None:
         """Hash these next, in this order (the next admissions' adapters), before the rest of the queue."""

@@ -238,9 +238,11 @@ class PackedModules(Mapping):
         return key in self._plan.where
 
 
-def packed_adapter(src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, arena) -> PackedAdapter:
+def packed_adapter(
+    src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, arena, layout: tuple | None = None
+) -> PackedAdapter:
     """The PackedAdapter over `flat` (filled per `plan`), with `src`'s metadata; `block` goes back to `arena`
-    when it dies."""
+    when it dies. `layout`: `plan.layout(flat.dtype)` when the caller has it already (a `ReadPlan`'s)."""
     packed = PackedAdapter(
         name=src.name,
         path=src.path,
@@ -256,7 +258,7 @@ def packed_adapter(src: LoraAdapter, flat: torch.Tensor, plan: PackPlan, block, 
         vocab=src.vocab if isinstance(src, LoraAdapter) else None,  # a scan's: direct_read reads them after
         flat=flat,
         groups=plan.groups,
-        layout=plan.layout(flat.dtype),
+        layout=layout if layout is not None else plan.layout(flat.dtype),
         plan=plan,
         block=block,
     )

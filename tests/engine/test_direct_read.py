@@ -186,6 +186,8 @@ def test_a_read_plan_is_reused_until_the_file_changes(ckpts, tmp_path):
     first = read_packed(path, "e", cfg, torch.bfloat16, arena, planned=rp)
     want = pack_adapter(load_adapter(path, "e", cfg), pin=False, dtype=torch.bfloat16)
     assert torch.equal(first.flat, want.flat)
+    # the plan's layout, made once at planning (not ~70 tuples per read kept by the host cache), is the packer's
+    assert first.layout is rp.layout and first.layout == want.layout
     f = path / "adapter_model.safetensors"  # rewritten: new values, and a new rank 8 -> rank 4 layout
     sd = {k: (t[:4] if "lora_A" in k else t[:, :4]).mul(3).contiguous() for k, t in load_file(f).items()}
     save_file(sd, f)
@@ -193,7 +195,7 @@ def test_a_read_plan_is_reused_until_the_file_changes(ckpts, tmp_path):
     cfgj.write_text(cfgj.read_text().replace('"r": 8', '"r": 4'))
     again = read_packed(path, "e", cfg, torch.bfloat16, arena, planned=rp)  # the stale plan is not used
     want = pack_adapter(load_adapter(path, "e", cfg), pin=False, dtype=torch.bfloat16)
-    assert again.max_rank == 4 and torch.equal(again.flat, want.flat)
+    assert again.max_rank == 4 and torch.equal(again.flat, want.flat) and again.layout == want.layout != rp.layout
 
 
 def test_a_plan_from_preflights_scan_is_the_same_and_a_change_after_the_scan_is_caught(ckpts, tmp_path):

@@ -223,6 +223,30 @@ def test_starving_adapter_gets_a_slot_within_defer_limit():
     assert late > order.index(1)
 
 
+def test_waiting_floor_bounds_every_waiting_sequence():
+    """`WaitingQueues.floor` (admission skips its walk of the queue heads while nothing can be past defer_limit):
+    never above a waiting sequence's enqueued_at, pushes (a preempted one at the front too) lower it, pops leave
+    it, and `refresh_floor` makes it exact."""
+    from multilora_cli.engine.waiting import WaitingQueues
+
+    for block in (None, 4):
+        w = WaitingQueues(prefix_block=block)
+        seqs = [make_seq(i, "AB"[i % 2], 4, max_tokens=2) for i in range(6)]
+        for i, s in enumerate(seqs):
+            s.enqueued_at = 10 + i
+            w.push(s)
+        assert w.floor == 10
+        w.pop("A")
+        w.pop("B")
+        assert w.floor == 10 and min(s.enqueued_at for a in ("A", "B") for s in w._q[a]) == 12
+        w.refresh_floor()
+        assert w.floor == 12
+        back = make_seq(9, "B", 4, max_tokens=2)
+        back.enqueued_at = 3  # a preempted sequence keeps an older count
+        w.push(back, front=True)
+        assert w.floor == 3 and w.oldest() is back
+
+
 def test_schedule_twice_without_postprocess_is_an_error():
     sim = Sim(cfg(), num_blocks=20)
     sim.sched.add(make_seq(0, None, 4, max_tokens=2))

@@ -94,3 +94,34 @@ def test_closed_identities_still_resolve_on_the_caller(tmp_path):
     ids.close()
     pending = ids.start("a")
     assert ids.resolve(pending) == f"lora:{adapter_identity(a)}"
+
+
+def test_start_all_queues_every_hash_in_order_and_admissions_find_them(tmp_path):
+    """The engine queues every adapter's hash at its start (issue 38): in the order given, once each, none on the
+    caller's thread; a later `start` gets the same identity."""
+    import threading
+
+    gate, started = threading.Event(), threading.Event()
+    names = ["busy", "a", "b", "c"]
+    ids = AdapterIdentities({n: tmp_path / n for n in names}, threads=1, hash_fn=_gated(gate, started))
+    try:
+        ids.start_all(names)
+        assert started.wait(30)
+        assert ids.queued() == ["a", "b", "c"]
+        ids.start_all(["c", "a"])  # known already: not queued twice
+        assert ids.queued() == ["a", "b", "c"]
+        gate.set()
+        assert [ids.resolve(ids.start(n)) for n in names] == [f"lora:{n}" for n in names]
+        assert ids.caller_hashes == 0
+    finally:
+        gate.set()
+        ids.close()
+
+
+def test_start_all_without_threads_hashes_nothing(tmp_path):
+    calls = []
+    ids = AdapterIdentities({"a": tmp_path / "a"}, threads=0, hash_fn=lambda p: calls.append(p) or "lora:a")
+    ids.start_all(["a"])
+    assert calls == []
+    assert ids.start("a") == "lora:a" and len(calls) == 1
+    ids.close()
