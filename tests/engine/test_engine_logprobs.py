@@ -134,7 +134,17 @@ def test_preemption_keeps_one_entry_per_token(setup, tmp_path):
     engine, _ = setup
     cfg = engine.config
     small = Engine(
-        EngineConfig(model=cfg.model, device="cpu", max_loras=4, max_lora_rank=16, num_kv_blocks=8, block_size=4),
+        EngineConfig(
+            model=cfg.model,
+            device="cpu",
+            max_loras=4,
+            max_lora_rank=16,
+            num_kv_blocks=8,
+            block_size=4,
+            # reads on the step loop's thread: which rows run together (so whether the cache overflows)
+            # must not depend on read timing
+            prefetch_threads=0,
+        ),
         engine.adapters,
     )
     try:

@@ -84,7 +84,15 @@ def test_preemption_rebuilds_the_token_history(llama):
     ps = prompts(len(mixed), seed=9)
     roomy = engine(llama)
     want = outcome(roomy.generate_all(requests(ps, mixed, max_tokens=20)))
-    tight = engine(llama, block_size=4, num_kv_blocks=18, max_num_seqs=4)
+    tight = engine(
+        llama,
+        block_size=4,
+        num_kv_blocks=18,
+        max_num_seqs=4,
+        # reads on the step loop's thread: which rows run together (so whether the cache overflows)
+        # must not depend on read timing
+        prefetch_threads=0,
+    )
     got = outcome(tight.generate_all(requests(ps, mixed, max_tokens=20)))
     assert got == want
     assert tight.stats.preemptions > 0 and roomy.stats.preemptions == 0

@@ -143,7 +143,15 @@ def test_preemption_in_a_cache_smaller_than_one_sequence(mistral):
     base, adapters = mistral
     prompts = _prompts(4, 30, 38, seed=6)
     plan = PLAN[:4]
-    engine = _engine(base, adapters, num_kv_blocks=12, max_num_seqs=4)
+    engine = _engine(
+        base,
+        adapters,
+        num_kv_blocks=12,
+        max_num_seqs=4,
+        # reads on the step loop's thread: which rows run together (so whether the cache overflows)
+        # must not depend on read timing
+        prefetch_threads=0,
+    )
     assert engine.max_model_len == 512  # max_position_embeddings: not capped by the cache's 48 tokens
     got = engine.generate_all(_requests(prompts, plan, 40))
     assert [r.error for r in got] == [None] * 4

@@ -181,7 +181,15 @@ def test_n_samples_each_follow_the_grammar_and_sample_zero_is_n1(demo):
 def test_run_ahead_and_preemption_change_no_output(demo):
     reqs = constrained_requests()
     want = [(r.token_ids, r.finish_reason) for r in engine(demo, run_ahead=False).generate_all(reqs)]
-    tight = engine(demo, block_size=4, num_kv_blocks=40, max_num_seqs=8)
+    tight = engine(
+        demo,
+        block_size=4,
+        num_kv_blocks=40,
+        max_num_seqs=8,
+        # reads on the step loop's thread: which rows run together (so whether the cache overflows)
+        # must not depend on read timing
+        prefetch_threads=0,
+    )
     got = [(r.token_ids, r.finish_reason) for r in tight.generate_all(reqs)]
     assert tight.stats.preemptions > 0
     assert got == want

@@ -154,7 +154,9 @@ def test_eviction_and_preemption_under_a_small_kv_cache(llama):
     the cache off, and as a roomy run."""
     base, adapters = llama
     prompts, plan = shared_file()
-    on, off, eng = run_both(base, adapters, lambda: requests(prompts, plan), num_kv_blocks=12, max_num_seqs=4)
+    on, off, eng = run_both(
+        base, adapters, lambda: requests(prompts, plan), num_kv_blocks=12, max_num_seqs=4, prefetch_threads=0
+    )
     roomy = engine(base, adapters, True).generate_all(requests(prompts, plan))
     assert [r.token_ids for r in on] == [r.token_ids for r in off] == [r.token_ids for r in roomy]
     assert eng.block_manager.cache.num_evicted > 0
