@@ -8,7 +8,8 @@ optional per-row expert-LoRA epilogue (the expand added before the SiLU-and-mul 
         act[p, n] = silu(g) * u
         lora: part[tile(n), p, :r] = round(act[p, n in tile]) @ dn_a[s, e, :r, n in tile]^T   fp32 [n_tiles, T*K, R]
     down (silu=False):    src = act, w = down [E, H, I], out = y [T*K, H] in x's dtype
-        sd = round(sum over tiles of part[., p, :r] (tile order) * dn_scale[s, :r])  (the down shrink, in x's dtype)
+        sd = round(sum over tiles of part[., p, :r] * dn_scale[s, :r])  (the down shrink, in x's dtype; one fixed
+             reduction order over the tiles, so a row's sum depends on its own partials only)
         y[p, n] = (act[p] @ w[e, n]^T (+ sd @ dn_b[s, e, n, :r]^T)) * (weight: rw[p])
 
 Why per row: a block holds one expert's pairs of many adapters (a decode step of 256 tokens and 16 adapters has
@@ -59,7 +60,7 @@ def _expert_gemm_kernel(
     stride_src, stride_we, stride_wn, stride_out,
     stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_a2_slot, stride_a2_exp, stride_a2_row, stride_part,
     GATHER: tl.constexpr, SILU: tl.constexpr, WEIGHT: tl.constexpr, LORA: tl.constexpr, RC: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+    NPB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """out[p, n-tile] = src[row(p)] @ w[e, n-tile]^T; SILU: silu(that) * (src @ w[e, INTER + n-tile]^T);
     WEIGHT: times rw[p]. row(p) = p // top_k (GATHER: x by token) or p (act by pair). LORA: the module docstring."""
@@ -109,10 +110,13 @@ def _expert_gemm_kernel(
                 up = b_row[:, None, None] + (n + INTER)[None, None, :] * stride_bn + c[None, :, None]
                 bu = tl.load(up, mask=m3, other=0.0)
                 acc_u += tl.sum(su.to(tl.float32)[:, :, None] * bu.to(tl.float32), axis=1)
-            else:  # the down shrink: its partials summed in tile order, scaled, rounded as the reference rounds
-                sd = tl.zeros((BM, RC), dtype=tl.float32)
-                for t in range(0, n_parts):
-                    sd += tl.load(part_ptr + t * stride_part + pair[:, None] * R + c[None, :], mask=cm, other=0.0)
+            else:  # the down shrink: its partials summed (one load of all tiles' partials), scaled, rounded as
+                # the reference rounds. One wide load, not n_parts dependent ones: a loop of small loads runs
+                # one L2 round trip after another in each of the down GEMM's programs (no pipelining outside dots)
+                t = tl.arange(0, NPB)
+                pm = (t < n_parts)[:, None, None] & cm[None, :, :]  # [NPB, BM, RC]
+                pp = part_ptr + t[:, None, None] * stride_part + pair[None, :, None] * R + c[None, None, :]
+                sd = tl.sum(tl.load(pp, mask=pm, other=0.0), axis=0)  # [BM, RC] fp32, a fixed reduction order
                 sd = sd * tl.load(sh_ptr + s64[:, None] * stride_sh + c[None, :], mask=cm, other=0.0)
                 sd = sd.to(out_dt).to(tl.float32)
                 bt = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
@@ -157,5 +161,6 @@ def expert_gemm(
         w.shape[2], n_out, inter, top_k, tiles, *lo[6:8],
         src.stride(0), w.stride(0), w.stride(1), out.stride(0), *lo[8:],
         GATHER=gather, SILU=silu, WEIGHT=weight, LORA=lora is not None, RC=max(1, 64 // al.block_m),
+        NPB=triton.next_power_of_2(max(1, lo[7])),
         BM=al.block_m, BN=BN, BK=BK, DOT_PREC=prec,
     )  # fmt: skip
