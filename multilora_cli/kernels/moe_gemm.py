@@ -8,8 +8,8 @@ optional per-row expert-LoRA epilogue (the expand added before the SiLU-and-mul 
         act[p, n] = silu(g) * u
         lora: part[tile(n), p, :r] = round(act[p, n in tile]) @ dn_a[s, e, :r, n in tile]^T   fp32 [n_tiles, T*K, R]
     down (silu=False):    src = act, w = down [E, H, I], out = y [T*K, H] in x's dtype
-        sd = round(sum over tiles of part[., p, :r] * dn_scale[s, :r])  (the down shrink, in x's dtype; one fixed
-             reduction order over the tiles, so a row's sum depends on its own partials only)
+        sd = round(sum over tiles of part[., p, :r] * dn_scale[s, :r])  (the down shrink, in x's dtype; in tile
+             order, or dots: one fixed reduction order; either way a row's sum depends on its own partials only)
         y[p, n] = (act[p] @ w[e, n]^T (+ sd @ dn_b[s, e, n, :r]^T)) * (weight: rw[p])
 
 Why per row: a block holds one expert's pairs of many adapters (a decode step of 256 tokens and 16 adapters has
@@ -119,7 +119,7 @@ def _expert_gemm_kernel(
             else:
                 acc = _down_rows(
                     acc, s, r, pair, n, n_ok, n_parts, sh_ptr, b_row, part_ptr, stride_sh, stride_bn, stride_part, R,
-                    out_ptr, RC, NPB,
+                    out_ptr, RC,
                 )  # fmt: skip
     if SILU:
         acc = acc * tl.sigmoid(acc) * acc_u
@@ -164,20 +164,18 @@ def _gate_up_rows(acc, acc_u, r, pair, n, n_ok, sh_ptr, b_row, stride_sh, stride
 @triton.jit
 def _down_rows(
     acc, s, r, pair, n, n_ok, n_parts, sh_ptr, b_row, part_ptr, stride_sh, stride_bn, stride_part, R,
-    out_ptr, RC: tl.constexpr, NPB: tl.constexpr,
+    out_ptr, RC: tl.constexpr,
 ):  # fmt: skip
-    """Each row's down expand: the down shrink's partials summed (all tiles' partials in one load: a loop of
-    small loads runs one L2 round trip after another, no pipelining outside dots), scaled, rounded as the
-    reference rounds, times its own adapter's B rows, fp32 FMAs."""
+    """Each row's down expand: the down shrink's partials summed in tile order, scaled, rounded as the reference
+    rounds, times its own adapter's B rows, fp32 FMAs."""
     s64 = tl.maximum(s, 0).to(tl.int64)
     for c0 in range(0, tl.max(r, 0), RC):
         c = c0 + tl.arange(0, RC)
         cm = c[None, :] < r[:, None]
         m3 = cm[:, :, None] & n_ok[None, None, :]
-        t = tl.arange(0, NPB)
-        pm = (t < n_parts)[:, None, None] & cm[None, :, :]  # [NPB, BM, RC]
-        pp = part_ptr + t[:, None, None] * stride_part + pair[None, :, None] * R + c[None, None, :]
-        sd = tl.sum(tl.load(pp, mask=pm, other=0.0), axis=0)  # [BM, RC] fp32, a fixed reduction order
+        sd = tl.zeros(cm.shape, dtype=tl.float32)
+        for t in range(0, n_parts):
+            sd += tl.load(part_ptr + t * stride_part + pair[:, None] * R + c[None, :], mask=cm, other=0.0)
         sd = sd * tl.load(sh_ptr + s64[:, None] * stride_sh + c[None, :], mask=cm, other=0.0)
         sd = sd.to(out_ptr.dtype.element_ty).to(tl.float32)
         bt = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
