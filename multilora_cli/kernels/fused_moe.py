@@ -28,6 +28,8 @@ Two ways to run the LoRA terms, the same numbers up to rounding order (`row_lora
     reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py): each row
     adds its own adapter's expand before the SiLU-and-mul and before the routing weight, and the gate_up GEMM
     leaves the down shrink's partials per output tile. 6 Triton launches vs the base's 5.
+  row_lora with dots=True: the same launches, the epilogues as one tensor-core dot per distinct adapter of a block
+    (kernels/moe_dots.py; not the default until measured against both others at every step size).
   grouped (prefill-sized steps, where many rows share an (expert, adapter) and tensor-core dots over a block pay):
     a second alignment by (expert, slot), h = x @ gate_up^T stored, shrink, expand + SiLU-and-mul, down GEMM,
     shrink, expand + weight in place (kernels/moe_lora.py): 12 Triton launches.
@@ -71,8 +73,10 @@ def fused_moe(
     lora: ExpertLoraWeights | None = None,
     block_m: int | None = None,
     row_lora: bool | None = None,
+    dots: bool = False,
 ) -> torch.Tensor:
-    """See the module docstring. Returns out [T, H] in x's dtype. row_lora: None = by the step's pair count."""
+    """See the module docstring. Returns out [T, H] in x's dtype. row_lora: None = by the step's pair count;
+    dots: the row path's epilogues as per-adapter dots."""
     T, K = experts.shape
     E, two_i, H = gate_up.shape
     inter = two_i // 2
@@ -111,10 +115,10 @@ def fused_moe(
         )
         part = torch.empty(triton.cdiv(inter, BN), P, R, dtype=torch.float32, device=x.device)
         act = new(P, inter)
-        lo = RowLora(slot, lora.rank, sg, lora.gu_b, lora.dn_a, part, R)
+        lo = RowLora(slot, lora.rank, sg, lora.gu_b, lora.dn_a, part, R, dots)
         gemm(x, gate_up, by_e, rw, act, K, inter, inter, gather=True, silu=True, weight=False, lora=lo)
         y = new(P, H)
-        lo = RowLora(slot, lora.rank, lora.dn_scale, lora.dn_b, None, part, R)
+        lo = RowLora(slot, lora.rank, lora.dn_scale, lora.dn_b, None, part, R, dots)
         gemm(act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=True, lora=lo)
         return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
     by_es = align_pairs(experts, slot, E, lora.max_loras, bm)

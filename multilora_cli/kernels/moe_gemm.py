@@ -8,7 +8,8 @@ optional per-row expert-LoRA epilogue (the expand added before the SiLU-and-mul 
         act[p, n] = silu(g) * u
         lora: part[tile(n), p, :r] = round(act[p, n in tile]) @ dn_a[s, e, :r, n in tile]^T   fp32 [n_tiles, T*K, R]
     down (silu=False):    src = act, w = down [E, H, I], out = y [T*K, H] in x's dtype
-        sd = round(sum over tiles of part[., p, :r] (tile order) * dn_scale[s, :r])  (the down shrink, in x's dtype)
+        sd = round(sum over tiles of part[., p, :r] * dn_scale[s, :r])  (the down shrink, in x's dtype; in tile
+             order, or dots: one fixed reduction order; either way a row's sum depends on its own partials only)
         y[p, n] = (act[p] @ w[e, n]^T (+ sd @ dn_b[s, e, n, :r]^T)) * (weight: rw[p])
 
 Why per row: a block holds one expert's pairs of many adapters (a decode step of 256 tokens and 16 adapters has
@@ -31,8 +32,10 @@ import torch
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.checks import rank_bucket
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.moe_align import MoeAlign
+from multilora_cli.kernels.moe_dots import down_dots, gate_up_dots, part_dots, tiles_per_load
 
 BN, BK = 64, 64
 
@@ -49,6 +52,7 @@ class RowLora:
     a2: torch.Tensor | None
     part: torch.Tensor  # [n_parts, T*K, R] float32
     max_rank: int  # R
+    dots: bool = False  # the epilogue as one tensor-core dot per distinct adapter of a block (kernels/moe_dots.py)
 
 
 @triton.jit
@@ -59,7 +63,8 @@ def _expert_gemm_kernel(
     stride_src, stride_we, stride_wn, stride_out,
     stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_a2_slot, stride_a2_exp, stride_a2_row, stride_part,
     GATHER: tl.constexpr, SILU: tl.constexpr, WEIGHT: tl.constexpr, LORA: tl.constexpr, RC: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+    NPB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
+    DOTS: tl.constexpr, RB: tl.constexpr, TP: tl.constexpr,
 ):  # fmt: skip
     """out[p, n-tile] = src[row(p)] @ w[e, n-tile]^T; SILU: silu(that) * (src @ w[e, INTER + n-tile]^T);
     WEIGHT: times rw[p]. row(p) = p // top_k (GATHER: x by token) or p (act by pair). LORA: the module docstring."""
@@ -93,48 +98,102 @@ def _expert_gemm_kernel(
     if LORA:
         s = tl.load(slot_ptr + pair // top_k, mask=ok, other=-1)
         r = tl.load(rank_ptr + tl.maximum(s, 0), mask=ok & (s >= 0), other=0)  # [BM]; 0: base row or empty slot
-        r_max = tl.max(r, 0)  # the block's largest rank: rank columns past it are never touched
-        s64 = tl.maximum(s, 0).to(tl.int64)
-        b_row = b_ptr + s64 * stride_b_slot + e.to(tl.int64) * stride_b_exp  # [BM] this row's adapter's B of e
-        out_dt = out_ptr.dtype.element_ty
-        for c0 in range(0, r_max, RC):
-            c = c0 + tl.arange(0, RC)
-            cm = c[None, :] < r[:, None]  # [BM, RC]
-            m3 = cm[:, :, None] & n_ok[None, None, :]  # [BM, RC, BN]
-            if SILU:  # sg: gate ranks 0..r, up ranks R..R+r; gu_b: gate rows then up rows, each over 0..r
-                sg = tl.load(sh_ptr + pair[:, None] * stride_sh + c[None, :], mask=cm, other=0.0).to(tl.float32)
-                su = tl.load(sh_ptr + pair[:, None] * stride_sh + (R + c)[None, :], mask=cm, other=0.0)
-                bg = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
-                acc += tl.sum(sg[:, :, None] * bg.to(tl.float32), axis=1)
-                up = b_row[:, None, None] + (n + INTER)[None, None, :] * stride_bn + c[None, :, None]
-                bu = tl.load(up, mask=m3, other=0.0)
-                acc_u += tl.sum(su.to(tl.float32)[:, :, None] * bu.to(tl.float32), axis=1)
-            else:  # the down shrink: its partials summed in tile order, scaled, rounded as the reference rounds
-                sd = tl.zeros((BM, RC), dtype=tl.float32)
-                for t in range(0, n_parts):
-                    sd += tl.load(part_ptr + t * stride_part + pair[:, None] * R + c[None, :], mask=cm, other=0.0)
-                sd = sd * tl.load(sh_ptr + s64[:, None] * stride_sh + c[None, :], mask=cm, other=0.0)
-                sd = sd.to(out_dt).to(tl.float32)
-                bt = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
-                acc += tl.sum(sd[:, :, None] * bt.to(tl.float32), axis=1)
+        live = r > 0
+        if DOTS:
+            if SILU:
+                acc, acc_u = gate_up_dots(
+                    acc, acc_u, s, live, pair, e, n, n_ok, sh_ptr, b_ptr, rank_ptr,
+                    stride_sh, stride_b_slot, stride_b_exp, stride_bn, R, INTER, RB, DOT_PREC,
+                )  # fmt: skip
+            else:
+                acc = down_dots(
+                    acc, s, live, r, pair, e, n, n_ok, n_parts, sh_ptr, b_ptr, rank_ptr, part_ptr,
+                    stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_part, R, RB, NPB, TP, BM, DOT_PREC,
+                )  # fmt: skip
+        else:
+            b_row = b_ptr + tl.maximum(s, 0).to(tl.int64) * stride_b_slot + e.to(tl.int64) * stride_b_exp  # [BM]
+            if SILU:
+                acc, acc_u = _gate_up_rows(
+                    acc, acc_u, r, pair, n, n_ok, sh_ptr, b_row, stride_sh, stride_bn, R, INTER, RC
+                )
+            else:
+                acc = _down_rows(
+                    acc, s, r, pair, n, n_ok, n_parts, sh_ptr, b_row, part_ptr, stride_sh, stride_bn, stride_part, R,
+                    out_ptr, RC,
+                )  # fmt: skip
     if SILU:
         acc = acc * tl.sigmoid(acc) * acc_u
         if LORA:  # the down shrink's partial over this tile's columns of act (as stored: rounded)
-            act = acc.to(out_dt).to(tl.float32)
-            a_row = a2_ptr + s64 * stride_a2_slot + e.to(tl.int64) * stride_a2_exp
-            for c0 in range(0, r_max, RC):
-                c = c0 + tl.arange(0, RC)
-                cm = c[None, :] < r[:, None]
-                m3 = cm[:, :, None] & n_ok[None, None, :]
-                at = tl.load(
-                    a_row[:, None, None] + c[None, :, None] * stride_a2_row + n[None, None, :], mask=m3, other=0.0
-                )  # [BM, RC, BN]: dn_a rows are contiguous over I
-                part = tl.sum(act[:, None, :] * at.to(tl.float32), axis=2)
-                tl.store(part_ptr + tile * stride_part + pair[:, None] * R + c[None, :], part, mask=ok[:, None] & cm)
+            act = acc.to(out_ptr.dtype.element_ty)
+            if DOTS:
+                part_dots(
+                    act, s, live, r, pair, e, n, n_ok, tile, a2_ptr, rank_ptr, part_ptr,
+                    stride_a2_slot, stride_a2_exp, stride_a2_row, stride_part, R, RB, BM, DOT_PREC,
+                )  # fmt: skip
+            else:
+                a_row = a2_ptr + tl.maximum(s, 0).to(tl.int64) * stride_a2_slot + e.to(tl.int64) * stride_a2_exp
+                _part_rows(
+                    act.to(tl.float32), r, ok, pair, n, n_ok, tile, a_row, part_ptr, stride_a2_row, stride_part, R, RC
+                )
     if WEIGHT:
         acc = acc * tl.load(rw_ptr + pair, mask=ok, other=0.0).to(tl.float32)[:, None]
     out = out_ptr + pair[:, None].to(tl.int64) * stride_out + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _gate_up_rows(acc, acc_u, r, pair, n, n_ok, sh_ptr, b_row, stride_sh, stride_bn, R, INTER, RC: tl.constexpr):
+    """Each row's gate / up expand from its own adapter's B rows (b_row [BM]: gu_b[s, e]), fp32 FMAs, RC rank
+    columns at a time up to the block's largest rank. sg: gate ranks 0..r, up ranks R..R+r; gu_b: gate rows then
+    up rows, each over 0..r."""
+    for c0 in range(0, tl.max(r, 0), RC):
+        c = c0 + tl.arange(0, RC)
+        cm = c[None, :] < r[:, None]  # [BM, RC]
+        m3 = cm[:, :, None] & n_ok[None, None, :]  # [BM, RC, BN]
+        sg = tl.load(sh_ptr + pair[:, None] * stride_sh + c[None, :], mask=cm, other=0.0).to(tl.float32)
+        su = tl.load(sh_ptr + pair[:, None] * stride_sh + (R + c)[None, :], mask=cm, other=0.0)
+        bg = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
+        acc += tl.sum(sg[:, :, None] * bg.to(tl.float32), axis=1)
+        bu = tl.load(
+            b_row[:, None, None] + (n + INTER)[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0
+        )
+        acc_u += tl.sum(su.to(tl.float32)[:, :, None] * bu.to(tl.float32), axis=1)
+    return acc, acc_u
+
+
+@triton.jit
+def _down_rows(
+    acc, s, r, pair, n, n_ok, n_parts, sh_ptr, b_row, part_ptr, stride_sh, stride_bn, stride_part, R,
+    out_ptr, RC: tl.constexpr,
+):  # fmt: skip
+    """Each row's down expand: the down shrink's partials summed in tile order, scaled, rounded as the reference
+    rounds, times its own adapter's B rows, fp32 FMAs."""
+    s64 = tl.maximum(s, 0).to(tl.int64)
+    for c0 in range(0, tl.max(r, 0), RC):
+        c = c0 + tl.arange(0, RC)
+        cm = c[None, :] < r[:, None]
+        m3 = cm[:, :, None] & n_ok[None, None, :]
+        sd = tl.zeros(cm.shape, dtype=tl.float32)
+        for t in range(0, n_parts):
+            sd += tl.load(part_ptr + t * stride_part + pair[:, None] * R + c[None, :], mask=cm, other=0.0)
+        sd = sd * tl.load(sh_ptr + s64[:, None] * stride_sh + c[None, :], mask=cm, other=0.0)
+        sd = sd.to(out_ptr.dtype.element_ty).to(tl.float32)
+        bt = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
+        acc += tl.sum(sd[:, :, None] * bt.to(tl.float32), axis=1)
+    return acc
+
+
+@triton.jit
+def _part_rows(act, r, ok, pair, n, n_ok, tile, a_row, part_ptr, stride_a2_row, stride_part, R, RC: tl.constexpr):
+    """part[tile, p, :r] = act[p, n-tile] @ dn_a[s, e, :r, n-tile]^T per row (act fp32 of the stored values;
+    a_row [BM]: dn_a[s, e], rows contiguous over I)."""
+    for c0 in range(0, tl.max(r, 0), RC):
+        c = c0 + tl.arange(0, RC)
+        cm = c[None, :] < r[:, None]
+        m3 = cm[:, :, None] & n_ok[None, None, :]
+        at = tl.load(a_row[:, None, None] + c[None, :, None] * stride_a2_row + n[None, None, :], mask=m3, other=0.0)
+        part = tl.sum(act[:, None, :] * at.to(tl.float32), axis=2)
+        tl.store(part_ptr + tile * stride_part + pair[:, None] * R + c[None, :], part, mask=ok[:, None] & cm)
 
 
 def expert_gemm(
@@ -152,10 +211,12 @@ def expert_gemm(
             lora.sh.stride(0), lora.b.stride(0), lora.b.stride(1), lora.b.stride(2),
             a2.stride(0), a2.stride(1), a2.stride(2), lora.part.stride(0),
         )  # fmt: skip
+    dots = lora is not None and lora.dots
+    rb, npb = rank_bucket(max(1, lo[6])), triton.next_power_of_2(max(1, lo[7]))
     launch(
         _expert_gemm_kernel, (al.num_blocks * tiles,), src, w, al.sorted_pair, al.block_expert, rw, out, *lo[:6],
         w.shape[2], n_out, inter, top_k, tiles, *lo[6:8],
         src.stride(0), w.stride(0), w.stride(1), out.stride(0), *lo[8:],
         GATHER=gather, SILU=silu, WEIGHT=weight, LORA=lora is not None, RC=max(1, 64 // al.block_m),
-        BM=al.block_m, BN=BN, BK=BK, DOT_PREC=prec,
+        NPB=npb, BM=al.block_m, BN=BN, BK=BK, DOT_PREC=prec, DOTS=dots, RB=rb, TP=tiles_per_load(al.block_m, rb, npb),
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """`kernels/fused_moe.py` on a real GPU: bf16 at Qwen3-30B-A3B expert shapes vs moe_reference in fp32, fp32 exact,
-CUDA-graph capture + replay with another routing and adapter mix, and no host sync, through both LoRA paths
-(per-row epilogues and grouped launches; skipped without CUDA)."""
+CUDA-graph capture + replay with another routing and adapter mix, and no host sync, through the three LoRA paths
+(per-row FMA or per-adapter dot epilogues, and grouped launches; skipped without CUDA)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ pytestmark = pytest.mark.gpu
 H, INTER, E, K = 2048, 768, 128, 8  # Qwen3-30B-A3B
 L, R = 8, 16
 RANKS = (16, 8, 0, 4, 16, 16, 12, 16)
+PATHS = {"rows": dict(row_lora=True), "dots": dict(row_lora=True, dots=True), "grouped": dict(row_lora=False)}
 
 
 def _case(T, pattern, dtype, seed=0, h=H, inter=INTER, e=E, k=K):
@@ -53,38 +54,38 @@ def test_bf16_qwen3_30b_shapes(pattern, T):
     assert _rel(want, want_base) > 0.1  # the LoRA changed the output beyond the tolerance
 
 
-@pytest.mark.parametrize("row_lora", [True, False])
-@pytest.mark.parametrize("T", [64, 300])
-def test_bf16_both_lora_paths(row_lora, T):
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("T", [64, 300, 4096])
+def test_bf16_both_lora_paths(path, T):
     """The per-row epilogues (decode-sized steps) and the grouped launches (prefill-sized) at the same shapes."""
     x, w, idx, gu, dn, slot, lora = _case(T, "uniform", torch.bfloat16, seed=T + 7)
-    got = fused_moe(x, w, idx, gu, dn, slot, lora, row_lora=row_lora)
+    got = fused_moe(x, w, idx, gu, dn, slot, lora, **PATHS[path])
     want = moe_reference(x.float(), w, idx, gu.float(), dn.float(), slot, _fp32(lora))
     assert _rel(got, want) < 2e-2
 
 
-@pytest.mark.parametrize("row_lora", [True, False])
-def test_fp32_equals_reference(row_lora):
+@pytest.mark.parametrize("path", PATHS)
+def test_fp32_equals_reference(path):
     x, w, idx, gu, dn, slot, lora = _case(77, "uniform", torch.float32, seed=1, h=256, inter=192, e=16, k=4)
-    got = fused_moe(x, w, idx, gu, dn, slot, lora, row_lora=row_lora)
+    got = fused_moe(x, w, idx, gu, dn, slot, lora, **PATHS[path])
     torch.testing.assert_close(got, moe_reference(x, w, idx, gu, dn, slot, lora), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("row_lora", [True, False])
-def test_cuda_graph_replays_another_routing_and_adapter_mix(row_lora):
+@pytest.mark.parametrize("path", PATHS)
+def test_cuda_graph_replays_another_routing_and_adapter_mix(path):
     T = 64
     x, w, idx, gu, dn, slot, lora = _case(T, "uniform", torch.bfloat16, seed=2)
     x2, w2, idx2, _, _, slot2, _ = _case(T, "one", torch.bfloat16, seed=3)
-    fused_moe(x, w, idx, gu, dn, slot, lora, row_lora=row_lora)  # compile outside the capture
+    fused_moe(x, w, idx, gu, dn, slot, lora, **PATHS[path])  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):  # any host sync inside raises here
-        out = fused_moe(x, w, idx, gu, dn, slot, lora, row_lora=row_lora)
+        out = fused_moe(x, w, idx, gu, dn, slot, lora, **PATHS[path])
     for src, dst in ((x2, x), (w2, w), (idx2, idx), (slot2, slot)):
         dst.copy_(src)
     graph.replay()
     torch.cuda.synchronize()
-    want = fused_moe(x2, w2, idx2, gu, dn, slot2, lora, row_lora=row_lora)
+    want = fused_moe(x2, w2, idx2, gu, dn, slot2, lora, **PATHS[path])
     assert torch.equal(out, want)
 
 

@@ -1,7 +1,7 @@
 """`kernels/fused_moe.py` equals `kernels/moe_reference.py` (under TRITON_INTERPRET=1 on CPU: fp32 and fp16, the
 interpreter's bf16 tl.dot is garbage), over routing patterns, T=1, base-only and mixed adapter slots with ranks
-differing per slot (one empty), by both LoRA paths (per-row epilogues in the base GEMMs, and grouped launches) and
-adapter popularity patterns; the alignment metadata holds every pair once; a row's result is its own."""
+differing per slot (one empty), by the three LoRA paths (per-row FMA or per-adapter dot epilogues in the base
+GEMMs, and grouped launches) and adapter popularity patterns; the alignment metadata holds every pair once; a row's result is its own."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ pytestmark = needs_interpreter
 
 H, INTER, E, K, L, R = 32, 48, 6, 2, 4, 8  # INTER < BN and H < BK: masked tiles
 RANKS = (8, 3, 0, 5)  # slot 2 stays empty (rank 0)
+# the three ways to run the LoRA terms: per-row FMA epilogues, per-adapter dot epilogues, grouped launches
+PATHS = {"rows": dict(row_lora=True), "dots": dict(row_lora=True, dots=True), "grouped": dict(row_lora=False)}
 
 
 def _inputs(T, pattern, dtype, seed=0):
@@ -51,10 +53,10 @@ def _reference(x, weights, experts, gate_up, down, slot, lora):
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
 @pytest.mark.parametrize("pattern", ["one", "uniform", "sparse"])
 @pytest.mark.parametrize("T", [1, 7, 20])
-@pytest.mark.parametrize("row_lora", [True, False])
-def test_fused_equals_reference_with_mixed_slots(dtype, tol, pattern, T, row_lora):
+@pytest.mark.parametrize("path", PATHS)
+def test_fused_equals_reference_with_mixed_slots(dtype, tol, pattern, T, path):
     x, weights, experts, gate_up, down, slot, lora = _inputs(T, pattern, dtype)
-    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
+    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, **PATHS[path])
     want = _reference(x, weights, experts, gate_up, down, slot, lora)
     assert got.dtype == dtype
     _close(got, want, tol)
@@ -78,11 +80,11 @@ def _popular(kind: str, T: int, g: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
 @pytest.mark.parametrize("popularity", ["one", "distinct", "base_heavy"])
-@pytest.mark.parametrize("row_lora", [True, False])
-def test_fused_by_adapter_popularity(dtype, tol, popularity, row_lora):
+@pytest.mark.parametrize("path", PATHS)
+def test_fused_by_adapter_popularity(dtype, tol, popularity, path):
     x, weights, experts, gate_up, down, _, lora = _inputs(20, "uniform", dtype, seed=11)
     slot = _popular(popularity, 20, torch.Generator().manual_seed(12))
-    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
+    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, **PATHS[path])
     want = _reference(x, weights, experts, gate_up, down, slot, lora)
     _close(got, want, tol)
     base = _reference(x, weights, experts, gate_up, down, None, None)
@@ -95,9 +97,26 @@ def test_fused_by_adapter_popularity(dtype, tol, popularity, row_lora):
 def test_both_lora_paths_agree_in_fp32():
     """The per-row epilogues and the grouped launches: one computation, summed in other orders."""
     x, weights, experts, gate_up, down, slot, lora = _inputs(20, "uniform", torch.float32, seed=13)
-    a = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=True)
-    b = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=False)
+    a, b, c = (fused_moe(x, weights, experts, gate_up, down, slot, lora, **kw) for kw in PATHS.values())
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
+@pytest.mark.parametrize("path", PATHS)
+def test_several_output_tiles_and_k_steps(dtype, tol, path):
+    """INTER and H past BN and BK (the shapes above fit one tile): the row path's down shrink is summed from the
+    partials of 3 gate_up output tiles (the last one masked), and every GEMM loops over 2-3 K steps."""
+    g = torch.Generator().manual_seed(21)
+    h, inter, rank = 80, 144, 16
+    x = torch.randn(9, h, generator=g).to(dtype)
+    gate_up = (torch.randn(E, 2 * inter, h, generator=g) * 0.1).to(dtype)
+    down = (torch.randn(E, h, inter, generator=g) * 0.1).to(dtype)
+    weights, experts = routing("uniform", 9, E, K, g)
+    slot = torch.tensor([0, 1, 3, -1, 0, 3, 1, 0, 3])
+    lora = expert_lora(L, rank, E, h, inter, (16, 5, 0, 11), g, dtype, "cpu", amp=0.3)
+    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, **PATHS[path])
+    _close(got, _reference(x, weights, experts, gate_up, down, slot, lora), tol)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
@@ -124,33 +143,33 @@ def test_fused_base_only(dtype, tol):
     _close(got, _reference(x, weights, experts, gate_up, down, None, None), tol)
 
 
-@pytest.mark.parametrize("row_lora", [True, False])
-def test_fused_qwen_weights_in_model_dtype_and_block_64(row_lora):
+@pytest.mark.parametrize("path", PATHS)
+def test_fused_qwen_weights_in_model_dtype_and_block_64(path):
     """Qwen's routing weights come in the model's dtype; a 64-row block (the prefill size) covers the same."""
     x, weights, experts, gate_up, down, slot, lora = _inputs(12, "uniform", torch.float16, seed=4)
     w16 = weights.to(torch.float16)
-    got = fused_moe(x, w16, experts, gate_up, down, slot, lora, block_m=64, row_lora=row_lora)
+    got = fused_moe(x, w16, experts, gate_up, down, slot, lora, block_m=64, **PATHS[path])
     want = _reference(x, w16.float(), experts, gate_up, down, slot, lora)
     _close(got, want, 2e-2)
 
 
-@pytest.mark.parametrize("row_lora", [True, False])
-def test_a_row_is_its_own(row_lora):
+@pytest.mark.parametrize("path", PATHS)
+def test_a_row_is_its_own(path):
     """Batch invariance: each row computed with 19 neighbours equals that row computed alone, bit for bit."""
     x, weights, experts, gate_up, down, slot, lora = _inputs(20, "uniform", torch.float32, seed=5)
-    full = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
+    full = fused_moe(x, weights, experts, gate_up, down, slot, lora, **PATHS[path])
     for t in (0, 7, 19):
         one = (x[t : t + 1], weights[t : t + 1], experts[t : t + 1], gate_up, down, slot[t : t + 1], lora)
-        alone = fused_moe(*one, row_lora=row_lora)
+        alone = fused_moe(*one, **PATHS[path])
         assert torch.equal(alone[0], full[t])
 
 
-@pytest.mark.parametrize("row_lora", [True, False])
-def test_eviction_gives_the_base_rows_back(row_lora):
+@pytest.mark.parametrize("path", PATHS)
+def test_eviction_gives_the_base_rows_back(path):
     x, weights, experts, gate_up, down, _, lora = _inputs(6, "uniform", torch.float32, seed=6)
     slot = torch.zeros(6, dtype=torch.int64)
     lora.clear_slot(0)
-    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
+    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, **PATHS[path])
     torch.testing.assert_close(got, fused_moe(x, weights, experts, gate_up, down), atol=0, rtol=0)
 
 
@@ -193,15 +212,15 @@ def test_align_by_expert_alone():
     assert int((al.block_expert >= 0).sum()) == sum(-(-int((experts == e).sum()) // 16) for e in range(E))
 
 
-@pytest.mark.parametrize("row_lora, aligns, shrinks, expands", [(True, 1, 1, 0), (False, 2, 2, 2)])
-def test_dry_run_records_every_launch(row_lora, aligns, shrinks, expands):
+@pytest.mark.parametrize("path, aligns, shrinks, expands", [("rows", 1, 1, 0), ("dots", 1, 1, 0), ("grouped", 2, 2, 2)])
+def test_dry_run_records_every_launch(path, aligns, shrinks, expands):
     """engine/precompile.py dry-runs forwards under launch.collect(): every kernel of the call is recorded (so it is
     compiled before the first step), and the torch ops around them need no kernel output."""
     from multilora_cli.kernels.launch import collect
 
     x, weights, experts, gate_up, down, slot, lora = _inputs(5, "uniform", torch.float32, seed=9)
     with collect() as calls:
-        fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=row_lora)
+        fused_moe(x, weights, experts, gate_up, down, slot, lora, **PATHS[path])
     names = [c[0].fn.__name__ for c in calls]
     assert names.count("_count_kernel") == names.count("_place_kernel") == aligns  # by expert (, by (expert, slot))
     assert names.count("_expert_gemm_kernel") == 2 and names.count("_lora_expand_kernel") == expands
