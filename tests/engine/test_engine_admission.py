@@ -138,10 +138,11 @@ def test_identity_hashes_are_hurried_into_the_prefetch_order(tmp_path):
 
     from multilora_cli.engine.identities import AdapterIdentities
 
-    gate = threading.Event()
+    gate, busy = threading.Event(), threading.Event()
     hashed: list[str] = []
 
     def hash_fn(path):
+        busy.set()
         assert gate.wait(30)
         hashed.append(path.name)
         return f"lora:{path.name}"
@@ -158,8 +159,11 @@ def test_identity_hashes_are_hurried_into_the_prefetch_order(tmp_path):
             s.prefix_id = ids.start(s.adapter)
             sched.add(s)
         order = sched.upcoming_adapters(sim.slots.read_ahead)  # what the first schedule() prefetches
-        assert order[:4] != names[:4]
-        pending = [a for a in order if a != names[0]]  # (the one worker may hold a0's hash already)
+        assert order != names[: len(order)]
+        # the one worker holds a0's hash (the first queued) until the gate opens, so the queue stays as hurried:
+        # unwaited, a worker that had not taken a0 yet took the head of the hurried queue instead
+        assert busy.wait(30)
+        pending = [a for a in order if a != names[0]]
         sched._hurry_identities(order)
         assert ids.queued()[: len(pending)] == pending
         gate.set()

@@ -197,7 +197,9 @@ def test_run_ahead_changes_no_output(llama, monkeypatch):
     base, adapters = llama
     prompts = _prompts(12, seed=6)
     plan = (PLAN + PLAN)[:12]
-    cfg = EngineConfig(model=str(base), device="cpu", max_loras=4, max_lora_rank=16, max_num_seqs=6)
+    # reads on the step loop's thread: whether a step is launched ahead (and a result handed out while one is in
+    # flight) depends on which rows run together, which with background reads depends on read timing
+    cfg = EngineConfig(model=str(base), device="cpu", max_loras=4, max_lora_rank=16, max_num_seqs=6, prefetch_threads=0)
     free = Engine(replace(cfg, run_ahead=False), adapters).generate_all(
         [  # each prompt's greedy text, to pick stop strings from
             Request(

@@ -35,16 +35,40 @@ def test_without_threads_the_identity_is_hashed_inline(tmp_path):
     ids.close()
 
 
-def _gated(gate, started):
-    """A hash stand-in that holds the worker which takes "busy" until `gate` is set."""
+def _gated(gate, started, hashed=None):
+    """A hash stand-in that holds the worker which takes "busy" until `gate` is set; `hashed` (a `Hashed`) records
+    what was hashed, in order."""
 
     def hash_fn(path):
         if path.name == "busy":
             started.set()
             gate.wait(30)
+        if hashed is not None:
+            hashed.add(path.name)
         return f"lora:{path.name}"
 
     return hash_fn
+
+
+class Hashed:
+    """The names hashed so far, in order; `wait_for(n)` blocks until n were. A test that counts the caller's
+    hashes waits for the worker to finish its queue first: resolving a name the worker has not reached yet
+    takes it back and hashes it on the caller (by design), so without the wait the count depends on thread timing."""
+
+    def __init__(self):
+        import threading
+
+        self.names: list[str] = []
+        self._cv = threading.Condition()
+
+    def add(self, name: str) -> None:
+        with self._cv:
+            self.names.append(name)
+            self._cv.notify_all()
+
+    def wait_for(self, n: int) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: len(self.names) >= n, 30)
 
 
 def test_an_identity_still_queued_is_hashed_at_once_by_the_admission(tmp_path):
@@ -71,9 +95,9 @@ def test_hurry_puts_the_next_admissions_hashes_first(tmp_path):
     """Fed in request order, hashed in the order the scheduler will admit them (issue 38: 1,000 adapters)."""
     import threading
 
-    gate, started = threading.Event(), threading.Event()
+    gate, started, hashed = threading.Event(), threading.Event(), Hashed()
     names = ["busy", "a", "b", "c", "d"]
-    ids = AdapterIdentities({n: tmp_path / n for n in names}, threads=1, hash_fn=_gated(gate, started))
+    ids = AdapterIdentities({n: tmp_path / n for n in names}, threads=1, hash_fn=_gated(gate, started, hashed))
     try:
         got = {n: ids.start(n) for n in names}
         assert started.wait(30)
@@ -81,6 +105,8 @@ def test_hurry_puts_the_next_admissions_hashes_first(tmp_path):
         PendingIdentity.hurry([got["d"], got["b"]])
         assert ids.queued() == ["d", "b", "a", "c"]
         gate.set()
+        assert hashed.wait_for(len(names))  # the worker's whole queue (see `Hashed`)
+        assert hashed.names == ["busy", "d", "b", "a", "c"]  # in the hurried order
         assert [ids.resolve(got[n]) for n in names] == [f"lora:{n}" for n in names]
         assert ids.caller_hashes == 0
     finally:
@@ -101,9 +127,9 @@ def test_start_all_queues_every_hash_in_order_and_admissions_find_them(tmp_path)
     caller's thread; a later `start` gets the same identity."""
     import threading
 
-    gate, started = threading.Event(), threading.Event()
+    gate, started, hashed = threading.Event(), threading.Event(), Hashed()
     names = ["busy", "a", "b", "c"]
-    ids = AdapterIdentities({n: tmp_path / n for n in names}, threads=1, hash_fn=_gated(gate, started))
+    ids = AdapterIdentities({n: tmp_path / n for n in names}, threads=1, hash_fn=_gated(gate, started, hashed))
     try:
         ids.start_all(names)
         assert started.wait(30)
@@ -111,6 +137,7 @@ def test_start_all_queues_every_hash_in_order_and_admissions_find_them(tmp_path)
         ids.start_all(["c", "a"])  # known already: not queued twice
         assert ids.queued() == ["a", "b", "c"]
         gate.set()
+        assert hashed.wait_for(len(names)) and hashed.names == names  # the worker's whole queue, once each
         assert [ids.resolve(ids.start(n)) for n in names] == [f"lora:{n}" for n in names]
         assert ids.caller_hashes == 0
     finally:
