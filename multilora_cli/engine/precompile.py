@@ -114,7 +114,10 @@ def precompile(
             model.compute_logits(torch.zeros(1, w.shape[1], device=device, dtype=w.dtype), upcast=False), line_kinds
         )
     torch.cuda.synchronize(device)
-    return compile_all(calls), time.perf_counter() - t0
+    # MULTILORA_COMPILE_PROCESSES=N: compile in N forked children before the thread pool loads (an A/B knob
+    # until measured on a GPU host: kernels/compile_fork.py)
+    processes = int(os.environ.get("MULTILORA_COMPILE_PROCESSES", "0") or 0)
+    return compile_all(calls, processes=processes), time.perf_counter() - t0
 
 
 def _dry_prefill(model, t: int, prefix: int, max_model_len: int, block_size: int, device, lora) -> None:

@@ -170,7 +170,7 @@ def _cuda_device(call) -> torch.device | None:
     return None
 
 
-def compile_all(calls: list, threads: int | None = None, cache_dir: str | None = None) -> int:
+def compile_all(calls: list, threads: int | None = None, cache_dir: str | None = None, processes: int = 0) -> int:
     """Compile (or load from Triton's cache) every distinct variant among `calls`, in parallel; returns how
     many were submitted. Launches afterwards find them in Triton's in-memory cache, loaded onto their GPU with
     their launchers built.
@@ -180,7 +180,9 @@ def compile_all(calls: list, threads: int | None = None, cache_dir: str | None =
     a pool only contends for (an H200 host, the demo warm: 19 loads inside the steps took 0.027 s in all, the 52
     at start 9.4 s summed over 15 threads, in a 1.24 s precompile). At the first variant that is compiled rather
     than loaded (the cache lost it), the rest go to the pool. Without Triton's compile listener
-    (kernels/compile_log.py) a miss cannot be told from a load: always the pool."""
+    (kernels/compile_log.py) a miss cannot be told from a load: always the pool.
+    `processes` > 1: the variants to compile are first compiled by that many forked children
+    (kernels/compile_fork.py: their front ends do not queue for one GIL), then loaded by the pool."""
     unique = {}
     for call in calls:
         unique.setdefault(_variant(call), call)
@@ -217,6 +219,10 @@ def compile_all(calls: list, threads: int | None = None, cache_dir: str | None =
         items = items[done:]
     if items:
         n = threads or min(len(items), max(1, (os.cpu_count() or 2) - 1), 16)
+        if processes > 1 and log.supported:  # compiled in forked children first: the pool below then loads them
+            from multilora_cli.kernels.compile_fork import compile_in_children
+
+            compile_in_children(items, processes, lambda c: c[0].warmup(*c[1], grid=(1,), **c[2]))
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(warm, items))  # re-raises the first compile error
     if marker is not None:
