@@ -46,6 +46,16 @@ def test_collect_records_without_running_then_compiled_kernels_run_right():
     assert rel < 1e-2
 
 
+def _run_fresh(script: str, tmp_path: Path) -> str:
+    """`script` in a fresh Python process with an empty Triton cache under tmp_path; its stdout."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
 LAUNCHERS_BUILT_AHEAD = """
 import os, sys, torch
 from multilora_cli.kernels import add_lora, build_lora_meta
@@ -69,14 +79,7 @@ def test_compile_all_builds_launchers_so_the_first_launch_builds_nothing(tmp_pat
     """In a fresh Triton cache, compile_all leaves nothing for the first real launch to build: each kernel's
     launcher (a C module per signature, built with the host's compiler) lands in the cache during compile_all,
     not at the launch (a cold demo run built 14 of them inside its steps, one after another)."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
-    out = subprocess.run(
-        [sys.executable, "-c", LAUNCHERS_BUILT_AHEAD], env=env, cwd=root, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    before, after = map(int, out.stdout.split()[-2:])
+    before, after = map(int, _run_fresh(LAUNCHERS_BUILT_AHEAD, tmp_path).split()[-2:])
     assert before > 0 and after == before, f"cache entries {before} after compile_all, {after} after the launch"
 
 
@@ -109,13 +112,6 @@ def test_compile_all_in_forked_children_leaves_the_parent_only_loads(tmp_path):
     """processes=2 (kernels/compile_fork.py): the children compile both variants into a fresh cache without
     touching CUDA, the parent's warm-up finds them there (the same cache keys: 0 compiles, 2 loads), and the
     loaded kernels compute what the reference does."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
-    out = subprocess.run(
-        [sys.executable, "-c", COMPILED_IN_CHILDREN], env=env, cwd=root, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    compiled, loaded, rel = out.stdout.split()[-3:]
-    assert (int(compiled), int(loaded)) == (0, 2), out.stdout[-500:]
+    compiled, loaded, rel = _run_fresh(COMPILED_IN_CHILDREN, tmp_path).split()[-3:]
+    assert (int(compiled), int(loaded)) == (0, 2), (compiled, loaded)
     assert float(rel) < 1e-2
