@@ -192,11 +192,14 @@ def compile_all(calls: list, threads: int | None = None, cache_dir: str | None =
     # compiles, not the sampler's large ones started last while the other threads sit idle
     items = sorted(unique.values(), key=lambda c: -len(getattr(c[0], "src", "") or ""))
 
-    def warm(call):
+    def compile_one(call):  # compile (or load) the variant: nothing on the GPU yet
         kernel, args, kwargs = call
+        return kernel.warmup(*args, grid=(1,), **kwargs)
+
+    def warm(call):
         device = _cuda_device(call)
         with torch.cuda.device(device) if device is not None else nullcontext():
-            compiled = kernel.warmup(*args, grid=(1,), **kwargs)
+            compiled = compile_one(call)
             # A compile leaves the binary off the GPU and its launcher unbuilt until the first launch; the launcher
             # is a C module built with the host's compiler per signature. Left to the steps, a cold demo run built
             # 14 of them one after another inside generate (4.4 s of a 17.7 s run); here they build in the pool.
@@ -222,7 +225,7 @@ def compile_all(calls: list, threads: int | None = None, cache_dir: str | None =
         if processes > 1 and log.supported:  # compiled in forked children first: the pool below then loads them
             from multilora_cli.kernels.compile_fork import compile_in_children
 
-            compile_in_children(items, processes, lambda c: c[0].warmup(*c[1], grid=(1,), **c[2]))
+            compile_in_children(items, processes, compile_one)
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(warm, items))  # re-raises the first compile error
     if marker is not None:
