@@ -7,8 +7,8 @@ base, and with expert LoRA of S distinct adapters, against the bytes floor at th
 Shapes: hidden 2048, 128 experts, top-8, expert intermediate 768, bf16; T tokens spread round-robin over S
 adapters (each its own slot, rank --rank, adapting gate, up and down), every arm replayed from a CUDA graph as
 decode steps run it, interleaved (min of medians). Arms: "base" (no LoRA), "row" (expert LoRA in the base GEMMs'
-per-row FMA epilogues), "dots" (the same epilogues as one tensor-core dot per distinct adapter of a block,
-kernels/moe_dots.py) and "grouped" (expert LoRA in launches grouped by (expert, adapter)), side by side at every T;
+epilogues, one tensor-core dot per distinct adapter of a block, kernels/moe_dots.py) and "grouped" (expert LoRA
+in launches grouped by (expert, adapter)), side by side at every T;
 `default` names the one fused_moe picks at that T (row up to ROW_LORA_MAX_PAIRS pairs: the rows show whether that
 switch sits right; T = 8192 is a prefill chunk).
 The floor (benchmarks/moe_floor.py has the formulas): base = distinct experts x 3*I*H*2 B, LoRA = distinct
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         row = T * K <= ROW_LORA_MAX_PAIRS
         for S in ints(args.distinct):
             slot = (torch.arange(T, device=dev) % S).to(torch.int64)
-            arms = {"row": dict(row_lora=True), "dots": dict(row_lora=True, dots=True), "grouped": dict(row_lora=False)}
+            arms = {"row": dict(row_lora=True), "grouped": dict(row_lora=False)}
             timers = {
                 name: (lambda kw=kw: graph_time_us(lambda _: fused_moe(x, w, idx, gate_up, down, slot, lora, **kw), 1))
                 for name, kw in arms.items()
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"T={T:5d} S={S:3d} experts {acc['distinct_experts']:3d} (expert, adapter) {acc['expert_adapter_pairs']:5d}"
                 f" | base {best['base']:7.1f} us floor {floor_base:6.1f} | LoRA floor +{floor_lora:6.1f} us"
                 f" | row {best['row']:7.1f} us (+{extra['row']:6.1f}, {extra['row'] / floor_lora:.1f}x floor)"
-                f" dots {best['dots']:7.1f} us (+{extra['dots']:6.1f}) grouped {best['grouped']:7.1f} us"
+                f" grouped {best['grouped']:7.1f} us"
                 f" (+{extra['grouped']:6.1f}) default {rec['default']}"
                 f" | row/base {rec['lora_over_base']['row']:.2f} floor {rec['floor_lora_over_base']:.2f}"
                 f" | LoRA MB floor {acc['floor_lora_bytes'] / 1e6:.0f} row ~{acc['row_lora_dram_bytes'] / 1e6:.0f}"

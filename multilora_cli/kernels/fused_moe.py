@@ -25,11 +25,10 @@ compare against). Shapes (T tokens, K top-k, E experts, hidden H, expert interme
 Two ways to run the LoRA terms, the same numbers up to rounding order (`row_lora`, default: decode-sized steps):
   row_lora (T*K <= ROW_LORA_MAX_PAIRS): the base's one alignment (by expert), one shrink launch for gate and up
     (shared input x; a program per (by-expert block, distinct adapter in it): each (expert, adapter) of a block
-    reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py): each row
-    adds its own adapter's expand before the SiLU-and-mul and before the routing weight, and the gate_up GEMM
-    leaves the down shrink's partials per output tile. 6 Triton launches vs the base's 5.
-  row_lora with dots=True: the same launches, the epilogues as one tensor-core dot per distinct adapter of a block
-    (kernels/moe_dots.py; not the default until measured against both others at every step size).
+    reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py), one
+    tensor-core dot per distinct adapter of a block (kernels/moe_dots.py): each row gets its own adapter's expand
+    before the SiLU-and-mul and before the routing weight, and the gate_up GEMM leaves the down shrink's partials
+    per output tile. 6 Triton launches vs the base's 5.
   grouped (prefill-sized steps, where many rows share an (expert, adapter) and tensor-core dots over a block pay):
     a second alignment by (expert, slot), h = x @ gate_up^T stored, shrink, expand + SiLU-and-mul, down GEMM,
     shrink, expand + weight in place (kernels/moe_lora.py): 12 Triton launches.
@@ -54,7 +53,10 @@ from multilora_cli.kernels.moe_align import align_pairs
 from multilora_cli.kernels.moe_gemm import BN, RowLora, expert_gemm
 from multilora_cli.kernels.moe_lora import expand, shrink
 
-ROW_LORA_MAX_PAIRS = 4096  # = block_m_for's switch: the per-row expand gathers a row's factors per output tile
+# = block_m_for's switch. H200, Qwen3-30B-A3B shapes, 1 / 16 / 64 adapters: at 8,192 pairs the row path's dots and
+# the grouped path are within 12% either way (696 / 1,114 / 1,816 us vs 622 / 1,086 / 1,907); at 65,536 pairs (a
+# prefill chunk) grouped is 1.3-2.1x faster (its dots run over whole (expert, adapter) blocks)
+ROW_LORA_MAX_PAIRS = 4096
 
 
 def block_m_for(num_pairs: int) -> int:
@@ -73,10 +75,8 @@ def fused_moe(
     lora: ExpertLoraWeights | None = None,
     block_m: int | None = None,
     row_lora: bool | None = None,
-    dots: bool = False,
 ) -> torch.Tensor:
-    """See the module docstring. Returns out [T, H] in x's dtype. row_lora: None = by the step's pair count;
-    dots: the row path's epilogues as per-adapter dots."""
+    """See the module docstring. Returns out [T, H] in x's dtype. row_lora: None = by the step's pair count."""
     T, K = experts.shape
     E, two_i, H = gate_up.shape
     inter = two_i // 2
@@ -115,10 +115,10 @@ def fused_moe(
         )
         part = torch.empty(triton.cdiv(inter, BN), P, R, dtype=torch.float32, device=x.device)
         act = new(P, inter)
-        lo = RowLora(slot, lora.rank, sg, lora.gu_b, lora.dn_a, part, R, dots)
+        lo = RowLora(slot, lora.rank, sg, lora.gu_b, lora.dn_a, part, R)
         gemm(x, gate_up, by_e, rw, act, K, inter, inter, gather=True, silu=True, weight=False, lora=lo)
         y = new(P, H)
-        lo = RowLora(slot, lora.rank, lora.dn_scale, lora.dn_b, None, part, R, dots)
+        lo = RowLora(slot, lora.rank, lora.dn_scale, lora.dn_b, None, part, R)
         gemm(act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=True, lora=lo)
         return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
     by_es = align_pairs(experts, slot, E, lora.max_loras, bm)

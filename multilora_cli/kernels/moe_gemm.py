@@ -9,18 +9,21 @@ optional per-row expert-LoRA epilogue (the expand added before the SiLU-and-mul 
         lora: part[tile(n), p, :r] = round(act[p, n in tile]) @ dn_a[s, e, :r, n in tile]^T   fp32 [n_tiles, T*K, R]
     down (silu=False):    src = act, w = down [E, H, I], out = y [T*K, H] in x's dtype
         sd = round(sum over tiles of part[., p, :r] * dn_scale[s, :r])  (the down shrink, in x's dtype; in tile
-             order, or dots: one fixed reduction order; either way a row's sum depends on its own partials only)
+             order: a row's sum depends on its own partials only)
         y[p, n] = (act[p] @ w[e, n]^T (+ sd @ dn_b[s, e, n, :r]^T)) * (weight: rw[p])
 
-Why per row: a block holds one expert's pairs of many adapters (a decode step of 256 tokens and 16 adapters has
-~1,300 (expert, adapter) groups of ~1.6 pairs; grouping the base GEMM by them would stream each expert's weights
-once per group). So each row gathers its own adapter's factors for this program's output tile (r x BN values per
-factor: no more bytes than a grouped expand reads per pair) and the products run as fp32 FMAs, RC rank columns at a
-time, only up to the block's largest rank (rank-aware; a block without LoRA rows skips it). What that removes from
-the grouped path (kernels/moe_lora.py): the gate_up GEMM's [T*K, 2I] output written and read back, the expand
-launches, the down shrink launch, and y's read-modify-write. The down shrink's sum over I is split by the gate_up
-GEMM's output tiles (each program owns one tile of act) into fp32 partials that the down GEMM sums in a fixed
-order: no atomics, each row's numbers depend on its own inputs only (batch invariance).
+Why in the epilogue: a block holds one expert's pairs of many adapters (a decode step of 256 tokens and 16 adapters
+has ~1,300 (expert, adapter) groups of ~1.6 pairs; grouping the base GEMM by them would stream each expert's
+weights once per group). So the block adds its rows' LoRA terms to its own output tile: one tensor-core dot per
+distinct adapter of the block, over the block's rows with the other adapters' rows zeroed (kernels/moe_dots.py;
+rank-aware, a block without LoRA rows skips it). Each adapter's factor tile is read once per program. What that
+removes from the grouped path (kernels/moe_lora.py): the gate_up GEMM's [T*K, 2I] output written and read back, the
+expand launches, the down shrink launch, and y's read-modify-write. The down shrink's sum over I is split by the
+gate_up GEMM's output tiles (each program owns one tile of act) into fp32 partials that the down GEMM sums in a
+fixed order: no atomics, each row's numbers depend on its own inputs only (batch invariance).
+Per-row fp32 FMAs (each row gathering its own adapter's factors, [BM, RC, BN] at a time) were the first epilogue:
+at Qwen3-30B-A3B shapes on an H200 they cost 1.4-4.1x the dots' extra time at every step size from 1 to 8,192
+tokens (benchmarks/HISTORY.md), and at 16 rows they spilled in gate_up (255 registers) and cut the down GEMM to 2 programs an SM.
 Reference: kernels/moe_reference.py; tests compare `fused_moe` with it.
 """
 
@@ -52,7 +55,6 @@ class RowLora:
     a2: torch.Tensor | None
     part: torch.Tensor  # [n_parts, T*K, R] float32
     max_rank: int  # R
-    dots: bool = False  # the epilogue as one tensor-core dot per distinct adapter of a block (kernels/moe_dots.py)
 
 
 @triton.jit
@@ -62,9 +64,9 @@ def _expert_gemm_kernel(
     KD, N, INTER, top_k, n_tiles, R, n_parts,
     stride_src, stride_we, stride_wn, stride_out,
     stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_a2_slot, stride_a2_exp, stride_a2_row, stride_part,
-    GATHER: tl.constexpr, SILU: tl.constexpr, WEIGHT: tl.constexpr, LORA: tl.constexpr, RC: tl.constexpr,
+    GATHER: tl.constexpr, SILU: tl.constexpr, WEIGHT: tl.constexpr, LORA: tl.constexpr,
     NPB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
-    DOTS: tl.constexpr, RB: tl.constexpr, TP: tl.constexpr,
+    RB: tl.constexpr, TP: tl.constexpr,
 ):  # fmt: skip
     """out[p, n-tile] = src[row(p)] @ w[e, n-tile]^T; SILU: silu(that) * (src @ w[e, INTER + n-tile]^T);
     WEIGHT: times rw[p]. row(p) = p // top_k (GATHER: x by token) or p (act by pair). LORA: the module docstring."""
@@ -99,101 +101,28 @@ def _expert_gemm_kernel(
         s = tl.load(slot_ptr + pair // top_k, mask=ok, other=-1)
         r = tl.load(rank_ptr + tl.maximum(s, 0), mask=ok & (s >= 0), other=0)  # [BM]; 0: base row or empty slot
         live = r > 0
-        if DOTS:
-            if SILU:
-                acc, acc_u = gate_up_dots(
-                    acc, acc_u, s, live, pair, e, n, n_ok, sh_ptr, b_ptr, rank_ptr,
-                    stride_sh, stride_b_slot, stride_b_exp, stride_bn, R, INTER, RB, DOT_PREC,
-                )  # fmt: skip
-            else:
-                acc = down_dots(
-                    acc, s, live, r, pair, e, n, n_ok, n_parts, sh_ptr, b_ptr, rank_ptr, part_ptr,
-                    stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_part, R, RB, NPB, TP, BM, DOT_PREC,
-                )  # fmt: skip
+        if SILU:
+            acc, acc_u = gate_up_dots(
+                acc, acc_u, s, live, pair, e, n, n_ok, sh_ptr, b_ptr, rank_ptr,
+                stride_sh, stride_b_slot, stride_b_exp, stride_bn, R, INTER, RB, DOT_PREC,
+            )  # fmt: skip
         else:
-            b_row = b_ptr + tl.maximum(s, 0).to(tl.int64) * stride_b_slot + e.to(tl.int64) * stride_b_exp  # [BM]
-            if SILU:
-                acc, acc_u = _gate_up_rows(
-                    acc, acc_u, r, pair, n, n_ok, sh_ptr, b_row, stride_sh, stride_bn, R, INTER, RC
-                )
-            else:
-                acc = _down_rows(
-                    acc, s, r, pair, n, n_ok, n_parts, sh_ptr, b_row, part_ptr, stride_sh, stride_bn, stride_part, R,
-                    out_ptr, RC,
-                )  # fmt: skip
+            acc = down_dots(
+                acc, s, live, r, pair, e, n, n_ok, n_parts, sh_ptr, b_ptr, rank_ptr, part_ptr,
+                stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_part, R, RB, NPB, TP, BM, DOT_PREC,
+            )  # fmt: skip
     if SILU:
         acc = acc * tl.sigmoid(acc) * acc_u
         if LORA:  # the down shrink's partial over this tile's columns of act (as stored: rounded)
             act = acc.to(out_ptr.dtype.element_ty)
-            if DOTS:
-                part_dots(
-                    act, s, live, r, pair, e, n, n_ok, tile, a2_ptr, rank_ptr, part_ptr,
-                    stride_a2_slot, stride_a2_exp, stride_a2_row, stride_part, R, RB, BM, DOT_PREC,
-                )  # fmt: skip
-            else:
-                a_row = a2_ptr + tl.maximum(s, 0).to(tl.int64) * stride_a2_slot + e.to(tl.int64) * stride_a2_exp
-                _part_rows(
-                    act.to(tl.float32), r, ok, pair, n, n_ok, tile, a_row, part_ptr, stride_a2_row, stride_part, R, RC
-                )
+            part_dots(
+                act, s, live, r, pair, e, n, n_ok, tile, a2_ptr, rank_ptr, part_ptr,
+                stride_a2_slot, stride_a2_exp, stride_a2_row, stride_part, R, RB, BM, DOT_PREC,
+            )  # fmt: skip
     if WEIGHT:
         acc = acc * tl.load(rw_ptr + pair, mask=ok, other=0.0).to(tl.float32)[:, None]
     out = out_ptr + pair[:, None].to(tl.int64) * stride_out + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _gate_up_rows(acc, acc_u, r, pair, n, n_ok, sh_ptr, b_row, stride_sh, stride_bn, R, INTER, RC: tl.constexpr):
-    """Each row's gate / up expand from its own adapter's B rows (b_row [BM]: gu_b[s, e]), fp32 FMAs, RC rank
-    columns at a time up to the block's largest rank. sg: gate ranks 0..r, up ranks R..R+r; gu_b: gate rows then
-    up rows, each over 0..r."""
-    for c0 in range(0, tl.max(r, 0), RC):
-        c = c0 + tl.arange(0, RC)
-        cm = c[None, :] < r[:, None]  # [BM, RC]
-        m3 = cm[:, :, None] & n_ok[None, None, :]  # [BM, RC, BN]
-        sg = tl.load(sh_ptr + pair[:, None] * stride_sh + c[None, :], mask=cm, other=0.0).to(tl.float32)
-        su = tl.load(sh_ptr + pair[:, None] * stride_sh + (R + c)[None, :], mask=cm, other=0.0)
-        bg = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
-        acc += tl.sum(sg[:, :, None] * bg.to(tl.float32), axis=1)
-        bu = tl.load(
-            b_row[:, None, None] + (n + INTER)[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0
-        )
-        acc_u += tl.sum(su.to(tl.float32)[:, :, None] * bu.to(tl.float32), axis=1)
-    return acc, acc_u
-
-
-@triton.jit
-def _down_rows(
-    acc, s, r, pair, n, n_ok, n_parts, sh_ptr, b_row, part_ptr, stride_sh, stride_bn, stride_part, R,
-    out_ptr, RC: tl.constexpr,
-):  # fmt: skip
-    """Each row's down expand: the down shrink's partials summed in tile order, scaled, rounded as the reference
-    rounds, times its own adapter's B rows, fp32 FMAs."""
-    s64 = tl.maximum(s, 0).to(tl.int64)
-    for c0 in range(0, tl.max(r, 0), RC):
-        c = c0 + tl.arange(0, RC)
-        cm = c[None, :] < r[:, None]
-        m3 = cm[:, :, None] & n_ok[None, None, :]
-        sd = tl.zeros(cm.shape, dtype=tl.float32)
-        for t in range(0, n_parts):
-            sd += tl.load(part_ptr + t * stride_part + pair[:, None] * R + c[None, :], mask=cm, other=0.0)
-        sd = sd * tl.load(sh_ptr + s64[:, None] * stride_sh + c[None, :], mask=cm, other=0.0)
-        sd = sd.to(out_ptr.dtype.element_ty).to(tl.float32)
-        bt = tl.load(b_row[:, None, None] + n[None, None, :] * stride_bn + c[None, :, None], mask=m3, other=0.0)
-        acc += tl.sum(sd[:, :, None] * bt.to(tl.float32), axis=1)
-    return acc
-
-
-@triton.jit
-def _part_rows(act, r, ok, pair, n, n_ok, tile, a_row, part_ptr, stride_a2_row, stride_part, R, RC: tl.constexpr):
-    """part[tile, p, :r] = act[p, n-tile] @ dn_a[s, e, :r, n-tile]^T per row (act fp32 of the stored values;
-    a_row [BM]: dn_a[s, e], rows contiguous over I)."""
-    for c0 in range(0, tl.max(r, 0), RC):
-        c = c0 + tl.arange(0, RC)
-        cm = c[None, :] < r[:, None]
-        m3 = cm[:, :, None] & n_ok[None, None, :]
-        at = tl.load(a_row[:, None, None] + c[None, :, None] * stride_a2_row + n[None, None, :], mask=m3, other=0.0)
-        part = tl.sum(act[:, None, :] * at.to(tl.float32), axis=2)
-        tl.store(part_ptr + tile * stride_part + pair[:, None] * R + c[None, :], part, mask=ok[:, None] & cm)
 
 
 def expert_gemm(
@@ -211,12 +140,11 @@ def expert_gemm(
             lora.sh.stride(0), lora.b.stride(0), lora.b.stride(1), lora.b.stride(2),
             a2.stride(0), a2.stride(1), a2.stride(2), lora.part.stride(0),
         )  # fmt: skip
-    dots = lora is not None and lora.dots
     rb, npb = rank_bucket(max(1, lo[6])), triton.next_power_of_2(max(1, lo[7]))
     launch(
         _expert_gemm_kernel, (al.num_blocks * tiles,), src, w, al.sorted_pair, al.block_expert, rw, out, *lo[:6],
         w.shape[2], n_out, inter, top_k, tiles, *lo[6:8],
         src.stride(0), w.stride(0), w.stride(1), out.stride(0), *lo[8:],
-        GATHER=gather, SILU=silu, WEIGHT=weight, LORA=lora is not None, RC=max(1, 64 // al.block_m),
-        NPB=npb, BM=al.block_m, BN=BN, BK=BK, DOT_PREC=prec, DOTS=dots, RB=rb, TP=tiles_per_load(al.block_m, rb, npb),
+        GATHER=gather, SILU=silu, WEIGHT=weight, LORA=lora is not None,
+        NPB=npb, BM=al.block_m, BN=BN, BK=BK, DOT_PREC=prec, RB=rb, TP=tiles_per_load(al.block_m, rb, npb),
     )  # fmt: skip
