@@ -23,7 +23,6 @@ import torch
 
 from multilora_cli.config import LineKind
 from multilora_cli.engine.dry_sample import dry_sample
-from multilora_cli.errors import ConfigError
 from multilora_cli.kernels.blocks import token_bucket
 from multilora_cli.kernels.launch import collect, compile_all
 from multilora_cli.layers.context import StepContext, reset_context, set_context
@@ -115,18 +114,7 @@ def precompile(
             model.compute_logits(torch.zeros(1, w.shape[1], device=device, dtype=w.dtype), upcast=False), line_kinds
         )
     torch.cuda.synchronize(device)
-    return compile_all(calls, processes=compile_processes()), time.perf_counter() - t0
-
-
-def compile_processes() -> int:
-    """MULTILORA_COMPILE_PROCESSES=N: compile in N forked children before the thread pool loads (an A/B knob until
-    measured on a GPU host: kernels/compile_fork.py); unset or 0: threads only."""
-    raw = os.environ.get("MULTILORA_COMPILE_PROCESSES", "").strip()
-    if not raw.isdigit():
-        if raw:
-            raise ConfigError(f"MULTILORA_COMPILE_PROCESSES must be a whole number >= 0, got {raw!r}")
-        return 0
-    return int(raw)
+    return compile_all(calls), time.perf_counter() - t0
 
 
 def _dry_prefill(model, t: int, prefix: int, max_model_len: int, block_size: int, device, lora) -> None:

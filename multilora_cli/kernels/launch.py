@@ -170,7 +170,7 @@ def _cuda_device(call) -> torch.device | None:
     return None
 
 
-def compile_all(calls: list, threads: int | None = None, cache_dir: str | None = None, processes: int = 0) -> int:
+def compile_all(calls: list, threads: int | None = None, cache_dir: str | None = None) -> int:
     """Compile (or load from Triton's cache) every distinct variant among `calls`, in parallel; returns how
     many were submitted. Launches afterwards find them in Triton's in-memory cache, loaded onto their GPU with
     their launchers built.
@@ -180,9 +180,7 @@ def compile_all(calls: list, threads: int | None = None, cache_dir: str | None =
     a pool only contends for (an H200 host, the demo warm: 19 loads inside the steps took 0.027 s in all, the 52
     at start 9.4 s summed over 15 threads, in a 1.24 s precompile). At the first variant that is compiled rather
     than loaded (the cache lost it), the rest go to the pool. Without Triton's compile listener
-    (kernels/compile_log.py) a miss cannot be told from a load: always the pool.
-    `processes` > 1: the variants to compile are first compiled by that many forked children
-    (kernels/compile_fork.py: their front ends do not queue for one GIL), then loaded by the pool."""
+    (kernels/compile_log.py) a miss cannot be told from a load: always the pool."""
     unique = {}
     for call in calls:
         unique.setdefault(_variant(call), call)
@@ -192,14 +190,11 @@ def compile_all(calls: list, threads: int | None = None, cache_dir: str | None =
     # compiles, not the sampler's large ones started last while the other threads sit idle
     items = sorted(unique.values(), key=lambda c: -len(getattr(c[0], "src", "") or ""))
 
-    def compile_one(call):  # compile (or load) the variant: nothing on the GPU yet
-        kernel, args, kwargs = call
-        return kernel.warmup(*args, grid=(1,), **kwargs)
-
     def warm(call):
+        kernel, args, kwargs = call
         device = _cuda_device(call)
         with torch.cuda.device(device) if device is not None else nullcontext():
-            compiled = compile_one(call)
+            compiled = kernel.warmup(*args, grid=(1,), **kwargs)
             # A compile leaves the binary off the GPU and its launcher unbuilt until the first launch; the launcher
             # is a C module built with the host's compiler per signature. Left to the steps, a cold demo run built
             # 14 of them one after another inside generate (4.4 s of a 17.7 s run); here they build in the pool.
@@ -222,10 +217,6 @@ def compile_all(calls: list, threads: int | None = None, cache_dir: str | None =
         items = items[done:]
     if items:
         n = threads or min(len(items), max(1, (os.cpu_count() or 2) - 1), 16)
-        if processes > 1 and log.supported:  # compiled in forked children first: the pool below then loads them
-            from multilora_cli.kernels.compile_fork import compile_in_children
-
-            compile_in_children(items, processes, compile_one)
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(warm, items))  # re-raises the first compile error
     if marker is not None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from multilora_cli.engine.cuda_graphs import graph_batch_sizes
-from multilora_cli.engine.precompile import _prefill_inputs, compile_processes, precompile, prefill_sizes
+from multilora_cli.engine.precompile import _prefill_inputs, precompile, prefill_sizes
 from multilora_cli.kernels.blocks import expand_blocks, shrink_blocks, silu_blocks, token_bucket
 from multilora_cli.kernels.sgmv_expand import partial_sum_args
 
@@ -85,21 +85,3 @@ def test_dry_sample_records_every_sampling_pass_of_an_unknown_input():
     assert [kw.get("KB") for _, _, kw in calls if "MODE" not in kw] == [None, 1, None, 8]  # logprob rows, k 0 / 5
     # one variant per mode and path: LEVEL and the row count are not specialised on
     assert len({_variant(c) for c in calls if "MODE" in c[2]}) == 2 * (5 + 5)
-
-
-@pytest.mark.parametrize("raw, want", [(None, 0), ("", 0), ("0", 0), ("15", 15), (" 4 ", 4)])
-def test_compile_processes_from_the_environment(monkeypatch, raw, want):
-    if raw is None:
-        monkeypatch.delenv("MULTILORA_COMPILE_PROCESSES", raising=False)
-    else:
-        monkeypatch.setenv("MULTILORA_COMPILE_PROCESSES", raw)
-    assert compile_processes() == want
-
-
-@pytest.mark.parametrize("raw", ["-1", "two", "1.5"])
-def test_a_bad_compile_processes_value_is_one_clear_error(monkeypatch, raw):
-    from multilora_cli.errors import ConfigError
-
-    monkeypatch.setenv("MULTILORA_COMPILE_PROCESSES", raw)
-    with pytest.raises(ConfigError, match="MULTILORA_COMPILE_PROCESSES must be a whole number"):
-        compile_processes()

@@ -81,37 +81,3 @@ def test_compile_all_builds_launchers_so_the_first_launch_builds_nothing(tmp_pat
     not at the launch (a cold demo run built 14 of them inside its steps, one after another)."""
     before, after = map(int, _run_fresh(LAUNCHERS_BUILT_AHEAD, tmp_path).split()[-2:])
     assert before > 0 and after == before, f"cache entries {before} after compile_all, {after} after the launch"
-
-
-COMPILED_IN_CHILDREN = """
-import os, sys, torch
-from multilora_cli.kernels import add_lora, build_lora_meta
-from multilora_cli.kernels.compile_log import compile_log
-from multilora_cli.kernels.launch import collect, compile_all
-from multilora_cli.kernels.reference import add_lora_reference
-from tests.kernels.lora_cases import make_pool, token_slots
-ts = token_slots("zipf", 41, seed=4)
-w = make_pool(256, [256, 64], torch.float16, device="cuda")
-x, y = torch.randn(41, 256).half().cuda(), torch.randn(41, 320).half().cuda()
-y0 = y.clone()
-meta = build_lora_meta(ts, "cuda")
-with collect() as calls:
-    add_lora(y, x, w, meta)
-log = compile_log()
-before = log.snapshot()
-compile_all(calls, processes=2)
-got = log.since(before)
-add_lora(y, x, w, meta)
-ref = add_lora_reference(y0, x, w, torch.tensor(ts))
-rel = ((y.double() - ref).norm() / (ref - y0.double()).norm()).item()
-print(got["compiled"], got["loaded"], rel)
-"""
-
-
-def test_compile_all_in_forked_children_leaves_the_parent_only_loads(tmp_path):
-    """processes=2 (kernels/compile_fork.py): the children compile both variants into a fresh cache without
-    touching CUDA, the parent's warm-up finds them there (the same cache keys: 0 compiles, 2 loads), and the
-    loaded kernels compute what the reference does."""
-    compiled, loaded, rel = _run_fresh(COMPILED_IN_CHILDREN, tmp_path).split()[-3:]
-    assert (int(compiled), int(loaded)) == (0, 2), (compiled, loaded)
-    assert float(rel) < 1e-2
