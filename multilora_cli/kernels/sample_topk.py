@@ -33,7 +33,7 @@ candidates is drawn by `_serial` in MODE 11, the whole definition level after le
 neither happens on a usual row. The row programs are three launches, not one, for a cold start: each variant
 compiles on its own precompile thread (engine/precompile.py), and one program holding the buffer path, the row
 path, `_finish` at KS and at KC and `_serial` took 2.4 s to compile (raw bf16; 6.2 s processed) where each of the
-three takes at most ~1 s (~1.9 s processed; Triton 3.6, sm_90, on a CPU); the draw of a row is the same code on
+three takes at most ~1 s (~1.9 s processed; Triton 3.9, sm_90, on a CPU); the draw of a row is the same code on
 the same candidates, so the same bits.
 """
 
