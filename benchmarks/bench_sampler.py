@@ -15,9 +15,8 @@ min_tokens still banning the eos ids), which adds the processing (bias, penaltie
 bans; on the kernel path inside the sampling passes' loads, no fp32 copy) and the history update after the draw.
 Passes over [B, V] on the kernel path: top-k (50 and 1000) and `all` (top-k 50) take the top-k path, MODE 8 (chunk
 max key16), 9 (distance counts), 7 (sub-bin counts, only for rows whose window of bins overflows the buffer), 5 (the
-window's keys buffered) and the row programs 10 (only for rows whose window overflows the wide buffer), 6 and 11
-(only for rows with more than KS candidates: top-k 1000) (`all` processes every load: bias, penalties from the int32
-counts, bans); top-p and min-p the full path, 1 max + 4 weight levels + kept + draw over bf16. The host build of `all` sends
+window's keys buffered) and the row program 6 (`all` processes every load: bias, penalties from the int32 counts,
+bans); top-p and min-p the full path, 1 max + 4 weight levels + kept + draw over bf16. The host build of `all` sends
 [B]-sized fields only (the bias entries and stop sets sit in the device sequence table, written once per sequence,
 outside the timed build). Side by side on its
 two paths: `triton` (kernels/sample.py and kernels/penalties.py: no sort) and `torch` (the same definitions as

@@ -11,7 +11,7 @@ unprocessed. Logprob rows (kernels/logprobs.py) vary by k, the grammar mask (ker
 
 So the variants a group can launch follow from the kinds of the lines that can land in it, taken together: the
 sets below are what some step of those lines can launch (a little more: any two kinds may meet in a step). The
-demo's lines (greedy, one top-p, one top-k row, no processing) need 12 sampling variants; the old dry run
+demo's lines (greedy, one top-p, one top-k row, no processing) need 8 sampling variants; the old dry run
 compiled 16 whatever the input, and missed the ones with min_p or without a penalty's counts.
 """
 

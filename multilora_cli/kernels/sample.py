@@ -25,9 +25,7 @@ tokens plus the few tied with the k-th in those bits), found without a count lev
 to the row's max (for a row where those bins are too coarse, a gated pass counting 256 sub-bins of the last
 one), one pass appending the keys of the smallest window of bins that holds k to a per-row buffer, then one
 program per row finds the prefix on that buffer, compacts the candidates and does the exact top-k, top-p, min-p
-and the draw on them: 3 passes over the row and a row program, no weight histogram, no max pass (the row
-program's rare cases, a window overflowing the buffer and candidates overflowing theirs, in two gated row
-launches around it: kernels/sample_topk.py).
+and the draw on them: 3 passes over the row and a row program, no weight histogram, no max pass.
 Processed rows (logit_bias, penalties, bans: kernels/penalties.py) pass a ProcessPlan, and no fp32 [rows, V]
 processed copy is written and read back: every pass computes the processed logit from the model's logits, the
 row's token counts and its bias / ban entries at every load (kernels/penalties.process_block). (A first pass
@@ -50,11 +48,9 @@ from multilora_cli.kernels.sample_row import _digit, _histogram, _kept_sum, _key
 from multilora_cli.kernels.sample_topk import (
     _distance_hist,
     _draw_row,
-    _draw_wide,
     _in_window,
     _max_key16,
     _refined,
-    _row_candidates,
     _sub_hist,
     _window,
 )
@@ -191,10 +187,8 @@ def _sample_pass(
     the chunk holding it. The top-k path (kernels/sample_topk.py): 8: the chunk's max key16 (top 16 key bits),
     9: its distance counts, 7: for a row whose window overflows the wide buffer, its sub-bin counts of the
     window's last bin (part_p: [S, C, 256] on this path), 5: its keys in the row's window appended to the row's
-    wide buffer; one program a row: 10 (only for a row whose window overflows the wide buffer) the prefix and
-    the candidates from the whole row, 6 the prefix and the candidates from the buffer (or 10's), their count n
-    into psum[i], the draw from them (_finish at KS) where n <= KS, 11 (only where n > KS) the draw (_finish at
-    KC), or _serial for a row with more than KC.
+    wide buffer, 6 (one program a row): the prefix, the candidates and the draw from them (_finish), or _serial
+    for a row with more than KC.
     Processed rows: PROCESS 1 processes every load."""
     MB: tl.constexpr = min(BLOCK, 256)
     i = tl.program_id(0)
@@ -261,22 +255,13 @@ def _sample_pass(
                     tl.store(wval_ptr + i * WIDE + at, x.to(tl.float32), mask=keep)
                     tl.store(wtok_ptr + i * WIDE + at, offs, mask=keep)
                 pos += nk
-    elif MODE == 10:  # a row off its wide buffer: its candidates from its whole row (the other rows exit)
-        _row_candidates(
-            row, V, r, P, part_k_ptr, part_p_ptr, cval_ptr + i * KC, ctok_ptr + i * KC, psum_ptr + i, C, i, top_k,
-            PROCESS, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC,
+    elif MODE == 6:
+        tok = _draw_row(
+            row, V, r, P, part_k_ptr, part_p_ptr, wval_ptr + i * WIDE, wtok_ptr + i * WIDE, cval_ptr + i * KC,
+            ctok_ptr + i * KC, C, i, inv_t, top_k, top_p, min_p, tl.load(u_ptr + i), logits_ptr.dtype.element_ty,
+            WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, NINF16, CB, WIDE, KC, TT, KS, TS,
         )  # fmt: skip
-    elif MODE == 6:  # the candidates' count -> psum[i]; the draw of a row with at most KS
-        _draw_row(
-            part_k_ptr, part_p_ptr, wval_ptr + i * WIDE, wtok_ptr + i * WIDE, cval_ptr + i * KC, ctok_ptr + i * KC,
-            psum_ptr + i, out_ptr + r, C, i, inv_t, top_k, top_p, min_p, tl.load(u_ptr + i),
-            logits_ptr.dtype.element_ty, WITH_MIN_P, KEY_BITS, NINF16, CB, WIDE, KC, KS, TS,
-        )  # fmt: skip
-    elif MODE == 11:  # the draw of a row with more than KS candidates (the other rows exit)
-        _draw_wide(
-            row, V, r, P, cval_ptr + i * KC, ctok_ptr + i * KC, psum_ptr + i, out_ptr + r, inv_t, top_k, top_p,
-            min_p, tl.load(u_ptr + i), WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, KC, TT, KS,
-        )  # fmt: skip
+        tl.store(out_ptr + r, tok.to(tl.int64))
     else:
         m = tl.max(tl.load(pmax_ptr + i * C + cs, mask=cs < C, other=float("-inf")), axis=0)
         if MODE == 2:
@@ -363,7 +348,7 @@ def sample_rows(
              380 vs 427, every field on 726 vs 810 (bench_sampler --sweep, tokens identical)
     redraws: further (u, out) pairs drawn from the same rows after the first draw, each pair taken from the
              iterable only once the draw before it was launched (tests bisect on u this way without running the
-             filter passes again; the top-k path runs MODE 6 and 11 again); the serving path passes none
+             filter passes again); the serving path passes none
 
         for i, r in enumerate(rows):
             x = logits[r] (or processed);  s = x / temp[i];  w = exp(s - max(s));  key = order_keys(x)
@@ -382,14 +367,12 @@ def sample_rows(
     counts) per chunk 256 linear sub-bin counts of the window's last bin, then each chunk appends its keys in
     the smallest window of bins (and sub-bins) that holds k to the row's wide buffer (4 x candidates) in
     vocabulary order, then one program per row finds the 16-bit radix prefix of the k-th key on that buffer (on
-    the whole row where even the refined window overflowed it: MODE 10, before), compacts the candidates
-    (key16 >= prefix: every top-k-kept token, a few ties more) and draws from them (exact top-k, top-p, min-p;
-    a row with more than candidates / 8 of them: MODE 11, after): 3 passes over the logits (4 for rows whose
-    window needed the sub-bins) and row programs instead of up to 2 + 2 x KEY_BITS / 4 + 2:
+    the whole row where even the refined window overflowed it), compacts the candidates (key16 >= prefix: every
+    top-k-kept token, a few ties more) and draws from them (exact top-k, top-p, min-p): 3 passes over the logits
+    (4 for rows whose window needed the sub-bins) and a row program instead of up to 2 + 2 x KEY_BITS / 4 + 2:
 
         MODE 8 (row, chunk) -> MODE 9 (row, chunk) -> MODE 7 (row, chunk; gated per row) -> MODE 5 (row, chunk)
-        -> MODE 10 (row; gated per row) -> MODE 6 (row) -> MODE 11 (row; gated per row)
-        # 7 launches every call (CUDA-graph safe, no host sync); a row's gates read its own counts only
+        -> MODE 6 (row)   # 5 launches every call (CUDA-graph safe, no host sync)
 
     With `plan`, every pass processes the logits as it loads them.
     """
@@ -424,7 +407,6 @@ def sample_rows(
     sub = s * c * 256 * topk_path
     scratch = torch.empty(cand + 2 * s * c + hist * (any_top_k or topk_path) + hist * any_p + sub, device=logits.device)
     cval = scratch[:cand]
-    # psum: the chunks' kept weights on the full path; per row its candidates' count (psum[:S]) on the top-k path
     pmax, psum = scratch[cand : cand + s * c], scratch[cand + s * c : cand + 2 * s * c]
     at = cand + 2 * s * c
     part_k = scratch[at : at + hist] if any_top_k or topk_path else scratch
@@ -435,7 +417,7 @@ def sample_rows(
     wbuf = torch.empty(2 * s * wide, dtype=torch.int32, device=logits.device)  # per row: the window's logits, ids
     wval, wtok = wbuf[: s * wide].view(torch.float32), wbuf[s * wide :]
     if topk_path:
-        passes = [(8, 0), (9, 0), (7, 0), (5, 0), (10, 0), (6, 0), (11, 0)]
+        passes = [(8, 0), (9, 0), (7, 0), (5, 0), (6, 0)]
     else:
         passes = (
             [(0, 0)]
@@ -484,14 +466,12 @@ def sample_rows(
     )
 
     def run(mode: int, lvl: int, u: torch.Tensor, out: torch.Tensor) -> None:
-        launch(_sample_pass, (s, 1 if mode in (6, 10, 11) else c), *head, u, out, *tail, lvl, MODE=mode, **consts)
+        launch(_sample_pass, (s, 1 if mode == 6 else c), *head, u, out, *tail, lvl, MODE=mode, **consts)
 
     for mode, lvl in passes:
         run(mode, lvl, u, out)
-    draw = (6, 11) if topk_path else (4,)  # (MODE 10's candidates stay in the scratch for MODE 6)
-    for u_again, out_again in redraws:  # the draw passes only read the filter passes' scratch
-        for mode in draw:
-            run(mode, 0, u_again, out_again)
+    for u_again, out_again in redraws:  # the draw pass only reads the filter passes' scratch
+        run(passes[-1][0], 0, u_again, out_again)
 
 
 @functools.cache

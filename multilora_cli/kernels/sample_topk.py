@@ -14,13 +14,9 @@ keys (key16; the logits' own bits for bf16 / fp16).
                           plus sub-bins 0..s of bin j, s the smallest with >= k keys in it (`_refined`)
     MODE 5, per chunk:  the window's keys (key16 > NINF16, M - key16 < its distance bound) appended to the row's
                           wide buffer (WIDE entries) in vocabulary order, unless the window overflows it
-    MODE 10, per row:   only for a row whose refined window overflows the wide buffer (the others exit): p and
-                          its candidates (as in MODE 6) from the radix levels over its whole row (`_row_prefix`)
     MODE 6, per row:    p = the largest x with #{key16 >= x} >= k (the radix search's 16-bit prefix), found on
                           the buffer; the candidates key16 >= p (> p when p is -inf's: a row with fewer than k
-                          finite logits) compacted to the candidate buffer (or MODE 10's taken); their count n;
-                          n <= KS (the usual row): `_finish` draws from them on a KS-sized view
-    MODE 11, per row:   only for a row with n > KS (the others exit): `_finish` at KC, or `_serial` for n > KC
+                          finite logits) compacted to the candidate buffer; `_finish` draws from them
 
 The window is a key16 range from the top holding at least k keys, so it holds every key >= the k-th's key16 and
 the candidates are those of the 4-level radix search over the row (every top-k-kept token, plus those that tie
@@ -28,13 +24,9 @@ with the k-th in key16), in the same order: the draw is the same bits. Bins 0..j
 with a few tokens far above the rest (a trained model's logits, N(0, 2) plus 20 raised by 12-20), the 50th key
 lies in the bulk and bin j holds tens of thousands of keys; MODE 7 narrows it to about k. A row whose refined
 window still overflows the wide buffer (thousands of ties, or 2^(j-7) key16s a sub-bin, near the k-th) finds p
-with the radix levels over its whole row in MODE 10's row program (`_row_prefix`), and a row with more than KC
-candidates is drawn by `_serial` in MODE 11, the whole definition level after level over its row by one program;
-neither happens on a usual row. The row programs are three launches, not one, for a cold start: each variant
-compiles on its own precompile thread (engine/precompile.py), and one program holding the buffer path, the row
-path, `_finish` at KS and at KC and `_serial` took 2.4 s to compile (raw bf16; 6.2 s processed) where each of the
-three takes at most ~1 s (~1.9 s processed; Triton 3.9, sm_90, on a CPU); the draw of a row is the same code on
-the same candidates, so the same bits.
+with the radix levels over its whole row in the row program (`_row_prefix`), and a row with more than KC
+candidates is drawn by `_serial`, the whole definition level after level over its row by one program; neither
+happens on a usual row.
 """
 
 from __future__ import annotations
@@ -266,40 +258,17 @@ def _compact_row(row, V, low, r, P, cval, ctok, PROCESS: tl.constexpr, WITH_COUN
 
 
 @triton.jit
-def _on_buffer(part, sub, C, i, top_k, WIDE: tl.constexpr, CB: tl.constexpr):
-    """(whether row i takes its candidates from its wide buffer, the buffer's count n_w): its refined window
-    fits the buffer and holds top_k keys with -inf's. MODE 10 and MODE 6 read the same counts: they agree."""
-    _, cnt, n_ninf = _refined(part, sub, C, i, top_k, WIDE, CB)
-    n_w = tl.sum(cnt, axis=0)
-    return (n_w <= WIDE) & (n_w + n_ninf >= top_k.to(tl.float32)), n_w
-
-
-@triton.jit
-def _row_candidates(row, V, r, P, part, sub, cval, ctok, nc, C, i, top_k, PROCESS: tl.constexpr,
-                    WITH_COUNTS: tl.constexpr, KEY_BITS: tl.constexpr, NINF16: tl.constexpr, CB: tl.constexpr,
-                    WIDE: tl.constexpr, KC: tl.constexpr):  # fmt: skip
-    """MODE 10, one program for row i, before MODE 6: only for a row off the buffer (_on_buffer; the others
-    exit after reading their counts), the prefix p by the radix levels over its whole row, its candidates
-    (key16 >= p; > p when p is -inf's) compacted into cval / ctok[:KC], their count n into nc[0] (fp32, exact).
-    Out of MODE 6 so that neither program compiles the other's code (the rare paths: MODE 10, MODE 11)."""
-    buffered, _ = _on_buffer(part, sub, C, i, top_k, WIDE, CB)
-    if buffered == 0:
-        p = _row_prefix(row, V, top_k, r, P, PROCESS, WITH_COUNTS, KEY_BITS, 256)
-        low = p + (p == NINF16).to(tl.int32)
-        n = _compact_row(row, V, low, r, P, cval, ctok, PROCESS, WITH_COUNTS, KEY_BITS, KC, 256)
-        tl.store(nc, n.to(tl.float32))
-
-
-@triton.jit
 def _draw_row(
+    row,
+    V,
+    r,
+    P,
     part,
     sub,
     wval,
     wtok,
     cval,
     ctok,
-    nc,
-    out,
     C,
     i,
     inv_t,
@@ -309,70 +278,46 @@ def _draw_row(
     u,
     DT: tl.constexpr,
     WITH_MIN_P: tl.constexpr,
+    PROCESS: tl.constexpr,
+    WITH_COUNTS: tl.constexpr,
     KEY_BITS: tl.constexpr,
     NINF16: tl.constexpr,
     CB: tl.constexpr,
     WIDE: tl.constexpr,
     KC: tl.constexpr,
+    TT: tl.constexpr,
     KS: tl.constexpr,
     TS: tl.constexpr,
 ):
-    """MODE 6, one program for row i: on the buffer (_on_buffer), the prefix p found on it and the candidates
-    compacted into cval / ctok[:KC] (this row's); off it, MODE 10's. Their count n -> nc[0] (fp32) for MODE 11;
-    n <= KS (the usual row): the draw (_finish at KS) -> out[0]. part / sub / wval / wtok: the row's distance
-    counts, sub-bin counts and wide buffer. DT: the logits' dtype (the buffered keys' own). Its loops take 256
-    logits at a time: at BLOCK (1024) the processed row program spilled (ptxas, sm_90, Triton 3.6)."""
-    buffered, n_w = _on_buffer(part, sub, C, i, top_k, WIDE, CB)
-    if buffered:
+    """MODE 6, one program for row i: the prefix p, the candidates compacted into cval / ctok[:KC] (this row's),
+    the draw (module docstring). part / sub / wval / wtok: the row's distance counts, sub-bin counts and wide
+    buffer. DT: the logits'
+    dtype (the buffered keys' own). Its loops take 256 logits at a time: at BLOCK (1024) the processed row
+    program spilled (ptxas, sm_90, Triton 3.6)."""
+    _, cnt, n_ninf = _refined(part, sub, C, i, top_k, WIDE, CB)
+    n_w = tl.sum(cnt, axis=0)
+    if (n_w <= WIDE) & (n_w + n_ninf >= top_k.to(tl.float32)):
         p = tl.full((), NINF16, tl.int32)  # fewer than k above -inf's, at least k with them: p is -inf's
         if n_w >= top_k.to(tl.float32):
             p = _buffer_prefix(wval, n_w.to(tl.int32), top_k, DT, KEY_BITS, 256)
         low = p + (p == NINF16).to(tl.int32)
         n = _compact_buffer(wval, wtok, n_w.to(tl.int32), low, cval, ctok, DT, KEY_BITS, KC, 256)
     else:
-        n = tl.load(nc).to(tl.int32)  # (MODE 10's)
-    tl.store(nc, n.to(tl.float32))
+        p = _row_prefix(row, V, top_k, r, P, PROCESS, WITH_COUNTS, KEY_BITS, 256)
+        low = p + (p == NINF16).to(tl.int32)
+        n = _compact_row(row, V, low, r, P, cval, ctok, PROCESS, WITH_COUNTS, KEY_BITS, KC, 256)
     tl.debug_barrier()  # (the candidates this program's threads stored, read back by all of them)
     if n <= KS:
         # the usual row (k 20-100, a few ties): the same draw on a KS-sized view of its buffer, 8x fewer
         # compares and shorter reductions than at KC; which size a row takes depends on its own n only
-        tl.store(out, _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KS, TS).to(tl.int64))
-
-
-@triton.jit
-def _draw_wide(
-    row,
-    V,
-    r,
-    P,
-    cval,
-    ctok,
-    nc,
-    out,
-    inv_t,
-    top_k,
-    top_p,
-    min_p,
-    u,
-    WITH_MIN_P: tl.constexpr,
-    PROCESS: tl.constexpr,
-    WITH_COUNTS: tl.constexpr,
-    KEY_BITS: tl.constexpr,
-    KC: tl.constexpr,
-    TT: tl.constexpr,
-    KS: tl.constexpr,
-):
-    """MODE 11, one program for row i, after MODE 6: only for a row with n > KS candidates (nc[0], MODE 6's; the
-    others exit), the draw -> out[0]: _finish at KC for n <= KC (a top-k in the hundreds), else `_serial`."""
-    n = tl.load(nc).to(tl.int32)
-    if n > KS:
-        if n <= KC:
-            tok = _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KC, TT)
-        else:
-            # blocks of 256: its weight histogram's [16, block] accumulator would take 128 registers a thread
-            # at 1024 (ptxas, sm_90, processed rows)
-            tok = _serial(row, V, r, P, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, 256)
-        tl.store(out, tok.to(tl.int64))
+        tok = _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KS, TS)
+    elif n <= KC:
+        tok = _finish(cval, ctok, n, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, KC, TT)
+    else:
+        # blocks of 256: its weight histogram's [16, block] accumulator would take 128 registers a thread at
+        # 1024 and spill the buffer's draw above (ptxas, sm_90, processed rows)
+        tok = _serial(row, V, r, P, inv_t, top_k, top_p, min_p, u, WITH_MIN_P, PROCESS, WITH_COUNTS, KEY_BITS, 256)
+    return tok
 
 
 @triton.jit

@@ -73,8 +73,7 @@ def test_dry_sample_records_every_sampling_pass_of_an_unknown_input():
     with collect() as calls:
         dry_sample(torch.zeros(1, 1000, dtype=torch.bfloat16), None)
     sampling = [(kw["MODE"], kw["PROCESS"], kw["KC"] > 1) for _, _, kw in calls if "MODE" in kw]
-    full = [0] + [1] * 4 + [2] * 4 + [3, 4]  # max, top-k, top-p levels, kept, draw
-    topk = [8, 9, 7, 5, 10, 6, 11]  # top-k path: 4 chunk passes, the row programs (10, 11: its rare paths)
+    full, topk = [0] + [1] * 4 + [2] * 4 + [3, 4], [8, 9, 7, 5, 6]  # max, top-k, top-p levels, kept, draw; top-k path
     full32 = [0] + [1] * 8 + [2] * 8 + [3, 4]  # processed logits: fp32 keys, 8 levels
     # processed: every pass processes as it loads (PROCESS 1)
     assert sorted(sampling) == sorted(
@@ -85,4 +84,4 @@ def test_dry_sample_records_every_sampling_pass_of_an_unknown_input():
     )
     assert [kw.get("KB") for _, _, kw in calls if "MODE" not in kw] == [None, 1, None, 8]  # logprob rows, k 0 / 5
     # one variant per mode and path: LEVEL and the row count are not specialised on
-    assert len({_variant(c) for c in calls if "MODE" in c[2]}) == 2 * (5 + 7)
+    assert len({_variant(c) for c in calls if "MODE" in c[2]}) == 2 * (5 + 5)

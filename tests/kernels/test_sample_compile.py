@@ -43,9 +43,9 @@ def compile(fn, constexprs, logits="*bf16", out=None):
 
 
 variants = [(process, bits, mode, False) for process, bits in ((0, 16), (1, 32))  # raw; processed as loaded
-            for mode in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)]
+            for mode in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)]
 for process, bits, mode, packed in variants + [(0, 16, 1, True), (1, 32, 1, True), (0, 16, 9, True), (1, 32, 9, True)]:
-    kc = 2048 if mode >= 5 else 1  # (kernels/sample.CANDIDATES)
+    kc = 2048 if mode in (5, 6, 7, 8, 9) else 1  # (kernels/sample.CANDIDATES)
     ks = max(1, kc // 8)  # (the small view of the buffer)
     compile(_sample_pass, dict(MODE=mode, WITH_MIN_P=True, PROCESS=process, WITH_COUNTS=process > 0, KEY_BITS=bits,
                                CHUNK=8192, BLOCK=1024, CB=16, KC=kc, TT=max(1, min(kc, 8192 // kc)), KS=ks,

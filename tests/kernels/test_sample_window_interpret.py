@@ -57,40 +57,6 @@ def test_window_overflow_takes_the_row_prefix(dtype):
         assert x[0, got[0]].float() >= 9.5
 
 
-def test_rare_paths_run_in_their_own_gated_row_launches():
-    """The top-k path launches its row programs as MODE 10 (a window overflowing the wide buffer: candidates from
-    the whole row), 6 (candidates from the buffer; the draw of a row with at most KS = candidates / 8 of them), 11
-    (the draw of a row with more: _finish at KC, or _serial past KC), every call, and a redraw runs 6 and 11 only.
-    One batch takes every route: row 0 (105 keys near the top: MODE 10, 5 candidates: MODE 11 at KC), row 1 (45:
-    the buffer, 5 candidates: MODE 11), row 2 (noise, k 2: MODE 6 alone), row 3 (every logit equal: MODE 10,
-    then 400 candidates: _serial), each as the definition."""
-    from multilora_cli.kernels.launch import collect
-
-    v = 400
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(4, v, generator=g) * 2 - 6
-    for r, ties in ((0, 100), (1, 40)):
-        at = torch.randperm(v, generator=g)[: 5 + ties]
-        x[r, at[0]], x[r, at[1:5]], x[r, at[5:]] = 10.0, 9.5, 9.25
-    x[3] = 1.5
-    temp, top_p, min_p = torch.tensor([0.5, 0.5, 1.0, 1.0]), torch.tensor([0.9, 1.0, 0.8, 0.7]), torch.zeros(4)
-    top_k = torch.tensor([5, 5, 2, 3])
-    key16 = order_keys(x) >> 16  # (fp32)
-    kth = key16.sort(dim=-1, descending=True).values.gather(1, (top_k - 1).unsqueeze(1))
-    assert (key16 >= kth).sum(dim=-1).tolist() == [5, 5, 2, 400]  # KS = 2 < 5 <= KC = 16 < 400
-    us = [_u(4, seed) for seed in range(3)]
-    outs = [torch.full((4,), -7, dtype=torch.long, device=DEV) for _ in us]
-    args = [t.to(DEV) for t in (temp, top_k, top_p)]
-    with collect(run=True) as calls:
-        sample_rows(
-            x.to(DEV), torch.arange(4, device=DEV), *args, us[0].to(DEV), outs[0], min_p=min_p.to(DEV),
-            chunk=128, candidates=16, redraws=[(u.to(DEV), o) for u, o in zip(us[1:], outs[1:])],
-        )  # fmt: skip
-    assert [kw["MODE"] for _, _, kw in calls] == [8, 9, 7, 5, 10, 6, 11, 6, 11, 6, 11]
-    for u, out in zip(us, outs):
-        assert out.cpu().tolist() == sample_rows_torch(x, temp, top_k, top_p, u, min_p).tolist()
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_varied_rows_against_the_definition(dtype):
     """Eight rows in chunks of 64 (a window spread over 8 chunks): ties at the k-th key, k above the finite
