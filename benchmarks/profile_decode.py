@@ -2,6 +2,7 @@
 
     python -m benchmarks.profile_decode --preset llama-3-8b --adapters 64      # and --adapters 0 (base)
     python -m benchmarks.profile_decode --adapters 64 --phase prefill          # the first full prefill step
+    python -m benchmarks.profile_decode --preset qwen3-30b-a3b --adapters 16 --distinct-weights 4 --phase prefill
 
 Runs the benchmark workload until a decode step of max_num_seqs sequences, then re-runs that same step
 (re-running a decode step rewrites the same KV slot with the same values, so nothing changes): host wall time
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.timing import event_times_ms, parser, wall_times_s
@@ -33,6 +35,9 @@ def main() -> int:
     ap.add_argument("--at-step", type=int, default=40, help="profile the n-th full-batch decode step")
     ap.add_argument("--rows", type=int, default=30, help="kernel table rows")
     ap.add_argument("--phase", choices=("decode", "prefill"), default="decode")
+    ap.add_argument(
+        "--distinct-weights", type=int, default=64, help="distinct adapter weight files (hard links for the rest)"
+    )
     args = ap.parse_args()
     dev = torch.device("cuda")
     work = Workload(
@@ -45,29 +50,35 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.preset, Path(tmp) / "m")
         cfg = ModelConfig.from_dir(model_dir)
-        source = SyntheticAdapters(cfg, work.adapter_names, work.rank) if args.adapters else None
+        source = (
+            SyntheticAdapters(cfg, work.adapter_names, work.rank, max_distinct=args.distinct_weights)
+            if args.adapters
+            else None
+        )
         if source is not None:
             source.prepare(torch.bfloat16, dev)  # PEFT folders, before the engine starts
-        engine = SyntheticEngine(engine_config(work, model_dir, dev), source, cfg)
+        # one step at a time (run-ahead off: same tokens), so re-running a step finds nothing else in flight
+        engine = SyntheticEngine(replace(engine_config(work, model_dir, dev), run_ahead=False), source, cfg)
         runner = engine.runner
-        real_run = runner.run
+        real_launch = runner.launch
+        real_run = lambda batch: runner.collect(real_launch(batch))  # noqa: E731
         seen = {"n": 0, "done": False}
 
-        def run(batch):
-            out = real_run(batch)
+        def launch(batch, prev=None):
+            # the step loop launches and collects (Runner.launch / collect); the hook sits on launch
             if args.phase == "prefill":
                 if not seen["done"] and not batch.is_decode_only and batch.num_tokens >= work.max_num_batched_tokens:
                     seen["done"] = True
+                    real_run(batch)
                     profile_prefill(batch)
                     raise SystemExit(0)  # nothing more to see: skip the rest of the workload
-                return out
-            if seen["done"] or not batch.is_decode_only or batch.num_seqs != work.max_num_seqs:
-                return out
-            seen["n"] += 1
-            if seen["n"] == args.at_step:
-                seen["done"] = True
-                profile(batch)
-            return out
+            elif not seen["done"] and batch.is_decode_only and batch.num_seqs == work.max_num_seqs:
+                seen["n"] += 1
+                if seen["n"] == args.at_step:
+                    seen["done"] = True
+                    real_run(batch)
+                    profile(batch)
+            return real_launch(batch, prev)
 
         def profile_prefill(batch):
             for _ in range(2):
@@ -131,9 +142,11 @@ def main() -> int:
             finally:
                 runner.graphs = g
 
-        runner.run = run
+        runner.launch = launch
         engine.generate_all(work.requests(cfg.vocab_size))
         engine.close()
+    if not seen["done"]:
+        raise SystemExit(f"no {args.phase} step of the workload matched (full batch / full chunk): nothing profiled")
     return 0
 
 
