@@ -21,7 +21,6 @@ from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.moe_align import MoeAlign
 
 BN, BK = 64, 64
-EXPAND_TILES = 4  # output tiles of BN columns per expand program (a grid axis splits the rest)
 
 
 @triton.jit
@@ -100,14 +99,11 @@ def _lora_expand_kernel(
     N, R,
     stride_in, stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_out,
     SILU: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DOT_PREC: tl.constexpr,
-    TPP: tl.constexpr,
 ):  # fmt: skip
     """v = in[p, n] (+ sh[p] @ b[s, e, n]^T); SILU: out[p, n] = silu(v) * (in[p, N + n] (+ ...)); else
-    out[p, n] = v * rw[p]. Every pair passes (base ones without the LoRA term). Program (block, j) takes output
-    tiles j*TPP .. (j+1)*TPP - 1 of its block: a prefill step's ~1,000 busy blocks of 12 (gate_up) or 32 (down)
-    tiles each would otherwise be ~8 long serial loops an SM; the shrink rows are loaded per program ([BM, RB])."""
+    out[p, n] = v * rw[p]. Every pair passes (base ones without the LoRA term). One program per block, looping
+    over n: the shrink rows are loaded once, and a decode step's ~2,000 mostly empty blocks stay ~2,000 programs."""
     b = tl.program_id(0)
-    n_lo = tl.program_id(1) * TPP * BN
     e = tl.load(bexp_ptr + b)
     if e < 0:
         return
@@ -125,7 +121,7 @@ def _lora_expand_kernel(
     else:
         rw = tl.load(rw_ptr + pair, mask=ok, other=0.0).to(tl.float32)
     b_base = b_ptr + tl.maximum(s, 0).to(tl.int64) * stride_b_slot + e.to(tl.int64) * stride_b_exp
-    for n0 in range(n_lo, n_lo + TPP * BN, BN):  # (past N: masked, in the last program only)
+    for n0 in range(0, N, BN):
         n = n0 + tl.arange(0, BN)
         n_ok = n < N
         mask = ok[:, None] & n_ok[None, :]
@@ -160,11 +156,10 @@ def shrink(src, a, scale, rank, shared, al: MoeAlign, out, top_k, R, *, gather, 
 
 
 def expand(inp, sh, b, rank, al: MoeAlign, rw, out, n_out, R, *, silu, prec) -> None:
-    """`_lora_expand_kernel` over the (expert, slot) blocks: b [L, E, n_out (x2 with silu), R (x2 with silu)];
-    EXPAND_TILES output tiles a program."""
+    """`_lora_expand_kernel` over the (expert, slot) blocks: b [L, E, n_out (x2 with silu), R (x2 with silu)]."""
     launch(
-        _lora_expand_kernel, (al.num_blocks, triton.cdiv(triton.cdiv(n_out, BN), EXPAND_TILES)), inp, sh, b, rank,
-        al.sorted_pair, al.block_expert, al.block_slot, rw, out, n_out, R,
+        _lora_expand_kernel, (al.num_blocks,), inp, sh, b, rank, al.sorted_pair, al.block_expert,
+        al.block_slot, rw, out, n_out, R,
         inp.stride(0), sh.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
-        SILU=silu, RB=rank_bucket(R), BM=al.block_m, BN=BN, DOT_PREC=prec, TPP=EXPAND_TILES,
+        SILU=silu, RB=rank_bucket(R), BM=al.block_m, BN=BN, DOT_PREC=prec,
     )  # fmt: skip

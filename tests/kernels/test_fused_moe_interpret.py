@@ -118,24 +118,6 @@ def test_several_output_tiles_and_k_steps(dtype, tol, path):
     _close(got, _reference(x, weights, experts, gate_up, down, slot, lora), tol)
 
 
-def test_the_grouped_expand_splits_its_columns_over_programs():
-    """INTER and H past EXPAND_TILES output tiles: each grouped expand runs a second program per block (its first
-    tile partly past N, the rest fully masked), whose columns must come out as the reference's."""
-    from multilora_cli.kernels.moe_lora import BN as EBN
-    from multilora_cli.kernels.moe_lora import EXPAND_TILES
-
-    g = torch.Generator().manual_seed(23)
-    h = inter = EXPAND_TILES * EBN + 16
-    x = torch.randn(5, h, generator=g)
-    gate_up = torch.randn(E, 2 * inter, h, generator=g) * 0.05
-    down = torch.randn(E, h, inter, generator=g) * 0.05
-    weights, experts = routing("uniform", 5, E, K, g)
-    slot = torch.tensor([0, 3, -1, 1, 0])
-    lora = expert_lora(L, 8, E, h, inter, (8, 5, 0, 3), g, torch.float32, "cpu", amp=0.3)
-    got = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=False)
-    _close(got, _reference(x, weights, experts, gate_up, down, slot, lora), 1e-4)
-
-
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
 def test_fused_base_only(dtype, tol):
     x, weights, experts, gate_up, down, _, _ = _inputs(9, "uniform", dtype, seed=3)
