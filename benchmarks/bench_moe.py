@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 "base": _launches(lambda: fused_moe(x, w, idx, gate_up, down)),
                 **{n: _launches(lambda kw=kw: fused_moe(x, w, idx, gate_up, down, slot, lora, **kw)) for n, kw in arms.items()},
             }  # fmt: skip
-            programs = {n: _programs(T * K, slots, acc, n != "grouped") for n in arms}
+            programs = {n: _programs(T * K, slots, acc, n == "row") for n in arms}
             extra = {n: best[n] - best["base"] for n in arms}
             rec = dict(
                 distinct=S,
@@ -147,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"T={T:5d} S={S:3d} experts {acc['distinct_experts']:3d} (expert, adapter) {acc['expert_adapter_pairs']:5d}"
                 f" | base {best['base']:7.1f} us floor {floor_base:6.1f} | LoRA floor +{floor_lora:6.1f} us"
                 f" | row {best['row']:7.1f} us (+{extra['row']:6.1f}, {extra['row'] / floor_lora:.1f}x floor)"
-                f" grouped {best['grouped']:7.1f} us"
-                f" (+{extra['grouped']:6.1f}) default {rec['default']}"
+                f" grouped {best['grouped']:7.1f} us (+{extra['grouped']:6.1f}) default {rec['default']}"
                 f" | row/base {rec['lora_over_base']['row']:.2f} floor {rec['floor_lora_over_base']:.2f}"
                 f" | LoRA MB floor {acc['floor_lora_bytes'] / 1e6:.0f} row ~{acc['row_lora_dram_bytes'] / 1e6:.0f}"
                 f" (<= {acc['row_lora_bytes'] / 1e6:.0f} without cache reuse)"

@@ -11,9 +11,9 @@ BM rows with the rows of other slots zeroed:
 
 Each slot's factor tile ([r_s, BN]) is read once per program, coalesced (a per-row epilogue would gather it once
 per row of that slot and multiply with fp32 FMAs: 1.4-4.1x these dots' time on an H200). The products are the
-exact products of the inputs (bf16 x bf16 or fp32 x fp32 with ieee dots), summed in fp32. Batch invariance holds: a row of another slot
-contributes exact zeros to a row's accumulator (0 x finite = 0, acc + 0 = acc), so a row's result depends on its
-own token, expert and slot only. Rank-aware: columns past r_s are masked (no bytes read).
+exact products of the inputs (bf16 x bf16 or fp32 x fp32 with ieee dots), summed in fp32. Batch invariance holds:
+a row of another slot contributes exact zeros to a row's accumulator (0 x finite = 0, acc + 0 = acc), so a row's
+result depends on its own token, expert and slot only. Rank-aware: columns past r_s are masked (no bytes read).
 
 A decode step's block (16 rows, ~10 adapters) runs ~10 dots of [16, R] x [R, BN]. A prefill-sized step (hundreds
 of pairs per expert) has few distinct adapters per 64-row block; there the grouped path (kernels/moe_lora.py) is

@@ -1,5 +1,5 @@
 """`expert_gemm`: the experts' grouped GEMMs of `fused_moe` over the by-expert blocks (kernels/moe_align.py), with an
-optional per-row expert-LoRA epilogue (the expand added before the SiLU-and-mul / before the routing weight).
+optional expert-LoRA epilogue (the expand added before the SiLU-and-mul / before the routing weight).
 
     pair p = t*K + k of expert e = block_expert[b], s = slot[t], r = rank[s] (0 for s = -1 or an empty slot)
     gate_up (silu=True):  src = x [T, H], w = gate_up [E, 2I, H], out = act [T*K, I] in x's dtype
@@ -8,8 +8,8 @@ optional per-row expert-LoRA epilogue (the expand added before the SiLU-and-mul 
         act[p, n] = silu(g) * u
         lora: part[tile(n), p, :r] = round(act[p, n in tile]) @ dn_a[s, e, :r, n in tile]^T   fp32 [n_tiles, T*K, R]
     down (silu=False):    src = act, w = down [E, H, I], out = y [T*K, H] in x's dtype
-        sd = round(sum over tiles of part[., p, :r] * dn_scale[s, :r])  (the down shrink, in x's dtype; in tile
-             order: a row's sum depends on its own partials only)
+        sd = round(sum over tiles of part[., p, :r] * dn_scale[s, :r])  (the down shrink, in x's dtype; in a
+             fixed order: a row's sum depends on its own partials only)
         y[p, n] = (act[p] @ w[e, n]^T (+ sd @ dn_b[s, e, n, :r]^T)) * (weight: rw[p])
 
 Why in the epilogue: a block holds one expert's pairs of many adapters (a decode step of 256 tokens and 16 adapters
@@ -23,7 +23,8 @@ gate_up GEMM's output tiles (each program owns one tile of act) into fp32 partia
 fixed order: no atomics, each row's numbers depend on its own inputs only (batch invariance).
 Per-row fp32 FMAs (each row gathering its own adapter's factors, [BM, RC, BN] at a time) were the first epilogue:
 at Qwen3-30B-A3B shapes on an H200 they cost 1.4-4.1x the dots' extra time at every step size from 1 to 8,192
-tokens (benchmarks/HISTORY.md), and at 16 rows they spilled in gate_up (255 registers) and cut the down GEMM to 2 programs an SM.
+tokens (benchmarks/HISTORY.md), and at 16 rows they spilled in gate_up (255 registers) and cut the down GEMM to 2
+programs an SM.
 Reference: kernels/moe_reference.py; tests compare `fused_moe` with it.
 """
 
@@ -45,7 +46,7 @@ BN, BK = 64, 64
 
 @dataclass(slots=True)
 class RowLora:
-    """The per-row epilogue's operands. gate_up: sh = sg [T*K, 2R], b = gu_b, a2 = dn_a, part written;
+    """The LoRA epilogue's operands. gate_up: sh = sg [T*K, 2R], b = gu_b, a2 = dn_a, part written;
     down: sh = dn_scale [L, R] fp32, b = dn_b, a2 unused, part read."""
 
     slot: torch.Tensor  # [T] int, -1 = base

@@ -57,7 +57,7 @@ def test_bf16_qwen3_30b_shapes(pattern, T):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("T", [64, 300, 4096])
 def test_bf16_both_lora_paths(path, T):
-    """The per-row epilogues (decode-sized steps) and the grouped launches (prefill-sized) at the same shapes."""
+    """The dot epilogues (decode-sized steps) and the grouped launches (prefill-sized) at the same shapes."""
     x, w, idx, gu, dn, slot, lora = _case(T, "uniform", torch.bfloat16, seed=T + 7)
     got = fused_moe(x, w, idx, gu, dn, slot, lora, **PATHS[path])
     want = moe_reference(x.float(), w, idx, gu.float(), dn.float(), slot, _fp32(lora))

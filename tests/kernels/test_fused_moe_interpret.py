@@ -95,7 +95,7 @@ def test_fused_by_adapter_popularity(dtype, tol, popularity, path):
 
 
 def test_both_lora_paths_agree_in_fp32():
-    """The per-row epilogues and the grouped launches: one computation, summed in other orders."""
+    """The dot epilogues and the grouped launches: one computation, summed in other orders."""
     x, weights, experts, gate_up, down, slot, lora = _inputs(20, "uniform", torch.float32, seed=13)
     a, b = (fused_moe(x, weights, experts, gate_up, down, slot, lora, **kw) for kw in PATHS.values())
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
