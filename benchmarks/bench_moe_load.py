@@ -10,7 +10,8 @@ side by side in one process (issue 37).
 Qwen3-30B-A3B shapes by default (48 layers, 128 experts top-8, hidden 2048, expert intermediate 768, q 4096, kv 512),
 rank 16 on q, k, v, o and on the experts (PEFT target_parameters: 1.26 GB bf16 per adapter), written as real PEFT
 checkpoints by bench/adapters.SyntheticAdapters (so read from the OS page cache, as the engine bench reads them).
-Per arm ("packed", "tensors"; interleaved, min over --repeats of medians over --loads):
+Per arm ("packed": one reader thread, "parallel": its file pieces over a pool of --read-threads (the engine's
+read_threads), "tensors"; interleaved, min over --repeats of medians over --loads):
 - read_ms: checkpoint -> host (what a prefetch thread spends per adapter; 64 adapters cost 64 of these);
 - host_ms: the slot load call returning (what blocks the step loop); load_ms: the call plus its device work, synced;
 - load_GBps: adapter bytes / load_ms.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--loads", type=int, default=5, help="loads per timing (a median)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--read-threads", type=int, default=8, help="the parallel arm's reader pool (EngineConfig's)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -113,9 +116,11 @@ def main(argv: list[str] | None = None) -> dict:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     turn = [0]
 
+    readers = ThreadPoolExecutor(args.read_threads, thread_name_prefix="lora-read")
+
     def read(arm: str, name: str):
-        if arm == "packed":
-            return read_packed(src.paths[name], name, mc, dtype, arena)
+        if arm in ("packed", "parallel"):
+            return read_packed(src.paths[name], name, mc, dtype, arena, readers=readers if arm == "parallel" else None)
         return load_adapter(src.paths[name], name, mc, dtype=dtype)
 
     def timer(arm: str):
@@ -152,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
     writer.install(1 % args.slots, read("tensors", "a1"))  # warm-up of the other arm
     sync()
     rows: dict[str, dict] = {}
-    seen: dict[str, list[dict]] = {"packed": [], "tensors": []}
+    seen: dict[str, list[dict]] = {"packed": [], "parallel": [], "tensors": []}
     for _ in range(args.repeats):
         for arm in seen:
             seen[arm].append(timer(arm)())
@@ -184,7 +189,10 @@ def main(argv: list[str] | None = None) -> dict:
             host=round(rows["tensors"]["host_ms"] / rows["packed"]["host_ms"], 2),
             load=round(rows["tensors"]["load_ms"] / rows["packed"]["load_ms"], 2),
         ),
+        read_threads=args.read_threads,
+        parallel_vs_packed_read=round(rows["packed"]["read_ms"] / rows["parallel"]["read_ms"], 2),
     )
+    readers.shutdown()
     print(report)
     if args.out:
         save_report(report, args.out, start)

@@ -243,6 +243,9 @@ class EngineConfig:
     # alone, 27-34 / 55-63 / 145-149 ms with 1 / 3 / 6 threads beside the step loop), so more threads can read
     # slower in total: 2 was fastest on an H200 host (256 adapters in 64 slots; 3 and 4 threads were slower)
     prefetch_threads: int = 2
+    # threads that copy one adapter's file pieces from the page cache in parallel (engine/direct_read.py); one
+    # thread copies at a fraction of the host's bandwidth, and a MoE adapter is ~1.7 GB; 1 = the reader alone
+    read_threads: int = 8
     # launch the next decode step before reading this one's ids back (Scheduler.schedule_ahead), so the host's
     # bookkeeping between steps overlaps the device's work; False = one step at a time (same tokens, slower)
     run_ahead: bool = True
@@ -291,6 +294,9 @@ class EngineConfig:
         pt = self.prefetch_threads
         if isinstance(pt, bool) or not isinstance(pt, int) or pt < 0:
             raise ConfigError(f"prefetch_threads must be an integer >= 0, got {pt!r}")
+        rt = self.read_threads
+        if isinstance(rt, bool) or not isinstance(rt, int) or rt < 1:
+            raise ConfigError(f"read_threads must be an integer >= 1, got {rt!r}")
         lk = self.line_kinds
         if lk is not None and (not isinstance(lk, frozenset) or not all(isinstance(k, LineKind) for k in lk)):
             raise ConfigError(f"line_kinds must be a frozenset of LineKind or None, got {lk!r}")

@@ -366,6 +366,8 @@ def _summarise(work: Workload, steps, roof: Roofline, system: str, out_tokens: i
         graph_steps=sum(s.graph for s in steps),
         decode_s=sum(s.seconds for s in decode),
         prefill_s=sum(s.seconds for s in other),
+        # every step with prompt tokens, in order: [tokens, sequences, distinct adapters, ms] (where prefill goes)
+        prefill_steps=[[s.tokens, s.seqs, s.adapters, round(s.seconds * 1e3, 1)] for s in other],
         host_outside_steps_s=wall - sum(s.seconds for s in steps),
         mean_adapters_per_decode_step=statistics.fmean(s.adapters for s in decode) if decode else 0.0,
         roofline_weight_gb=roof.weight_bytes / 1e9,

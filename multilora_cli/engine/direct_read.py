@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from concurrent.futures import Executor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import ModelConfig
 
 IOV_MAX = 1024  # POSIX minimum of iovecs per preadv (Linux: 1024)
+READ_CHUNK = 64 << 20  # bytes per piece a reader pool's thread copies (`read_spans`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,13 +179,15 @@ def read_packed(
     planned: ReadPlan | None = None,
     *,
     pageable: bool = False,
+    readers: Executor | None = None,
 ) -> PackedAdapter | None:
     """The adapter in folder `path` packed into a block of `arena` (engine/pinned.PinnedArena) in `dtype`,
     validated as `load_adapter` validates it (raises the same errors); None where this path does not apply.
     `planned`: its `plan_read` from earlier (the engine plans every adapter at start, on its own thread); used
     unless the file changed since. `pageable`: when `arena` is None or full, read into a fresh pageable buffer
     instead of giving None (what `pack_adapter(load_adapter(...))` would make, without its ~3 copies and
-    thousands of torch calls: a MoE adapter is ~1.3 GB and the arena holds a few dozen)."""
+    thousands of torch calls: a MoE adapter is ~1.3 GB and the arena holds a few dozen). `readers`: a thread
+    pool that reads the file's pieces in parallel (`read_spans`)."""
     rp = planned
     if rp is None or rp.dtype != dtype or rp.ident is None or scan_ident(rp.scan) != rp.ident:
         rp = plan_read(path, name, model_config, dtype)
@@ -203,7 +207,7 @@ def read_packed(
             target = memoryview(values.view(torch.uint8).numpy())
         for begin, end in rp.zeros:
             values[begin:end].zero_()
-        read_spans(rp.scan.weights_path, target, rp.spans, rp.scan)
+        read_spans(rp.scan.weights_path, target, rp.spans, rp.scan, readers)
         check_finite(values, rp.plan, rp.scan)
         if rp.stored != dtype:
             flat[:ab].copy_(values)
@@ -236,36 +240,72 @@ def _read_magnitudes(rp: ReadPlan, flat: torch.Tensor) -> dict:
     return fill_magnitudes(flat, plan, read_magnitudes(rp.scan))  # raises the NaN / Inf error
 
 
-def read_spans(file: Path, target: memoryview, spans: Iterable[tuple[int, int, int]], scan: AdapterScan) -> None:
+def read_spans(
+    file: Path,
+    target: memoryview,
+    spans: Iterable[tuple[int, int, int]],
+    scan: AdapterScan,
+    readers: Executor | None = None,
+    chunk: int = READ_CHUNK,
+) -> None:
     """Copy file bytes [begin, end) to target[dst:] for each (begin, end, dst): one preadv per run of spans
-    that are back to back in the file (a PEFT checkpoint is one run)."""
+    that are back to back in the file (a PEFT checkpoint is one run). `readers`: a pool that reads pieces of
+    about `chunk` bytes in parallel (one thread copies the page cache at a fraction of the host's bandwidth: a
+    MoE adapter is ~1.7 GB and a wave needs a dozen of them); the caller's thread waits for all of them."""
     spans = sorted(spans)  # by file offset
     fd = os.open(file, os.O_RDONLY)
     try:
-        i = 0
-        while i < len(spans):
-            j = i + 1
-            while j < len(spans) and j - i < IOV_MAX and spans[j][0] == spans[j - 1][1]:
-                j += 1
-            bufs = [target[d : d + e - b] for b, e, d in spans[i:j]]
-            pos = spans[i][0]
-            while bufs:
-                n = os.preadv(fd, bufs, pos)
-                if n <= 0:
-                    raise AdapterError(
-                        f"adapter {scan.name!r}: {file} ended at byte {pos} while reading its tensors "
-                        "(changed on disk?)",
-                        hint="re-download or re-save the adapter",
-                    )
-                pos += n
-                while bufs and n >= len(bufs[0]):  # a short read: drop what is full, resume in the rest
-                    n -= len(bufs[0])
-                    bufs.pop(0)
-                if n:
-                    bufs[0] = bufs[0][n:]
-            i = j
+        pieces = _pieces(spans, chunk if readers is not None else None)
+        if readers is None or len(pieces) < 2:
+            for piece in pieces:
+                _read_run(fd, target, piece, file, scan)
+            return
+        futures = [readers.submit(_read_run, fd, target, piece, file, scan) for piece in pieces]
+        wait(futures)  # every read done before the fd closes, even when one failed
+        for f in futures:
+            f.result()  # the first failure, raised
     finally:
         os.close(fd)
+
+
+def _pieces(spans: list[tuple[int, int, int]], chunk: int | None) -> list[list[tuple[int, int, int]]]:
+    """Sorted spans as runs for one preadv each: back to back in the file, at most IOV_MAX spans, and (with
+    `chunk`) at most `chunk` bytes, a longer span split across runs."""
+    out: list[list[tuple[int, int, int]]] = []
+    run: list[tuple[int, int, int]] = []
+    size = 0
+    for begin, end, dst in spans:
+        while begin < end:
+            if run and (run[-1][1] != begin or len(run) >= IOV_MAX or (chunk is not None and size >= chunk)):
+                out.append(run)
+                run, size = [], 0
+            stop = end if chunk is None else min(end, begin + chunk - size)
+            run.append((begin, stop, dst))
+            size += stop - begin
+            dst += stop - begin
+            begin = stop
+    if run:
+        out.append(run)
+    return out
+
+
+def _read_run(fd: int, target: memoryview, run: list[tuple[int, int, int]], file: Path, scan: AdapterScan) -> None:
+    """One run of back-to-back spans: preadv until every buffer is full (a short read resumes in the rest)."""
+    bufs = [target[d : d + e - b] for b, e, d in run]
+    pos = run[0][0]
+    while bufs:
+        n = os.preadv(fd, bufs, pos)
+        if n <= 0:
+            raise AdapterError(
+                f"adapter {scan.name!r}: {file} ended at byte {pos} while reading its tensors (changed on disk?)",
+                hint="re-download or re-save the adapter",
+            )
+        pos += n
+        while bufs and n >= len(bufs[0]):  # drop what is full, resume in the rest
+            n -= len(bufs[0])
+            bufs.pop(0)
+        if n:
+            bufs[0] = bufs[0][n:]
 
 
 def check_finite(values: torch.Tensor, plan: PackPlan, scan: AdapterScan) -> None:

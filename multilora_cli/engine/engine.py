@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from multilora_cli.engine.grammar.compiler import GrammarCompiler
 from multilora_cli.engine.grammar.rows import GrammarRows, GrammarStop
 from multilora_cli.engine.identities import AdapterIdentities, PendingIdentity, identity_threads
 from multilora_cli.engine.logprobs import entries
-from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity
+from multilora_cli.engine.pinned import PinnedArena, arena_bytes, host_cache_capacity, reads_ahead_capacity
 from multilora_cli.engine.request import EngineStats, Request, Result, Sample, TokenLogprob
 from multilora_cli.engine.runner import ModelRunner
 from multilora_cli.engine.scheduler import Scheduler
@@ -107,7 +108,13 @@ class Engine:
         t0 = time.perf_counter()
         self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
         self._base_checked: set = set()  # (adapter, file identity) whose saved base embed / head equal the base's
-        self.arena, self.host_cache_loras = self._make_arena()
+        self.arena, self.host_cache_loras, reads_ahead = self._make_arena()
+        # the file pieces of one adapter read in parallel (direct_read.read_spans): CUDA reads straight into the arena
+        self._readers = (
+            ThreadPoolExecutor(config.read_threads, thread_name_prefix="lora-read")
+            if self.runner.device.type == "cuda" and self.adapters and config.read_threads > 1
+            else None
+        )
         self.arena_seconds = time.perf_counter() - t0  # startup: planning the adapters' reads, page-locking the arena
         self.slots = SlotManager(
             config.max_loras,
@@ -118,7 +125,7 @@ class Engine:
             prefetch_threads=config.prefetch_threads if self.adapters else 0,
             stage=self.runner.stage_adapter,
             stage_ahead=self.runner.staging_buffers,
-            read_ahead=config.max_num_seqs,  # one wave of admissions, however large the pool
+            read_ahead=reads_ahead,  # one wave of admissions (however large the pool), as the arena holds them
         )
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, window=self.model_config.kv_window)
         self.scheduler = Scheduler(
@@ -168,6 +175,7 @@ class Engine:
                 self.arena,
                 planned=self._read_plans.get(name),
                 pageable=True,
+                readers=self._readers,
             )
             if packed is not None:
                 return self._check_base_copies(self._check_rank(packed))
@@ -291,26 +299,29 @@ class Engine:
                 numel += n
         return numel * self.runner.dtype.itemsize
 
-    def _make_arena(self) -> tuple[PinnedArena | None, int]:
+    def _make_arena(self) -> tuple[PinnedArena | None, int, int]:
         """The page-locked host arena packed adapters live in (CUDA with adapters only; None if it cannot be
-        registered: loads then take pageable memory, as they do when the arena is full), and the host cache's
-        size: `max_cpu_loras`, less when the arena was capped below it (pinned.host_cache_capacity)."""
+        registered: loads then take pageable memory, as they do when the arena is full), the host cache's
+        size: `max_cpu_loras`, less when the arena was capped below it (pinned.host_cache_capacity), and the
+        reads a wave ahead it has blocks for beside that cache (pinned.reads_ahead_capacity)."""
         cfg = self.config
+        ahead = cfg.max_num_seqs  # SlotManager caps it at max_loras
         if self.runner.device.type != "cuda" or not self.adapters or not cfg.pinned_arena:
-            return None, cfg.max_cpu_loras
+            return None, cfg.max_cpu_loras, ahead
         try:
             sizes = [self._adapter_nbytes(n) for n in self.adapters]
         except MultiloraError:
-            return None, cfg.max_cpu_loras  # the load reports it, per request
+            return None, cfg.max_cpu_loras, ahead  # the load reports it, per request
         in_flight = min(cfg.max_loras, cfg.max_num_seqs)  # reads a wave ahead (SlotManager.read_ahead)
         nbytes = arena_bytes(sizes, cfg.max_cpu_loras, in_flight)
         try:
             arena = PinnedArena(nbytes, cuda=True) if nbytes else None
         except (RuntimeError, AttributeError):  # registration refused (locked-memory limit, old CUDA runtime)
-            return None, cfg.max_cpu_loras
+            return None, cfg.max_cpu_loras, ahead
         if arena is None:
-            return None, cfg.max_cpu_loras
-        return arena, host_cache_capacity(arena.nbytes, max(sizes), cfg.max_cpu_loras, in_flight)
+            return None, cfg.max_cpu_loras, ahead
+        args = (arena.nbytes, max(sizes), cfg.max_cpu_loras, in_flight)
+        return arena, host_cache_capacity(*args), reads_ahead_capacity(*args)
 
     # --- generation -------------------------------------------------------------------------------------------
     def _admit(self, request: Request) -> Result | None:
@@ -606,6 +617,8 @@ class Engine:
         """Stop background adapter reads; unpin the host arena; thaw a heap freeze a run left."""
         self._heap.thaw()
         self.slots.close()
+        if self._readers is not None:
+            self._readers.shutdown(wait=True)
         self.identities.close()
         if self.grammar is not None:
             self.grammar.close()

@@ -299,11 +299,17 @@ class SlotManager:
         """Move finished reads into the host cache, so they stop counting against `read_ahead`: unclaimed, they
         held it until their admission, and with 1,000 adapters a full set of done reads for later waves blocked
         the reads of the next admissions, which then read on the caller's thread (issue 38). A failed read
-        stays, for its acquire to report. Without a host cache they stay too (nowhere else to keep them)."""
+        stays, for its acquire to report. Without a host cache they stay too (nowhere else to keep them), and
+        so do reads the cache has no room for: claiming one would drop (least recently used) a host copy of an
+        adapter that is not in a slot, maybe a read made for the next admissions, which would then read it again
+        on the caller's thread (issue 37: MoE adapters of 1.7 GB, a cache of 10, 20 reads ahead). Left in
+        flight, they hold further reads back."""
         if self.max_cpu_loras <= 0:
             return
         for name, fut in list(self._inflight.items()):
             if fut.done() and not fut.cancelled() and fut.exception() is None:
+                if len(self._cpu) >= self.max_cpu_loras and next(iter(self._cpu)) not in self._slot_of:
+                    return  # the cache is full and would drop a host copy that waits for its load
                 del self._inflight[name]
                 self._keep(name, fut.result())
 

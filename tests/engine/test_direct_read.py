@@ -3,6 +3,7 @@
 import os
 import random
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from multilora_cli.adapters.peft import load_adapter
 from multilora_cli.adapters.scan import scan_adapter
-from multilora_cli.engine.direct_read import read_packed, read_spans
+from multilora_cli.engine.direct_read import READ_CHUNK, _pieces, read_packed, read_spans
 from multilora_cli.engine.packed import PackedAdapter, pack_adapter
 from multilora_cli.engine.pinned import PinnedArena
 from multilora_cli.errors import AdapterError
@@ -165,13 +166,32 @@ def test_read_spans_runs_gaps_and_short_files(tmp_path):
         spans.append((b, e, pos))
         dst[i] = pos
         pos += e - b
-    target = bytearray(pos)
     scan = type("S", (), {"name": "blob"})()
-    read_spans(f, memoryview(target), spans, scan)
-    for i, (b, e) in enumerate(pieces):
-        assert target[dst[i] : dst[i] + e - b] == data[b:e]
-    with pytest.raises(AdapterError, match="ended at byte"):
-        read_spans(f, memoryview(bytearray(16)), [(len(data) - 8, len(data) + 8, 0)], scan)
+    # one thread, then a pool of readers taking pieces of at most 7,001 bytes (spans split across pieces)
+    with ThreadPoolExecutor(3) as readers:
+        for pool, chunk in ((None, READ_CHUNK), (readers, 7_001), (readers, READ_CHUNK)):
+            target = bytearray(pos)
+            read_spans(f, memoryview(target), spans, scan, pool, chunk)
+            for i, (b, e) in enumerate(pieces):
+                assert target[dst[i] : dst[i] + e - b] == data[b:e]
+        for pool in (None, readers):
+            with pytest.raises(AdapterError, match="ended at byte"):
+                read_spans(f, memoryview(bytearray(16)), [(len(data) - 8, len(data) + 8, 0)], scan, pool, 4)
+
+
+def test_read_pieces_split_at_the_chunk_and_break_at_gaps():
+    spans = [(0, 10, 100), (10, 25, 0), (30, 31, 50)]
+    assert _pieces(spans, None) == [[(0, 10, 100), (10, 25, 0)], [(30, 31, 50)]]
+    assert _pieces(spans, 8) == [
+        [(0, 8, 100)],
+        [(8, 10, 108), (10, 16, 0)],
+        [(16, 24, 6)],
+        [(24, 25, 14)],
+        [(30, 31, 50)],
+    ]
+    # pieces cover every byte once, each at its destination
+    got = sorted((b, e, d) for piece in _pieces(spans, 3) for b, e, d in piece)
+    assert sum(e - b for b, e, _ in got) == 26 and all(e - b <= 3 for b, e, _ in got)
 
 
 def test_a_read_plan_is_reused_until_the_file_changes(ckpts, tmp_path):

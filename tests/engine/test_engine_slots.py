@@ -367,3 +367,23 @@ def test_finished_reads_stop_holding_the_read_ahead():
         assert m.caller_reads == 0 and m.cpu_loads == 4 and sorted(b.disk_reads) == ["a", "b", "c", "d"]
     finally:
         m.close()
+
+
+def test_done_reads_wait_in_flight_rather_than_push_each_other_out():
+    """Issue 37: claiming every finished read into a full host cache dropped the first ones (the next
+    admissions'), which the step loop then read again; now what the cache has no room for stays in flight."""
+    b = Backing()
+    m = SlotManager(4, 2, b.load_cpu, b.install, b.evict, prefetch_threads=1, read_ahead=4)
+    try:
+        m.prefetch(["a", "b", "c", "d"])
+        for fut in list(m._inflight.values()):
+            fut.result()
+        m.prefetch(["a", "b", "c", "d", "e"])  # a, b claimed into the cache; c, d wait in flight; e starts
+        assert list(m._cpu) == ["a", "b"] and set(m._inflight) == {"c", "d", "e"}
+        for fut in list(m._inflight.values()):
+            fut.result()
+        for name in ("a", "b", "c", "d"):
+            m.acquire(name)
+        assert m.caller_reads == 0 and sorted(b.disk_reads) == ["a", "b", "c", "d", "e"]
+    finally:
+        m.close()

@@ -177,7 +177,7 @@ class PackedEngine(Engine):
     """The engine as it loads on CUDA (checkpoint -> arena block -> packed slot load), on CPU."""
 
     def _make_arena(self):
-        return PinnedArena(256 << 20, cuda=False), self.config.max_cpu_loras
+        return PinnedArena(256 << 20, cuda=False), self.config.max_cpu_loras, self.config.max_num_seqs
 
     def _load_cpu(self, name):
         packed = read_packed(self.adapters[name], name, self.model_config, self.runner.dtype, self.arena)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from multilora_cli.engine.packed import pack_adapter
-from multilora_cli.engine.pinned import ALIGN, PinnedArena, arena_bytes, host_cache_capacity
+from multilora_cli.engine.pinned import ALIGN, PinnedArena, arena_bytes, host_cache_capacity, reads_ahead_capacity
 from multilora_cli.engine.slots import SlotManager
 from tests.engine.test_engine_packed import SHAPES, _adapter
 
@@ -109,6 +109,26 @@ def test_host_buffer_is_zeroed_writable_memory_of_the_asked_size(prefault):
 def test_host_cache_capacity(blocks, cpu, slots, want):
     size = 3 * ALIGN + 5  # page-rounded to 4 pages
     assert host_cache_capacity(blocks * 4 * ALIGN + ALIGN - 1, size, cpu, slots) == want
+
+
+@pytest.mark.parametrize(
+    "blocks,cpu,slots,want",
+    [
+        (16, 8, 8, 8),  # room for cache + reads: every read a wave ahead
+        (12, 8, 8, 6),  # capped: the cache keeps 6, the reads get the other 6
+        (12, 8, 2, 2),  # never more than asked
+        (20, 20, 20, 10),  # the MoE row of issue 37: 20 blocks of 1.7 GB, 20 slots: 10 cached, 10 read ahead
+        (1, 64, 64, 1),  # never below one
+    ],
+)
+def test_reads_ahead_capacity(blocks, cpu, slots, want):
+    """Reads in flight never need more blocks than the cache leaves: cache + reads <= blocks when capped."""
+    size = 3 * ALIGN + 5
+    nbytes = blocks * 4 * ALIGN + ALIGN - 1
+    got = reads_ahead_capacity(nbytes, size, cpu, slots)
+    assert got == want
+    cache = host_cache_capacity(nbytes, size, cpu, slots)
+    assert cache + got <= max(blocks, 2) or got == slots
 
 
 @pytest.mark.parametrize("capped", [False, True])
