@@ -275,3 +275,13 @@ def test_fused_checkpoint_modules_read_bit_identical(phi3_ckpts, tag, dtype):
         assert set(got.magnitudes) == set(ref.magnitudes) and len(ref.magnitudes) == 2 * 5
         assert all(torch.equal(got.magnitudes[k], m) for k, m in ref.magnitudes.items())
     assert all(g.uniform for (_, fused), g in got.groups.items() if fused in ("qkv_proj", "gate_up_proj"))
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0])
+def test_read_threads_is_validated(bad):
+    from multilora_cli.config import EngineConfig
+    from multilora_cli.errors import ConfigError
+
+    assert EngineConfig(model="m").read_threads == 8
+    with pytest.raises(ConfigError, match="read_threads must be an integer >= 1"):
+        EngineConfig(model="m", read_threads=bad)
