@@ -321,7 +321,7 @@ class Engine:
         if arena is None:
             return None, cfg.max_cpu_loras, ahead
         args = (arena.nbytes, max(sizes), cfg.max_cpu_loras, in_flight)
-        return arena, host_cache_capacity(*args), reads_ahead_capacity(*args)
+        return arena, host_cache_capacity(*args), reads_ahead_capacity(*args, len(sizes))
 
     # --- generation -------------------------------------------------------------------------------------------
     def _admit(self, request: Request) -> Result | None:

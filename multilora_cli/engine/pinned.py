@@ -215,13 +215,17 @@ def host_cache_capacity(arena_nbytes: int, adapter_bytes: int, max_cpu_loras: in
     return max(1, min(max_cpu_loras, blocks - min(in_flight, blocks // 2)))
 
 
-def reads_ahead_capacity(arena_nbytes: int, adapter_bytes: int, max_cpu_loras: int, in_flight: int) -> int:
-    """Reads in flight the arena has blocks for beside the host cache of `host_cache_capacity`: `in_flight`, or
-    the blocks that cache leaves when the arena was capped (at least 1). More reads than that were packed into
-    pageable memory (slow loads), or, done before their admission, pushed reads that were waiting for theirs out
-    of the host cache (issue 37: 20 MoE reads of 1.7 GB ahead of a 20-block arena, 10 of them re-read on the step
-    loop's thread)."""
+def reads_ahead_capacity(
+    arena_nbytes: int, adapter_bytes: int, max_cpu_loras: int, in_flight: int, adapters: int
+) -> int:
+    """Reads in flight the arena has blocks for beside the host cache of `host_cache_capacity`: `in_flight` when
+    the arena holds a block for each of the run's `adapters` (or for the cache and every read), else the blocks
+    that cache leaves (at least 1). More reads than that were packed into pageable memory (slow loads), or,
+    done before their admission, pushed reads that were waiting for theirs out of the host cache (issue 37: 20
+    MoE reads of 1.7 GB ahead of a 20-block arena and a cache of 10)."""
     size = -(-max(adapter_bytes, 1) // ALIGN) * ALIGN
     blocks = arena_nbytes // size
+    if blocks >= min(adapters, max_cpu_loras + in_flight):
+        return in_flight
     cache = host_cache_capacity(arena_nbytes, adapter_bytes, max_cpu_loras, in_flight)
     return max(1, min(in_flight, blocks - cache))
