@@ -137,7 +137,7 @@ class SlotManager:
         if not wait and not self._ready(name):
             self.not_ready += 1
             return None
-        obj = self._host_copy(name)  # before evicting anything, so a failed load leaves the slots intact
+        obj = self._host_copy(name, loading=True)  # before evicting anything: a failed load leaves the slots intact
         if self._free_slots:
             slot = self._free_slots.pop()
         else:
@@ -300,16 +300,16 @@ class SlotManager:
         held it until their admission, and with 1,000 adapters a full set of done reads for later waves blocked
         the reads of the next admissions, which then read on the caller's thread (issue 38). A failed read
         stays, for its acquire to report. Without a host cache they stay too (nowhere else to keep them), and
-        so do reads the cache has no room for: claiming one would drop (least recently used) a host copy of an
-        adapter that is not in a slot, maybe a read made for the next admissions, which would then read it again
-        on the caller's thread (issue 37: MoE adapters of 1.7 GB, a cache of 10, 20 reads ahead). Left in
-        flight, they hold further reads back."""
+        so do reads the cache has no room for: claiming one would drop a host copy of an adapter that is not in a
+        slot, maybe a read made for the next admissions, which would then read it again on the caller's thread
+        (issue 37: MoE adapters of 1.7 GB, a cache of 10, 20 reads ahead). Left in flight, they hold further
+        reads back."""
         if self.max_cpu_loras <= 0:
             return
         for name, fut in list(self._inflight.items()):
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                if len(self._cpu) >= self.max_cpu_loras and next(iter(self._cpu)) not in self._slot_of:
-                    return  # the cache is full and would drop a host copy that waits for its load
+                if len(self._cpu) >= self.max_cpu_loras and self._spare() is None:
+                    return  # the cache is full of copies that wait for their loads
                 del self._inflight[name]
                 self._keep(name, fut.result())
 
@@ -345,7 +345,7 @@ class SlotManager:
         }
 
     # --- host cache ------------------------------------------------------------------------------------------
-    def _host_copy(self, name: str) -> object:
+    def _host_copy(self, name: str, loading: bool = False) -> object:
         if name in self._cpu:
             self.cpu_hits += 1
             self._cpu.move_to_end(name)
@@ -356,16 +356,24 @@ class SlotManager:
             self.caller_reads += 1
         obj = fut.result() if fut is not None else self._load_cpu(name)  # a failed read raises here
         self.read_wait_seconds += time.perf_counter() - t0
-        self._keep(name, obj)
+        self._keep(name, obj, loading)
         return obj
 
-    def _keep(self, name: str, obj: object) -> None:
-        """A read's result (counted) into the host cache, least recently used ones out past `max_cpu_loras`."""
+    def _keep(self, name: str, obj: object, loading: bool = False) -> None:
+        """A read's result (counted) into the host cache. Past `max_cpu_loras` a copy goes: the least recently
+        used of an adapter in a slot, else the one of `name` when it is `loading` into a slot now, else the least
+        recently used. Why: a copy of an adapter in a slot only serves a reload after an eviction, one of an
+        adapter not in a slot waits for its load, maybe a read made for the next admissions (issue 37: a full
+        cache dropped those, and the step loop read them again)."""
         self.cpu_loads += 1
         if self.max_cpu_loras > 0:
             self._cpu[name] = obj
             while len(self._cpu) > self.max_cpu_loras:
-                self._cpu.popitem(last=False)
+                del self._cpu[self._spare() or (name if loading else next(iter(self._cpu)))]
+
+    def _spare(self) -> str | None:
+        """The least recently used host copy of an adapter that is in a slot (None: every copy waits for a load)."""
+        return next((n for n in self._cpu if n in self._slot_of), None)
 
 
 class _Either:

@@ -86,14 +86,14 @@ def test_host_cache_serves_reloads_without_disk():
     m = b.manager(max_loras=1, max_cpu_loras=2)
     for name in ["a", "b", "a", "b", "c", "a"]:
         m.acquire(name)
-    # a, b read once each; c read and pushes a (LRU) out of the 2-entry host cache, so the last a hits disk
-    assert b.disk_reads == ["a", "b", "c", "a"]
-    assert m.cpu_loads == 4 and m.cpu_hits == 2 and m.loads == 6 and m.evictions == 5
-    m.warm("c")  # host cache now holds c, a: no read
-    assert m.cpu_loads == 4
-    m.warm("b")  # prefetch from disk; the next acquire of b is a host-cache hit
+    # a, b read once each; c read and pushes out b's copy (b sits in the slot), not a's, so the last a is a hit
+    assert b.disk_reads == ["a", "b", "c"]
+    assert m.cpu_loads == 3 and m.cpu_hits == 3 and m.loads == 6 and m.evictions == 5
+    m.warm("c")  # host cache holds a, c: no read
+    assert m.cpu_loads == 3
+    m.warm("b")  # read from disk (pushing out a's copy: a is in the slot); the next acquire of b is a hit
     m.acquire("b")
-    assert b.disk_reads[-1] == "b" and m.cpu_loads == 5 and m.cpu_hits == 3
+    assert b.disk_reads[-1] == "b" and m.cpu_loads == 4 and m.cpu_hits == 4
 
 
 def test_failed_load_changes_nothing():
@@ -387,3 +387,20 @@ def test_done_reads_wait_in_flight_rather_than_push_each_other_out():
         assert m.caller_reads == 0 and sorted(b.disk_reads) == ["a", "b", "c", "d", "e"]
     finally:
         m.close()
+
+
+def test_a_full_host_cache_keeps_the_copies_that_wait_for_a_load():
+    """Issue 37: past the cache's size a copy of an adapter in a slot goes first, then the copy of the adapter
+    being loaded now, never one that waits for its load (the next admissions' reads: dropped, they were read
+    again on the step loop's thread)."""
+    b = Backing()
+    m = b.manager(max_loras=3, max_cpu_loras=2)
+    m.warm("a")
+    m.warm("b")
+    m.acquire("c")  # a and b wait for their loads: c's own copy is not kept
+    assert list(m._cpu) == ["a", "b"]
+    m.acquire("a")
+    m.acquire("b")
+    assert b.disk_reads == ["a", "b", "c"] and m.caller_reads == 3 and m.cpu_hits == 2
+    m.warm("d")  # a full cache of slotted copies: a's (least recently used) goes
+    assert list(m._cpu) == ["b", "d"]
