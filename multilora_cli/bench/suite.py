@@ -59,8 +59,6 @@ def engine_config(
     `multilora run`'s default too (`host_cache`)."""
     if work.max_loras is None:
         work, _ = resolve_slots(work, ModelConfig.from_dir(model_dir), device)
-    block = 16
-    per_seq = -(-(work.total_prompt_len + work.output_len) // block) + 1
     return EngineConfig(
         model=str(model_dir),
         dtype="bfloat16" if device.type == "cuda" else "float32",
@@ -71,8 +69,8 @@ def engine_config(
         max_num_seqs=work.max_num_seqs,
         max_num_batched_tokens=work.max_num_batched_tokens,
         max_model_len=work.total_prompt_len + work.output_len,
-        block_size=block,
-        num_kv_blocks=work.max_num_seqs * per_seq,
+        block_size=KV_BLOCK,
+        num_kv_blocks=kv_blocks(work),
         load_format="dummy",
         enforce_eager=enforce_eager,
         lazy_capture=False,  # every decode graph captured before the timed run: rows time steady steps
@@ -85,6 +83,14 @@ def engine_config(
             {LineKind(base=work.num_adapters == 0, sampled=work.sampled, top_p=work.sampled and work.top_p < 1.0)}
         ),
     )
+
+
+KV_BLOCK = 16  # tokens per KV block of a bench row
+
+
+def kv_blocks(work: Workload) -> int:
+    """A row's KV cache: max_num_seqs sequences of prompt + output tokens, one block to spare each."""
+    return work.max_num_seqs * (-(-(work.total_prompt_len + work.output_len) // KV_BLOCK) + 1)
 
 
 def resolve_slots(
@@ -109,6 +115,7 @@ def resolve_slots(
             max_num_seqs=work.max_num_seqs,
             context=work.total_prompt_len + work.output_len,
             kv_token=cfg.kv_bytes_per_token(itemsize),
+            kv_cap=kv_blocks(work) * KV_BLOCK * cfg.kv_bytes_per_token(itemsize),  # the row's fixed KV cache
         )
     )
     return replace(work, max_loras=choice.max_loras), choice

@@ -53,6 +53,11 @@ class DeviceAdapters:
                 hint="this is a bug: the engine sizes those slots from the run's adapters",
             )
 
+    def wait_for(self, slots) -> None:
+        """The compute stream waits for the loads still pending into `slots` (engine/slot_writer.py)."""
+        if self.writer.stream is not None:
+            self.writer.wait_for(slots)
+
     def clear(self, slot: int) -> None:
         self.writer.clear(slot)
         if self.vocab is not None:

@@ -177,6 +177,8 @@ class ModelRunner:
         the only host sync is reading the sampled ids, in `collect`.
         """
         t0 = time.perf_counter()
+        if self.max_loras:
+            self.adapters.wait_for(batch.slots)  # loads into this step's slots land first; others run on
         feed = None
         if batch.ahead:
             if prev is None or prev.ids is None or prev.ids.shape[0] != batch.num_seqs:

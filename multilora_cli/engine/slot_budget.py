@@ -10,10 +10,16 @@ rank-16 adapters, 2,048 requests: 64 slots ran a decode batch of 64 and 19.2k to
     kv_reserve = max_num_seqs x context x KV bytes per token   (keeps max_num_seqs sequences resident)
     context = min(max_model_len, KV_RESERVE_CONTEXT)
     budget  = max(SLOT_SHARE x left, FLOOR_SHARE x spare)      (the floor: a KV-heavy model still gets slots)
+    budget  = max(budget, (1 - KV_CAP_HEADROOM) x spare - kv_cap - staging)   (a bounded KV need: kv_cap)
     slots   = clamp(budget // slot bytes, 1, distinct adapters)
 
 More slots than the run has adapters buy nothing. The rest of `left` goes to the KV cache (longer prompts,
-prefix reuse). On CPU no kernel gains from slots and they cost host memory: the default stays small.
+prefix reuse), unless the KV cache can never use it: a run whose input bounds its sequences and their length
+(`kv_cap`: every sequence at its longest, engine/runner_sizing.input_kv_blocks, or a bench's fixed KV) gives
+slots the memory past that cap and the staging buffers the runner allocates beside the slots. Why: spare slots
+take the next wave's adapters while this one runs (`SlotManager.preload`); with 64 MoE adapters of 1.7 GB, 20
+slots left 4 free for 16 loads a wave and ~34 GB of an H200 unused (issue 37). On CPU no kernel gains from
+slots and they cost host memory: the default stays small.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ SLOT_SHARE = 0.5  # of the GPU memory left after the base weights and the KV res
 FLOOR_SHARE = 0.10  # slots may always take this share of the memory beside the weights (the rule before issue 38)
 KV_RESERVE_CONTEXT = 2048  # tokens per sequence the KV reserve holds (max_model_len when smaller)
 CPU_MAX_LORAS = 8  # the default on CPU (vLLM's --max-loras default is 1)
+# with a bounded KV need, this share of the spare memory stays unplanned: the weights' estimate leaves out norms
+# and biases, and the runner keeps room for a step's activations before it sizes the KV cache
+KV_CAP_HEADROOM = 0.05
 
 # the PEFT projections behind the engine's fused LoRA modules (models/config.FUSED_MODULES); every one gets slots
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -79,6 +88,7 @@ class SlotInputs:
     max_num_seqs: int = 256
     context: int = KV_RESERVE_CONTEXT
     kv_token: int = 0
+    kv_cap: int | None = None  # KV bytes the run can ever use (None: unbounded, the KV takes what is left)
 
     @property
     def kv_reserve(self) -> int:
@@ -97,13 +107,21 @@ def choose_max_loras(x: SlotInputs, given: int | None = None) -> SlotChoice:
     left = max(spare - x.kv_reserve, 0)
     budget = max(SLOT_SHARE * left, FLOOR_SHARE * spare)
     fit = int(budget // max(x.one_slot, 1))
+    idle = ""
+    if x.kv_cap is not None:
+        from multilora_cli.engine.runner_sizing import staging_buffers
+
+        rest = (1 - KV_CAP_HEADROOM) * spare - x.kv_cap - staging_buffers(x.one_slot) * x.one_slot
+        if rest > budget:
+            fit = int(rest // max(x.one_slot, 1))
+            idle = f"; all of {_gb(rest)} past the {_gb(x.kv_cap)} of KV the input can use and the staging buffers"
     k = max(1, min(n, fit))
     why = "every adapter has one" if k == n and fit >= n else f"{fit} fit"
     return SlotChoice(
         k,
         f"{why}: {x.adapters} adapters, slots of {_gb(x.one_slot)} within "
         f"max({SLOT_SHARE:.0%} of {_gb(left)} left after the base and a KV reserve of {_gb(x.kv_reserve)} "
-        f"({x.max_num_seqs} seqs x {x.context} tokens), {FLOOR_SHARE:.0%} of {_gb(spare)} beside the base)",
+        f"({x.max_num_seqs} seqs x {x.context} tokens), {FLOOR_SHARE:.0%} of {_gb(spare)} beside the base){idle}",
     )
 
 

@@ -70,8 +70,18 @@ def slot_choice(cfg: RunConfig, pf, n_adapters: int, econf: EngineConfig):
             max_num_seqs=econf.max_num_seqs,
             context=reserve_context(econf.max_model_len, mc.max_position_embeddings),
             kv_token=mc.kv_bytes_per_token(eng.itemsize),
+            kv_cap=_kv_cap(econf, mc, eng.itemsize),
         )
     )
+
+
+def _kv_cap(econf: EngineConfig, mc, itemsize: int) -> int | None:
+    """KV bytes the run's input can ever use (the runner's cap on its KV cache, engine/runner_sizing.py), or None
+    when the input does not bound it (stdin)."""
+    from multilora_cli.engine.runner_sizing import input_kv_blocks, window_kv_blocks
+
+    blocks = input_kv_blocks(econf, mc.max_position_embeddings, window_kv_blocks(econf, mc))
+    return None if blocks is None else blocks * econf.block_size * mc.kv_bytes_per_token(itemsize)
 
 
 def engine_config(

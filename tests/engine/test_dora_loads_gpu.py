@@ -1,7 +1,7 @@
 """Slot loads on CUDA (skipped without a GPU): packed DoRA adapters from the page-locked arena give PEFT's norms
 (fp32: to float32 rounding; bf16 slots: close), through the load stream; a load into a free slot runs beside the
 step on the compute stream, one into an evicted slot waits for the steps enqueued before the eviction, and the
-compute stream waits for every load before its next step."""
+compute stream waits for a load only before what reads its slot (`wait_for`: a step's slots, a clear)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def test_packed_dora_loads_on_cuda_are_peft_norms(tmp_path, dtype, tol):
     writer.install(1, packed["dora_some"])
     writer.clear(1)
     writer.install(1, packed["dora_some"])  # evicted and reloaded
+    writer.wait_all()  # (a step waits for its own slots' loads)
     torch.testing.assert_close(_rows(model, 0).cpu(), want["dora_all"], atol=tol, rtol=tol)
     torch.testing.assert_close(_rows(model, 1).cpu(), want["dora_some"], atol=tol, rtol=tol)
 
@@ -64,3 +65,34 @@ def test_load_stream_overlaps_free_slots_and_waits_for_evicted_ones(tmp_path):
     assert not writer.stream.query()  # the load waits for that step
     torch.cuda.synchronize()
     torch.testing.assert_close(_rows(model, 0), _rows(model, 2), atol=0, rtol=0)
+
+
+def test_a_step_waits_only_for_the_loads_into_its_own_slots(tmp_path):
+    """Issue 37: a preload into a free slot must not hold back the steps that read other slots; the first step
+    that reads it (or a clear of it) waits for it."""
+    _, model, writer, _, packed = _setup(tmp_path, torch.float32)
+    writer.install(0, packed["dora_all"])  # warm: compile, plans, pools
+    writer.install(1, packed["dora_some"])
+    writer.wait_all()
+    torch.cuda.synchronize()
+    compute = torch.cuda.current_stream()
+    with torch.cuda.stream(writer.stream):
+        torch.cuda._sleep(SLEEP)  # a long copy on the load stream
+    writer.install(2, packed["dora_some"])  # queued behind it
+    writer.wait_for([0, 1, -1])  # a step on slots 0, 1 and the base
+    torch.cuda._sleep(1000)
+    compute.synchronize()  # returns while the load is still running
+    assert not writer.stream.query()
+    writer.wait_for([2, 0])  # a step that reads slot 2
+    marker = torch.cuda.Event()
+    marker.record(compute)
+    assert not marker.query()  # held behind the load
+    torch.cuda.synchronize()
+    torch.testing.assert_close(_rows(model, 2), _rows(model, 1), atol=0, rtol=0)
+    # a clear of a slot whose load is pending lands after the load, not under it
+    with torch.cuda.stream(writer.stream):
+        torch.cuda._sleep(SLEEP)
+    writer.install(2, packed["dora_all"])
+    writer.clear(2)
+    torch.cuda.synchronize()
+    assert all(int(m.lora.rank[2].sum()) == 0 for m in model.lora_modules().values())

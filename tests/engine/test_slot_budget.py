@@ -151,3 +151,25 @@ def test_a_run_picks_the_gpu_default_unless_told(monkeypatch):
     econf, choice = engine_config(told, SimpleNamespace(**{**vars(pf), "max_loras": 5}), good(40))
     assert econf.max_loras == 5 and choice.reason == "--max-loras 5"  # --max-loras: no memory query at all
     assert len(asked) == 4
+
+
+def test_a_bounded_kv_need_gives_slots_the_memory_it_cannot_use():
+    """Issue 37: Qwen3-30B-A3B shapes on an H200, 64 adapters of 1.69 GB, 256 sequences of 256 tokens: the KV
+    cache can never use more than its cap, so the slots take what is past it (and the staging buffers, and the
+    headroom), not half of what is left after the reserve."""
+    from multilora_cli.economics.presets import MODEL_PRESETS
+    from multilora_cli.engine.runner_sizing import staging_buffers
+    from multilora_cli.engine.slot_budget import KV_CAP_HEADROOM
+
+    cfg = ModelConfig.from_dict(dict(MODEL_PRESETS["qwen3-30b-a3b"]))
+    spare = int(141 * GB * 0.9) - weight_bytes(cfg, 2)
+    one, kv = slot_bytes(cfg, 16, 2), cfg.kv_bytes_per_token(2)
+    cap = 256 * 17 * 16 * kv
+    plain = choose_max_loras(SlotInputs(64, one, spare, 256, 256, kv)).max_loras
+    assert plain == int(0.5 * (spare - 256 * 256 * kv) // one)  # half of what the reserve leaves
+    capped = choose_max_loras(SlotInputs(64, one, spare, 256, 256, kv, kv_cap=cap))
+    rest = (1 - KV_CAP_HEADROOM) * spare - cap - staging_buffers(one) * one
+    assert capped.max_loras == int(rest // one) > plain and "past the" in capped.reason
+    # a cap above what half would leave changes nothing, nor do more slots than adapters
+    assert choose_max_loras(SlotInputs(64, one, spare, 256, 256, kv, kv_cap=spare)).max_loras == plain
+    assert choose_max_loras(SlotInputs(8, one, spare, 256, 256, kv, kv_cap=cap)).max_loras == 8
