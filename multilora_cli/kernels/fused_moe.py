@@ -28,7 +28,7 @@ Two ways to run the LoRA terms, the same numbers up to rounding order (`row_lora
     reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py), one
     tensor-core dot per distinct adapter of a block (kernels/moe_dots.py): each row gets its own adapter's expand
     before the SiLU-and-mul and before the routing weight, and the gate_up GEMM leaves the down shrink's partials
-    per output tile. 6 Triton launches vs the base's 5.
+    per output tile, which one small launch sums (moe_dots.sum_parts). 7 Triton launches vs the base's 5.
   grouped (prefill-sized steps, where many rows share an (expert, adapter) and tensor-core dots over a block pay):
     a second alignment by (expert, slot), h = x @ gate_up^T stored, shrink, expand + SiLU-and-mul, down GEMM,
     shrink, expand + weight in place (kernels/moe_lora.py): 12 Triton launches.
@@ -50,6 +50,7 @@ import triton
 
 from multilora_cli.kernels.expert_weights import ExpertLoraWeights
 from multilora_cli.kernels.moe_align import align_pairs
+from multilora_cli.kernels.moe_dots import sum_parts
 from multilora_cli.kernels.moe_gemm import BN, RowLora, expert_gemm
 from multilora_cli.kernels.moe_lora import expand, shrink
 
@@ -118,7 +119,9 @@ def fused_moe(
         lo = RowLora(slot, lora.rank, sg, lora.gu_b, lora.dn_a, part, R)
         gemm(x, gate_up, by_e, rw, act, K, inter, inter, gather=True, silu=True, weight=False, lora=lo)
         y = new(P, H)
-        lo = RowLora(slot, lora.rank, lora.dn_scale, lora.dn_b, None, part, R)
+        sd = new(P, R)
+        sum_parts(part, lora.dn_scale, slot, lora.rank, sd, K, R)
+        lo = RowLora(slot, lora.rank, sd, lora.dn_b, None, None, R)
         gemm(act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=True, lora=lo)
         return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
     by_es = align_pairs(experts, slot, E, lora.max_loras, bm)

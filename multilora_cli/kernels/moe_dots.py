@@ -7,6 +7,7 @@ BM rows with the rows of other slots zeroed:
     gate_up:   acc   += where(slot == s, sg[:, :r_s])     @ gu_b[s, e, n-tile, :r_s]^T          [BM, BN]
                acc_u += where(slot == s, sg[:, R:R+r_s])  @ gu_b[s, e, I + n-tile, :r_s]^T
     part:      part[tile, p, :r_s] = round(act[p, n-tile]) @ dn_a[s, e, :r_s, n-tile]^T   rows of s only
+    sum_parts: sd[p, :r_s] = round(sum over tiles in order of part[tile, p, :r_s] * dn_scale[s, :r_s])  (own launch)
     down:      acc   += where(slot == s, sd[:, :r_s])     @ dn_b[s, e, n-tile, :r_s]^T
 
 Each slot's factor tile ([r_s, BN]) is read once per program, coalesced (a per-row epilogue would gather it once
@@ -15,7 +16,10 @@ exact products of the inputs (bf16 x bf16 or fp32 x fp32 with ieee dots), summed
 a row of another slot contributes exact zeros to a row's accumulator (0 x finite = 0, acc + 0 = acc), so a row's
 result depends on its own token, expert and slot only. Rank-aware: columns past r_s are masked (no bytes read).
 
-A decode step's block (16 rows, ~10 adapters) runs ~10 dots of [16, R] x [R, BN]. A prefill-sized step (hundreds
+A decode step's block (16 rows, ~10 adapters) runs ~10 dots of [16, R] x [R, BN]. The down shrink's partials are
+summed by one small launch (`sum_parts`, [T*K, R]) rather than by each of the down GEMM's H / BN programs of a block
+(32 at Qwen3-30B-A3B shapes, each re-reading all I / BN partials): H200, 256 tokens x 16 / 35 adapters, one layer
+494 -> 481 / 526 -> 510 us, 512 tokens 724 -> 683 (the same at 16 and 64 tokens, benchmarks/HISTORY.md). A prefill-sized step (hundreds
 of pairs per expert) has few distinct adapters per 64-row block; there the grouped path (kernels/moe_lora.py) is
 as fast up to 8,192 pairs and faster beyond (fused_moe.ROW_LORA_MAX_PAIRS).
 """
@@ -81,33 +85,52 @@ def part_dots(
 
 @triton.jit
 def down_dots(
-    acc, s, live, r, pair, e, n, n_ok, n_parts, sh_ptr, b_ptr, rank_ptr, part_ptr,
-    stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_part, R,
-    RB: tl.constexpr, NPB: tl.constexpr, TP: tl.constexpr, BM: tl.constexpr, DOT_PREC: tl.constexpr,
+    acc, s, live, pair, e, n, n_ok, sh_ptr, b_ptr, rank_ptr, stride_sh, stride_b_slot, stride_b_exp, stride_bn,
+    RB: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
-    """acc [BM, BN] fp32 plus each row's down expand: sd = round(sum over tiles of part[., p, :r] * dn_scale[s, :r])
-    (sh = dn_scale [L, R] fp32; TP tiles' partials per load, summed in a fixed order), then the slot dots."""
+    """acc [BM, BN] fp32 plus each row's down expand (sh = sd [T*K, R] in x's dtype: the down shrink as
+    `sum_parts` left it)."""
     c = tl.arange(0, RB)
-    cols = live[:, None] & (c[None, :] < r[:, None])  # [BM, RB]
-    sd = tl.zeros((BM, RB), dtype=tl.float32)
-    for t0 in tl.static_range(0, NPB, TP):
-        t = t0 + tl.arange(0, TP)
-        pp = part_ptr + t[:, None, None] * stride_part + pair[None, :, None] * R + c[None, None, :]
-        sd += tl.sum(tl.load(pp, mask=(t < n_parts)[:, None, None] & cols[None, :, :], other=0.0), axis=0)
-    s64 = tl.maximum(s, 0).to(tl.int64)
-    sd = sd * tl.load(sh_ptr + s64[:, None] * stride_sh + c[None, :], mask=cols, other=0.0)
     cur = _next_slot(s, live, -1)
     while cur < 1 << 30:
         cm = c < tl.load(rank_ptr + cur)
+        rows = (live & (s == cur))[:, None] & cm[None, :]
+        sd = tl.load(sh_ptr + pair[:, None] * stride_sh + c[None, :], mask=rows, other=0.0)  # [BM, RB]
         base = b_ptr + cur.to(tl.int64) * stride_b_slot + e.to(tl.int64) * stride_b_exp
         bt = tl.load(base + n[None, :] * stride_bn + c[:, None], mask=cm[:, None] & n_ok[None, :], other=0.0)
-        mine = tl.where((live & (s == cur))[:, None], sd, 0.0).to(bt.dtype)  # rounded as the reference rounds sd
-        acc = tl.dot(mine, bt, acc, input_precision=DOT_PREC)
+        acc = tl.dot(sd.to(bt.dtype), bt, acc, input_precision=DOT_PREC)
         cur = _next_slot(s, live, cur)
     return acc
 
 
-def tiles_per_load(block_m: int, rank_block: int, parts_block: int) -> int:
-    """TP: how many tiles' partials `down_dots` loads at once ([TP, BM, RB] fp32 within 2,048 values: 16 a thread
-    at 4 warps), a power of two dividing NPB."""
-    return max(1, min(parts_block, 2048 // (block_m * rank_block)))
+@triton.jit
+def _sum_parts_kernel(
+    part_ptr, scale_ptr, slot_ptr, rank_ptr, out_ptr, P, top_k, n_parts, R, stride_part, stride_scale, stride_out,
+    RB: tl.constexpr, BP: tl.constexpr,
+):  # fmt: skip
+    """out[p, :r] = round(sum over t in order of part[t, p, :r] * scale[s, :r]), 0 past r (s = slot[p // top_k])."""
+    p = tl.program_id(0) * BP + tl.arange(0, BP)
+    ok = p < P
+    s = tl.load(slot_ptr + p // top_k, mask=ok, other=-1)
+    r = tl.load(rank_ptr + tl.maximum(s, 0), mask=ok & (s >= 0), other=0)
+    c = tl.arange(0, RB)
+    cols = c[None, :] < r[:, None]  # [BP, RB]
+    acc = tl.zeros((BP, RB), dtype=tl.float32)
+    for t in range(0, n_parts):
+        acc += tl.load(part_ptr + t * stride_part + p[:, None] * R + c[None, :], mask=cols, other=0.0)
+    s64 = tl.maximum(s, 0).to(tl.int64)
+    acc = acc * tl.load(scale_ptr + s64[:, None] * stride_scale + c[None, :], mask=cols, other=0.0)
+    out = out_ptr + p[:, None].to(tl.int64) * stride_out + c[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (c[None, :] < R))
+
+
+def sum_parts(part, scale, slot, rank, out, top_k: int, R: int) -> None:
+    """`_sum_parts_kernel`: part [n_parts, T*K, R] fp32, scale [L, R] fp32, slot [T], rank [L] -> out [T*K, R]."""
+    from multilora_cli.kernels.checks import rank_bucket
+    from multilora_cli.kernels.launch import launch
+
+    P, bp = part.shape[1], 64
+    launch(
+        _sum_parts_kernel, (triton.cdiv(P, bp),), part, scale, slot, rank, out, P, top_k, part.shape[0], R,
+        part.stride(0), scale.stride(0), out.stride(0), RB=rank_bucket(R), BP=bp,
+    )  # fmt: skip

@@ -8,8 +8,8 @@ optional expert-LoRA epilogue (the expand added before the SiLU-and-mul / before
         act[p, n] = silu(g) * u
         lora: part[tile(n), p, :r] = round(act[p, n in tile]) @ dn_a[s, e, :r, n in tile]^T   fp32 [n_tiles, T*K, R]
     down (silu=False):    src = act, w = down [E, H, I], out = y [T*K, H] in x's dtype
-        sd = round(sum over tiles of part[., p, :r] * dn_scale[s, :r])  (the down shrink, in x's dtype; in a
-             fixed order: a row's sum depends on its own partials only)
+        sd = round(sum over tiles of part[., p, :r] * dn_scale[s, :r])  [T*K, R] (the down shrink, in x's dtype;
+             moe_dots.sum_parts, its own launch; in a fixed order: a row's sum depends on its own partials only)
         y[p, n] = (act[p] @ w[e, n]^T (+ sd @ dn_b[s, e, n, :r]^T)) * (weight: rw[p])
 
 Why in the epilogue: a block holds one expert's pairs of many adapters (a decode step of 256 tokens and 16 adapters
@@ -19,8 +19,8 @@ distinct adapter of the block, over the block's rows with the other adapters' ro
 rank-aware, a block without LoRA rows skips it). Each adapter's factor tile is read once per program. What that
 removes from the grouped path (kernels/moe_lora.py): the gate_up GEMM's [T*K, 2I] output written and read back, the
 expand launches, the down shrink launch, and y's read-modify-write. The down shrink's sum over I is split by the
-gate_up GEMM's output tiles (each program owns one tile of act) into fp32 partials that the down GEMM sums in a
-fixed order: no atomics, each row's numbers depend on its own inputs only (batch invariance).
+gate_up GEMM's output tiles (each program owns one tile of act) into fp32 partials that one small launch sums in
+a fixed order: no atomics, each row's numbers depend on its own inputs only (batch invariance).
 Per-row fp32 FMAs (each row gathering its own adapter's factors, [BM, RC, BN] at a time) were the first epilogue:
 at Qwen3-30B-A3B shapes on an H200 they cost 1.4-4.1x the dots' extra time at every step size from 1 to 8,192
 tokens (benchmarks/HISTORY.md), and at 16 rows they spilled in gate_up (255 registers) and cut the down GEMM to 2
@@ -39,7 +39,7 @@ import triton.language as tl
 from multilora_cli.kernels.checks import rank_bucket
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.moe_align import MoeAlign
-from multilora_cli.kernels.moe_dots import down_dots, gate_up_dots, part_dots, tiles_per_load
+from multilora_cli.kernels.moe_dots import down_dots, gate_up_dots, part_dots
 
 BN, BK = 64, 64
 
@@ -47,14 +47,14 @@ BN, BK = 64, 64
 @dataclass(slots=True)
 class RowLora:
     """The LoRA epilogue's operands. gate_up: sh = sg [T*K, 2R], b = gu_b, a2 = dn_a, part written;
-    down: sh = dn_scale [L, R] fp32, b = dn_b, a2 unused, part read."""
+    down: sh = sd [T*K, R] (moe_dots.sum_parts of part), b = dn_b, a2 and part None."""
 
     slot: torch.Tensor  # [T] int, -1 = base
     rank: torch.Tensor  # [L] int32
     sh: torch.Tensor
     b: torch.Tensor
     a2: torch.Tensor | None
-    part: torch.Tensor  # [n_parts, T*K, R] float32
+    part: torch.Tensor | None  # [n_parts, T*K, R] float32
     max_rank: int  # R
 
 
@@ -62,12 +62,11 @@ class RowLora:
 def _expert_gemm_kernel(
     src_ptr, w_ptr, pair_ptr, bexp_ptr, rw_ptr, out_ptr,
     slot_ptr, rank_ptr, sh_ptr, b_ptr, a2_ptr, part_ptr,
-    KD, N, INTER, top_k, n_tiles, R, n_parts,
+    KD, N, INTER, top_k, n_tiles, R,
     stride_src, stride_we, stride_wn, stride_out,
     stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_a2_slot, stride_a2_exp, stride_a2_row, stride_part,
     GATHER: tl.constexpr, SILU: tl.constexpr, WEIGHT: tl.constexpr, LORA: tl.constexpr,
-    NPB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr,
-    RB: tl.constexpr, TP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, RB: tl.constexpr,
 ):  # fmt: skip
     """out[p, n-tile] = src[row(p)] @ w[e, n-tile]^T; SILU: silu(that) * (src @ w[e, INTER + n-tile]^T);
     WEIGHT: times rw[p]. row(p) = p // top_k (GATHER: x by token) or p (act by pair). LORA: the module docstring."""
@@ -109,8 +108,8 @@ def _expert_gemm_kernel(
             )  # fmt: skip
         else:
             acc = down_dots(
-                acc, s, live, r, pair, e, n, n_ok, n_parts, sh_ptr, b_ptr, rank_ptr, part_ptr,
-                stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_part, R, RB, NPB, TP, BM, DOT_PREC,
+                acc, s, live, pair, e, n, n_ok, sh_ptr, b_ptr, rank_ptr, stride_sh, stride_b_slot, stride_b_exp,
+                stride_bn, RB, DOT_PREC,
             )  # fmt: skip
     if SILU:
         acc = acc * tl.sigmoid(acc) * acc_u
@@ -133,19 +132,19 @@ def expert_gemm(
     tiles = triton.cdiv(n_out, BN)
     if lora is None:
         d = rw  # never read (LORA=False prunes the epilogue)
-        lo = (d, d, d, d, d, d, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        lo = (d, d, d, d, d, d, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     else:
         a2 = lora.a2 if lora.a2 is not None else lora.b
+        part = lora.part if lora.part is not None else lora.b  # down: never read
         lo = (
-            lora.slot, lora.rank, lora.sh, lora.b, a2, lora.part, lora.max_rank, lora.part.shape[0],
+            lora.slot, lora.rank, lora.sh, lora.b, a2, part, lora.max_rank,
             lora.sh.stride(0), lora.b.stride(0), lora.b.stride(1), lora.b.stride(2),
-            a2.stride(0), a2.stride(1), a2.stride(2), lora.part.stride(0),
+            a2.stride(0), a2.stride(1), a2.stride(2), part.stride(0),
         )  # fmt: skip
-    rb, npb = rank_bucket(max(1, lo[6])), triton.next_power_of_2(max(1, lo[7]))
     launch(
         _expert_gemm_kernel, (al.num_blocks * tiles,), src, w, al.sorted_pair, al.block_expert, rw, out, *lo[:6],
-        w.shape[2], n_out, inter, top_k, tiles, *lo[6:8],
-        src.stride(0), w.stride(0), w.stride(1), out.stride(0), *lo[8:],
+        w.shape[2], n_out, inter, top_k, tiles, lo[6],
+        src.stride(0), w.stride(0), w.stride(1), out.stride(0), *lo[7:],
         GATHER=gather, SILU=silu, WEIGHT=weight, LORA=lora is not None,
-        NPB=npb, BM=al.block_m, BN=BN, BK=BK, DOT_PREC=prec, RB=rb, TP=tiles_per_load(al.block_m, rb, npb),
+        BM=al.block_m, BN=BN, BK=BK, DOT_PREC=prec, RB=rank_bucket(max(1, lo[6])),
     )  # fmt: skip

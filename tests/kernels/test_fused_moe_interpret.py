@@ -194,8 +194,8 @@ def test_align_by_expert_alone():
     assert int((al.block_expert >= 0).sum()) == sum(-(-int((experts == e).sum()) // 16) for e in range(E))
 
 
-@pytest.mark.parametrize("path, aligns, shrinks, expands", [("rows", 1, 1, 0), ("grouped", 2, 2, 2)])
-def test_dry_run_records_every_launch(path, aligns, shrinks, expands):
+@pytest.mark.parametrize("path, aligns, shrinks, expands, sums", [("rows", 1, 1, 0, 1), ("grouped", 2, 2, 2, 0)])
+def test_dry_run_records_every_launch(path, aligns, shrinks, expands, sums):
     """engine/precompile.py dry-runs forwards under launch.collect(): every kernel of the call is recorded (so it is
     compiled before the first step), and the torch ops around them need no kernel output."""
     from multilora_cli.kernels.launch import collect
@@ -206,4 +206,5 @@ def test_dry_run_records_every_launch(path, aligns, shrinks, expands):
     names = [c[0].fn.__name__ for c in calls]
     assert names.count("_count_kernel") == names.count("_place_kernel") == aligns  # by expert (, by (expert, slot))
     assert names.count("_expert_gemm_kernel") == 2 and names.count("_lora_expand_kernel") == expands
-    assert names.count("_lora_shrink_kernel") == shrinks and len(names) == 3 * aligns + 2 + shrinks + expands
+    assert names.count("_sum_parts_kernel") == sums  # the rows path's down shrink: its partials summed once
+    assert names.count("_lora_shrink_kernel") == shrinks and len(names) == 3 * aligns + 2 + shrinks + expands + sums
