@@ -17,11 +17,11 @@ a row of another slot contributes exact zeros to a row's accumulator (0 x finite
 result depends on its own token, expert and slot only. Rank-aware: columns past r_s are masked (no bytes read).
 
 A decode step's block (16 rows, ~10 adapters) runs ~10 dots of [16, R] x [R, BN]. The down shrink's partials are
-summed by one small launch (`sum_parts`, [T*K, R]) rather than by each of the down GEMM's H / BN programs of a block
-(32 at Qwen3-30B-A3B shapes, each re-reading all I / BN partials): H200, 256 tokens x 16 / 35 adapters, one layer
-494 -> 481 / 526 -> 510 us, 512 tokens 724 -> 683 (the same at 16 and 64 tokens, benchmarks/HISTORY.md). A prefill-sized step (hundreds
-of pairs per expert) has few distinct adapters per 64-row block; there the grouped path (kernels/moe_lora.py) is
-as fast up to 8,192 pairs and faster beyond (fused_moe.ROW_LORA_MAX_PAIRS).
+summed by one small launch (`sum_parts`, [T*K, R]) rather than by each of the down GEMM's H / BN programs of a
+block (32 at Qwen3-30B-A3B shapes, each re-reading all I / BN partials): H200, 256 tokens x 16 / 35 adapters, one
+layer 494 -> 481 / 526 -> 510 us, 512 tokens 724 -> 683 (the same at 16 and 64 tokens, benchmarks/HISTORY.md).
+A prefill-sized step (hundreds of pairs per expert) has few distinct adapters per 64-row block; there the grouped
+path (kernels/moe_lora.py) is as fast up to 8,192 pairs and faster beyond (fused_moe.ROW_LORA_MAX_PAIRS).
 """
 
 from __future__ import annotations
