@@ -150,7 +150,8 @@ class SlotWriter:
                 compute.wait_event(ev)
 
     def wait_all(self) -> None:
-        """Order the compute stream after every pending load (whatever reads the slots outside a step)."""
+        """Order the compute stream after every pending load: for reads of the slots outside a step (the GPU
+        tests read slot tensors back); steps use `wait_for`."""
         self.wait_for(list(self._loading))
 
     def _install(self, slot: int, adapter) -> None:

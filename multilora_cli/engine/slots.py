@@ -369,7 +369,10 @@ class SlotManager:
         if self.max_cpu_loras > 0:
             self._cpu[name] = obj
             while len(self._cpu) > self.max_cpu_loras:
-                del self._cpu[self._spare() or (name if loading else next(iter(self._cpu)))]
+                spare = self._spare()
+                if spare is None:
+                    spare = name if loading else next(iter(self._cpu))
+                del self._cpu[spare]
 
     def _spare(self) -> str | None:
         """The least recently used host copy of an adapter that is in a slot (None: every copy waits for a load)."""
