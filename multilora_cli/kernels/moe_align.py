@@ -73,19 +73,35 @@ def _count_kernel(experts_ptr, slot_ptr, counts_ptr, P, top_k, n_slot, HAS_SLOT:
 @triton.jit
 def _scan_kernel(
     counts_ptr, cursor_ptr, end_ptr, sorted_ptr, bexp_ptr, bslot_ptr, G, NB, n_slot, search_steps,
-    BM: tl.constexpr, CHUNK: tl.constexpr,
+    BM: tl.constexpr, CHUNK: tl.constexpr, BY_EXPERT: tl.constexpr, EC: tl.constexpr, SB: tl.constexpr,
 ):  # fmt: skip
-    """One program: cursor[g] / end[g] = start / end row of group g's padded run; sorted rows = -1; block b's
-    group = the first g with end[g] > b * BM (G = none)."""
-    carry = tl.zeros((CHUNK,), dtype=tl.int32)
-    for g0 in range(0, G, CHUNK):
-        g = g0 + tl.arange(0, CHUNK)
-        ok = g < G
-        padded = (tl.load(counts_ptr + g, mask=ok, other=0) + BM - 1) // BM * BM
-        end = tl.cumsum(padded, 0) + carry
-        tl.store(end_ptr + g, end, mask=ok)
-        tl.store(cursor_ptr + g, end - padded, mask=ok)
-        carry += tl.sum(padded, 0)
+    """One program. Runs: the G groups, or with BY_EXPERT the G experts (each holding its n_slot groups in one run
+    padded once). end[run] = end row of its padded run; cursor[g] = start row of group g (BY_EXPERT: its expert's
+    run start + the pairs of the expert's earlier groups); sorted rows = -1; block b's run = the first with
+    end[run] > b * BM (G = none)."""
+    if BY_EXPERT:
+        j = tl.arange(0, SB)
+        carry = tl.zeros((EC,), dtype=tl.int32)
+        for e0 in range(0, G, EC):
+            e = e0 + tl.arange(0, EC)
+            cells = (e < G)[:, None] & (j < n_slot)[None, :]
+            cnt = tl.load(counts_ptr + e[:, None] * n_slot + j[None, :], mask=cells, other=0)  # [EC, SB]
+            padded = (tl.sum(cnt, 1) + BM - 1) // BM * BM
+            end = tl.cumsum(padded, 0) + carry
+            tl.store(end_ptr + e, end, mask=e < G)
+            before = tl.cumsum(cnt, 1) - cnt  # pairs of the expert's earlier groups
+            tl.store(cursor_ptr + e[:, None] * n_slot + j[None, :], (end - padded)[:, None] + before, mask=cells)
+            carry += tl.sum(padded, 0)
+    else:
+        carry = tl.zeros((CHUNK,), dtype=tl.int32)
+        for g0 in range(0, G, CHUNK):
+            g = g0 + tl.arange(0, CHUNK)
+            ok = g < G
+            padded = (tl.load(counts_ptr + g, mask=ok, other=0) + BM - 1) // BM * BM
+            end = tl.cumsum(padded, 0) + carry
+            tl.store(end_ptr + g, end, mask=ok)
+            tl.store(cursor_ptr + g, end - padded, mask=ok)
+            carry += tl.sum(padded, 0)
     for i0 in range(0, NB * BM, CHUNK):
         i = i0 + tl.arange(0, CHUNK)
         tl.store(sorted_ptr + i, tl.full((CHUNK,), -1, tl.int32), mask=i < NB * BM)
@@ -95,7 +111,7 @@ def _scan_kernel(
         lo = b * BM
         left = tl.zeros((CHUNK,), dtype=tl.int32)
         right = tl.full((CHUNK,), 0, tl.int32) + G
-        for _ in range(search_steps):  # upper bound of lo in end[0..G): first g with end[g] > lo
+        for _ in range(search_steps):  # upper bound of lo in end[0..G): first run with end[run] > lo
             active = left < right
             mid = (left + right) // 2
             v = tl.load(end_ptr + mid, mask=active, other=0)
@@ -104,48 +120,12 @@ def _scan_kernel(
             right = tl.where(active & (v > lo), mid, right)
         found = left < G
         ok = b < NB
-        tl.store(bexp_ptr + b, tl.where(found, left // n_slot, -1), mask=ok)
-        tl.store(bslot_ptr + b, tl.where(found, left % n_slot - 1, -1), mask=ok)
-
-
-@triton.jit
-def _scan_by_expert_kernel(
-    counts_ptr, cursor_ptr, end_ptr, sorted_ptr, bexp_ptr, bslot_ptr, E, NB, n_slot, search_steps,
-    BM: tl.constexpr, EC: tl.constexpr, SB: tl.constexpr, CHUNK: tl.constexpr,
-):  # fmt: skip
-    """One program: end[e] = end row of expert e's padded run (its groups' pairs, padded once); cursor[g] of g = e *
-    n_slot + j = the run's start + the pairs of e's groups before j; sorted rows = -1; block b's expert = the first
-    e with end[e] > b * BM (none: -1); block_slot = -1."""
-    j = tl.arange(0, SB)
-    carry = tl.zeros((EC,), dtype=tl.int32)
-    for e0 in range(0, E, EC):
-        e = e0 + tl.arange(0, EC)
-        cells = (e < E)[:, None] & (j < n_slot)[None, :]
-        cnt = tl.load(counts_ptr + e[:, None] * n_slot + j[None, :], mask=cells, other=0)  # [EC, SB]
-        padded = (tl.sum(cnt, 1) + BM - 1) // BM * BM
-        end = tl.cumsum(padded, 0) + carry
-        tl.store(end_ptr + e, end, mask=e < E)
-        before = tl.cumsum(cnt, 1) - cnt  # pairs of the expert's earlier groups
-        tl.store(cursor_ptr + e[:, None] * n_slot + j[None, :], (end - padded)[:, None] + before, mask=cells)
-        carry += tl.sum(padded, 0)
-    for i0 in range(0, NB * BM, CHUNK):
-        i = i0 + tl.arange(0, CHUNK)
-        tl.store(sorted_ptr + i, tl.full((CHUNK,), -1, tl.int32), mask=i < NB * BM)
-    tl.debug_barrier()  # end[] written above is read below by other threads of this program
-    for b0 in range(0, NB, CHUNK):
-        b = b0 + tl.arange(0, CHUNK)
-        lo = b * BM
-        left = tl.zeros((CHUNK,), dtype=tl.int32)
-        right = tl.full((CHUNK,), 0, tl.int32) + E
-        for _ in range(search_steps):  # upper bound of lo in end[0..E)
-            active = left < right
-            mid = (left + right) // 2
-            v = tl.load(end_ptr + mid, mask=active, other=0)
-            left = tl.where(active & (v <= lo), mid + 1, left)
-            right = tl.where(active & (v > lo), mid, right)
-        ok = b < NB
-        tl.store(bexp_ptr + b, tl.where(left < E, left, -1), mask=ok)
-        tl.store(bslot_ptr + b, tl.full((CHUNK,), -1, tl.int32), mask=ok)
+        if BY_EXPERT:
+            tl.store(bexp_ptr + b, tl.where(found, left, -1), mask=ok)
+            tl.store(bslot_ptr + b, tl.full((CHUNK,), -1, tl.int32), mask=ok)
+        else:
+            tl.store(bexp_ptr + b, tl.where(found, left // n_slot, -1), mask=ok)
+            tl.store(bslot_ptr + b, tl.where(found, left % n_slot - 1, -1), mask=ok)
 
 
 @triton.jit
@@ -184,16 +164,11 @@ def align_pairs(
     grid = (triton.cdiv(P, BLOCK),)
     has = slot is not None
     launch(_count_kernel, grid, experts, slot_arg, counts, P, K, n_slot, HAS_SLOT=has, BLOCK=BLOCK)
-    if by_expert:
-        sb = triton.next_power_of_2(n_slot)
-        launch(
-            _scan_by_expert_kernel, (1,), counts, cursor, end, sorted_pair, block_expert, block_slot, num_experts, nb,
-            n_slot, num_experts.bit_length(), BM=block_m, EC=max(1, 8192 // sb), SB=sb, CHUNK=CHUNK,
-        )  # fmt: skip
-    else:
-        launch(
-            _scan_kernel, (1,), counts, cursor, end, sorted_pair, block_expert, block_slot, G, nb, n_slot,
-            G.bit_length(), BM=block_m, CHUNK=CHUNK,
-        )  # fmt: skip
+    runs = num_experts if by_expert else G
+    sb = triton.next_power_of_2(n_slot) if by_expert else 1  # (unused by the group scan: one compiled variant)
+    launch(
+        _scan_kernel, (1,), counts, cursor, end, sorted_pair, block_expert, block_slot, runs, nb, n_slot,
+        runs.bit_length(), BM=block_m, CHUNK=CHUNK, BY_EXPERT=by_expert, EC=max(1, 8192 // sb), SB=sb,
+    )  # fmt: skip
     launch(_place_kernel, grid, experts, slot_arg, cursor, sorted_pair, P, K, n_slot, HAS_SLOT=has, BLOCK=BLOCK)
     return MoeAlign(sorted_pair, block_expert, block_slot, block_m)
