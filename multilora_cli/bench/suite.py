@@ -209,6 +209,7 @@ def run_multilora_row(
         install_s = _time_installs(engine)
         staging0 = engine.runner.staging_stats()
         sched0, wait0 = engine.schedule_seconds, engine.slots.read_wait_seconds
+        stall0 = engine.runner.load_stalls()
         host0 = (engine.feed_seconds, engine.results_seconds, engine.preload_seconds)
         ids0 = (engine.identities.caller_hashes, engine.identities.caller_seconds, engine.scheduler.num_ahead_steps)
         gc_clock = GcClock()
@@ -220,6 +221,7 @@ def run_multilora_row(
         wall = time.perf_counter() - t0
         steps = engine.runner.step_log
         engine.runner.step_log = None
+        stall = engine.runner.load_stalls()  # (after the run's last collect: every timed wait has completed)
         errors = [r for r in results if r.error is not None]
         if errors:
             raise RuntimeError(f"{len(errors)} requests failed, first: {errors[0].error.one_line()}")
@@ -264,6 +266,9 @@ def run_multilora_row(
             schedule_s=engine.schedule_seconds - sched0,
             read_wait_s=engine.slots.read_wait_seconds - wait0,
             caller_reads=engine.slots.caller_reads - caller0,  # adapter reads on the step loop's thread
+            # GPU time steps waited for the slot loads they read (inside the steps' times, prefill or decode)
+            load_stall_s=stall[1] - stall0[1],
+            load_stalled_steps=stall[0] - stall0[0],
             # the rest of host_outside_steps_s: feeding requests (tokenize, queue), making results, preloads (in
             # schedule_s too), garbage collection (any thread)
             feed_s=engine.feed_seconds - host0[0],

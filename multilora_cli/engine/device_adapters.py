@@ -53,10 +53,16 @@ class DeviceAdapters:
                 hint="this is a bug: the engine sizes those slots from the run's adapters",
             )
 
-    def wait_for(self, slots) -> None:
+    def wait_for(self, slots, timed: bool = False) -> None:
         """The compute stream waits for the loads still pending into `slots` (engine/slot_writer.py)."""
         if self.writer.stream is not None:
-            self.writer.wait_for(slots)
+            self.writer.wait_for(slots, timed)
+
+    def load_stalls(self) -> tuple[int, float]:
+        """(steps that waited for a load still copying, GPU seconds they waited): 0 without a load stream."""
+        if self.writer.stream is None:
+            return 0, 0.0
+        return self.writer.stalled_steps, self.writer.stall_seconds()
 
     def clear(self, slot: int) -> None:
         self.writer.clear(slot)

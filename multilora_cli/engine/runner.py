@@ -162,6 +162,10 @@ class ModelRunner:
     def staging_stats(self) -> dict:
         return self.adapters.staging_stats()
 
+    def load_stalls(self) -> tuple[int, float]:
+        """(steps, GPU seconds) that steps waited for their slots' loads (engine/slot_writer.py `wait_for`)."""
+        return self.adapters.load_stalls() if self.max_loras else (0, 0.0)
+
     # --- one step --------------------------------------------------------------------------------------------
     def run(self, batch: ScheduledBatch) -> list[int]:
         """Run `batch` through the model; returns one sampled token id per `batch.sampled_seqs()`."""
@@ -178,7 +182,7 @@ class ModelRunner:
         """
         t0 = time.perf_counter()
         if self.max_loras:
-            self.adapters.wait_for(batch.slots)  # loads into this step's slots land first; others run on
+            self.adapters.wait_for(batch.slots, timed=True)  # loads into this step's slots land first; others run on
         feed = None
         if batch.ahead:
             if prev is None or prev.ids is None or prev.ids.shape[0] != batch.num_seqs:

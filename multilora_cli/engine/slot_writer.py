@@ -90,6 +90,10 @@ class SlotWriter:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self._evicted: dict[int, torch.cuda.Event] = {}
         self._loading: dict[int, torch.cuda.Event] = {}  # slot -> its load's event, until a step waits for it
+        # timed waits (`wait_for(timed=True)`): (before, after) events around a step's wait on a load still copying
+        self._stalls: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._stall_seconds = 0.0
+        self.stalled_steps = 0
 
     def dry_run(self) -> None:
         """A packed load's scatter launch, for kernels.launch.collect to record (engine/precompile.py): the source
@@ -136,18 +140,40 @@ class SlotWriter:
             done.record(self.stream)
         self._loading[slot] = done  # the first step that reads the slot waits for it (`wait_for`)
 
-    def wait_for(self, slots) -> None:
+    def wait_for(self, slots, timed: bool = False) -> None:
         """Order the compute stream after the loads still pending into `slots` (a step's slots, -1 = base):
         call before enqueuing anything that reads them. A load into a slot no step reads yet (a preload, while
         the running steps use others) holds nothing back: waiting for every load stalled each decode step that
-        followed a preload's ~37 ms copy of a 1.7 GB MoE adapter (issue 37)."""
+        followed a preload's ~37 ms copy of a 1.7 GB MoE adapter (issue 37). `timed`: when a load is still
+        copying as the step is enqueued, time the compute stream's wait (`stall_seconds`)."""
         if not self._loading:
             return
         compute = torch.cuda.current_stream(self.device)
-        for slot in set(slots):
-            ev = self._loading.pop(slot, None)
-            if ev is not None:
-                compute.wait_event(ev)
+        pending = [ev for ev in (self._loading.pop(slot, None) for slot in set(slots)) if ev is not None]
+        before = None
+        if timed and not all(ev.query() for ev in pending):
+            before = torch.cuda.Event(enable_timing=True)
+            before.record(compute)
+        for ev in pending:
+            compute.wait_event(ev)
+        if before is not None:
+            after = torch.cuda.Event(enable_timing=True)
+            after.record(compute)
+            self._stalls.append((before, after))
+            self.stalled_steps += 1
+
+    def stall_seconds(self) -> float:
+        """GPU time the compute stream spent in timed waits for loads, over those that have completed. The wait
+        starts when the stream reaches it (after the step before), so a load that finished under earlier work
+        counts nothing."""
+        left = []
+        for before, after in self._stalls:
+            if after.query():
+                self._stall_seconds += before.elapsed_time(after) / 1e3
+            else:
+                left.append((before, after))
+        self._stalls = left
+        return self._stall_seconds
 
     def wait_all(self) -> None:
         """Order the compute stream after every pending load: for reads of the slots outside a step (the GPU

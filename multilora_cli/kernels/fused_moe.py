@@ -23,9 +23,9 @@ compare against). Shapes (T tokens, K top-k, E experts, hidden H, expert interme
     out[t] = sum over k = 0..K-1 of y[t*K + k]  (fp32 sum in k order, cast to x's dtype)
 
 Two ways to run the LoRA terms, the same numbers up to rounding order (`row_lora`, default: decode-sized steps):
-  row_lora (T*K <= ROW_LORA_MAX_PAIRS): the base's one alignment (by expert), one shrink launch for gate and up
-    (shared input x; a program per (by-expert block, distinct adapter in it): each (expert, adapter) of a block
-    reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py), one
+  row_lora (T*K <= ROW_LORA_MAX_PAIRS): one alignment (blocks by expert, rows in slot order), one shrink launch
+    for gate and up (shared input x; a program per (by-expert block, distinct adapter in it): each (expert,
+    adapter) of a block reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py), one
     tensor-core dot per distinct adapter of a block (kernels/moe_dots.py): each row gets its own adapter's expand
     before the SiLU-and-mul and before the routing weight, and the gate_up GEMM leaves the down shrink's partials
     per output tile, which one small launch sums (moe_dots.sum_parts). 7 Triton launches vs the base's 5.
@@ -88,9 +88,9 @@ def fused_moe(
     P, bm = T * K, block_m or block_m_for(T * K)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32: exact products, not tf32's (as sgmv_*)
     new = lambda *shape: torch.empty(*shape, dtype=x.dtype, device=x.device)  # noqa: E731
-    by_e = align_pairs(experts, None, E, 0, bm)
     gemm = lambda *a, **kw: expert_gemm(*a, prec=prec, **kw)  # noqa: E731
     if lora is None or slot is None:
+        by_e = align_pairs(experts, None, E, 0, bm)
         act = new(P, inter)
         gemm(x, gate_up, by_e, rw, act, K, inter, inter, gather=True, silu=True, weight=False)
         y = new(P, H)
@@ -98,7 +98,8 @@ def fused_moe(
         return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
     R = lora.max_rank
     sg = new(P, 2 * R)
-    if row_lora if row_lora is not None else P <= ROW_LORA_MAX_PAIRS:  # one alignment: by expert
+    if row_lora if row_lora is not None else P <= ROW_LORA_MAX_PAIRS:
+        by_e = align_pairs(experts, slot, E, lora.max_loras, bm, by_expert=True)  # one: by expert, in slot order
         shrink(
             x,
             lora.gu_a,
@@ -124,6 +125,7 @@ def fused_moe(
         lo = RowLora(slot, lora.rank, sd, lora.dn_b, None, None, R)
         gemm(act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=True, lora=lo)
         return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    by_e = align_pairs(experts, None, E, 0, bm)
     by_es = align_pairs(experts, slot, E, lora.max_loras, bm)
     shrink(x, lora.gu_a, lora.gu_scale, lora.rank, lora.shared, by_es, sg, K, R, gather=True, nsl=2, prec=prec)
     h = new(P, two_i)

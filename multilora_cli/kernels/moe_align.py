@@ -8,7 +8,14 @@
     block_expert: [NB] int32        expert of the rows b*BM .. b*BM+BM-1, -1 = past the last group (no work)
     block_slot:   [NB] int32        adapter slot of those rows (-1 = base)
 
-NB = cdiv(T*K, BM) + min(T*K, G) is a static bound (each non-empty group adds at most one partial block), so the
+by_expert=True (with a slot): the same groups, but an expert's groups share one padded run (padding only at the
+end of each expert's rows): blocks are by expert alone (block_slot = -1: rows of many slots), their rows ordered
+by slot. Why: a block's LoRA epilogue runs one dot per distinct slot in it (kernels/moe_dots.py) and the by-expert
+shrink one program per (block, distinct slot); rows in slot order put each adapter's rows of an expert in as few
+blocks as possible (a prefill step's 64-row block: a few adapters instead of one per row or two), while each
+expert's weights are still streamed once per block of BM pairs.
+
+NB = cdiv(T*K, BM) + min(T*K, G) (G = E with by_expert) is a static bound (each non-empty group adds at most one partial block), so the
 shapes depend on T only and nothing waits for the host: the metadata (and everything launched over it) can be
 captured in a CUDA graph. Three Triton launches after one memset (a torch version took ~35 small launches, which
 at 48 layers a decode step cost milliseconds): count per group (atomics), one program scanning the padded counts
@@ -66,19 +73,35 @@ def _count_kernel(experts_ptr, slot_ptr, counts_ptr, P, top_k, n_slot, HAS_SLOT:
 @triton.jit
 def _scan_kernel(
     counts_ptr, cursor_ptr, end_ptr, sorted_ptr, bexp_ptr, bslot_ptr, G, NB, n_slot, search_steps,
-    BM: tl.constexpr, CHUNK: tl.constexpr,
+    BM: tl.constexpr, CHUNK: tl.constexpr, BY_EXPERT: tl.constexpr, EC: tl.constexpr, SB: tl.constexpr,
 ):  # fmt: skip
-    """One program: cursor[g] / end[g] = start / end row of group g's padded run; sorted rows = -1; block b's
-    group = the first g with end[g] > b * BM (G = none)."""
-    carry = tl.zeros((CHUNK,), dtype=tl.int32)
-    for g0 in range(0, G, CHUNK):
-        g = g0 + tl.arange(0, CHUNK)
-        ok = g < G
-        padded = (tl.load(counts_ptr + g, mask=ok, other=0) + BM - 1) // BM * BM
-        end = tl.cumsum(padded, 0) + carry
-        tl.store(end_ptr + g, end, mask=ok)
-        tl.store(cursor_ptr + g, end - padded, mask=ok)
-        carry += tl.sum(padded, 0)
+    """One program. Runs: the G groups, or with BY_EXPERT the G experts (each holding its n_slot groups in one run
+    padded once). end[run] = end row of its padded run; cursor[g] = start row of group g (BY_EXPERT: its expert's
+    run start + the pairs of the expert's earlier groups); sorted rows = -1; block b's run = the first with
+    end[run] > b * BM (G = none)."""
+    if BY_EXPERT:
+        j = tl.arange(0, SB)
+        carry = tl.zeros((EC,), dtype=tl.int32)
+        for e0 in range(0, G, EC):
+            e = e0 + tl.arange(0, EC)
+            cells = (e < G)[:, None] & (j < n_slot)[None, :]
+            cnt = tl.load(counts_ptr + e[:, None] * n_slot + j[None, :], mask=cells, other=0)  # [EC, SB]
+            padded = (tl.sum(cnt, 1) + BM - 1) // BM * BM
+            end = tl.cumsum(padded, 0) + carry
+            tl.store(end_ptr + e, end, mask=e < G)
+            before = tl.cumsum(cnt, 1) - cnt  # pairs of the expert's earlier groups
+            tl.store(cursor_ptr + e[:, None] * n_slot + j[None, :], (end - padded)[:, None] + before, mask=cells)
+            carry += tl.sum(padded, 0)
+    else:
+        carry = tl.zeros((CHUNK,), dtype=tl.int32)
+        for g0 in range(0, G, CHUNK):
+            g = g0 + tl.arange(0, CHUNK)
+            ok = g < G
+            padded = (tl.load(counts_ptr + g, mask=ok, other=0) + BM - 1) // BM * BM
+            end = tl.cumsum(padded, 0) + carry
+            tl.store(end_ptr + g, end, mask=ok)
+            tl.store(cursor_ptr + g, end - padded, mask=ok)
+            carry += tl.sum(padded, 0)
     for i0 in range(0, NB * BM, CHUNK):
         i = i0 + tl.arange(0, CHUNK)
         tl.store(sorted_ptr + i, tl.full((CHUNK,), -1, tl.int32), mask=i < NB * BM)
@@ -88,7 +111,7 @@ def _scan_kernel(
         lo = b * BM
         left = tl.zeros((CHUNK,), dtype=tl.int32)
         right = tl.full((CHUNK,), 0, tl.int32) + G
-        for _ in range(search_steps):  # upper bound of lo in end[0..G): first g with end[g] > lo
+        for _ in range(search_steps):  # upper bound of lo in end[0..G): first run with end[run] > lo
             active = left < right
             mid = (left + right) // 2
             v = tl.load(end_ptr + mid, mask=active, other=0)
@@ -97,8 +120,12 @@ def _scan_kernel(
             right = tl.where(active & (v > lo), mid, right)
         found = left < G
         ok = b < NB
-        tl.store(bexp_ptr + b, tl.where(found, left // n_slot, -1), mask=ok)
-        tl.store(bslot_ptr + b, tl.where(found, left % n_slot - 1, -1), mask=ok)
+        if BY_EXPERT:
+            tl.store(bexp_ptr + b, tl.where(found, left, -1), mask=ok)
+            tl.store(bslot_ptr + b, tl.full((CHUNK,), -1, tl.int32), mask=ok)
+        else:
+            tl.store(bexp_ptr + b, tl.where(found, left // n_slot, -1), mask=ok)
+            tl.store(bslot_ptr + b, tl.where(found, left % n_slot - 1, -1), mask=ok)
 
 
 @triton.jit
@@ -113,14 +140,20 @@ def _place_kernel(
 
 
 def align_pairs(
-    experts: torch.Tensor, slot: torch.Tensor | None, num_experts: int, num_slots: int, block_m: int
+    experts: torch.Tensor,
+    slot: torch.Tensor | None,
+    num_experts: int,
+    num_slots: int,
+    block_m: int,
+    by_expert: bool = False,
 ) -> MoeAlign:
-    """See the module docstring. num_slots: L (adapter slots; ignored when slot is None)."""
+    """See the module docstring. num_slots: L (adapter slots; ignored when slot is None); by_expert: blocks by
+    expert, rows in slot order (needs slot)."""
     T, K = experts.shape
     P, dev = T * K, experts.device
     n_slot = num_slots + 1 if slot is not None else 1
     G = num_experts * n_slot
-    nb = num_blocks(P, G, block_m)
+    nb = num_blocks(P, num_experts if by_expert else G, block_m)
     experts = experts.contiguous()
     slot_arg = slot.contiguous() if slot is not None else experts
     counts = torch.zeros(G, dtype=torch.int32, device=dev)
@@ -131,9 +164,11 @@ def align_pairs(
     grid = (triton.cdiv(P, BLOCK),)
     has = slot is not None
     launch(_count_kernel, grid, experts, slot_arg, counts, P, K, n_slot, HAS_SLOT=has, BLOCK=BLOCK)
+    runs = num_experts if by_expert else G
+    sb = triton.next_power_of_2(n_slot) if by_expert else 1  # (unused by the group scan: one compiled variant)
     launch(
-        _scan_kernel, (1,), counts, cursor, end, sorted_pair, block_expert, block_slot, G, nb, n_slot,
-        G.bit_length(), BM=block_m, CHUNK=CHUNK,
+        _scan_kernel, (1,), counts, cursor, end, sorted_pair, block_expert, block_slot, runs, nb, n_slot,
+        runs.bit_length(), BM=block_m, CHUNK=CHUNK, BY_EXPERT=by_expert, EC=max(1, 8192 // sb), SB=sb,
     )  # fmt: skip
     launch(_place_kernel, grid, experts, slot_arg, cursor, sorted_pair, P, K, n_slot, HAS_SLOT=has, BLOCK=BLOCK)
     return MoeAlign(sorted_pair, block_expert, block_slot, block_m)

@@ -132,6 +132,7 @@ def test_suite_on_cpu(tmp_path):
     assert x["decode_steps"] + (x["steps"] - x["decode_steps"]) == x["steps"] and x["graph_steps"] == 0
     drawn = {n: len(set(w.assignment())) for k, w in plan if k == "multilora" for n in [w.num_adapters]}
     assert x["slot_loads"] == drawn[4]  # the warm-up used other adapters: every timed adapter loads once
+    assert x["load_stall_s"] == 0 and x["load_stalled_steps"] == 0  # CPU: loads are synchronous, no stream waits
     assert rows[("multilora", 6)]["extra"]["slot_loads"] >= drawn[6] > 2  # through 2 slots
     # the row without slots got multilora run's default (CPU: min(adapters, 8)) and says why
     assert ours["workload"]["max_loras"] == 4 and x["slots"]["reason"].startswith("CPU default")

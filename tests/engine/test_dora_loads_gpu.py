@@ -83,11 +83,13 @@ def test_a_step_waits_only_for_the_loads_into_its_own_slots(tmp_path):
     torch.cuda._sleep(1000)
     compute.synchronize()  # returns while the load is still running
     assert not writer.stream.query()
-    writer.wait_for([2, 0])  # a step that reads slot 2
+    stalled = writer.stalled_steps
+    writer.wait_for([2, 0], timed=True)  # a step that reads slot 2
     marker = torch.cuda.Event()
     marker.record(compute)
     assert not marker.query()  # held behind the load
     torch.cuda.synchronize()
+    assert writer.stalled_steps == stalled + 1 and writer.stall_seconds() > 0  # timed: that wait is counted
     torch.testing.assert_close(_rows(model, 2), _rows(model, 1), atol=0, rtol=0)
     # a clear of a slot whose load is pending lands after the load, not under it
     with torch.cuda.stream(writer.stream):

@@ -182,6 +182,31 @@ def test_align_holds_every_pair_once_one_group_per_block(bm):
     assert int(real.sum()) == int(((torch.bincount(key, minlength=E * (L + 1)) + bm - 1) // bm).sum())
 
 
+@pytest.mark.parametrize("bm, pattern", [(16, "uniform"), (64, "uniform"), (16, "sparse")])
+def test_align_by_expert_in_slot_order(bm, pattern):
+    """by_expert: each block one expert, an expert's rows in one run padded once, in slot order (base rows first)."""
+    g = torch.Generator().manual_seed(11)
+    T = 41
+    _, experts = routing(pattern, T, E, K, g)
+    slot = torch.randint(-1, L, (T,), generator=g)
+    al = align_pairs(experts, slot, E, L, bm, by_expert=True)
+    nb = num_blocks(T * K, E, bm)
+    assert al.sorted_pair.shape == (nb * bm,) and (al.block_slot == -1).all()
+    pairs = al.sorted_pair[al.sorted_pair >= 0]
+    assert torch.equal(pairs.sort().values, torch.arange(T * K, dtype=torch.int32))
+    flat = experts.reshape(-1)
+    real = al.block_expert >= 0
+    assert torch.equal(al.block_expert[real], al.block_expert[real].sort().values) and not real[int(real.sum()) :].any()
+    assert int(real.sum()) == sum(-(-int((flat == e).sum()) // bm) for e in range(E))  # padding once per expert
+    for e in al.block_expert[real].unique().tolist():
+        run = al.sorted_pair.view(nb, bm)[al.block_expert == e].reshape(-1)
+        n = int((flat == e).sum())
+        assert (run[:n] >= 0).all() and (run[n:] == -1).all()  # the expert's pairs, then its padding
+        rows = run[:n].long()
+        assert (flat[rows] == e).all()
+        assert torch.equal(slot[rows // K], slot[rows // K].sort().values)  # slot order
+
+
 def test_align_by_expert_alone():
     g = torch.Generator().manual_seed(8)
     _, experts = routing("sparse", 30, E, K, g)
