@@ -50,10 +50,9 @@ def _programs(P: int, slots: int, acc: dict, row: bool) -> dict:
     tiles = -(-INTER // BN) + -(-H // BN)  # gate_up's and down's output tiles
     gemm_static, gemm_busy = nb_e * tiles, acc["expert_blocks"] * tiles
     lora = acc["expert_adapter_blocks"]
-    if row:  # one shrink: bm programs per by-expert block, one per distinct adapter (busy: ~G, straddles not counted);
-        # the down shrink's sum: one program per 64 pairs
+    if row:  # one shrink: a program per (expert, slot) group (busy: G); the down shrink's sum: one per 64 pairs
         sums = -(-P // 64)
-        return dict(static=gemm_static + nb_e * bm + sums, busy=gemm_busy + acc["expert_adapter_pairs"] + sums)
+        return dict(static=gemm_static + E * (slots + 1) + sums, busy=gemm_busy + acc["expert_adapter_pairs"] + sums)
     tiles_h = -(-2 * INTER // BN) + -(-H // BN)  # the grouped path's gate_up GEMM writes h [P, 2I]
     return dict(static=nb_e * tiles_h + 4 * nb_es, busy=acc["expert_blocks"] * tiles_h + 4 * lora)
 

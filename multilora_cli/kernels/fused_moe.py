@@ -24,8 +24,8 @@ compare against). Shapes (T tokens, K top-k, E experts, hidden H, expert interme
 
 Two ways to run the LoRA terms, the same numbers up to rounding order (`row_lora`, default: decode-sized steps):
   row_lora (T*K <= ROW_LORA_MAX_PAIRS): one alignment (blocks by expert, rows in slot order), one shrink launch
-    for gate and up (shared input x; a program per (by-expert block, distinct adapter in it): each (expert,
-    adapter) of a block reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py), one
+    for gate and up (shared input x; a program per (expert, adapter) of a block, or of the step at prefill sizes:
+    each reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py), one
     tensor-core dot per distinct adapter of a block (kernels/moe_dots.py): each row gets its own adapter's expand
     before the SiLU-and-mul and before the routing weight, and the gate_up GEMM leaves the down shrink's partials
     per output tile, which one small launch sums (moe_dots.sum_parts). 7 Triton launches vs the base's 5.
@@ -54,10 +54,9 @@ from multilora_cli.kernels.moe_dots import sum_parts
 from multilora_cli.kernels.moe_gemm import BN, RowLora, expert_gemm
 from multilora_cli.kernels.moe_lora import expand, shrink
 
-# = block_m_for's switch. H200, Qwen3-30B-A3B shapes, 1 / 16 / 64 adapters: at 8,192 pairs the row path's dots and
-# the grouped path are within 12% either way (696 / 1,114 / 1,816 us vs 622 / 1,086 / 1,907); at 65,536 pairs (a
-# prefill chunk) grouped is 1.3-2.1x faster (its dots run over whole (expert, adapter) blocks)
-ROW_LORA_MAX_PAIRS = 4096
+# H200, Qwen3-30B-A3B shapes: with an expert's rows in slot order and the shrink by (expert, adapter) group, the row
+# path is faster up to a prefill chunk of 8,192 tokens (benchmarks/HISTORY.md, session 25)
+ROW_LORA_MAX_PAIRS = 65536
 
 
 def block_m_for(num_pairs: int) -> int:

@@ -10,8 +10,9 @@
 
 by_expert=True (with a slot): the same groups, but an expert's groups share one padded run (padding only at the
 end of each expert's rows): blocks are by expert alone (block_slot = -1: rows of many slots), their rows ordered
-by slot. Why: a block's LoRA epilogue runs one dot per distinct slot in it (kernels/moe_dots.py) and the by-expert
-shrink one program per (block, distinct slot); rows in slot order put each adapter's rows of an expert in as few
+by slot. Why: a block's LoRA epilogue runs one dot per distinct slot in it (kernels/moe_dots.py), and the shrink
+one program per (block, distinct slot), or at prefill sizes per group (its rows one run: group_end, group_count);
+rows in slot order put each adapter's rows of an expert in as few
 blocks as possible (a prefill step's 64-row block: a few adapters instead of one per row or two), while each
 expert's weights are still streamed once per block of BM pairs.
 
@@ -22,6 +23,9 @@ at 48 layers a decode step cost milliseconds): count per group (atomics), one pr
 and mapping blocks to groups (binary search), then place each pair at its group's cursor (atomics). The order of
 pairs inside a group is whatever the atomics give: every kernel computes a row from that row's inputs alone, so
 results do not depend on it.
+The sizes that vary with T (P, G, NB) are not specialised on (`do_not_specialize`): Triton would compile a variant
+per divisibility class of each, and the runner's dry-run prefill sizes (powers of two) left NB % 16 = 8 at 64-row
+blocks to a compile inside the run (1.7 s in one prefill step of 1,083 tokens, H200, Qwen3-30B-A3B bench).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class MoeAlign:
     block_expert: torch.Tensor
     block_slot: torch.Tensor
     block_m: int
+    group_end: torch.Tensor  # [G] int32: end row of each group's pairs (its rows: end - count .. end - 1)
+    group_count: torch.Tensor  # [G] int32: pairs per group
+    n_slot: int  # L + 1 (1 without a slot): group g = expert * n_slot + slot + 1
 
     @property
     def num_blocks(self) -> int:
@@ -62,7 +69,7 @@ def _group_of(experts_ptr, slot_ptr, offs, ok, top_k, n_slot, HAS_SLOT: tl.const
     return key
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def _count_kernel(experts_ptr, slot_ptr, counts_ptr, P, top_k, n_slot, HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < P
@@ -70,7 +77,7 @@ def _count_kernel(experts_ptr, slot_ptr, counts_ptr, P, top_k, n_slot, HAS_SLOT:
     tl.atomic_add(counts_ptr + key, tl.full((BLOCK,), 1, tl.int32), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["G", "NB"])
 def _scan_kernel(
     counts_ptr, cursor_ptr, end_ptr, sorted_ptr, bexp_ptr, bslot_ptr, G, NB, n_slot, search_steps,
     BM: tl.constexpr, CHUNK: tl.constexpr, BY_EXPERT: tl.constexpr, EC: tl.constexpr, SB: tl.constexpr,
@@ -128,7 +135,7 @@ def _scan_kernel(
             tl.store(bslot_ptr + b, tl.where(found, left % n_slot - 1, -1), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def _place_kernel(
     experts_ptr, slot_ptr, cursor_ptr, sorted_ptr, P, top_k, n_slot, HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr
 ):  # fmt: skip
@@ -171,4 +178,4 @@ def align_pairs(
         runs.bit_length(), BM=block_m, CHUNK=CHUNK, BY_EXPERT=by_expert, EC=max(1, 8192 // sb), SB=sb,
     )  # fmt: skip
     launch(_place_kernel, grid, experts, slot_arg, cursor, sorted_pair, P, K, n_slot, HAS_SLOT=has, BLOCK=BLOCK)
-    return MoeAlign(sorted_pair, block_expert, block_slot, block_m)
+    return MoeAlign(sorted_pair, block_expert, block_slot, block_m, cursor, counts, n_slot)

@@ -7,8 +7,8 @@ shrink of every step, and the expand of steps too large for `kernels/moe_gemm.py
              SILU: out[p, n] = silu(v) * (in[p, N + n] + sh[p, R:] @ b[s, e, N + n, :]^T),  out [T*K, N]
              else: out[p, n] = v * rw[p]                                                     out [T*K, N]
 
-One program per (expert, slot) block: the block's rows share one adapter's factors of one expert, so they are read
-once per block with tensor-core dots. Torch reference: kernels/moe_reference.py (the tests go through fused_moe).
+One program per (expert, slot) of rows (the shrink finds them three ways: `MODE`): the rows share one adapter's
+factors of one expert, so they are read once with tensor-core dots. Torch reference: kernels/moe_reference.py (the tests go through fused_moe).
 """
 
 from __future__ import annotations
@@ -24,45 +24,12 @@ BN, BK = 64, 64
 
 
 @triton.jit
-def _lora_shrink_kernel(
-    src_ptr, a_ptr, scale_ptr, rank_ptr, shared_ptr, pair_ptr, bexp_ptr, bslot_ptr, slot_ptr, out_ptr,
-    KD, top_k, R,
-    stride_src, stride_a_slot, stride_a_exp, stride_a_row, stride_scale, stride_out,
-    GATHER: tl.constexpr, BY_EXPERT: tl.constexpr, NSL: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr,
-    BK: tl.constexpr, DOT_PREC: tl.constexpr,
+def _shrink_rows(
+    src_ptr, a_base, scale_ptr, out_ptr, pair, ok, s, r, shared, top_k, R, KD, stride_src, stride_a_row, stride_scale,
+    stride_out, GATHER: tl.constexpr, NSL: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):  # fmt: skip
-    """out[p, sl*R + j] = scale[s, sl*R + j] * src[row(p)] @ a[s, e, sl*R + j]^T for j < rank[s], NSL slices;
-    NSL = 2 and shared[s]: slice 1 equals slice 0 (one A for gate and up): only slice 0's A is read, stored twice.
-    BY_EXPERT: the blocks are by expert alone, rows of many slots; program (b, j) takes the block's j-th distinct
-    adapted slot (in row order) and its rows: each (expert, adapter) of a block reads its A once."""
-    if BY_EXPERT:
-        b = tl.program_id(0) // BM
-        j = tl.program_id(0) % BM
-    else:
-        b = tl.program_id(0)
-    e = tl.load(bexp_ptr + b)
-    if e < 0:
-        return
-    pair = tl.load(pair_ptr + b * BM + tl.arange(0, BM))
-    ok = pair >= 0
-    if BY_EXPERT:
-        s_row = tl.load(slot_ptr + pair // top_k, mask=ok, other=-1)
-        live = ok & (s_row >= 0) & (tl.load(rank_ptr + tl.maximum(s_row, 0), mask=ok & (s_row >= 0), other=0) > 0)
-        i = tl.arange(0, BM)
-        seen = (s_row[:, None] == s_row[None, :]) & live[None, :] & (i[None, :] < i[:, None])  # an earlier row has it
-        first = live & (tl.sum(seen.to(tl.int32), axis=1) == 0)
-        mine = first & (tl.cumsum(first.to(tl.int32), 0) == j + 1)
-        if tl.sum(mine.to(tl.int32), 0) == 0:
-            return
-        s = tl.sum(tl.where(mine, s_row, 0), 0)
-        ok = ok & (s_row == s)
-    else:
-        s = tl.load(bslot_ptr + b)
-        if s < 0:
-            return
-    r = tl.load(rank_ptr + s)
-    if r == 0:
-        return
+    """The shrink of one tile of BM rows (pair ids, ok = real rows) of one (expert, slot): out[p] = scale * src @ a^T."""
     if GATHER:
         src_row = pair // top_k
     else:
@@ -72,9 +39,7 @@ def _lora_shrink_kernel(
     col_ok = c % RB < r
     read = col_ok  # the A rows read
     if NSL == 2:
-        shared = tl.load(shared_ptr + s)
         read = col_ok & (c < tl.where(shared != 0, RB, 2 * RB))  # shared: slice 0's rows only
-    a_base = a_ptr + s.to(tl.int64) * stride_a_slot + e.to(tl.int64) * stride_a_exp
     acc = tl.zeros((BM, NSL * RB), dtype=tl.float32)
     for k in range(0, KD, BK):
         kk = k + tl.arange(0, BK)
@@ -91,6 +56,88 @@ def _lora_shrink_kernel(
             acc.to(out_ptr.dtype.element_ty),
             mask=ok[:, None] & (col_ok & (c < tl.where(shared != 0, RB, 0)))[None, :],
         )
+
+
+# the shrink's work split (MODE): one (expert, adapter) of rows per program, found three ways
+BLOCKS = 0  # program b: block b of an alignment by (expert, slot) (the grouped path)
+BLOCK_SLOTS = 1  # program (b, j): the j-th distinct adapter of by-expert block b (decode-sized steps)
+GROUPS = 2  # program g: group g's contiguous rows of any alignment, BM at a time (prefill-sized steps)
+
+
+@triton.jit
+def _lora_shrink_kernel(
+    src_ptr, a_ptr, scale_ptr, rank_ptr, shared_ptr, pair_ptr, bexp_ptr, bslot_ptr, slot_ptr, gend_ptr, gcount_ptr,
+    out_ptr, KD, top_k, R, n_slot,
+    stride_src, stride_a_slot, stride_a_exp, stride_a_row, stride_scale, stride_out,
+    GATHER: tl.constexpr, MODE: tl.constexpr, NSL: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr,
+    BK: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """out[p, sl*R + j] = scale[s, sl*R + j] * src[row(p)] @ a[s, e, sl*R + j]^T for j < rank[s], NSL slices;
+    NSL = 2 and shared[s]: slice 1 equals slice 0 (one A for gate and up): only slice 0's A is read, stored twice.
+    MODE (the constants above): BLOCKS, one (expert, slot) block; BLOCK_SLOTS, a by-expert block's j-th distinct
+    adapted slot (in row order) and its rows; GROUPS, group g = e * n_slot + s + 1, its rows the contiguous run
+    [end[g] - count[g], end[g]) (by expert: an expert's rows in slot order). Each (expert, adapter) of a block, or
+    each group, reads its A once (a group's later tiles from L2)."""
+    if MODE == 2:
+        g = tl.program_id(0)
+        s = g % n_slot - 1
+        e = g // n_slot
+        if s < 0:
+            return
+        n = tl.load(gcount_ptr + g)
+        if n == 0:
+            return
+        stop = tl.load(gend_ptr + g)
+        start = stop - n
+    else:
+        if MODE == 1:
+            b = tl.program_id(0) // BM
+            j = tl.program_id(0) % BM
+        else:
+            b = tl.program_id(0)
+        e = tl.load(bexp_ptr + b)
+        if e < 0:
+            return
+        pair = tl.load(pair_ptr + b * BM + tl.arange(0, BM))
+        ok = pair >= 0
+        if MODE == 1:
+            s_row = tl.load(slot_ptr + pair // top_k, mask=ok, other=-1)
+            live = ok & (s_row >= 0) & (tl.load(rank_ptr + tl.maximum(s_row, 0), mask=ok & (s_row >= 0), other=0) > 0)
+            i = tl.arange(0, BM)
+            seen = (
+                (s_row[:, None] == s_row[None, :]) & live[None, :] & (i[None, :] < i[:, None])
+            )  # an earlier row has it
+            first = live & (tl.sum(seen.to(tl.int32), axis=1) == 0)
+            mine = first & (tl.cumsum(first.to(tl.int32), 0) == j + 1)
+            if tl.sum(mine.to(tl.int32), 0) == 0:
+                return
+            s = tl.sum(tl.where(mine, s_row, 0), 0)
+            ok = ok & (s_row == s)
+        else:
+            s = tl.load(bslot_ptr + b)
+            if s < 0:
+                return
+    r = tl.load(rank_ptr + s)
+    if r == 0:
+        return
+    shared = 0
+    if NSL == 2:
+        shared = tl.load(shared_ptr + s)
+    a_base = a_ptr + s.to(tl.int64) * stride_a_slot + e.to(tl.int64) * stride_a_exp
+    if MODE == 2:
+        for lo in range(start, stop, BM):
+            rows = lo + tl.arange(0, BM)
+            ok = rows < stop
+            pair = tl.load(pair_ptr + rows, mask=ok, other=0)
+            _shrink_rows(
+                src_ptr, a_base, scale_ptr, out_ptr, pair, ok, s, r, shared, top_k, R, KD, stride_src, stride_a_row,
+                stride_scale, stride_out, GATHER, NSL, RB, BM, BK, DOT_PREC,
+            )  # fmt: skip
+    else:
+        _shrink_rows(
+            src_ptr, a_base, scale_ptr, out_ptr, pair, ok, s, r, shared, top_k, R, KD, stride_src, stride_a_row,
+            stride_scale, stride_out, GATHER, NSL, RB, BM, BK, DOT_PREC,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -143,19 +190,21 @@ def _lora_expand_kernel(
 
 
 def shrink(src, a, scale, rank, shared, al: MoeAlign, out, top_k, R, *, gather, nsl, prec, slot=None) -> None:
-    """`_lora_shrink_kernel` over the (expert, slot) blocks, or with `slot` ([T], -1 = base) over blocks by expert
-    alone (BM programs a block, one per distinct slot): a [L, E, nsl*R, KD], out [T*K, nsl*R]; shared [L] int32
-    (read with nsl = 2)."""
-    by_expert = slot is not None
-    # by expert (decode steps: a program's rows are the one or two of its adapter in a block, [<=16, 2R] tiles):
-    # 2 warps, BK 128, 4 stages. H200, Qwen3-30B-A3B shapes, 256 tokens x 16 / 35 adapters: 54 / 63 us at the
-    # default 4 warps, BK 64, 3 stages -> 42 / 51 us; 64 tokens 31 -> 24; 512 tokens 85 / 101 -> 68 / 81
-    warps, bk, stages = (2, 128, 4) if by_expert else (4, BK, 3)
+    """`_lora_shrink_kernel` over the (expert, slot) blocks of `al`, or with `slot` ([T], -1 = base) over an alignment
+    by expert (rows of many slots a block): 16-row blocks BLOCK_SLOTS, larger ones GROUPS. a [L, E, nsl*R, KD],
+    out [T*K, nsl*R]; shared [L] int32 (read with nsl = 2)."""
+    # H200, Qwen3-30B-A3B shapes (benchmarks/HISTORY.md, sessions 24-25). Decode-sized steps, BLOCK_SLOTS at 2 warps,
+    # BK 128, 4 stages: 256 tokens x 16 / 35 adapters 42 / 51 us (54 / 63 at 4 warps, BK 64, 3 stages); GROUPS there
+    # was ~15 us slower. A prefill chunk (8,192 tokens, 64-row blocks): GROUPS ~120 us at 16 adapters, where
+    # BLOCK_SLOTS took 612 (a block's 64 programs, most without an adapter of their own, each scanning the block)
+    mode = BLOCKS if slot is None else BLOCK_SLOTS if al.block_m <= 16 else GROUPS
+    warps, bk, stages = (2, 128, 4) if mode == BLOCK_SLOTS else (4, BK, 3)
+    grid = {BLOCKS: al.num_blocks, BLOCK_SLOTS: al.num_blocks * al.block_m, GROUPS: al.group_count.shape[0]}[mode]
     launch(
-        _lora_shrink_kernel, (al.num_blocks * (al.block_m if by_expert else 1),), src, a, scale, rank, shared,
-        al.sorted_pair, al.block_expert, al.block_slot, slot if by_expert else al.block_slot, out, a.shape[3], top_k, R,
+        _lora_shrink_kernel, (grid,), src, a, scale, rank, shared, al.sorted_pair, al.block_expert, al.block_slot,
+        slot if slot is not None else al.block_slot, al.group_end, al.group_count, out, a.shape[3], top_k, R, al.n_slot,
         src.stride(0), a.stride(0), a.stride(1), a.stride(2), scale.stride(0), out.stride(0),
-        GATHER=gather, BY_EXPERT=by_expert, NSL=nsl, RB=rank_bucket(R), BM=al.block_m, BK=bk, DOT_PREC=prec,
+        GATHER=gather, MODE=mode, NSL=nsl, RB=rank_bucket(R), BM=al.block_m, BK=bk, DOT_PREC=prec,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 

@@ -19,8 +19,13 @@ pytestmark = needs_interpreter
 
 H, INTER, E, K, L, R = 32, 48, 6, 2, 4, 8  # INTER < BN and H < BK: masked tiles
 RANKS = (8, 3, 0, 5)  # slot 2 stays empty (rank 0)
-# the two ways to run the LoRA terms: per-adapter dots in the base GEMMs' epilogues, grouped launches
-PATHS = {"rows": dict(row_lora=True), "grouped": dict(row_lora=False)}
+# the ways to run the LoRA terms: per-adapter dots in the base GEMMs' epilogues (16-row blocks: the shrink by a
+# block's distinct adapters; 64-row blocks, prefill-sized: by (expert, adapter) group), grouped launches
+PATHS = {
+    "rows": dict(row_lora=True),
+    "rows64": dict(row_lora=True, block_m=64),
+    "grouped": dict(row_lora=False),
+}
 
 
 def _inputs(T, pattern, dtype, seed=0):
@@ -94,11 +99,12 @@ def test_fused_by_adapter_popularity(dtype, tol, popularity, path):
         _close(got[~adapted], base[~adapted], tol)
 
 
-def test_both_lora_paths_agree_in_fp32():
-    """The dot epilogues and the grouped launches: one computation, summed in other orders."""
+def test_the_lora_paths_agree_in_fp32():
+    """The dot epilogues (both shrinks) and the grouped launches: one computation, summed in other orders."""
     x, weights, experts, gate_up, down, slot, lora = _inputs(20, "uniform", torch.float32, seed=13)
-    a, b = (fused_moe(x, weights, experts, gate_up, down, slot, lora, **kw) for kw in PATHS.values())
-    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    a, *others = (fused_moe(x, weights, experts, gate_up, down, slot, lora, **kw) for kw in PATHS.values())
+    for b in others:
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
@@ -130,7 +136,7 @@ def test_fused_qwen_weights_in_model_dtype_and_block_64(path):
     """Qwen's routing weights come in the model's dtype; a 64-row block (the prefill size) covers the same."""
     x, weights, experts, gate_up, down, slot, lora = _inputs(12, "uniform", torch.float16, seed=4)
     w16 = weights.to(torch.float16)
-    got = fused_moe(x, w16, experts, gate_up, down, slot, lora, block_m=64, **PATHS[path])
+    got = fused_moe(x, w16, experts, gate_up, down, slot, lora, **{**PATHS[path], "block_m": 64})
     want = _reference(x, w16.float(), experts, gate_up, down, slot, lora)
     _close(got, want, 2e-2)
 
@@ -205,6 +211,11 @@ def test_align_by_expert_in_slot_order(bm, pattern):
         rows = run[:n].long()
         assert (flat[rows] == e).all()
         assert torch.equal(slot[rows // K], slot[rows // K].sort().values)  # slot order
+    key = flat.long() * (L + 1) + slot.repeat_interleave(K) + 1  # each (expert, slot) group: one contiguous run
+    assert torch.equal(al.group_count.long(), torch.bincount(key, minlength=E * (L + 1)))
+    for grp in key.unique().tolist():
+        run = al.sorted_pair[int(al.group_end[grp] - al.group_count[grp]) : int(al.group_end[grp])].long()
+        assert torch.equal(run.sort().values, (key == grp).nonzero().view(-1))
 
 
 def test_align_by_expert_alone():
