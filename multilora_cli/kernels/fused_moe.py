@@ -22,14 +22,16 @@ compare against). Shapes (T tokens, K top-k, E experts, hidden H, expert interme
       y[p]   = (act[p] @ down[e]^T + sd[p] @ dn_b[s, e]^T) * weights[t, k]          [T*K, H]
     out[t] = sum over k = 0..K-1 of y[t*K + k]  (fp32 sum in k order, cast to x's dtype)
 
-Two ways to run the LoRA terms, the same numbers up to rounding order (`row_lora`, default: decode-sized steps):
+Two ways to run the LoRA terms, the same numbers up to rounding order (`row_lora`, default: steps up to a prefill
+chunk of 8,192 tokens):
   row_lora (T*K <= ROW_LORA_MAX_PAIRS): one alignment (blocks by expert, rows in slot order), one shrink launch
     for gate and up (shared input x; a program per (expert, adapter) of a block, or of the step at prefill sizes:
     each reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py), one
     tensor-core dot per distinct adapter of a block (kernels/moe_dots.py): each row gets its own adapter's expand
     before the SiLU-and-mul and before the routing weight, and the gate_up GEMM leaves the down shrink's partials
     per output tile, which one small launch sums (moe_dots.sum_parts). 7 Triton launches vs the base's 5.
-  grouped (prefill-sized steps, where many rows share an (expert, adapter) and tensor-core dots over a block pay):
+  grouped (steps past ROW_LORA_MAX_PAIRS: slower than the row path at every size measured up to there; larger
+    chunks unmeasured):
     a second alignment by (expert, slot), h = x @ gate_up^T stored, shrink, expand + SiLU-and-mul, down GEMM,
     shrink, expand + weight in place (kernels/moe_lora.py): 12 Triton launches.
 

@@ -8,7 +8,8 @@ shrink of every step, and the expand of steps too large for `kernels/moe_gemm.py
              else: out[p, n] = v * rw[p]                                                     out [T*K, N]
 
 One program per (expert, slot) of rows (the shrink finds them three ways: `MODE`): the rows share one adapter's
-factors of one expert, so they are read once with tensor-core dots. Torch reference: kernels/moe_reference.py (the tests go through fused_moe).
+factors of one expert, so they are read once with tensor-core dots. Torch reference: kernels/moe_reference.py (the
+tests go through fused_moe).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def _shrink_rows(
     stride_out, GATHER: tl.constexpr, NSL: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
-    """The shrink of one tile of BM rows (pair ids, ok = real rows) of one (expert, slot): out[p] = scale * src @ a^T."""
+    """The shrink of one tile of BM rows (pair ids, ok = real rows) of one (expert, slot):
+    out[p] = scale * src @ a^T."""
     if GATHER:
         src_row = pair // top_k
     else:
