@@ -17,8 +17,8 @@ blocks as possible (a prefill step's 64-row block: a few adapters instead of one
 expert's weights are still streamed once per block of BM pairs.
 
 NB = cdiv(T*K, BM) + min(T*K, G) (G = E with by_expert) is a static bound (each non-empty group adds at most one
-partial block), so the shapes depend on T only and nothing waits for the host: the metadata (and everything launched over it) can be
-captured in a CUDA graph. Three Triton launches after one memset (a torch version took ~35 small launches, which
+partial block), so the shapes depend on T only and nothing waits for the host: the metadata (and everything
+launched over it) can be captured in a CUDA graph. Three Triton launches after one memset (a torch version took ~35 small launches, which
 at 48 layers a decode step cost milliseconds): count per group (atomics), one program scanning the padded counts
 and mapping blocks to groups (binary search), then place each pair at its group's cursor (atomics). The order of
 pairs inside a group is whatever the atomics give: every kernel computes a row from that row's inputs alone, so
