@@ -18,14 +18,15 @@ expert's weights are still streamed once per block of BM pairs.
 
 NB = cdiv(T*K, BM) + min(T*K, G) (G = E with by_expert) is a static bound (each non-empty group adds at most one
 partial block), so the shapes depend on T only and nothing waits for the host: the metadata (and everything
-launched over it) can be captured in a CUDA graph. Three Triton launches after one memset (a torch version took ~35 small launches, which
-at 48 layers a decode step cost milliseconds): count per group (atomics), one program scanning the padded counts
-and mapping blocks to groups (binary search), then place each pair at its group's cursor (atomics). The order of
-pairs inside a group is whatever the atomics give: every kernel computes a row from that row's inputs alone, so
-results do not depend on it.
-The sizes that vary with T (P, G, NB) are not specialised on (`do_not_specialize`): Triton would compile a variant
-per divisibility class of each, and the runner's dry-run prefill sizes (powers of two) left NB % 16 = 8 at 64-row
-blocks to a compile inside the run (1.7 s in one prefill step of 1,083 tokens, H200, Qwen3-30B-A3B bench).
+launched over it) can be captured in a CUDA graph. Three Triton launches after one memset (a torch version took
+~35 small launches, which at 48 layers a decode step cost milliseconds): count per group (atomics), one program
+scanning the padded counts and mapping blocks to groups (binary search), then place each pair at its group's
+cursor (atomics). The order of pairs inside a group is whatever the atomics give: every kernel computes a row from
+that row's inputs alone, so results do not depend on it.
+Triton variants do not depend on T (tests/engine/test_precompile_moe.py): the sizes that vary with it (P, G, NB)
+are not specialised on (`do_not_specialize`), and each output starts on 16 bytes. Else the runner's dry-run prefill
+sizes (powers of two) left NB % 16 = 8 and block_expert's offset % 16 = 4 at 64-row blocks to a compile inside the
+run (a 1,083-token prefill step took 1.7 s, H200, Qwen3-30B-A3B bench).
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ class MoeAlign:
     @property
     def num_blocks(self) -> int:
         return self.block_expert.shape[0]
+
+
+def _up4(n: int) -> int:
+    """n rounded up to 4 int32s (16 bytes)."""
+    return -(-n // 4) * 4
 
 
 def num_blocks(num_pairs: int, groups: int, block_m: int) -> int:
@@ -164,10 +170,14 @@ def align_pairs(
     experts = experts.contiguous()
     slot_arg = slot.contiguous() if slot is not None else experts
     counts = torch.zeros(G, dtype=torch.int32, device=dev)
-    ints = torch.empty(2 * G + nb * block_m + 2 * nb, dtype=torch.int32, device=dev)
-    cursor, end = ints[:G], ints[G : 2 * G]
-    sorted_pair = ints[2 * G : 2 * G + nb * block_m]
-    block_expert, block_slot = ints[2 * G + nb * block_m :].view(2, nb)
+    # one allocation, each piece starting on 16 bytes: Triton specialises a pointer on its 16-byte alignment, and
+    # offsets that moved with nb gave the kernels reading block_expert / block_slot a variant per nb % 4
+    g4, nb4, rows = _up4(G), _up4(nb), nb * block_m
+    ints = torch.empty(2 * g4 + rows + 2 * nb4, dtype=torch.int32, device=dev)
+    cursor, end = ints[:G], ints[g4 : g4 + G]
+    sorted_pair = ints[2 * g4 : 2 * g4 + rows]
+    block_expert = ints[2 * g4 + rows : 2 * g4 + rows + nb]
+    block_slot = ints[2 * g4 + rows + nb4 : 2 * g4 + rows + nb4 + nb]
     grid = (triton.cdiv(P, BLOCK),)
     has = slot is not None
     launch(_count_kernel, grid, experts, slot_arg, counts, P, K, n_slot, HAS_SLOT=has, BLOCK=BLOCK)
