@@ -300,6 +300,14 @@ def run_multilora_row(
         _free(device)
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 1)
+
+
+def _sum_gpu(steps) -> float | None:
+    return None if any(s.gpu_seconds is None for s in steps) else sum(s.gpu_seconds for s in steps)
+
+
 class GcClock:
     """Time spent in garbage collection while inside the `with` (gc.callbacks), and how many of each generation."""
 
@@ -378,8 +386,15 @@ def _summarise(work: Workload, steps, roof: Roofline, system: str, out_tokens: i
         graph_steps=sum(s.graph for s in steps),
         decode_s=sum(s.seconds for s in decode),
         prefill_s=sum(s.seconds for s in other),
-        # every step with prompt tokens, in order: [tokens, sequences, distinct adapters, ms] (where prefill goes)
-        prefill_steps=[[s.tokens, s.seqs, s.adapters, round(s.seconds * 1e3, 1)] for s in other],
+        # every step with prompt tokens, in order (where prefill goes): [tokens, sequences, distinct adapters, ms,
+        # ms until all queued, ms of device time (None off CUDA)] (engine/step_record.StepRecord)
+        prefill_steps=[
+            [s.tokens, s.seqs, s.adapters, *(_ms(v) for v in (s.seconds, s.enqueue_seconds, s.gpu_seconds))]
+            for s in other
+        ],
+        # device time of the steps, summed (None off CUDA): what the kernels took, beside the steps' wall time
+        decode_gpu_s=_sum_gpu(decode),
+        prefill_gpu_s=_sum_gpu(other),
         host_outside_steps_s=wall - sum(s.seconds for s in steps),
         mean_adapters_per_decode_step=statistics.fmean(s.adapters for s in decode) if decode else 0.0,
         roofline_weight_gb=roof.weight_bytes / 1e9,

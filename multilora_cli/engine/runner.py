@@ -104,6 +104,7 @@ class ModelRunner:
         self.token_texts = None  # token ids -> their texts (logprob entries); set by the engine
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
         self._last_done = 0.0  # when the last step's ids were read (step times, `_log`)
+        self._start: torch.cuda.Event | None = None  # the launching step's timing event (a step log on CUDA)
         self.first_done: float | None = None  # when the first step's ids were read (perf_counter; startup stats)
         self._turn = 0
         self._host_ids = (
@@ -183,6 +184,10 @@ class ModelRunner:
         t0 = time.perf_counter()
         if self.max_loras:
             self.adapters.wait_for(batch.slots, timed=True)  # loads into this step's slots land first; others run on
+        self._start = None
+        if self.step_log is not None and self.device.type == "cuda":  # benchmarks: the step's device time
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
         feed = None
         if batch.ahead:
             if prev is None or prev.ids is None or prev.ids.shape[0] != batch.num_seqs:
@@ -256,7 +261,9 @@ class ModelRunner:
                 lm_head = self.model.compute_logits_fp32
                 add_sampled_logprobs(lp, plan, lm_head, hidden, ids, row_slots, logits.shape[-1], self.device)
         if self.device.type != "cuda":
-            return Launched(batch, ids, ids, None, t0, graph, lp)
+            launched = Launched(batch, ids, ids, None, t0, graph, lp)
+            launched.queued = time.perf_counter()
+            return launched
         # the ids come back through page-locked memory, two buffers taking turns (at most two steps in flight)
         self._turn ^= 1
         host = self._host_ids[self._turn][: ids.shape[0]]
@@ -264,12 +271,17 @@ class ModelRunner:
         return self._done(Launched(batch, ids, host, None, t0, graph, lp))
 
     def _done(self, launched: Launched) -> Launched:
-        """Queue the logprobs' copies to the host and, on CUDA, record the event `collect` waits for."""
+        """Queue the logprobs' copies to the host and, on CUDA, record the event `collect` waits for (and, with a
+        step log, the timing events around the step's work)."""
+        if self._start is not None:  # (before the copies: the step's own work)
+            launched.start, launched.end = self._start, torch.cuda.Event(enable_timing=True)
+            launched.end.record()
         if launched.logprobs is not None:
             launched.logprobs.to_host()
         if self.device.type == "cuda" and (launched.host is not None or launched.logprobs is not None):
             launched.done = torch.cuda.Event()
             launched.done.record()
+        launched.queued = time.perf_counter()
         return launched
 
     def _forward_eager(self, batch: ScheduledBatch, rope_long: np.ndarray | None = None, feed=None):
@@ -322,6 +334,10 @@ class ModelRunner:
         if self.step_log is None:
             return
         batch = launched.batch
+        gpu = None
+        if launched.start is not None:
+            launched.end.synchronize()  # (done when the ids were read, unless the step sampled none)
+            gpu = launched.start.elapsed_time(launched.end) / 1e3
         self.step_log.append(
             StepRecord(
                 decode=batch.is_decode_only,
@@ -331,5 +347,7 @@ class ModelRunner:
                 kv_tokens=sum(batch.seq_lens()),
                 adapters=len({s for s in batch.slots if s >= 0}),
                 seconds=now - since,
+                enqueue_seconds=launched.queued - launched.t0,
+                gpu_seconds=gpu,
             )
         )

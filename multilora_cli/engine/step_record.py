@@ -18,7 +18,12 @@ class StepRecord:
     seconds: host wall time of the step (metadata build, forward, LM head, sampling, reading the ids back; a
              step launched while the one before it ran counts from that one's end, see `ModelRunner._log`);
     kv_tokens: context tokens of all sequences after the step (what decode attention reads);
-    adapters: distinct LoRA slots in the step."""
+    adapters: distinct LoRA slots in the step;
+    enqueue_seconds: host time from the step's launch until all its work was queued (eager steps: Python and
+             launches; long when the step loop's thread is held up, e.g. by the GIL);
+    gpu_seconds: CUDA only: device time from the step's first queued work (after any wait for its slots' loads)
+             to its last, idle gaps included (None elsewhere). A step whose gpu_seconds is near its
+             enqueue_seconds was fed by the host no faster than it ran."""
 
     decode: bool
     graph: bool
@@ -27,6 +32,8 @@ class StepRecord:
     kv_tokens: int
     adapters: int
     seconds: float
+    enqueue_seconds: float = 0.0
+    gpu_seconds: float | None = None
 
 
 @dataclass(slots=True)
@@ -41,3 +48,7 @@ class Launched:
     t0: float
     graph: bool
     logprobs: StepLogprobs | None = None  # rows that asked for logprobs (engine/logprobs.py), None: none did
+    # benchmarks (a step log kept): when the step was all queued (perf_counter), timing events around its work
+    queued: float = 0.0
+    start: torch.cuda.Event | None = None
+    end: torch.cuda.Event | None = None

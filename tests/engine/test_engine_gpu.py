@@ -79,6 +79,8 @@ def test_fp32_cuda_tokens_equal_hf_peft(setup, reference, eager):
     assert [r.token_ids for r in got] == want
     if not eager:  # the decode steps really replayed graphs
         assert any(s.graph for s in engine.runner.step_log)
+    # each step's device time (timing events around its work) and its queueing time were recorded
+    assert all(s.gpu_seconds > 0 and 0 < s.enqueue_seconds for s in engine.runner.step_log)
     # alone == batched (graphs at bucket 1 vs a larger bucket, other adapters around)
     alone = [engine.generate_all([r])[0].token_ids for r in _requests(prompts[:4], PLAN[:4])]
     assert alone == want[:4]
