@@ -80,7 +80,7 @@ def _lora_shrink_kernel(
     adapted slot (in row order) and its rows; GROUPS, group g = e * n_slot + s + 1, its rows the contiguous run
     [end[g] - count[g], end[g]) (by expert: an expert's rows in slot order). Each (expert, adapter) of a block, or
     each group, reads its A once (a group's later tiles from L2)."""
-    if MODE == 2:
+    if MODE == 2:  # GROUPS
         g = tl.program_id(0)
         s = g % n_slot - 1
         e = g // n_slot
@@ -92,7 +92,7 @@ def _lora_shrink_kernel(
         stop = tl.load(gend_ptr + g)
         start = stop - n
     else:
-        if MODE == 1:
+        if MODE == 1:  # BLOCK_SLOTS
             b = tl.program_id(0) // BM
             j = tl.program_id(0) % BM
         else:
@@ -106,9 +106,8 @@ def _lora_shrink_kernel(
             s_row = tl.load(slot_ptr + pair // top_k, mask=ok, other=-1)
             live = ok & (s_row >= 0) & (tl.load(rank_ptr + tl.maximum(s_row, 0), mask=ok & (s_row >= 0), other=0) > 0)
             i = tl.arange(0, BM)
-            seen = (
-                (s_row[:, None] == s_row[None, :]) & live[None, :] & (i[None, :] < i[:, None])
-            )  # an earlier row has it
+            # seen[i, i2]: an earlier row i2 has row i's slot
+            seen = (s_row[:, None] == s_row[None, :]) & live[None, :] & (i[None, :] < i[:, None])
             first = live & (tl.sum(seen.to(tl.int32), axis=1) == 0)
             mine = first & (tl.cumsum(first.to(tl.int32), 0) == j + 1)
             if tl.sum(mine.to(tl.int32), 0) == 0:
@@ -126,7 +125,7 @@ def _lora_shrink_kernel(
     if NSL == 2:
         shared = tl.load(shared_ptr + s)
     a_base = a_ptr + s.to(tl.int64) * stride_a_slot + e.to(tl.int64) * stride_a_exp
-    if MODE == 2:
+    if MODE == 2:  # the group's rows, BM at a time (its A from L2 after the first tile)
         for lo in range(start, stop, BM):
             rows = lo + tl.arange(0, BM)
             ok = rows < stop
