@@ -23,7 +23,7 @@ launched over it) can be captured in a CUDA graph. Three Triton launches after o
 scanning the padded counts and mapping blocks to groups (binary search), then place each pair at its group's
 cursor (atomics). The order of pairs inside a group is whatever the atomics give: every kernel computes a row from
 that row's inputs alone, so results do not depend on it.
-Triton variants do not depend on T (tests/engine/test_precompile_moe.py): the sizes that vary with it (P, G, NB)
+Triton variants do not depend on T (tests/engine/test_precompile_sizes.py): the sizes that vary with it (P, G, NB)
 are not specialised on (`do_not_specialize`), and each output starts on 16 bytes. Else the runner's dry-run prefill
 sizes (powers of two) left NB % 16 = 8 and block_expert's offset % 16 = 4 at 64-row blocks to a compile inside the
 run (a 1,083-token prefill step took 1.7 s, H200, Qwen3-30B-A3B bench).
