@@ -50,9 +50,11 @@ def _programs(P: int, slots: int, acc: dict, row: bool) -> dict:
     tiles = -(-INTER // BN) + -(-H // BN)  # gate_up's and down's output tiles
     gemm_static, gemm_busy = nb_e * tiles, acc["expert_blocks"] * tiles
     lora = acc["expert_adapter_blocks"]
-    if row:  # one shrink: a program per (expert, slot) group (busy: G); the down shrink's sum: one per 64 pairs
+    if row:  # one shrink (kernels/moe_lora.shrink): 16-row blocks, bm programs a block, one per distinct adapter;
+        # larger, a program per (expert, slot) group (busy: ~G either way); the down shrink's sum: one per 64 pairs
+        shrink = nb_e * bm if bm <= 16 else E * (slots + 1)
         sums = -(-P // 64)
-        return dict(static=gemm_static + E * (slots + 1) + sums, busy=gemm_busy + acc["expert_adapter_pairs"] + sums)
+        return dict(static=gemm_static + shrink + sums, busy=gemm_busy + acc["expert_adapter_pairs"] + sums)
     tiles_h = -(-2 * INTER // BN) + -(-H // BN)  # the grouped path's gate_up GEMM writes h [P, 2I]
     return dict(static=nb_e * tiles_h + 4 * nb_es, busy=acc["expert_blocks"] * tiles_h + 4 * lora)
 

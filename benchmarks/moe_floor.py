@@ -12,9 +12,10 @@ launches (benchmarks/bench_moe.py prints it beside the measured times).
     base's, ~90 us a layer at 4 TB/s.
 
 What the kernels read beyond the floor (from the step's actual routing; `bm` rows per block):
-    row path (kernels/moe_gemm.py): the gate_up shrink reads A (2r x H) once per (expert, adapter) group: G (its
-      later tiles from L2); the epilogues gather B and down's A per adapted pair and output tile (repeats of a group within a block come
-      from L1/L2, so DRAM sees ~G x their bytes): ~the floor
+    row path (kernels/moe_gemm.py): the gate_up shrink reads A (2r x H) once per (block, adapter in it) at
+      16-row blocks, once per (expert, adapter) group at larger ones: ~G; the epilogues gather B and down's A per
+      adapted pair and output tile (repeats of a group within a block come from L1/L2, so DRAM sees ~G x their
+      bytes): ~the floor
     grouped path (kernels/moe_lora.py): every factor once per (expert, adapter) block, plus the activations
       h [P, 2I] written and read, y [P, H] read and written again
 Launches and programs: counted by dry-running the call under kernels/launch.collect (real launches, not a guess);

@@ -12,9 +12,9 @@ by_expert=True (with a slot): the same groups, but an expert's groups share one 
 end of each expert's rows): blocks are by expert alone (block_slot = -1: rows of many slots), their rows ordered
 by slot. Why: a block's LoRA epilogue runs one dot per distinct slot in it (kernels/moe_dots.py), and the shrink
 one program per (block, distinct slot), or at prefill sizes per group (its rows one run: group_end, group_count);
-rows in slot order put each adapter's rows of an expert in as few
-blocks as possible (a prefill step's 64-row block: a few adapters instead of one per row or two), while each
-expert's weights are still streamed once per block of BM pairs.
+rows in slot order put each adapter's rows of an expert in as few blocks as possible (a prefill step's 64-row
+block: a few adapters instead of one per row or two), while each expert's weights are still streamed once per
+block of BM pairs.
 
 NB = cdiv(T*K, BM) + min(T*K, G) (G = E with by_expert) is a static bound (each non-empty group adds at most one
 partial block), so the shapes depend on T only and nothing waits for the host: the metadata (and everything
