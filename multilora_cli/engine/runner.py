@@ -104,7 +104,6 @@ class ModelRunner:
         self.token_texts = None  # token ids -> their texts (logprob entries); set by the engine
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
         self._last_done = 0.0  # when the last step's ids were read (step times, `_log`)
-        self._start: torch.cuda.Event | None = None  # the launching step's timing event (a step log on CUDA)
         self.first_done: float | None = None  # when the first step's ids were read (perf_counter; startup stats)
         self._turn = 0
         self._host_ids = (
@@ -184,10 +183,10 @@ class ModelRunner:
         t0 = time.perf_counter()
         if self.max_loras:
             self.adapters.wait_for(batch.slots, timed=True)  # loads into this step's slots land first; others run on
-        self._start = None
+        start = None
         if self.step_log is not None and self.device.type == "cuda":  # benchmarks: the step's device time
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
         feed = None
         if batch.ahead:
             if prev is None or prev.ids is None or prev.ids.shape[0] != batch.num_seqs:
@@ -227,11 +226,11 @@ class ModelRunner:
                 )
                 lp = StepLogprobs(prompt=prompt, prompt_rows=prows)
             if inputs.num_logits == 0:
-                return self._done(Launched(batch, None, None, None, t0, graph, lp))  # (no mask was begun)
+                return self._done(Launched(batch, None, None, None, t0, graph, lp), start)  # (no mask was begun)
             hidden = hidden.index_select(0, inputs.logits_rows)
         seqs = batch.sampled_seqs()
         if not seqs:
-            return self._done(Launched(batch, None, None, None, t0, graph, lp))
+            return self._done(Launched(batch, None, None, None, t0, graph, lp), start)
         # each row's slot, for lm_head adapters (layers/vocab_lora.py); None: the head is the base's for every row
         row_slots = np.asarray([s.slot for s in seqs]) if self.vocab is not None and self.vocab.adapts_head else None
         plan = sampled_plan(seqs)  # the rows asking for logprobs, None: none
@@ -268,13 +267,13 @@ class ModelRunner:
         self._turn ^= 1
         host = self._host_ids[self._turn][: ids.shape[0]]
         host.copy_(ids, non_blocking=True)
-        return self._done(Launched(batch, ids, host, None, t0, graph, lp))
+        return self._done(Launched(batch, ids, host, None, t0, graph, lp), start)
 
-    def _done(self, launched: Launched) -> Launched:
+    def _done(self, launched: Launched, start: torch.cuda.Event | None) -> Launched:
         """Queue the logprobs' copies to the host and, on CUDA, record the event `collect` waits for (and, with a
-        step log, the timing events around the step's work)."""
-        if self._start is not None:  # (before the copies: the step's own work)
-            launched.start, launched.end = self._start, torch.cuda.Event(enable_timing=True)
+        step log, the timing event after the step's work, `start` the one before it)."""
+        if start is not None:  # (before the copies: the step's own work)
+            launched.start, launched.end = start, torch.cuda.Event(enable_timing=True)
             launched.end.record()
         if launched.logprobs is not None:
             launched.logprobs.to_host()
