@@ -78,6 +78,7 @@ def engine_config(
         quantization=work.quantization,
         fp8_small_m=work.fp8_small_m,
         prefix_cache=work.prefix_cache,
+        read_threads=work.read_threads,
         # what its requests ask of the sampler: the precompile compiles those variants only (engine/dry_sample.py)
         line_kinds=frozenset(
             {LineKind(base=work.num_adapters == 0, sampled=work.sampled, top_p=work.sampled and work.top_p < 1.0)}

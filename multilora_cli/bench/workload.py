@@ -78,6 +78,7 @@ class Workload:
     distinct_weights: int = 64
     shared_prefix_len: int = 0
     prefix_cache: bool = True
+    read_threads: int = 8  # EngineConfig.read_threads: threads copying one adapter's file pieces
 
     def __post_init__(self) -> None:
         if self.preset.strip().lower() not in PRESETS:  # before anything sizes a model or picks a device

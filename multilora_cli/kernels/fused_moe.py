@@ -29,7 +29,11 @@ chunk of 8,192 tokens):
     each reads its A once), then the two base GEMMs with the rest in their epilogues (kernels/moe_gemm.py), one
     tensor-core dot per distinct adapter of a block (kernels/moe_dots.py): each row gets its own adapter's expand
     before the SiLU-and-mul and before the routing weight, and the gate_up GEMM leaves the down shrink's partials
-    per output tile, which one small launch sums (moe_dots.sum_parts). 7 Triton launches vs the base's 5.
+    per output tile, which one small launch sums (moe_dots.sum_parts). 7 Triton launches vs the base's 5. On
+    sm_90+ the shrink, gate_up GEMM, sum_parts and down GEMM are chained with PDL (`row_pdl`): each GEMM runs its
+    main loop over inputs written two or more launches back and waits for its predecessor only before the
+    epilogue reads the shrink's output; nothing is written before the wait, so the bits are those of plain
+    launches (tests/kernels/test_fused_moe_gpu.py).
   grouped (steps past ROW_LORA_MAX_PAIRS: slower than the row path at every size measured up to there; larger
     chunks unmeasured):
     a second alignment by (expert, slot), h = x @ gate_up^T stored, shrink, expand + SiLU-and-mul, down GEMM,
@@ -55,10 +59,26 @@ from multilora_cli.kernels.moe_align import align_pairs
 from multilora_cli.kernels.moe_dots import sum_parts
 from multilora_cli.kernels.moe_gemm import BN, RowLora, expert_gemm
 from multilora_cli.kernels.moe_lora import expand, shrink
+from multilora_cli.kernels.pdl import OFF, PdlMode, pdl_mode
 
 # H200, Qwen3-30B-A3B shapes: with an expert's rows in slot order and the shrink by (expert, adapter) group, the row
 # path is faster up to a prefill chunk of 8,192 tokens (benchmarks/HISTORY.md, session 25)
 ROW_LORA_MAX_PAIRS = 65536
+# the row path's four LoRA launches chained with PDL up to here (kernels/pdl.py): the gate_up and down GEMMs run
+# their main loops while the shrink / sum_parts before them finish, and wait only before their epilogues
+PDL_MAX_PAIRS = 65536
+# the row path's output tiles (gate_up's BN, down's BN): down's epilogue walks a block's adapters once per tile, and
+# 128-wide tiles halve the walks over H; H200, 16 adapters a step, us a layer against 64 x 64: 256 tokens 455 vs
+# 462, 1,083 tokens 842 vs 899, 8,192 tokens 2,316 vs 2,490 (gate_up at 128 and down at 256 were slower)
+LORA_BN = (BN, 128)
+
+
+def row_pdl(device: torch.device, num_pairs: int, on: bool | None = None) -> PdlMode:
+    """The row path's PDL mode: `on` (None: up to PDL_MAX_PAIRS) where the device can (pdl.pdl_mode: sm_90+, not
+    the interpreter, MULTILORA_PDL != 0, pdl.force); launch only (no L2 prefetch)."""
+    if not pdl_mode(device, 1).launch:
+        return OFF
+    return PdlMode(launch=True) if (on if on is not None else num_pairs <= PDL_MAX_PAIRS) else OFF
 
 
 def block_m_for(num_pairs: int) -> int:
@@ -77,8 +97,11 @@ def fused_moe(
     lora: ExpertLoraWeights | None = None,
     block_m: int | None = None,
     row_lora: bool | None = None,
+    pdl: bool | None = None,
+    lora_bn: tuple[int, int] = LORA_BN,
 ) -> torch.Tensor:
-    """See the module docstring. Returns out [T, H] in x's dtype. row_lora: None = by the step's pair count."""
+    """See the module docstring. Returns out [T, H] in x's dtype. row_lora: None = by the step's pair count;
+    pdl: the row path's launches chained with PDL (`row_pdl`; None = by the pair count)."""
     T, K = experts.shape
     E, two_i, H = gate_up.shape
     inter = two_i // 2
@@ -101,6 +124,7 @@ def fused_moe(
     sg = new(P, 2 * R)
     if row_lora if row_lora is not None else P <= ROW_LORA_MAX_PAIRS:
         by_e = align_pairs(experts, slot, E, lora.max_loras, bm, by_expert=True)  # one: by expert, in slot order
+        chain = row_pdl(x.device, P, pdl)
         shrink(
             x,
             lora.gu_a,
@@ -115,16 +139,35 @@ def fused_moe(
             nsl=2,
             prec=prec,
             slot=slot,
+            pdl=chain,
         )
-        part = torch.empty(triton.cdiv(inter, BN), P, R, dtype=torch.float32, device=x.device)
+        part = torch.empty(triton.cdiv(inter, lora_bn[0]), P, R, dtype=torch.float32, device=x.device)
         act = new(P, inter)
         lo = RowLora(slot, lora.rank, sg, lora.gu_b, lora.dn_a, part, R)
-        gemm(x, gate_up, by_e, rw, act, K, inter, inter, gather=True, silu=True, weight=False, lora=lo)
+        gemm(
+            x,
+            gate_up,
+            by_e,
+            rw,
+            act,
+            K,
+            inter,
+            inter,
+            gather=True,
+            silu=True,
+            weight=False,
+            lora=lo,
+            pdl=chain,
+            bn=lora_bn[0],
+        )
         y = new(P, H)
         sd = new(P, R)
-        sum_parts(part, lora.dn_scale, slot, lora.rank, sd, K, R)
+        sum_parts(part, lora.dn_scale, slot, lora.rank, sd, K, R, pdl=chain)
         lo = RowLora(slot, lora.rank, sd, lora.dn_b, None, None, R)
-        gemm(act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=True, lora=lo)
+        gemm(
+            act, down, by_e, rw, y, K, H, inter, gather=False, silu=False, weight=True, lora=lo, pdl=chain,
+            bn=lora_bn[1],
+        )  # fmt: skip
         return y.view(T, K, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
     by_e = align_pairs(experts, None, E, 0, bm)
     by_es = align_pairs(experts, slot, E, lora.max_loras, bm)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from multilora_cli.kernels.pdl import PdlMode, launch_dependents, wait_predecessor
+
 
 @triton.jit
 def _next_slot(s, live, after):
@@ -106,9 +108,11 @@ def down_dots(
 @triton.jit
 def _sum_parts_kernel(
     part_ptr, scale_ptr, slot_ptr, rank_ptr, out_ptr, P, top_k, n_parts, R, stride_part, stride_scale, stride_out,
-    RB: tl.constexpr, BP: tl.constexpr,
+    RB: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[p, :r] = round(sum over t in order of part[t, p, :r] * scale[s, :r]), 0 past r (s = slot[p // top_k])."""
+    wait_predecessor(PDL)  # part comes from the gate_up GEMM; every CTA waits before it lets the down GEMM start
+    launch_dependents(PDL)
     p = tl.program_id(0) * BP + tl.arange(0, BP)
     ok = p < P
     s = tl.load(slot_ptr + p // top_k, mask=ok, other=-1)
@@ -124,7 +128,7 @@ def _sum_parts_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (c[None, :] < R))
 
 
-def sum_parts(part, scale, slot, rank, out, top_k: int, R: int) -> None:
+def sum_parts(part, scale, slot, rank, out, top_k: int, R: int, pdl: PdlMode = PdlMode()) -> None:
     """`_sum_parts_kernel`: part [n_parts, T*K, R] fp32, scale [L, R] fp32, slot [T], rank [L] -> out [T*K, R]."""
     from multilora_cli.kernels.checks import rank_bucket
     from multilora_cli.kernels.launch import launch
@@ -132,5 +136,5 @@ def sum_parts(part, scale, slot, rank, out, top_k: int, R: int) -> None:
     P, bp = part.shape[1], 64
     launch(
         _sum_parts_kernel, (triton.cdiv(P, bp),), part, scale, slot, rank, out, P, top_k, part.shape[0], R,
-        part.stride(0), scale.stride(0), out.stride(0), RB=rank_bucket(R), BP=bp,
+        part.stride(0), scale.stride(0), out.stride(0), RB=rank_bucket(R), BP=bp, PDL=pdl.launch, **pdl.kwargs(),
     )  # fmt: skip

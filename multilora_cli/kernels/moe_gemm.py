@@ -40,6 +40,7 @@ from multilora_cli.kernels.checks import rank_bucket
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.moe_align import MoeAlign
 from multilora_cli.kernels.moe_dots import down_dots, gate_up_dots, part_dots
+from multilora_cli.kernels.pdl import PdlMode, launch_dependents, wait_predecessor
 
 BN, BK = 64, 64
 
@@ -67,14 +68,19 @@ def _expert_gemm_kernel(
     stride_sh, stride_b_slot, stride_b_exp, stride_bn, stride_a2_slot, stride_a2_exp, stride_a2_row, stride_part,
     GATHER: tl.constexpr, SILU: tl.constexpr, WEIGHT: tl.constexpr, LORA: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_PREC: tl.constexpr, RB: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """out[p, n-tile] = src[row(p)] @ w[e, n-tile]^T; SILU: silu(that) * (src @ w[e, INTER + n-tile]^T);
-    WEIGHT: times rw[p]. row(p) = p // top_k (GATHER: x by token) or p (act by pair). LORA: the module docstring."""
+    WEIGHT: times rw[p]. row(p) = p // top_k (GATHER: x by token) or p (act by pair). LORA: the module docstring.
+    PDL (LORA only): the main loop runs while the predecessor (the shrink, or sum_parts) still runs; the wait
+    comes before the epilogue reads sh, and nothing is written before it."""
     pid = tl.program_id(0)
     b = pid // n_tiles  # blocks on the slow axis: padding blocks (static grid) come after the real work
     tile = pid % n_tiles
     e = tl.load(bexp_ptr + b)
     if e < 0:
+        if pid == 0:
+            wait_predecessor(PDL)  # the grid's first CTA always waits (see pdl.py)
         return
     pair = tl.load(pair_ptr + b * BM + tl.arange(0, BM))
     ok = pair >= 0
@@ -98,6 +104,10 @@ def _expert_gemm_kernel(
             wu = tl.load(w_base + (n + INTER)[None, :] * stride_wn + kk[:, None], mask=w_mask, other=0.0)
             acc_u = tl.dot(xt, wu, acc_u, input_precision=DOT_PREC)
     if LORA:
+        # the predecessor wrote sh (gate_up: sg by the shrink; down: sd by sum_parts); everything read above was
+        # written two or more grids back, which the predecessor's own wait (before it let this grid start) covers
+        wait_predecessor(PDL)
+        launch_dependents(PDL)
         s = tl.load(slot_ptr + pair // top_k, mask=ok, other=-1)
         r = tl.load(rank_ptr + tl.maximum(s, 0), mask=ok & (s >= 0), other=0)  # [BM]; 0: base row or empty slot
         live = r > 0
@@ -126,10 +136,16 @@ def _expert_gemm_kernel(
 
 
 def expert_gemm(
-    src, w, al: MoeAlign, rw, out, top_k, n_out, inter, *, gather, silu, weight, prec, lora: RowLora | None = None
-) -> None:
-    """`_expert_gemm_kernel` over the expert-sorted blocks: w [E, n_out (x2 with silu), KD], out [T*K, n_out]."""
-    tiles = triton.cdiv(n_out, BN)
+    src, w, al: MoeAlign, rw, out, top_k, n_out, inter, *, gather, silu, weight, prec, lora: RowLora | None = None,
+    pdl: PdlMode = PdlMode(), bn: int = BN,
+) -> None:  # fmt: skip
+    """`_expert_gemm_kernel` over the expert-sorted blocks: w [E, n_out (x2 with silu), KD], out [T*K, n_out].
+    pdl.launch (with lora only): launched as a programmatic dependent of the previous launch (kernels/pdl.py)."""
+    if pdl.launch and lora is None:
+        raise ValueError(
+            "expert_gemm: PDL needs the LoRA epilogue (the base GEMM reads its predecessor's output first)"
+        )
+    tiles = triton.cdiv(n_out, bn)
     if lora is None:
         d = rw  # never read (LORA=False prunes the epilogue)
         lo = (d, d, d, d, d, d, 0, 0, 0, 0, 0, 0, 0, 0, 0)
@@ -146,5 +162,5 @@ def expert_gemm(
         w.shape[2], n_out, inter, top_k, tiles, lo[6],
         src.stride(0), w.stride(0), w.stride(1), out.stride(0), *lo[7:],
         GATHER=gather, SILU=silu, WEIGHT=weight, LORA=lora is not None,
-        BM=al.block_m, BN=BN, BK=BK, DOT_PREC=prec, RB=rank_bucket(max(1, lo[6])),
+        BM=al.block_m, BN=bn, BK=BK, DOT_PREC=prec, RB=rank_bucket(max(1, lo[6])), PDL=pdl.launch, **pdl.kwargs(),
     )  # fmt: skip

@@ -20,6 +20,7 @@ import triton.language as tl
 from multilora_cli.kernels.checks import rank_bucket
 from multilora_cli.kernels.launch import launch
 from multilora_cli.kernels.moe_align import MoeAlign
+from multilora_cli.kernels.pdl import PdlMode, launch_dependents, wait_predecessor
 
 BN, BK = 64, 64
 
@@ -72,14 +73,17 @@ def _lora_shrink_kernel(
     out_ptr, KD, top_k, R, n_slot,
     stride_src, stride_a_slot, stride_a_exp, stride_a_row, stride_scale, stride_out,
     GATHER: tl.constexpr, MODE: tl.constexpr, NSL: tl.constexpr, RB: tl.constexpr, BM: tl.constexpr,
-    BK: tl.constexpr, DOT_PREC: tl.constexpr,
+    BK: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[p, sl*R + j] = scale[s, sl*R + j] * src[row(p)] @ a[s, e, sl*R + j]^T for j < rank[s], NSL slices;
     NSL = 2 and shared[s]: slice 1 equals slice 0 (one A for gate and up): only slice 0's A is read, stored twice.
     MODE (the constants above): BLOCKS, one (expert, slot) block; BLOCK_SLOTS, a by-expert block's j-th distinct
     adapted slot (in row order) and its rows; GROUPS, group g = e * n_slot + s + 1, its rows the contiguous run
     [end[g] - count[g], end[g]) (by expert: an expert's rows in slot order). Each (expert, adapter) of a block, or
-    each group, reads its A once (a group's later tiles from L2)."""
+    each group, reads its A once (a group's later tiles from L2). PDL: every CTA waits for the alignment before
+    anything, then lets the next launch (the gate_up GEMM, whose main loop needs no shrink output) start."""
+    wait_predecessor(PDL)
+    launch_dependents(PDL)
     if MODE == 2:  # GROUPS
         g = tl.program_id(0)
         s = g % n_slot - 1
@@ -190,10 +194,12 @@ def _lora_expand_kernel(
         tl.store(out_ptr + row[:, None] * stride_out + n[None, :], v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def shrink(src, a, scale, rank, shared, al: MoeAlign, out, top_k, R, *, gather, nsl, prec, slot=None) -> None:
+def shrink(
+    src, a, scale, rank, shared, al: MoeAlign, out, top_k, R, *, gather, nsl, prec, slot=None, pdl: PdlMode = PdlMode()
+) -> None:
     """`_lora_shrink_kernel` over the (expert, slot) blocks of `al`, or with `slot` ([T], -1 = base) over an alignment
     by expert (rows of many slots a block): 16-row blocks BLOCK_SLOTS, larger ones GROUPS. a [L, E, nsl*R, KD],
-    out [T*K, nsl*R]; shared [L] int32 (read with nsl = 2)."""
+    out [T*K, nsl*R]; shared [L] int32 (read with nsl = 2). pdl.launch: a programmatic dependent launch."""
     # H200, Qwen3-30B-A3B shapes (benchmarks/HISTORY.md, sessions 24-25). Decode-sized steps, BLOCK_SLOTS at 2 warps,
     # BK 128, 4 stages: 256 tokens x 16 / 35 adapters 42 / 51 us (54 / 63 at 4 warps, BK 64, 3 stages); GROUPS there
     # was ~15 us slower. A prefill chunk (8,192 tokens, 64-row blocks): GROUPS ~120 us at 16 adapters, where
@@ -205,8 +211,8 @@ def shrink(src, a, scale, rank, shared, al: MoeAlign, out, top_k, R, *, gather, 
         _lora_shrink_kernel, (grid,), src, a, scale, rank, shared, al.sorted_pair, al.block_expert, al.block_slot,
         slot if slot is not None else al.block_slot, al.group_end, al.group_count, out, a.shape[3], top_k, R, al.n_slot,
         src.stride(0), a.stride(0), a.stride(1), a.stride(2), scale.stride(0), out.stride(0),
-        GATHER=gather, MODE=mode, NSL=nsl, RB=rank_bucket(R), BM=al.block_m, BK=bk, DOT_PREC=prec,
-        num_warps=warps, num_stages=stages,
+        GATHER=gather, MODE=mode, NSL=nsl, RB=rank_bucket(R), BM=al.block_m, BK=bk, DOT_PREC=prec, PDL=pdl.launch,
+        num_warps=warps, num_stages=stages, **pdl.kwargs(),
     )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""Programmatic dependent launch (PDL) for the SGMV kernels: hide each launch behind the previous kernel's tail.
+"""Programmatic dependent launch (PDL) for the SGMV kernels (and the MoE row path's expert-LoRA chain,
+kernels/fused_moe.row_pdl): hide each launch behind the previous kernel's tail.
 
 At decode sizes a layer's eight LoRA launches are latency-bound: each CTA first walks tile -> slot -> rank ->
 token rows, then fetches its weights, and only then does work, and the next launch starts only when the

@@ -124,6 +124,26 @@ def test_several_output_tiles_and_k_steps(dtype, tol, path):
     _close(got, _reference(x, weights, experts, gate_up, down, slot, lora), tol)
 
 
+def test_row_path_output_tiles_and_pdl_off_on_cpu():
+    """The row path at other output tiles (the default is gate_up 64, down 128: fused_moe.LORA_BN) gives the same
+    numbers in fp32 (down past one 128-wide tile, the last masked); PDL asked for on a CPU is off."""
+    from multilora_cli.kernels.fused_moe import LORA_BN, row_pdl
+
+    assert not row_pdl(torch.device("cpu"), 8, on=True).launch
+    g = torch.Generator().manual_seed(23)
+    h, inter = 200, 144
+    x = torch.randn(11, h, generator=g)
+    gate_up = torch.randn(E, 2 * inter, h, generator=g) * 0.1
+    down = torch.randn(E, h, inter, generator=g) * 0.1
+    weights, experts = routing("uniform", 11, E, K, g)
+    slot = torch.tensor([0, 1, 3, -1, 0, 3, 1, 0, 3, 2, -1])
+    lora = expert_lora(L, 16, E, h, inter, (16, 5, 0, 11), g, torch.float32, "cpu", amp=0.3)
+    want = _reference(x, weights, experts, gate_up, down, slot, lora)
+    for bn in {LORA_BN, (64, 64), (128, 128)}:
+        got = fused_moe(x, weights, experts, gate_up, down, slot, lora, row_lora=True, pdl=True, lora_bn=bn)
+        _close(got, want, 1e-4)
+
+
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 1e-2)])
 def test_fused_base_only(dtype, tol):
     x, weights, experts, gate_up, down, _, _ = _inputs(9, "uniform", dtype, seed=3)
