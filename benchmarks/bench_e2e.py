@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
         help="tokens every prompt of one adapter starts with (before its own --prompt-len tokens)",
     )
     ap.add_argument("--distribution", default="uniform", help="uniform | zipf | round (prompt i -> adapter i %% N)")
+    ap.add_argument("--read-threads", type=int, default=8, help="threads copying one adapter's file pieces")
     ap.add_argument("--no-prefix-cache", action="store_true", help="run every row with the prefix cache off")
     ap.add_argument("--prefix-ab", action="store_true", help="run each multilora row with the cache on, then off")
     ap.add_argument("--hf-batch-sizes", default="256,1024")
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] | None = None
         distribution=args.distribution,
         shared_prefix_len=args.shared_prefix,
         prefix_cache=not args.no_prefix_cache,
+        read_threads=args.read_threads,
     )
     plan = with_n(parse_rows(args.rows, base), args.n)
     if args.prefix_ab:

@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         "modules (gate and up each their own A)",
     )
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lora-bn", default="", help="extra row arms with other output tiles, e.g. 128x64,128x128")
+    ap.add_argument("--pdl-ab", action="store_true", help="also time the row path without PDL (arm row_plain)")
     ap.add_argument("--out", default="benchmarks/results/moe.json")
     args = ap.parse_args(argv)
     dev, dt, r = "cuda", torch.bfloat16, args.rank
@@ -109,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         for S in ints(args.distinct):
             slot = (torch.arange(T, device=dev) % S).to(torch.int64)
             arms = {"row": dict(row_lora=True), "grouped": dict(row_lora=False)}
+            if args.pdl_ab:  # the row path's launches chained with PDL (its default where the GPU can) vs plain
+                arms["row_plain"] = dict(row_lora=True, pdl=False)
+            for spec in filter(None, args.lora_bn.split(",")):  # e.g. 128x64: gate_up's and down's BN
+                g, d = (int(v) for v in spec.split("x"))
+                arms[f"row_bn{spec}"] = dict(row_lora=True, lora_bn=(g, d))
             timers = {
                 name: (lambda kw=kw: graph_time_us(lambda _: fused_moe(x, w, idx, gate_up, down, slot, lora, **kw), 1))
                 for name, kw in arms.items()
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 "base": _launches(lambda: fused_moe(x, w, idx, gate_up, down)),
                 **{n: _launches(lambda kw=kw: fused_moe(x, w, idx, gate_up, down, slot, lora, **kw)) for n, kw in arms.items()},
             }  # fmt: skip
-            programs = {n: _programs(T * K, slots, acc, n == "row") for n in arms}
+            programs = {n: _programs(T * K, slots, acc, n != "grouped") for n in arms}
             extra = {n: best[n] - best["base"] for n in arms}
             rec = dict(
                 distinct=S,
@@ -151,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                 f" | base {best['base']:7.1f} us floor {floor_base:6.1f} | LoRA floor +{floor_lora:6.1f} us"
                 f" | row {best['row']:7.1f} us (+{extra['row']:6.1f}, {extra['row'] / floor_lora:.1f}x floor)"
                 f" grouped {best['grouped']:7.1f} us (+{extra['grouped']:6.1f}) default {rec['default']}"
-                f" | row/base {rec['lora_over_base']['row']:.2f} floor {rec['floor_lora_over_base']:.2f}"
+                + "".join(f" {n} {best[n]:7.1f} us" for n in arms if n.startswith("row_"))
+                + f" | row/base {rec['lora_over_base']['row']:.2f} floor {rec['floor_lora_over_base']:.2f}"
                 f" | LoRA MB floor {acc['floor_lora_bytes'] / 1e6:.0f} row ~{acc['row_lora_dram_bytes'] / 1e6:.0f}"
                 f" (<= {acc['row_lora_bytes'] / 1e6:.0f} without cache reuse)"
                 f" grouped {acc['grouped_lora_bytes'] / 1e6:.0f} | launches {launches} programs {programs}"
