@@ -101,7 +101,8 @@ def fused_moe(
     lora_bn: tuple[int, int] = LORA_BN,
 ) -> torch.Tensor:
     """See the module docstring. Returns out [T, H] in x's dtype. row_lora: None = by the step's pair count;
-    pdl: the row path's launches chained with PDL (`row_pdl`; None = by the pair count)."""
+    pdl: the row path's launches chained with PDL (`row_pdl`; None = by the pair count); lora_bn: the row path's
+    output tiles (gate_up's, down's; gate_up's also sets the down shrink's partials, one per tile)."""
     T, K = experts.shape
     E, two_i, H = gate_up.shape
     inter = two_i // 2
@@ -145,21 +146,9 @@ def fused_moe(
         act = new(P, inter)
         lo = RowLora(slot, lora.rank, sg, lora.gu_b, lora.dn_a, part, R)
         gemm(
-            x,
-            gate_up,
-            by_e,
-            rw,
-            act,
-            K,
-            inter,
-            inter,
-            gather=True,
-            silu=True,
-            weight=False,
-            lora=lo,
-            pdl=chain,
+            x, gate_up, by_e, rw, act, K, inter, inter, gather=True, silu=True, weight=False, lora=lo, pdl=chain,
             bn=lora_bn[0],
-        )
+        )  # fmt: skip
         y = new(P, H)
         sd = new(P, R)
         sum_parts(part, lora.dn_scale, slot, lora.rank, sd, K, R, pdl=chain)
