@@ -4,6 +4,8 @@
     python -m benchmarks.profile_decode --adapters 64 --phase prefill          # the first full prefill step
     python -m benchmarks.profile_decode --preset qwen3-30b-a3b --adapters 16 --distinct-weights 4 --phase prefill
 
+Prefill also reports the host time to queue the eager step on an idle device and a cProfile of it by function.
+
 Runs the benchmark workload until a decode step of max_num_seqs sequences, then re-runs that same step
 (re-running a decode step rewrites the same KV slot with the same values, so nothing changes): host wall time
 of the graph step, GPU time of the graph replay alone (events), host time of the step's metadata build, and a
@@ -12,8 +14,12 @@ torch.profiler kernel table of the same step run eagerly (the GPU work inside th
 
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 import statistics
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -94,7 +100,33 @@ def main() -> int:
                 f"  step wall (runner.run): {statistics.median(walls) * 1e3:.2f} ms, "
                 f"events around it: {statistics.median(gpus):.2f} ms"
             )
+            enqueue_profile(batch)
             kernel_table(lambda: real_run(batch))
+
+        def enqueue_profile(batch):
+            # host time to queue the eager step on an idle device (nothing else running on the host), then where it
+            # goes by function: what the step loop pays before the device can run the whole step
+            def timed():
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                done = real_launch(batch)
+                dt = time.perf_counter() - t
+                runner.collect(done)
+                return dt
+
+            print(
+                f"  enqueue (runner.launch, idle device): {statistics.median(timed() for _ in range(5)) * 1e3:.2f} ms"
+            )
+            prof = cProfile.Profile()
+            torch.cuda.synchronize()
+            prof.enable()
+            done = real_launch(batch)
+            prof.disable()
+            runner.collect(done)
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.rows)
+            print("  host functions of one enqueue (cProfile, by own time):")
+            print("\n".join("    " + line for line in out.getvalue().splitlines() if line.strip()))
 
         def kernel_table(step):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -143,6 +175,9 @@ def main() -> int:
                 runner.graphs = g
 
         runner.launch = launch
+        if args.phase == "prefill":  # every adapter in its slot first: else admissions wait on reads, steps stay small
+            for name in work.adapter_names:
+                engine.slots.acquire(name)
         engine.generate_all(work.requests(cfg.vocab_size))
         engine.close()
     if not seen["done"]:

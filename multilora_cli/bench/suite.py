@@ -216,10 +216,12 @@ def run_multilora_row(
         gc_clock = GcClock()
         engine.runner.step_log = []
         _sync(device)
+        alloc0 = _allocator_counts(device)
         t0 = time.perf_counter()
         with gc_clock:
             results = list(engine.generate(reqs))
         wall = time.perf_counter() - t0
+        alloc = {k: v - alloc0.get(k, 0) for k, v in _allocator_counts(device).items()}
         steps = engine.runner.step_log
         engine.runner.step_log = None
         stall = engine.runner.load_stalls()  # (after the run's last collect: every timed wait has completed)
@@ -283,6 +285,9 @@ def run_multilora_row(
             identity_loop_s=engine.identities.caller_seconds - ids0[1],
             ahead_steps=engine.scheduler.num_ahead_steps - ids0[2],
             slots=slots.to_dict(),
+            # CUDA caching allocator over the timed run: retries free every cached block (a device sync) and
+            # allocate again; device mallocs / frees past the warm-up are new shapes or memory pressure
+            allocator=alloc,
             prefix_cache={"prompt_tokens": bm.prompt_tokens - lookup0, "hit_tokens": bm.hit_tokens - hits0},
         )
         log(
@@ -347,6 +352,14 @@ def _time_installs(engine) -> list[float]:
 
     engine.slots._install = timed
     return acc
+
+
+def _allocator_counts(device: torch.device) -> dict:
+    """The CUDA caching allocator's retry / device malloc / device free counters ({} off CUDA)."""
+    if device.type != "cuda":
+        return {}
+    st = torch.cuda.memory_stats(device)
+    return {k: st.get(k, 0) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free")}
 
 
 def _sync(device: torch.device) -> None:

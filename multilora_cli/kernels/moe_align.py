@@ -40,6 +40,9 @@ import triton.language as tl
 from multilora_cli.kernels.launch import launch
 
 BLOCK, CHUNK = 256, 1024
+# the one-program scan by expert walks an [experts, slots] tile: 8 warps instead of 4 took the row path's alignment
+# from 21.2 to 17.1 us at 256 tokens x 35 slots, 28.2 to 21.3 at 64 slots (H200; 16 and 32 warps no better)
+SCAN_WARPS = 8
 
 
 @dataclass(slots=True)
@@ -186,6 +189,7 @@ def align_pairs(
     launch(
         _scan_kernel, (1,), counts, cursor, end, sorted_pair, block_expert, block_slot, runs, nb, n_slot,
         runs.bit_length(), BM=block_m, CHUNK=CHUNK, BY_EXPERT=by_expert, EC=max(1, 8192 // sb), SB=sb,
+        num_warps=SCAN_WARPS if by_expert else 4,
     )  # fmt: skip
     launch(_place_kernel, grid, experts, slot_arg, cursor, sorted_pair, P, K, n_slot, HAS_SLOT=has, BLOCK=BLOCK)
     return MoeAlign(sorted_pair, block_expert, block_slot, block_m, cursor, counts, n_slot)
