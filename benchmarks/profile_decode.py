@@ -175,8 +175,8 @@ def main() -> int:
                 runner.graphs = g
 
         runner.launch = launch
-        if args.phase == "prefill":  # every adapter in its slot first: else admissions wait on reads, steps stay small
-            for name in work.adapter_names:
+        if args.phase == "prefill":  # adapters in their slots first: else admissions wait on reads, steps stay small
+            for name in work.adapter_names[: work.max_loras]:  # (past the slots, a load would evict an earlier one)
                 engine.slots.acquire(name)
         engine.generate_all(work.requests(cfg.vocab_size))
         engine.close()
