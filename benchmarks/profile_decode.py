@@ -3,8 +3,13 @@
     python -m benchmarks.profile_decode --preset llama-3-8b --adapters 64      # and --adapters 0 (base)
     python -m benchmarks.profile_decode --adapters 64 --phase prefill          # the first full prefill step
     python -m benchmarks.profile_decode --preset qwen3-30b-a3b --adapters 16 --distinct-weights 4 --phase prefill
+    python -m benchmarks.profile_decode --preset qwen3-30b-a3b --adapters 16 --distinct-weights 4 --phase mixed
 
-Prefill also reports the host time to queue the eager step on an idle device and a cProfile of it by function.
+Prefill also reports the host time to queue the eager step on an idle device, the threads that used the CPU
+meanwhile (a step loop slowed by its neighbours, or by its own work) and a cProfile of it by function;
+`mixed` does the same for the first step of a full batch that is neither decode-only nor a full chunk: a wave's
+last prompt tokens beside the decodes of the rest (max_num_seqs sequences in all), run eagerly (no CUDA graph
+holds a mixed step).
 
 Runs the benchmark workload until a decode step of max_num_seqs sequences, then re-runs that same step
 (re-running a decode step rewrites the same KV slot with the same values, so nothing changes): host wall time
@@ -16,14 +21,48 @@ from __future__ import annotations
 
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.timing import event_times_ms, parser, wall_times_s
+
+
+def thread_cpu_ns() -> dict[int, int]:
+    """CPU time of each of this process's threads so far (Linux schedstat, ns), by native thread id."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+    return out
+
+
+def busy_threads(before: dict[int, int], wall_s: float) -> None:
+    """Threads that used the CPU since `before` (a step loop slowed by its neighbours: which ones, how much)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    used = []
+    for tid, ns in thread_cpu_ns().items():
+        dt = ns - before.get(tid, 0)
+        if dt > 0.01 * wall_s * 1e9:
+            name = names.get(tid)
+            if name is None:
+                try:
+                    with open(f"/proc/self/task/{tid}/comm") as f:
+                        name = f"[{f.read().strip()}]"
+                except OSError:
+                    name = "[?]"
+            used.append((dt, name))
+    used.sort(reverse=True)
+    shown = ", ".join(f"{name} {dt / 1e9 / wall_s:.0%}" for dt, name in used[:12])
+    print(f"  threads busy over those {wall_s:.2f} s (CPU / wall): {shown}")
 
 
 def main() -> int:
@@ -40,7 +79,7 @@ def main() -> int:
     ap.add_argument("--adapters", type=int, default=64)
     ap.add_argument("--at-step", type=int, default=40, help="profile the n-th full-batch decode step")
     ap.add_argument("--rows", type=int, default=30, help="kernel table rows")
-    ap.add_argument("--phase", choices=("decode", "prefill"), default="decode")
+    ap.add_argument("--phase", choices=("decode", "prefill", "mixed"), default="decode")
     ap.add_argument(
         "--distinct-weights", type=int, default=64, help="distinct adapter weight files (hard links for the rest)"
     )
@@ -72,8 +111,11 @@ def main() -> int:
 
         def launch(batch, prev=None):
             # the step loop launches and collects (Runner.launch / collect); the hook sits on launch
-            if args.phase == "prefill":
-                if not seen["done"] and not batch.is_decode_only and batch.num_tokens >= work.max_num_batched_tokens:
+            if args.phase != "decode":
+                full = batch.num_tokens >= work.max_num_batched_tokens
+                if args.phase == "mixed":
+                    full = not full and batch.num_seqs == work.max_num_seqs
+                if not seen["done"] and not batch.is_decode_only and full:
                     seen["done"] = True
                     real_run(batch)
                     profile_prefill(batch)
@@ -93,7 +135,7 @@ def main() -> int:
             walls = wall_times_s(lambda: real_run(batch), 5, sync=True)
             gpus = event_times_ms(lambda: real_run(batch), 5)
             print(
-                f"prefill step: {batch.num_seqs} seqs, {batch.num_tokens} tokens, "
+                f"{args.phase} step: {batch.num_seqs} seqs, {batch.num_tokens} tokens, "
                 f"{len({s for s in batch.slots if s >= 0})} adapters"
             )
             print(
@@ -114,9 +156,11 @@ def main() -> int:
                 runner.collect(done)
                 return dt
 
+            before, t0 = thread_cpu_ns(), time.perf_counter()
             print(
                 f"  enqueue (runner.launch, idle device): {statistics.median(timed() for _ in range(5)) * 1e3:.2f} ms"
             )
+            busy_threads(before, time.perf_counter() - t0)
             prof = cProfile.Profile()
             torch.cuda.synchronize()
             prof.enable()
@@ -175,7 +219,7 @@ def main() -> int:
                 runner.graphs = g
 
         runner.launch = launch
-        if args.phase == "prefill":  # adapters in their slots first: else admissions wait on reads, steps stay small
+        if args.phase != "decode":  # adapters in their slots first: else admissions wait on reads, steps stay small
             for name in work.adapter_names[: work.max_loras]:  # (past the slots, a load would evict an earlier one)
                 engine.slots.acquire(name)
         engine.generate_all(work.requests(cfg.vocab_size))
