@@ -112,13 +112,15 @@ def main() -> int:
         def launch(batch, prev=None):
             # the step loop launches and collects (Runner.launch / collect); the hook sits on launch
             if args.phase != "decode":
-                full = batch.num_tokens >= work.max_num_batched_tokens
-                if args.phase == "mixed":
-                    full = not full and batch.num_seqs == work.max_num_seqs
-                if not seen["done"] and not batch.is_decode_only and full:
+                full_chunk = batch.num_tokens >= work.max_num_batched_tokens
+                # prefill: a full chunk; mixed: a full batch of sequences in fewer tokens than a chunk
+                wanted = (
+                    full_chunk if args.phase == "prefill" else (not full_chunk and batch.num_seqs == work.max_num_seqs)
+                )
+                if not seen["done"] and not batch.is_decode_only and wanted:
                     seen["done"] = True
                     real_run(batch)
-                    profile_prefill(batch)
+                    profile_eager(batch)
                     raise SystemExit(0)  # nothing more to see: skip the rest of the workload
             elif not seen["done"] and batch.is_decode_only and batch.num_seqs == work.max_num_seqs:
                 seen["n"] += 1
@@ -128,7 +130,7 @@ def main() -> int:
                     profile(batch)
             return real_launch(batch, prev)
 
-        def profile_prefill(batch):
+        def profile_eager(batch):
             for _ in range(2):
                 real_run(batch)
             torch.cuda.synchronize()
