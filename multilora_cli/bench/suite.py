@@ -266,6 +266,8 @@ def run_multilora_row(
             staging={k: v - staging0.get(k, 0) for k, v in engine.runner.staging_stats().items()},
             pinned_arena=engine.arena.stats() if engine.arena is not None else None,
             arena_s=engine.arena_seconds,
+            # slot loads whose NaN / Inf check ran on the device (engine/slot_writer.py) instead of the host
+            device_checks=engine.runner.adapters.writer.device_checks if engine.runner.max_loras else 0,
             schedule_s=engine.schedule_seconds - sched0,
             read_wait_s=engine.slots.read_wait_seconds - wait0,
             caller_reads=engine.slots.caller_reads - caller0,  # adapter reads on the step loop's thread

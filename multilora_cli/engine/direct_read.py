@@ -180,6 +180,7 @@ def read_packed(
     *,
     pageable: bool = False,
     readers: Executor | None = None,
+    check: bool = True,
 ) -> PackedAdapter | None:
     """The adapter in folder `path` packed into a block of `arena` (engine/pinned.PinnedArena) in `dtype`,
     validated as `load_adapter` validates it (raises the same errors); None where this path does not apply.
@@ -187,7 +188,10 @@ def read_packed(
     unless the file changed since. `pageable`: when `arena` is None or full, read into a fresh pageable buffer
     instead of giving None (what `pack_adapter(load_adapter(...))` would make, without its ~3 copies and
     thousands of torch calls: a MoE adapter is ~1.3 GB and the arena holds a few dozen). `readers`: a thread
-    pool that reads the file's pieces in parallel (`read_spans`)."""
+    pool that reads the file's pieces in parallel (`read_spans`). `check=False`: A / B are not checked for NaN / Inf
+    here (the packed adapter comes back `unchecked`: a CUDA slot load checks its device copy, engine/slot_writer.py),
+    unless it has DoRA magnitudes (their norms read A / B at the load) or is stored in another dtype: those are
+    checked here as before."""
     rp = planned
     if rp is None or rp.dtype != dtype or rp.ident is None or scan_ident(rp.scan) != rp.ident:
         rp = plan_read(path, name, model_config, dtype)
@@ -208,7 +212,10 @@ def read_packed(
         for begin, end in rp.zeros:
             values[begin:end].zero_()
         read_spans(rp.scan.weights_path, target, rp.spans, rp.scan, readers)
-        check_finite(values, rp.plan, rp.scan)
+        # (a converting read is checked here: the device would see the converted values, an overflow as Inf)
+        unchecked = not check and not rp.plan.mags and rp.stored == dtype
+        if not unchecked:
+            check_finite(values, rp.plan, rp.scan)
         if rp.stored != dtype:
             flat[:ab].copy_(values)
         magnitudes = _read_magnitudes(rp, flat)
@@ -221,6 +228,7 @@ def read_packed(
     packed = packed_adapter(rp.scan, flat, rp.plan, block, arena, layout=rp.layout)
     packed.magnitudes = magnitudes
     packed.vocab = vocab
+    packed.unchecked = unchecked
     return packed
 
 

@@ -33,7 +33,14 @@ from multilora_cli.engine.sequence import Sequence
 from multilora_cli.engine.slots import SlotManager
 from multilora_cli.engine.startup import StartupClock
 from multilora_cli.engine.tokenizer import Tokenizer
-from multilora_cli.errors import ConfigError, EngineError, MultiloraError, RequestError, UnsupportedAdapterError
+from multilora_cli.errors import (
+    AdapterError,
+    ConfigError,
+    EngineError,
+    MultiloraError,
+    RequestError,
+    UnsupportedAdapterError,
+)
 from multilora_cli.models.config import ModelConfig
 
 # slot loads per step made ahead of admission while the step runs (Scheduler.preload): a plain load is ~0.2 ms
@@ -99,7 +106,7 @@ class Engine:
             self.model_config,
             use_lora=bool(self.adapters),
             lora_targets=lora_targets(self.adapters, self._scans, self.model_config),
-            dora=self._uses_dora(),
+            dora=(dora := self._uses_dora()),
             vocab=self._vocab_parts(),
             eos_token_ids=self.eos_token_ids,
         )
@@ -109,6 +116,10 @@ class Engine:
         self._read_plans: dict = {}  # name -> direct_read.ReadPlan, made with the arena's sizes
         self._base_checked: set = set()  # (adapter, file identity) whose saved base embed / head equal the base's
         self.arena, self.host_cache_loras, reads_ahead = self._make_arena()
+        # CUDA: an adapter's NaN / Inf check runs on its slot load's device copy (engine/slot_writer.py), not on the
+        # host beside the reads and the step loop; a broken adapter's sequences fail after the step that loaded it
+        # (`_verify`). Not with DoRA rows: their norms are computed from A / B at the load
+        self._device_checks = self.runner.device.type == "cuda" and self.runner.max_loras > 0 and not dora
         # the file pieces of one adapter read in parallel (direct_read.read_spans): CUDA reads straight into the arena
         self._readers = (
             ThreadPoolExecutor(config.read_threads, thread_name_prefix="lora-read")
@@ -176,6 +187,7 @@ class Engine:
                 planned=self._read_plans.get(name),
                 pageable=True,
                 readers=self._readers,
+                check=not self._device_checks,
             )
             if packed is not None:
                 return self._check_base_copies(self._check_rank(packed))
@@ -579,6 +591,7 @@ class Engine:
                     self.preload_seconds += t2
                 ids = runner.collect(launched)
                 t1 = time.perf_counter()
+                self._verify(batch)
                 sched.postprocess(batch, ids, self.stop)
                 self.schedule_seconds += time.perf_counter() - t1
                 yield from self._results()
@@ -586,8 +599,39 @@ class Engine:
             # closed between two steps (at a yield): finish the step in flight, so none is left pending. Anything
             # else (Ctrl-C inside a step, an error) propagates as it is: the step before it is unfinished too
             if ahead is not None and sched.oldest_pending() is ahead.batch:
-                sched.postprocess(ahead.batch, runner.collect(ahead), self.stop)
+                ids = runner.collect(ahead)
+                self._verify(ahead.batch)
+                sched.postprocess(ahead.batch, ids, self.stop)
             self._sync_stats(time.perf_counter() - t0)
+
+    def _verify(self, batch) -> None:
+        """After a step completed, before its tokens count: an adapter whose slot load found a NaN / Inf on the
+        device (its ranks were held at 0, so the step computed no row from its values) fails its sequences with
+        the error a host check names, and is refused from then on."""
+        if not self._device_checks:
+            return
+        for slot in self.runner.adapters.writer.bad_slots(batch.slots):
+            name = self.slots.name_in(slot)
+            if name is None:
+                continue
+            error = self._nonfinite_error(name)
+            self.scheduler.fail_adapter(name, error)
+            self.slots.refuse(name, error)
+
+    def _nonfinite_error(self, name: str) -> MultiloraError:
+        """The error `load_adapter` gives for `name`'s NaN / Inf (naming the tensor: the file is read again, once),
+        or a plain one if the file reads clean now (changed on disk since)."""
+        from multilora_cli.adapters.peft import load_adapter
+
+        try:
+            load_adapter(self.adapters[name], name, self.model_config, dtype=self.runner.dtype)
+        except MultiloraError as e:
+            return e
+        return AdapterError(
+            f"adapter {name!r}: {self.adapters[name]}: its values held NaN or Inf when loaded (the file reads clean "
+            "now: changed on disk?)",
+            hint="the adapter is broken (diverged training?); use another checkpoint",
+        )
 
     def _results(self) -> Iterator[Result]:
         """Results of the sequences finished since the last call (their host time: `results_seconds`, the

@@ -66,6 +66,9 @@ class PackedAdapter(LoraAdapter):
     plan: PackPlan | None = None  # where everything sits in `flat` (the DoRA magnitudes too)
     staged: tuple | None = None  # set by engine/staging.py: (buffer index, copy-done event) of a device copy
     block: object | None = None  # engine/pinned.PinnedBlock, or None (pageable or pinned by PyTorch)
+    # True: A / B were not checked for NaN / Inf on the host (direct_read.read_packed(check=False)); the slot
+    # load checks its device copy instead (engine/slot_writer.py)
+    unchecked: bool = False
 
     # from `groups`, not `modules`: those would make every view (PackedModules)
     @property

@@ -392,6 +392,23 @@ class Scheduler(Admission, Forking):
         for seq in queued:
             self._fail(seq, queued[0].error)
 
+    def fail_adapter(self, adapter: str, error: MultiloraError) -> int:
+        """Fail every running and waiting sequence of `adapter` with `error` (the engine: its slot load found a
+        NaN / Inf after they were admitted; a step still in flight drops their tokens, as for any finished
+        sequence). Returns how many."""
+        n = 0
+        for seq in self.running:
+            if seq.adapter == adapter and seq.status is SeqStatus.RUNNING:
+                self._fail(seq, error)
+                n += 1
+        if n:
+            self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
+        if adapter in self._waiting:
+            for seq in self._waiting.take_all(adapter):
+                self._fail(seq, error)
+                n += 1
+        return n
+
     def _fail(self, seq: Sequence, error: MultiloraError) -> None:
         seq.error = error
         self._finish(seq, reason=None)

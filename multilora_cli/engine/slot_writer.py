@@ -94,6 +94,13 @@ class SlotWriter:
         self._stalls: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._stall_seconds = 0.0
         self.stalled_steps = 0
+        # packed loads the host did not check for NaN / Inf (`PackedAdapter.unchecked`): the device checks the
+        # copy (kernels/finite.py) and holds the slot's ranks at 0 if it fails; slot -> the event after which
+        # `_verdict_host[slot]` holds the flag (`bad_slots`)
+        self._verdict: dict[int, torch.cuda.Event] = {}
+        self._verdict_dev: torch.Tensor | None = None  # [max_loras] int32
+        self._verdict_host: torch.Tensor | None = None  # [max_loras] int32, page-locked
+        self.device_checks = 0
 
     def dry_run(self) -> None:
         """A packed load's scatter launch, for kernels.launch.collect to record (engine/precompile.py): the source
@@ -272,10 +279,63 @@ class SlotWriter:
             if idx is None:
                 idx = self._mag_index[p.plan.mags] = self._dora.packed_index(p.plan.mags)
             m_row = torch.where(idx[1], magnitude_region(base, p.plan)[idx[0]], math.nan)  # [total] float32
+        flag = None
+        if self.cuda and p.unchecked:  # before the staged buffer goes back: the check reads it
+            flag = self._check(slot, base[: p.plan.ab_total if p.plan is not None else p.flat.numel()])
         if staged is not None:
             self.stager.release(staged)
         self._rows.write(slot, rows)
+        if flag is not None:
+            self._gate(slot, flag)
         return m_row
+
+    # --- the device's NaN / Inf check of an unchecked packed load -----------------------------------------------
+    def _check(self, slot: int, values: torch.Tensor) -> torch.Tensor:
+        """Flag (device int32 [1]: 1 = a NaN / Inf) of the A / B values just copied, on the load stream."""
+        from multilora_cli.kernels.finite import flag_nonfinite
+
+        if self._verdict_dev is None:
+            n = self._max_loras()
+            self._verdict_dev = torch.zeros(n, dtype=torch.int32, device=self.device)
+            self._verdict_host = torch.zeros(n, dtype=torch.int32, pin_memory=True)
+        flag = self._verdict_dev[slot : slot + 1]
+        flag.zero_()
+        flag_nonfinite(values, flag)
+        self.device_checks += 1
+        return flag
+
+    def _gate(self, slot: int, flag: torch.Tensor) -> None:
+        """Rank 0 in every module's and expert layer's row of `slot` where `flag` is raised (the kernels then read
+        none of its values: a NaN cannot reach another row through a shared tile), then the flag to the host,
+        then the event `bad_slots` waits for. All on the load stream, before the load's own event."""
+        ok = 1 - flag[0]  # int32, 0-dim
+        for _, r, _ in self._rows.groups:
+            r[:, slot].mul_(ok)
+        if self.experts is not None:
+            torch._foreach_mul_([w.rank[slot] for w in self.experts.modules.values()], ok)
+        self._verdict_host[slot : slot + 1].copy_(flag, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record(self.stream)
+        self._verdict[slot] = ev
+
+    def bad_slots(self, slots) -> list[int]:
+        """Those of `slots` (a step's, -1 = base) whose device check found a NaN / Inf, among the checks not read
+        yet (each is read once). Call after the step that read them completed: their loads' events, which that
+        step waited for, follow the flags' copies, so nothing waits here."""
+        bad = []
+        for slot in set(slots):
+            ev = self._verdict.pop(slot, None)
+            if ev is None:
+                continue
+            ev.synchronize()
+            if int(self._verdict_host[slot]) != 0:
+                bad.append(slot)
+        return bad
+
+    def _max_loras(self) -> int:
+        if self.modules:
+            return self.modules[0][1].lora.max_loras
+        return next(iter(self.experts.modules.values())).rank.shape[0]
 
     def _rank_rows(self, p: PackedAdapter) -> list:
         """The device rows of ranks and scalings `p` puts in a slot (`SlotRows.split`), cached per (layout,
@@ -380,6 +440,7 @@ class SlotWriter:
         if not self.modules and self.experts is None:
             return
         self.wait_for([slot])  # a load still pending into it lands before the clear, not over it
+        self._verdict.pop(slot, None)  # a check nobody read: its adapter is checked again at its next load
         if self.experts is not None:
             self.experts.clear(slot)
         self._rows.clear(slot)

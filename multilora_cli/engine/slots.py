@@ -61,6 +61,7 @@ class SlotManager:
         self._refs: dict[str, int] = {}  # running sequences per adapter (pins)
         self._cpu: OrderedDict[str, object] = OrderedDict()  # host cache, least recently used first
         self._inflight: dict[str, Future] = {}  # background reads not yet claimed
+        self._refused: dict[str, MultiloraError] = {}  # adapters found broken after their load (`refuse`)
         # host-cached adapters get their device copy made ahead too (engine/staging.py), at most stage_ahead
         self._stage, self._stage_ahead = stage, stage_ahead
         self._staging: dict[str, Future] = {}
@@ -124,6 +125,8 @@ class SlotManager:
         """
         if name is None:
             return BASE_SLOT
+        if name in self._refused:
+            raise self._refused[name]
         if name in self._slot_of:
             self.hits += 1
             self._lru.move_to_end(name)
@@ -160,6 +163,29 @@ class SlotManager:
         self.loads += 1
         self.adapter_loads[name] = self.adapter_loads.get(name, 0) + 1
         return slot
+
+    def name_in(self, slot: int) -> str | None:
+        """The adapter resident in `slot` (None: none)."""
+        return next((n for n, s in self._slot_of.items() if s == slot), None)
+
+    def refuse(self, name: str, error: MultiloraError) -> None:
+        """`name` turned out broken after it was loaded (a NaN / Inf the slot load's device check found): every
+        later `acquire` raises `error`, its host copy goes, and its slot is freed. Its sequences must have been
+        failed first (it holds no pins)."""
+        if self._refs.get(name, 0):
+            raise RuntimeError(f"refuse({name!r}): {self._refs[name]} running sequences still pin it")
+        self._refused[name] = error
+        self._cpu.pop(name, None)
+        self._inflight.pop(name, None)
+        self._staging.pop(name, None)
+        slot = self._slot_of.pop(name, None)
+        if slot is not None:
+            del self._lru[name]
+            self._idle.pop(name, None)
+            self._free_slots.append(slot)
+            self.evictions += 1
+            if self._evict is not None:
+                self._evict(slot, name)
 
     def _ready(self, name: str) -> bool:
         """No background work pending for `name` (starting its read if nobody has yet)."""

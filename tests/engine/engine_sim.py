@@ -68,6 +68,9 @@ class Sim:
     gates: dict = field(default_factory=dict)  # adapter -> threading.Event its read waits for (slow disks)
     run_ahead: bool = False  # plan each next decode step before postprocess, as the engine does on a GPU
     window: int | None = None  # every layer's sliding window (BlockManager drops the blocks behind it)
+    # called with each batch after it "ran" and before its postprocess (where the engine checks the slot loads'
+    # device verdicts, Engine._verify)
+    before_postprocess: object = None
 
     def __post_init__(self):
         self.bm = BlockManager(self.num_blocks, self.config.block_size, window=self.window)
@@ -120,6 +123,8 @@ class Sim:
                 if self._ahead is not None:
                     self._run(self._ahead, fed=ids)
             stop = stop or StopChecker(max_model_len=self.sched.max_model_len)
+            if self.before_postprocess is not None:
+                self.before_postprocess(b)
             self.sched.postprocess(b, ids, stop)
         for s in self.sched.pop_finished():
             self.finished.append(s)

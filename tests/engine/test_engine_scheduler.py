@@ -273,3 +273,33 @@ def test_step_plan_puts_one_token_entries_first_stably():
         decodes.add(s, 1)
     b = decodes.to_batch(block_size=4)
     assert [s.seq_id for s in b.seqs] == [3, 1] and b.num_decodes == 2 and b.is_decode_only
+
+
+@pytest.mark.parametrize("run_ahead", [False, True])
+def test_an_adapter_found_broken_after_admission_fails_its_sequences_only(run_ahead):
+    """What the engine does when a slot load's device check finds a NaN (Engine._verify): after the first step
+    that ran the adapter, its running and waiting sequences fail with the error (a step launched ahead drops their
+    tokens), the adapter is refused from then on without another read, and every other sequence completes as it
+    would have."""
+    err = AdapterError("adapter 'bad': lora_B contains NaN or Inf values")
+    found = []
+
+    def verify(batch):
+        if not found and sim.slots.slot_of("bad") in batch.slots:
+            found.append(len(sim.log))
+            assert sim.sched.fail_adapter("bad", err) >= 1
+            sim.slots.refuse("bad", err)
+
+    sim = Sim(cfg(max_loras=2, max_num_seqs=4), num_blocks=200, run_ahead=run_ahead, before_postprocess=verify)
+    seqs = [make_seq(i, ["bad", "good", None][i % 3], 4 + i % 5, max_tokens=6) for i in range(18)]
+    done = sim.run(seqs)
+    assert len(done) == 18 and found
+    bad = [s for s in done if s.adapter == "bad"]
+    assert all(s.error is err and s.finish_reason is None for s in bad)
+    check_outputs([s for s in done if s.adapter != "bad"], 12)
+    assert sim.slots.slot_of("bad") is None and sim.slots.adapter_loads["bad"] == 1
+    with pytest.raises(AdapterError) as e:
+        sim.slots.acquire("bad")
+    assert e.value is err
+    # nothing of it is left pinned or queued
+    assert sim.slots.refcount("bad") == 0 and "bad" not in sim.sched._waiting

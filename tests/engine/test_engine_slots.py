@@ -404,3 +404,24 @@ def test_a_full_host_cache_keeps_the_copies_that_wait_for_a_load():
     assert b.disk_reads == ["a", "b", "c"] and m.caller_reads == 3 and m.cpu_hits == 2
     m.warm("d")  # a full cache of slotted copies: a's (least recently used) goes
     assert list(m._cpu) == ["b", "d"]
+
+
+def test_refuse_frees_the_slot_and_the_host_copy_and_raises_after():
+    """An adapter found broken after its load (the device's NaN check): its slot is free again, its host copy
+    gone, and every later acquire raises that error without reading; refusing one still pinned is a bug."""
+    b = Backing()
+    m = b.manager(max_loras=2)
+    sa = m.acquire("a")
+    m.acquire("b")
+    m.retain("a")
+    err = AdapterError("adapter 'a': NaN")
+    with pytest.raises(RuntimeError, match="still pin it"):
+        m.refuse("a", err)
+    m.release("a")
+    m.refuse("a", err)
+    assert m.slot_of("a") is None and sa not in b.slots and m.name_in(sa) is None
+    with pytest.raises(AdapterError) as e:
+        m.acquire("a")
+    assert e.value is err and b.disk_reads == ["a", "b"]
+    assert m.acquire("c") == sa  # the freed slot, without evicting b
+    assert m.name_in(sa) == "c" and m.slot_of("b") is not None
