@@ -626,7 +626,7 @@ class Engine:
         try:
             load_adapter(self.adapters[name], name, self.model_config, dtype=self.runner.dtype)
         except MultiloraError as e:
-            return e
+            return type(e)(e.message, hint=e.hint)  # its own: the caught one's traceback holds the tensors read
         return AdapterError(
             f"adapter {name!r}: {self.adapters[name]}: its values held NaN or Inf when loaded (the file reads clean "
             "now: changed on disk?)",

@@ -276,8 +276,12 @@ class Scheduler(Admission, Forking):
         any_done = False
         bs = self.bm.block_size
         for seq, n, smp in zip(batch.seqs, batch.num_new_tokens, batch.sample):
-            if seq.status is not SeqStatus.RUNNING:  # stopped at the step before this `ahead` one: drop its token
-                next(it)
+            if seq.status is not SeqStatus.RUNNING:
+                # stopped at the step before this `ahead` one, or failed before this postprocess (an adapter its
+                # slot load found broken: Engine._verify): drop its token, if it sampled one (a prompt chunk or a
+                # scored prompt did not)
+                if smp:
+                    next(it)
                 continue
             seq.num_computed_tokens += n
             if seq.prefix_id is not None and seq.num_computed_tokens // bs > len(seq.cache_nodes):

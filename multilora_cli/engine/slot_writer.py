@@ -105,11 +105,16 @@ class SlotWriter:
     def dry_run(self) -> None:
         """A packed load's scatter launch, for kernels.launch.collect to record (engine/precompile.py): the source
         a staging buffer (its own allocation, 16-byte aligned, as every staging and staged copy is), the plan
-        one row. CUDA with LoRA modules only (elsewhere loads copy with torch ops)."""
-        if self.cuda and self.modules:
+        one row; and the device NaN / Inf check of an unchecked load (`_check`). CUDA with LoRA or expert LoRA
+        slots only (elsewhere loads copy with torch ops)."""
+        if self.cuda and self._dst_base is not None:
+            from multilora_cli.kernels.finite import flag_nonfinite
+
             base = self._dst_base
             plan = torch.zeros(1, 8, dtype=torch.int64, device=self.device)
             scatter_blocks(torch.empty(8, dtype=base.dtype, device=self.device), base, plan, shift=0)
+            flag = torch.zeros(1, dtype=torch.int32, device=self.device)
+            flag_nonfinite(torch.empty(16, dtype=base.dtype, device=self.device), flag)
 
     @property
     def dora(self) -> bool:
@@ -142,7 +147,11 @@ class SlotWriter:
         if evicted is not None:
             self.stream.wait_event(evicted)
         with torch.cuda.stream(self.stream):
-            self._install(slot, adapter)
+            try:
+                self._install(slot, adapter)
+            except BaseException:
+                self._verdict.pop(slot, None)  # the slot goes back unused: no verdict of this load may outlive it
+                raise
             done = torch.cuda.Event()
             done.record(self.stream)
         self._loading[slot] = done  # the first step that reads the slot waits for it (`wait_for`)
@@ -321,7 +330,8 @@ class SlotWriter:
     def bad_slots(self, slots) -> list[int]:
         """Those of `slots` (a step's, -1 = base) whose device check found a NaN / Inf, among the checks not read
         yet (each is read once). Call after the step that read them completed: their loads' events, which that
-        step waited for, follow the flags' copies, so nothing waits here."""
+        step waited for, follow the flags' copies, so this rarely waits (it does for a load into a slot that an
+        ahead step's finished sequence still names, made after that step was launched)."""
         bad = []
         for slot in set(slots):
             ev = self._verdict.pop(slot, None)

@@ -126,7 +126,7 @@ class SlotManager:
         if name is None:
             return BASE_SLOT
         if name in self._refused:
-            raise self._refused[name]
+            raise self._refused[name].with_traceback(None)  # (each raise would chain its frames onto one object)
         if name in self._slot_of:
             self.hits += 1
             self._lru.move_to_end(name)
@@ -174,10 +174,9 @@ class SlotManager:
         failed first (it holds no pins)."""
         if self._refs.get(name, 0):
             raise RuntimeError(f"refuse({name!r}): {self._refs[name]} running sequences still pin it")
-        self._refused[name] = error
+        self._refused[name] = error.with_traceback(None)
         self._cpu.pop(name, None)
-        self._inflight.pop(name, None)
-        self._staging.pop(name, None)
+        self._staging.pop(name, None)  # (a read still in flight is dropped when it is claimed: `_claim_done`)
         slot = self._slot_of.pop(name, None)
         if slot is not None:
             del self._lru[name]
@@ -237,6 +236,8 @@ class SlotManager:
         (and not failed). A prefetched read stays in `_inflight` until an acquire claims it, so checking the
         host cache alone never saw one: `preload` fired only for adapters warmed by hand (issue 38: 0 preloads
         in the 1,000-adapter bench)."""
+        if name in self._refused:
+            return False
         if name in self._cpu:
             return True
         fut = self._inflight.get(name)
@@ -306,7 +307,7 @@ class SlotManager:
             self._claim_done()
         ahead = 0
         for name in names:
-            if name is None or name in self._slot_of:
+            if name is None or name in self._slot_of or name in self._refused:
                 continue
             if name not in self._cpu and name not in self._inflight:
                 if len(self._inflight) >= self.read_ahead:
@@ -319,7 +320,7 @@ class SlotManager:
                 obj = self._cpu.get(name)
                 if fut is None or (fut.done() and obj is not None and getattr(obj, "staged", None) is None):
                     src = self._inflight.get(name)
-                    self._staging[name] = self._pool.submit(self._stage_loaded, obj, src)
+                    self._staging[name] = self._pool.submit(self._stage_loaded, name, obj, src)
 
     def _claim_done(self) -> None:
         """Move finished reads into the host cache, so they stop counting against `read_ahead`: unclaimed, they
@@ -333,19 +334,25 @@ class SlotManager:
         if self.max_cpu_loras <= 0:
             return
         for name, fut in list(self._inflight.items()):
+            if name in self._refused and fut.done():  # read before it was refused: nothing will load it
+                del self._inflight[name]
+                continue
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 if len(self._cpu) >= self.max_cpu_loras and self._spare() is None:
                     return  # the cache is full of copies that wait for their loads
                 del self._inflight[name]
                 self._keep(name, fut.result())
 
-    def _stage_loaded(self, obj: object | None, fut: Future | None) -> bool:
-        """Worker: stage `obj`, or the result of the read `fut` once it is done (a failed read stages nothing)."""
+    def _stage_loaded(self, name: str, obj: object | None, fut: Future | None) -> bool:
+        """Worker: stage `obj`, or the result of the read `fut` once it is done (a failed read stages nothing, nor
+        does one of an adapter refused meanwhile)."""
         if obj is None:
             try:
                 obj = fut.result()
             except BaseException:  # noqa: BLE001 - the reader reports it when it claims the read
                 return False
+        if name in self._refused:
+            return False
         return self._stage(obj)
 
     def close(self) -> None:

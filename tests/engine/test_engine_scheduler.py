@@ -276,11 +276,13 @@ def test_step_plan_puts_one_token_entries_first_stably():
 
 
 @pytest.mark.parametrize("run_ahead", [False, True])
-def test_an_adapter_found_broken_after_admission_fails_its_sequences_only(run_ahead):
+@pytest.mark.parametrize("kind", ["short", "chunked", "scored"])
+def test_an_adapter_found_broken_after_admission_fails_its_sequences_only(run_ahead, kind):
     """What the engine does when a slot load's device check finds a NaN (Engine._verify): after the first step
     that ran the adapter, its running and waiting sequences fail with the error (a step launched ahead drops their
     tokens), the adapter is refused from then on without another read, and every other sequence completes as it
-    would have."""
+    would have. Its sequences in that first step may sample nothing there: a prompt chunked over several steps
+    ("chunked"), or a scored prompt ("scored")."""
     err = AdapterError("adapter 'bad': lora_B contains NaN or Inf values")
     found = []
 
@@ -290,8 +292,15 @@ def test_an_adapter_found_broken_after_admission_fails_its_sequences_only(run_ah
             assert sim.sched.fail_adapter("bad", err) >= 1
             sim.slots.refuse("bad", err)
 
-    sim = Sim(cfg(max_loras=2, max_num_seqs=4), num_blocks=200, run_ahead=run_ahead, before_postprocess=verify)
-    seqs = [make_seq(i, ["bad", "good", None][i % 3], 4 + i % 5, max_tokens=6) for i in range(18)]
+    budget = dict(max_num_batched_tokens=16) if kind == "chunked" else {}
+    sim = Sim(
+        cfg(max_loras=2, max_num_seqs=4, **budget), num_blocks=200, run_ahead=run_ahead, before_postprocess=verify
+    )
+    long = 40 if kind == "chunked" else 0
+    seqs = [make_seq(i, ["bad", "good", None][i % 3], 4 + i % 5 + long * (i % 3 == 0), max_tokens=6) for i in range(18)]
+    if kind == "scored":
+        for seq in seqs[::3]:
+            seq.request.generate = False
     done = sim.run(seqs)
     assert len(done) == 18 and found
     bad = [s for s in done if s.adapter == "bad"]

@@ -425,3 +425,38 @@ def test_refuse_frees_the_slot_and_the_host_copy_and_raises_after():
     assert e.value is err and b.disk_reads == ["a", "b"]
     assert m.acquire("c") == sa  # the freed slot, without evicting b
     assert m.name_in(sa) == "c" and m.slot_of("b") is not None
+
+
+def test_a_refused_adapter_is_not_read_or_staged_again():
+    """Later lines of a refused adapter name it among the next admissions: no background read, no device copy,
+    and a read that was in flight when it was refused is dropped when claimed, not kept in the host cache."""
+    import threading
+
+    gate = threading.Event()
+    staged = []
+    b = Backing()
+    slow = b.load_cpu
+
+    def load_cpu(name):
+        if name == "x":
+            assert gate.wait(10)
+        return slow(name)
+
+    m = SlotManager(
+        2, 2, load_cpu, b.install, b.evict, prefetch_threads=1, stage=staged.append, stage_ahead=2, read_ahead=1
+    )
+    try:
+        m.prefetch(["x"])  # in flight when x is refused
+        err = AdapterError("adapter 'x': NaN")
+        m.refuse("x", err)
+        gate.set()
+        m.prefetch(["x"])
+        with pytest.raises(AdapterError):
+            m.acquire("x")
+        m._pool.submit(lambda: None).result()  # the read of x has finished
+        m.prefetch(["y"])  # claims the finished reads (read_ahead reached)
+        m._pool.submit(lambda: None).result()
+        assert b.disk_reads.count("x") == 1 and "x" not in m._cpu and "x" not in m._inflight
+        assert not any(o == ("weights", "x") for o in staged)
+    finally:
+        m.close()
