@@ -209,6 +209,26 @@ def all_finite(t: torch.Tensor) -> bool:
     return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
+def narrows(stored: torch.dtype, dtype: torch.dtype | None) -> bool:
+    """Whether converting floats stored as `stored` to `dtype` can turn a finite value into Inf (float32 or
+    bfloat16 into float16: its largest value is 65,504)."""
+    return (
+        dtype is not None
+        and stored.is_floating_point
+        and dtype.is_floating_point
+        and torch.finfo(dtype).max < torch.finfo(stored).max
+    )
+
+
+def out_of_range(what: str, dtype: torch.dtype) -> AdapterError:
+    """The error for finite values of `what` (e.g. "adapter 'x': FILE: MODULE: lora_B") that `dtype` cannot hold."""
+    name = str(dtype).removeprefix("torch.")
+    return AdapterError(
+        f"{what} holds values beyond {name}'s range (largest {torch.finfo(dtype).max:g}): they would be Inf when served",
+        hint="serve it with --dtype bfloat16 or float32",
+    )
+
+
 def _short(e: BaseException) -> str:
     """One short line from a library exception (torch's unpickler errors run to a dozen lines)."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]

@@ -40,6 +40,7 @@ from multilora_cli.adapters.scan import (
     scan_adapter,
     scan_ident,
 )
+from multilora_cli.adapters.tensors import narrows, out_of_range
 from multilora_cli.engine.packed import PackedAdapter, PackPlan, fill_magnitudes, packed_adapter, plan_pack
 from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import ModelConfig
@@ -218,6 +219,8 @@ def read_packed(
             check_finite(values, rp.plan, rp.scan)
         if rp.stored != dtype:
             flat[:ab].copy_(values)
+            if narrows(rp.stored, dtype):  # float16: a finite value past 65,504 would be served as Inf
+                check_range(flat[:ab], rp.plan, rp.scan, dtype)
         magnitudes = _read_magnitudes(rp, flat)
         # embed_tokens / lm_head LoRA and copies (adapters/vocab.py): vocabulary-sized, never in the slots' layout
         vocab = read_vocab(rp.scan.tensors, rp.scan.vocab, dtype, name, rp.scan.weights_path)
@@ -314,6 +317,25 @@ def _read_run(fd: int, target: memoryview, run: list[tuple[int, int, int]], file
             bufs.pop(0)
         if n:
             bufs[0] = bufs[0][n:]
+
+
+def check_range(values: torch.Tensor, plan: PackPlan, scan: AdapterScan, dtype: torch.dtype) -> None:
+    """Raise `load_adapter`'s error for the first (module, A/B) whose values, converted to `dtype`, overflowed
+    (`values`: the converted A / B blocks, finite as read)."""
+    if all_finite(values):
+        return
+    for key, spec in scan.modules.items():
+        a_off, b_off = plan.where[key][2:]
+        for ab, off, numel in (("A", a_off, spec.rank * spec.in_features), ("B", b_off, spec.out_features * spec.rank)):
+            if not all_finite(values[off : off + numel]):
+                raise out_of_range(
+                    f"adapter {scan.name!r}: {scan.weights_path}: {scan.module_names[key]}: lora_{ab}", dtype
+                )
+    for p in plan.experts:
+        if not (
+            all_finite(values[p.a_off : p.a_off + p.a_numel]) and all_finite(values[p.b_off : p.b_off + p.b_numel])
+        ):
+            raise out_of_range(f"adapter {scan.name!r}: {scan.weights_path}: expert LoRA of layer {p.layer}", dtype)
 
 
 def check_finite(values: torch.Tensor, plan: PackPlan, scan: AdapterScan) -> None:

@@ -115,6 +115,23 @@ def test_nan_in_a_copy_is_refused(made):
     assert torch.isnan(load_file(bad / "adapter_model.safetensors")["base_model.model.lm_head.weight"]).any()
 
 
+def test_a_copy_past_float16s_range_is_refused_in_float16(made):
+    """A modules_to_save copy holding a finite value float16 cannot (1e5) would be served as Inf in float16:
+    refused then, naming the tensor; served in bfloat16."""
+    root, cfg, _, mts = made
+
+    def big(t):
+        k = "base_model.model.lm_head.weight"
+        w = t[k].clone()
+        w[3, 4] = 1e5
+        return {**t, k: w}
+
+    bad = _edit(mts, root / "big", tensors=big)
+    with pytest.raises(AdapterError, match=r"lm_head.weight holds values beyond float16's range"):
+        load_adapter(bad, "big", cfg, dtype=torch.float16)
+    assert load_adapter(bad, "big", cfg, dtype=torch.bfloat16).vocab.head_full.dtype == torch.bfloat16
+
+
 def test_dora_on_the_head_is_refused_by_name(made):
     from multilora_cli.adapters.tensors import classify_key
 

@@ -285,3 +285,23 @@ def test_read_threads_is_validated(bad):
     assert EngineConfig(model="m").read_threads == 8
     with pytest.raises(ConfigError, match="read_threads must be an integer >= 1"):
         EngineConfig(model="m", read_threads=bad)
+
+
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_values_past_float16s_range_refused_when_served_in_float16(ckpts, tmp_path, stored):
+    """A finite value that float16 cannot hold (1e5 > 65,504) would be served as Inf: both readers refuse the
+    adapter in float16, naming the tensor and the dtype, and serve it in bfloat16 / float32 as stored."""
+    cfg, paths = ckpts
+    big = _poison(paths["all"], tmp_path / f"big_{stored}", "layers.0.self_attn.o_proj.lora_B", (2, 3), 1e5)
+    big = _recast(big, tmp_path / f"big_{stored}_cast", lambda k, t: t.to(stored))
+    with pytest.raises(AdapterError) as want:
+        load_adapter(big, "big", cfg, dtype=torch.float16)
+    with pytest.raises(AdapterError) as got:
+        read_packed(big, "big", cfg, torch.float16, _arena())
+    msg = got.value.message
+    assert msg == want.value.message and "o_proj: lora_B holds values beyond float16's range (largest 65504)" in msg
+    assert "--dtype bfloat16" in got.value.hint
+    for dtype in (torch.bfloat16, torch.float32):
+        packed = read_packed(big, "big", cfg, dtype, _arena())
+        assert packed is not None and bool(torch.isfinite(packed.flat).all())
+        load_adapter(big, "big", cfg, dtype=dtype)

@@ -234,3 +234,22 @@ def test_full_or_no_arena_reads_into_pageable_memory(ckpts):
     for arena in (full, None):
         got = read_packed(paths["param"], "x", mc, torch.float32, arena, pageable=True)
         assert got.block is None and got.layout == ref.layout and torch.equal(got.flat, ref.flat)
+
+
+def test_expert_values_past_float16s_range_refused_in_float16(ckpts, tmp_path):
+    """Expert LoRA holding a finite value float16 cannot (1e5): refused by both readers when served in float16,
+    naming the layer, and served in bfloat16."""
+    _, mc, paths = ckpts
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "adapter_config.json").write_text((paths["param"] / "adapter_config.json").read_text())
+    t = load_file(str(paths["param"] / "adapter_model.safetensors"))
+    key = next(k for k in t if "layers.1.mlp.experts" in k and "lora_A" in k)
+    t[key][0, 1] = 1e5
+    save_file(t, str(big / "adapter_model.safetensors"))
+    want = "expert LoRA of layer 1 holds values beyond float16's range"
+    with pytest.raises(AdapterError, match=want):
+        read_packed(big, "x", mc, torch.float16, None, pageable=True)
+    with pytest.raises(AdapterError, match=want):
+        load_adapter(big, "x", mc, dtype=torch.float16)
+    assert read_packed(big, "x", mc, torch.bfloat16, None, pageable=True) is not None
