@@ -322,34 +322,40 @@ def _read_run(fd: int, target: memoryview, run: list[tuple[int, int, int]], file
 def check_range(values: torch.Tensor, plan: PackPlan, scan: AdapterScan, dtype: torch.dtype) -> None:
     """Raise `load_adapter`'s error for the first (module, A/B) whose values, converted to `dtype`, overflowed
     (`values`: the converted A / B blocks, finite as read)."""
-    if all_finite(values):
-        return
-    for key, spec in scan.modules.items():
-        a_off, b_off = plan.where[key][2:]
-        for ab, off, numel in (("A", a_off, spec.rank * spec.in_features), ("B", b_off, spec.out_features * spec.rank)):
-            if not all_finite(values[off : off + numel]):
-                raise out_of_range(
-                    f"adapter {scan.name!r}: {scan.weights_path}: {scan.module_names[key]}: lora_{ab}", dtype
-                )
-    for p in plan.experts:
-        if not (
-            all_finite(values[p.a_off : p.a_off + p.a_numel]) and all_finite(values[p.b_off : p.b_off + p.b_numel])
-        ):
-            raise out_of_range(f"adapter {scan.name!r}: {scan.weights_path}: expert LoRA of layer {p.layer}", dtype)
+    where = f"adapter {scan.name!r}: {scan.weights_path}"
+    _first_bad(
+        values,
+        plan,
+        scan,
+        lambda module, ab: out_of_range(f"{where}: {module}: lora_{ab}", dtype),
+        lambda layer: out_of_range(f"{where}: expert LoRA of layer {layer}", dtype),
+    )
 
 
 def check_finite(values: torch.Tensor, plan: PackPlan, scan: AdapterScan) -> None:
     """Raise `load_adapter`'s NaN/Inf error for the first (module, A/B) holding one."""
+    _first_bad(
+        values,
+        plan,
+        scan,
+        lambda module, ab: nonfinite(scan.name, scan.weights_path, module, ab),
+        lambda layer: AdapterError(  # as adapters/experts.load_experts names it
+            f"adapter {scan.name!r}: {scan.weights_path}: expert LoRA of layer {layer} contains NaN or Inf values"
+        ),
+    )
+
+
+def _first_bad(values: torch.Tensor, plan: PackPlan, scan: AdapterScan, module_error, expert_error) -> None:
+    """Raise `module_error(module name, "A" | "B")` or `expert_error(layer)` for the first block of `values` (packed
+    A / B, `plan`'s layout) that holds a NaN or Inf; nothing if none does (one pass first, blocks only then)."""
     if all_finite(values):
         return
     for key, spec in scan.modules.items():
         a_off, b_off = plan.where[key][2:]
         for ab, off, numel in (("A", a_off, spec.rank * spec.in_features), ("B", b_off, spec.out_features * spec.rank)):
             if not all_finite(values[off : off + numel]):
-                raise nonfinite(scan.name, scan.weights_path, scan.module_names[key], ab)
-    for p in plan.experts:  # as adapters/experts.load_experts names them
+                raise module_error(scan.module_names[key], ab)
+    for p in plan.experts:
         a, b = values[p.a_off : p.a_off + p.a_numel], values[p.b_off : p.b_off + p.b_numel]
         if not (all_finite(a) and all_finite(b)):
-            raise AdapterError(
-                f"adapter {scan.name!r}: {scan.weights_path}: expert LoRA of layer {p.layer} contains NaN or Inf values"
-            )
+            raise expert_error(p.layer)

@@ -113,15 +113,20 @@ def test_peft_gate_up_share_one_a(ckpts):
     assert not by[(0, "gate")].a_off == by[(0, "down")].a_off
 
 
+def _with_value(src, dst, ab: str, index: tuple[int, int], value: float):
+    """A copy of the param adapter `src` whose layer-1 expert lora_`ab` holds `value` at `index`."""
+    dst.mkdir()
+    (dst / "adapter_config.json").write_text((src / "adapter_config.json").read_text())
+    t = load_file(str(src / "adapter_model.safetensors"))
+    key = next(k for k in t if "layers.1.mlp.experts" in k and f"lora_{ab}" in k)
+    t[key][index] = value
+    save_file(t, str(dst / "adapter_model.safetensors"))
+    return dst
+
+
 def test_nonfinite_expert_named(ckpts, tmp_path):
     _, mc, paths = ckpts
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "adapter_config.json").write_text((paths["param"] / "adapter_config.json").read_text())
-    t = load_file(str(paths["param"] / "adapter_model.safetensors"))
-    key = next(k for k in t if "layers.1.mlp.experts" in k and "lora_B" in k)
-    t[key][0, 0] = float("nan")
-    save_file(t, str(bad / "adapter_model.safetensors"))
+    bad = _with_value(paths["param"], tmp_path / "bad", "B", (0, 0), float("nan"))
     with pytest.raises(AdapterError, match="expert LoRA of layer 1 contains NaN"):
         _read(bad, mc)
     with pytest.raises(AdapterError, match="expert LoRA of layer 1 contains NaN"):
@@ -240,13 +245,7 @@ def test_expert_values_past_float16s_range_refused_in_float16(ckpts, tmp_path):
     """Expert LoRA holding a finite value float16 cannot (1e5): refused by both readers when served in float16,
     naming the layer, and served in bfloat16."""
     _, mc, paths = ckpts
-    big = tmp_path / "big"
-    big.mkdir()
-    (big / "adapter_config.json").write_text((paths["param"] / "adapter_config.json").read_text())
-    t = load_file(str(paths["param"] / "adapter_model.safetensors"))
-    key = next(k for k in t if "layers.1.mlp.experts" in k and "lora_A" in k)
-    t[key][0, 1] = 1e5
-    save_file(t, str(big / "adapter_model.safetensors"))
+    big = _with_value(paths["param"], tmp_path / "big", "A", (0, 1), 1e5)
     want = "expert LoRA of layer 1 holds values beyond float16's range"
     with pytest.raises(AdapterError, match=want):
         read_packed(big, "x", mc, torch.float16, None, pageable=True)
