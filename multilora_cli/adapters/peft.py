@@ -16,7 +16,7 @@ import torch
 from multilora_cli.adapters.config import AdapterConfig
 from multilora_cli.adapters.experts import load_experts
 from multilora_cli.adapters.scan import all_finite, nonfinite, read_magnitudes, scan_adapter
-from multilora_cli.adapters.tensors import narrows, out_of_range
+from multilora_cli.adapters.tensors import to_dtype
 from multilora_cli.adapters.vocab import VocabScan, VocabWeights
 from multilora_cli.errors import AdapterError
 from multilora_cli.models.config import FUSED, FUSED_MODULES, ModelConfig
@@ -134,12 +134,8 @@ def load_adapter(
             if not all_finite(t):
                 raise nonfinite(name, scan.weights_path, scan.module_names[(layer, module)], ab)
         if dtype is not None:
-            narrow = narrows(a.dtype, dtype)
-            a, b = a.to(dtype), b.to(dtype)
-            for t, ab in ((a, "A"), (b, "B")):
-                if narrow and not all_finite(t):
-                    where = f"adapter {name!r}: {scan.weights_path}: {scan.module_names[(layer, module)]}: lora_{ab}"
-                    raise out_of_range(where, dtype)
+            where = f"adapter {name!r}: {scan.weights_path}: {scan.module_names[(layer, module)]}: lora_"
+            a, b = to_dtype(a, dtype, where + "A"), to_dtype(b, dtype, where + "B")
         modules[(layer, module)] = LoraModule(a=a, b=b, scaling=spec.scaling)
     experts = (
         load_experts(tf, scan.expert_keys, scan.config, model_config, name, scan.expert_specs)
@@ -148,11 +144,8 @@ def load_adapter(
     )
     if dtype is not None:
         for (layer, part), (a, b, sc) in experts.items():
-            narrow = narrows(a.dtype, dtype)
-            a, b = a.to(dtype), b.to(dtype)
-            if narrow and not (all_finite(a) and all_finite(b)):
-                raise out_of_range(f"adapter {name!r}: {scan.weights_path}: expert LoRA of layer {layer}", dtype)
-            experts[(layer, part)] = (a, b, sc)
+            where = f"adapter {name!r}: {scan.weights_path}: expert LoRA of layer {layer}"
+            experts[(layer, part)] = (to_dtype(a, dtype, where), to_dtype(b, dtype, where), sc)
     return LoraAdapter(
         experts=experts,
         name=name,
@@ -182,13 +175,7 @@ def read_vocab(tf, scan: VocabScan, dtype: torch.dtype | None, name: str, file) 
                 f"adapter {name!r}: {file}: {key} contains NaN or Inf values",
                 hint="the adapter is broken (diverged training?); use another checkpoint",
             )
-        if dtype is None:
-            return t
-        narrow = narrows(t.dtype, dtype)
-        t = t.to(dtype)
-        if narrow and not all_finite(t):
-            raise out_of_range(f"adapter {name!r}: {file}: {key}", dtype)
-        return t
+        return t if dtype is None else to_dtype(t, dtype, f"adapter {name!r}: {file}: {key}")
 
     out = VocabWeights()
     for module, spec in scan.lora.items():

@@ -220,6 +220,15 @@ def narrows(stored: torch.dtype, dtype: torch.dtype | None) -> bool:
     )
 
 
+def to_dtype(t: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:
+    """`t` (finite) converted to `dtype`; `out_of_range(what, dtype)` where that narrowing made a value Inf."""
+    narrow = narrows(t.dtype, dtype)
+    t = t.to(dtype)
+    if narrow and not all_finite(t):
+        raise out_of_range(what, dtype)
+    return t
+
+
 def out_of_range(what: str, dtype: torch.dtype) -> AdapterError:
     """The error for finite values of `what` (e.g. "adapter 'x': FILE: MODULE: lora_B") that `dtype` cannot hold."""
     name = str(dtype).removeprefix("torch.")

@@ -290,7 +290,7 @@ class SlotWriter:
             m_row = torch.where(idx[1], magnitude_region(base, p.plan)[idx[0]], math.nan)  # [total] float32
         flag = None
         if self.cuda and p.unchecked:  # before the staged buffer goes back: the check reads it
-            flag = self._check(slot, base[: p.plan.ab_total if p.plan is not None else p.flat.numel()])
+            flag = self._check(slot, base[: p.plan.ab_total])  # (unchecked: from read_packed, which plans)
         if staged is not None:
             self.stager.release(staged)
         self._rows.write(slot, rows)

@@ -177,14 +177,8 @@ class SlotManager:
         self._refused[name] = error.with_traceback(None)
         self._cpu.pop(name, None)
         self._staging.pop(name, None)  # (a read still in flight is dropped when it is claimed: `_claim_done`)
-        slot = self._slot_of.pop(name, None)
-        if slot is not None:
-            del self._lru[name]
-            self._idle.pop(name, None)
-            self._free_slots.append(slot)
-            self.evictions += 1
-            if self._evict is not None:
-                self._evict(slot, name)
+        if name in self._slot_of:
+            self._free(name)
 
     def _ready(self, name: str) -> bool:
         """No background work pending for `name` (starting its read if nobody has yet)."""
@@ -276,15 +270,19 @@ class SlotManager:
         in a 1,000-slot row whose 863 adapters all fit)."""
         n = 0
         for name in list(self._idle):
-            slot = self._slot_of.pop(name)
-            del self._lru[name]
-            del self._idle[name]
-            self._free_slots.append(slot)
-            self.evictions += 1
+            self._free(name)
             n += 1
-            if self._evict is not None:
-                self._evict(slot, name)
         return n
+
+    def _free(self, name: str) -> None:
+        """Evict the unpinned resident `name`; its slot goes back to the free list."""
+        slot = self._slot_of.pop(name)
+        del self._lru[name]
+        del self._idle[name]
+        self._free_slots.append(slot)
+        self.evictions += 1
+        if self._evict is not None:
+            self._evict(slot, name)
 
     def warm(self, name: str) -> None:
         """Read an adapter into the host cache ahead of need, so a later miss does not wait on the disk."""
