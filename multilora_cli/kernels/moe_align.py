@@ -19,9 +19,12 @@ block of BM pairs.
 NB = cdiv(T*K, BM) + min(T*K, G) (G = E with by_expert) is a static bound (each non-empty group adds at most one
 partial block), so the shapes depend on T only and nothing waits for the host: the metadata (and everything
 launched over it) can be captured in a CUDA graph. Three Triton launches after one memset (a torch version took
-~35 small launches, which at 48 layers a decode step cost milliseconds): count per group (atomics), one program
-scanning the padded counts and mapping blocks to groups (binary search), then place each pair at its group's
-cursor (atomics). The order of pairs inside a group is whatever the atomics give: every kernel computes a row from
+~35 small launches, which at 48 layers a decode step cost milliseconds): count per group (atomics), a scan of the
+padded counts that maps blocks to runs, then place each pair at its group's cursor (atomics). The scan by group is
+one program (a binary search per block); by expert it is one program per expert, each reading the per-expert
+totals the count kernel also keeps. The one-program scan over an [experts, slots] tile it replaced took ~9 us a
+layer of a decode step (2.7 for the base's scan by expert alone); H200, 256 tokens x 16 / 64 adapters, the row
+path's layer went from 453 to 446 / 496 to 489 us, 1,083 tokens x 16 from 833 to 825 (benchmarks/HISTORY.md). The order of pairs inside a group is whatever the atomics give: every kernel computes a row from
 that row's inputs alone, so results do not depend on it.
 Triton variants do not depend on T (tests/engine/test_precompile_sizes.py): the sizes that vary with it (P, G, NB)
 are not specialised on (`do_not_specialize`), and each output starts on 16 bytes. Else the runner's dry-run prefill
@@ -40,9 +43,6 @@ import triton.language as tl
 from multilora_cli.kernels.launch import launch
 
 BLOCK, CHUNK = 256, 1024
-# the one-program scan by expert walks an [experts, slots] tile: 8 warps instead of 4 took the row path's alignment
-# from 21.2 to 17.1 us at 256 tokens x 35 slots, 28.2 to 21.3 at 64 slots (H200; 16 and 32 warps no better)
-SCAN_WARPS = 8
 
 
 @dataclass(slots=True)
@@ -78,46 +78,68 @@ def _group_of(experts_ptr, slot_ptr, offs, ok, top_k, n_slot, HAS_SLOT: tl.const
     return key
 
 
-@triton.jit(do_not_specialize=["P"])
-def _count_kernel(experts_ptr, slot_ptr, counts_ptr, P, top_k, n_slot, HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["P", "G"])
+def _count_kernel(
+    experts_ptr, slot_ptr, counts_ptr, P, top_k, n_slot, G,
+    HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr, EXPERT_TOTALS: tl.constexpr,
+):  # fmt: skip
+    """counts[g] = pairs of group g; EXPERT_TOTALS: also counts[G + e] = pairs of expert e (the by-expert scan's)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < P
     key = _group_of(experts_ptr, slot_ptr, offs, ok, top_k, n_slot, HAS_SLOT)
-    tl.atomic_add(counts_ptr + key, tl.full((BLOCK,), 1, tl.int32), mask=ok)
+    one = tl.full((BLOCK,), 1, tl.int32)
+    tl.atomic_add(counts_ptr + key, one, mask=ok)
+    if EXPERT_TOTALS:
+        tl.atomic_add(counts_ptr + G + key // n_slot, one, mask=ok)
+
+
+@triton.jit(do_not_specialize=["NB"])
+def _scan_by_expert_kernel(
+    counts_ptr, cursor_ptr, sorted_ptr, bexp_ptr, bslot_ptr, E, G, NB, n_slot,
+    BM: tl.constexpr, EB: tl.constexpr, SB: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """One program per expert e, the same outputs as `_scan_kernel` with BY_EXPERT: e's run starts after the
+    padded runs of experts 0..e-1 (from the per-expert totals at counts[G:]); cursor[e, j] = its start + the pairs
+    of its groups before j; its rows -1 (the place kernel fills the real ones), its blocks mapped to e. The last
+    program marks the rows and blocks past every run. No program reads what another writes."""
+    e = tl.program_id(0)
+    ee = tl.arange(0, EB)
+    padded = (tl.load(counts_ptr + G + ee, mask=ee < E, other=0) + BM - 1) // BM * BM
+    start = tl.sum(tl.where(ee < e, padded, 0), 0)
+    stop = start + tl.sum(tl.where(ee == e, padded, 0), 0)
+    j = tl.arange(0, SB)
+    cnt = tl.load(counts_ptr + e * n_slot + j, mask=j < n_slot, other=0)
+    tl.store(cursor_ptr + e * n_slot + j, start + tl.cumsum(cnt, 0) - cnt, mask=j < n_slot)
+    lo = start
+    hi = stop
+    if e == E - 1:  # past every run: padding rows and blocks to the static bound
+        hi = NB * BM
+    for i0 in range(lo, hi, CHUNK):
+        i = i0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + i, tl.full((CHUNK,), -1, tl.int32), mask=i < hi)
+    for b0 in range(lo // BM, hi // BM, CHUNK):
+        b = b0 + tl.arange(0, CHUNK)
+        ok = b < hi // BM
+        tl.store(bexp_ptr + b, tl.where(b < stop // BM, e, -1), mask=ok)
+        tl.store(bslot_ptr + b, tl.full((CHUNK,), -1, tl.int32), mask=ok)
 
 
 @triton.jit(do_not_specialize=["G", "NB"])
 def _scan_kernel(
     counts_ptr, cursor_ptr, end_ptr, sorted_ptr, bexp_ptr, bslot_ptr, G, NB, n_slot, search_steps,
-    BM: tl.constexpr, CHUNK: tl.constexpr, BY_EXPERT: tl.constexpr, EC: tl.constexpr, SB: tl.constexpr,
+    BM: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """One program. Runs: the G groups, or with BY_EXPERT the G experts (each holding its n_slot groups in one run
-    padded once). end[run] = end row of its padded run; cursor[g] = start row of group g (BY_EXPERT: its expert's
-    run start + the pairs of the expert's earlier groups); sorted rows = -1; block b's run = the first with
-    end[run] > b * BM (G = none)."""
-    if BY_EXPERT:
-        j = tl.arange(0, SB)
-        carry = tl.zeros((EC,), dtype=tl.int32)
-        for e0 in range(0, G, EC):
-            e = e0 + tl.arange(0, EC)
-            cells = (e < G)[:, None] & (j < n_slot)[None, :]
-            cnt = tl.load(counts_ptr + e[:, None] * n_slot + j[None, :], mask=cells, other=0)  # [EC, SB]
-            padded = (tl.sum(cnt, 1) + BM - 1) // BM * BM
-            end = tl.cumsum(padded, 0) + carry
-            tl.store(end_ptr + e, end, mask=e < G)
-            before = tl.cumsum(cnt, 1) - cnt  # pairs of the expert's earlier groups
-            tl.store(cursor_ptr + e[:, None] * n_slot + j[None, :], (end - padded)[:, None] + before, mask=cells)
-            carry += tl.sum(padded, 0)
-    else:
-        carry = tl.zeros((CHUNK,), dtype=tl.int32)
-        for g0 in range(0, G, CHUNK):
-            g = g0 + tl.arange(0, CHUNK)
-            ok = g < G
-            padded = (tl.load(counts_ptr + g, mask=ok, other=0) + BM - 1) // BM * BM
-            end = tl.cumsum(padded, 0) + carry
-            tl.store(end_ptr + g, end, mask=ok)
-            tl.store(cursor_ptr + g, end - padded, mask=ok)
-            carry += tl.sum(padded, 0)
+    """One program, over the G groups (each its own padded run): end[g] = end row of g's run; cursor[g] = its start
+    row; sorted rows = -1; block b's group = the first with end[g] > b * BM (G = none)."""
+    carry = tl.zeros((CHUNK,), dtype=tl.int32)
+    for g0 in range(0, G, CHUNK):
+        g = g0 + tl.arange(0, CHUNK)
+        ok = g < G
+        padded = (tl.load(counts_ptr + g, mask=ok, other=0) + BM - 1) // BM * BM
+        end = tl.cumsum(padded, 0) + carry
+        tl.store(end_ptr + g, end, mask=ok)
+        tl.store(cursor_ptr + g, end - padded, mask=ok)
+        carry += tl.sum(padded, 0)
     for i0 in range(0, NB * BM, CHUNK):
         i = i0 + tl.arange(0, CHUNK)
         tl.store(sorted_ptr + i, tl.full((CHUNK,), -1, tl.int32), mask=i < NB * BM)
@@ -127,7 +149,7 @@ def _scan_kernel(
         lo = b * BM
         left = tl.zeros((CHUNK,), dtype=tl.int32)
         right = tl.full((CHUNK,), 0, tl.int32) + G
-        for _ in range(search_steps):  # upper bound of lo in end[0..G): first run with end[run] > lo
+        for _ in range(search_steps):  # upper bound of lo in end[0..G): first group with end[g] > lo
             active = left < right
             mid = (left + right) // 2
             v = tl.load(end_ptr + mid, mask=active, other=0)
@@ -136,12 +158,8 @@ def _scan_kernel(
             right = tl.where(active & (v > lo), mid, right)
         found = left < G
         ok = b < NB
-        if BY_EXPERT:
-            tl.store(bexp_ptr + b, tl.where(found, left, -1), mask=ok)
-            tl.store(bslot_ptr + b, tl.full((CHUNK,), -1, tl.int32), mask=ok)
-        else:
-            tl.store(bexp_ptr + b, tl.where(found, left // n_slot, -1), mask=ok)
-            tl.store(bslot_ptr + b, tl.where(found, left % n_slot - 1, -1), mask=ok)
+        tl.store(bexp_ptr + b, tl.where(found, left // n_slot, -1), mask=ok)
+        tl.store(bslot_ptr + b, tl.where(found, left % n_slot - 1, -1), mask=ok)
 
 
 @triton.jit(do_not_specialize=["P"])
@@ -172,7 +190,7 @@ def align_pairs(
     nb = num_blocks(P, num_experts if by_expert else G, block_m)
     experts = experts.contiguous()
     slot_arg = slot.contiguous() if slot is not None else experts
-    counts = torch.zeros(G, dtype=torch.int32, device=dev)
+    counts = torch.zeros(G + (num_experts if by_expert else 0), dtype=torch.int32, device=dev)
     # one allocation, each piece starting on 16 bytes: Triton specialises a pointer on its 16-byte alignment, and
     # offsets that moved with nb gave the kernels reading block_expert / block_slot a variant per nb % 4
     g4, nb4, rows = _up4(G), _up4(nb), nb * block_m
@@ -183,13 +201,20 @@ def align_pairs(
     block_slot = ints[2 * g4 + rows + nb4 : 2 * g4 + rows + nb4 + nb]
     grid = (triton.cdiv(P, BLOCK),)
     has = slot is not None
-    launch(_count_kernel, grid, experts, slot_arg, counts, P, K, n_slot, HAS_SLOT=has, BLOCK=BLOCK)
-    runs = num_experts if by_expert else G
-    sb = triton.next_power_of_2(n_slot) if by_expert else 1  # (unused by the group scan: one compiled variant)
     launch(
-        _scan_kernel, (1,), counts, cursor, end, sorted_pair, block_expert, block_slot, runs, nb, n_slot,
-        runs.bit_length(), BM=block_m, CHUNK=CHUNK, BY_EXPERT=by_expert, EC=max(1, 8192 // sb), SB=sb,
-        num_warps=SCAN_WARPS if by_expert else 4,
+        _count_kernel, grid, experts, slot_arg, counts, P, K, n_slot, G, HAS_SLOT=has, BLOCK=BLOCK,
+        EXPERT_TOTALS=by_expert,
     )  # fmt: skip
+    if by_expert:
+        launch(
+            _scan_by_expert_kernel, (num_experts,), counts, cursor, sorted_pair, block_expert, block_slot,
+            num_experts, G, nb, n_slot, BM=block_m, EB=triton.next_power_of_2(num_experts),
+            SB=triton.next_power_of_2(n_slot), CHUNK=CHUNK,
+        )  # fmt: skip
+    else:
+        launch(
+            _scan_kernel, (1,), counts, cursor, end, sorted_pair, block_expert, block_slot, G, nb, n_slot,
+            G.bit_length(), BM=block_m, CHUNK=CHUNK,
+        )  # fmt: skip
     launch(_place_kernel, grid, experts, slot_arg, cursor, sorted_pair, P, K, n_slot, HAS_SLOT=has, BLOCK=BLOCK)
-    return MoeAlign(sorted_pair, block_expert, block_slot, block_m, cursor, counts, n_slot)
+    return MoeAlign(sorted_pair, block_expert, block_slot, block_m, cursor, counts[:G], n_slot)
