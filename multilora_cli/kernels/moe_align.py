@@ -24,8 +24,9 @@ padded counts that maps blocks to runs, then place each pair at its group's curs
 one program (a binary search per block); by expert it is one program per expert, each reading the per-expert
 totals the count kernel also keeps. The one-program scan over an [experts, slots] tile it replaced took ~9 us a
 layer of a decode step (2.7 for the base's scan by expert alone); H200, 256 tokens x 16 / 64 adapters, the row
-path's layer went from 453 to 446 / 496 to 489 us, 1,083 tokens x 16 from 833 to 825 (benchmarks/HISTORY.md). The order of pairs inside a group is whatever the atomics give: every kernel computes a row from
-that row's inputs alone, so results do not depend on it.
+path's layer went from 453 to 446 / 496 to 489 us, 1,083 tokens x 16 from 833 to 825 (benchmarks/HISTORY.md).
+The order of pairs inside a group is whatever the atomics give: every kernel computes a row from that row's inputs
+alone, so results do not depend on it.
 Triton variants do not depend on T (tests/engine/test_precompile_sizes.py): the sizes that vary with it (P, G, NB)
 are not specialised on (`do_not_specialize`), and each output starts on 16 bytes. Else the runner's dry-run prefill
 sizes (powers of two) left NB % 16 = 8 and block_expert's offset % 16 = 4 at 64-row blocks to a compile inside the
@@ -98,7 +99,7 @@ def _scan_by_expert_kernel(
     counts_ptr, cursor_ptr, sorted_ptr, bexp_ptr, bslot_ptr, E, G, NB, n_slot,
     BM: tl.constexpr, EB: tl.constexpr, SB: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """One program per expert e, the same outputs as `_scan_kernel` with BY_EXPERT: e's run starts after the
+    """One program per expert e (each expert's groups share one run, padded once): e's run starts after the
     padded runs of experts 0..e-1 (from the per-expert totals at counts[G:]); cursor[e, j] = its start + the pairs
     of its groups before j; its rows -1 (the place kernel fills the real ones), its blocks mapped to e. The last
     program marks the rows and blocks past every run. No program reads what another writes."""
@@ -195,7 +196,7 @@ def align_pairs(
     # offsets that moved with nb gave the kernels reading block_expert / block_slot a variant per nb % 4
     g4, nb4, rows = _up4(G), _up4(nb), nb * block_m
     ints = torch.empty(2 * g4 + rows + 2 * nb4, dtype=torch.int32, device=dev)
-    cursor, end = ints[:G], ints[g4 : g4 + G]
+    cursor, end = ints[:G], ints[g4 : g4 + G]  # end: the group scan's search table (unused by expert)
     sorted_pair = ints[2 * g4 : 2 * g4 + rows]
     block_expert = ints[2 * g4 + rows : 2 * g4 + rows + nb]
     block_slot = ints[2 * g4 + rows + nb4 : 2 * g4 + rows + nb4 + nb]
