@@ -1,6 +1,6 @@
 """One MoE expert-LoRA adapter load, end to end, per adapter: the checkpoint read into host memory, then the slot load
 into every attention and expert LoRA slot. The packed path (engine/direct_read.py straight into a page-locked arena
-block, then SlotWriter: one host->device copy and one scatter launch, engine/expert_slots.py) against the previous
+block, then SlotWriter: one host->device copy and one scatter (a launch per block kind), engine/expert_slots.py) against the previous
 part-by-part path (load_adapter, then ExpertLoraWeights.set_slot per layer: per-tensor copies from pageable memory),
 side by side in one process (issue 37).
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     writer.install(0, packed)  # builds the scatter plan (CUDA) of this layout
     sync()
     first_ms = (time.perf_counter() - t0) * 1e3
-    plan_rows = sum(int(t.shape[0]) for t in writer._plans.values())
+    plan_rows = sum(t.rows for t in writer._plans.values())
     del packed
     writer.install(1 % args.slots, read("tensors", "a1"))  # warm-up of the other arm
     sync()

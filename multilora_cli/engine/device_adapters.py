@@ -4,7 +4,7 @@
                        on CUDA its device staging buffers for slot loads made ahead);
     embed_tokens / lm_head: the model's vocab slots (layers/vocab_lora.py), None when no adapter has them;
     MoE experts: each sparse layer's expert LoRA slots (engine/expert_slots.py), written by the same SlotWriter
-                       load (packed: in its one scatter launch).
+                       load (packed: in its scatter's launches).
 
 All of them exist before the KV cache is sized (so it counts their bytes) and before graph capture.
 """

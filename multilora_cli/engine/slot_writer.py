@@ -10,14 +10,14 @@ A Llama-3-8B adapter on all seven projections is 224 (A, B) pairs. Copying them 
 A `PackedAdapter` (engine/packed.py: what `Engine._load_cpu` returns on CUDA) goes the fastest way: its ONE
 buffer reaches the device either ahead of time (a prefetch thread's device copy, engine/staging.py) or here, in
 one copy (async from the page-locked arena, engine/pinned.py; ~13 ms and synchronous from pageable memory);
-then its ~256 A/B blocks go into the slots in ONE Triton scatter launch (kernels/scatter.py; B blocks transpose
-into the rank-major slots on the way) from a plan cached per (slot, adapter layout). A foreach copy of the same
+then its ~256 A/B blocks go into the slots in at most three Triton scatter launches (kernels/scatter.py: consecutive
+blocks, B blocks transposed into the rank-major slots, anything else) from a plan cached per adapter layout. A foreach copy of the same
 blocks runs one copy kernel per block and took 2.4-3.2x the scatter's host time per load (H200), so CUDA always
 scatters; on CPU the packed blocks go over in one foreach copy of their views.
 The slot tensors are addressed through `LoraWeights`' logical views (a[slot, i, :r], b[slot, lo:hi, :r]), so any
 storage layout of `LoraWeights` works.
 MoE bases: the expert LoRA slots (engine/expert_slots.py) take the packed expert parts from the same buffer, in
-the same scatter launch (their views added to the plan), and their scale / rank rows in one foreach copy.
+the same scatter launches (their views added to the plan), and their scale / rank rows in one foreach copy.
 DoRA adapters: their magnitudes come in the same packed buffer (engine/packed.py), are gathered into one row on the
 device, and `DoraNorms` (engine/dora.py) turns them into the slot's scale rows in a few batched ops, no host sync.
 Streams (CUDA), the ordering invariant of every slot write, loads made ahead of admission (Engine's preloads,
@@ -50,7 +50,7 @@ from multilora_cli.engine.packed import PackedAdapter, magnitude_region
 from multilora_cli.engine.slot_rows import SlotRows
 from multilora_cli.engine.staging import DeviceStager
 from multilora_cli.errors import EngineError
-from multilora_cli.kernels.scatter import scatter_blocks, scatter_plan
+from multilora_cli.kernels.scatter import ScatterPlan, scatter_blocks, scatter_plan
 from multilora_cli.layers.lora import LoRALinear
 
 
@@ -76,10 +76,10 @@ class SlotWriter:
         self._dst: dict[tuple, list[torch.Tensor]] = {}  # `_destinations` (unpacked loads)
         self._src: dict[tuple, list[torch.Tensor]] = {}
         self.stager: DeviceStager | None = None  # set by the runner on CUDA: device copies made ahead of loads
-        # CUDA: one scatter launch per load (kernels/scatter.py), its plan cached per layout (built for slot 0 and
+        # CUDA: each load's scatter (kernels/scatter.py) runs a plan cached per layout (built for slot 0 and
         # shifted by the slot at launch, so a pool of 1,000 slots builds one plan, not 1,000); offsets are taken
         # from the first module's A tensor
-        self._plans: dict[tuple, torch.Tensor] = {}
+        self._plans: dict[tuple, ScatterPlan] = {}
         self._dst_base = self.modules[0][1].lora.a if self.modules else None
         if self._dst_base is None and self.experts is not None:
             self._dst_base = next(iter(self.experts.modules.values())).gu_a
@@ -103,15 +103,15 @@ class SlotWriter:
         self.device_checks = 0
 
     def dry_run(self) -> None:
-        """A packed load's scatter launch, for kernels.launch.collect to record (engine/precompile.py): the source
-        a staging buffer (its own allocation, 16-byte aligned, as every staging and staged copy is), the plan
-        one row; and the device NaN / Inf check of an unchecked load (`_check`). CUDA with LoRA or expert LoRA
+        """A packed load's scatter launches, for kernels.launch.collect to record (engine/precompile.py): the
+        source a staging buffer (its own allocation, 16-byte aligned, as every staging and staged copy is), the
+        plan one row a table; and the device NaN / Inf check of an unchecked load (`_check`). CUDA with LoRA or expert LoRA
         slots only (elsewhere loads copy with torch ops)."""
         if self.cuda and self._dst_base is not None:
             from multilora_cli.kernels.finite import flag_nonfinite
 
             base = self._dst_base
-            plan = torch.zeros(1, 8, dtype=torch.int64, device=self.device)
+            plan = ScatterPlan.noop(self.device)
             scatter_blocks(torch.empty(8, dtype=base.dtype, device=self.device), base, plan, shift=0)
             flag = torch.zeros(1, dtype=torch.int32, device=self.device)
             flag_nonfinite(torch.empty(16, dtype=base.dtype, device=self.device), flag)
@@ -251,7 +251,7 @@ class SlotWriter:
         self._rows.write(slot, self._rows.split(ranks, scales, self._to_device))
 
     def _install_packed(self, slot: int, p: PackedAdapter) -> torch.Tensor | None:
-        """One H2D copy of `p.flat` into the staging buffer (unless staged ahead), one scatter launch of its blocks
+        """One H2D copy of `p.flat` into the staging buffer (unless staged ahead), one scatter of its blocks
         into `slot` (CPU: one foreach copy). Returns the DoRA magnitudes as a device row (`DoraNorms.write`), or
         None without (or without DoRA rows), read from the same copy before its buffer is given back."""
         rows = self._rank_rows(p)
@@ -274,7 +274,7 @@ class SlotWriter:
             raise ValueError(f"adapter {p.name!r} has expert LoRA, which has no slots here")
         if self.experts is not None:
             self.experts.prepare(slot, parts)  # zeroes the slot if the last adapter's values would stay behind
-        if self.cuda and self._dst_base is not None:  # one launch for every A/B block of the adapter
+        if self.cuda and self._dst_base is not None:  # every A/B block of the adapter, a launch per table
             scatter_blocks(base, self._dst_base, self._plan(p, base), shift=slot)
         else:
             dst, src, _ = self._all_views(slot, p, base)
@@ -376,7 +376,7 @@ class SlotWriter:
         hit = self._rank_cache[key] = self._rows.split(ranks, scales, self._to_device)
         return hit
 
-    def _plan(self, p: PackedAdapter, base: torch.Tensor) -> torch.Tensor:
+    def _plan(self, p: PackedAdapter, base: torch.Tensor) -> ScatterPlan:
         """The scatter plan of a layout, cached: slot 0's destinations with each one's slot stride (the launch
         shifts them to the slot). Offsets are relative to `base`, so one plan serves every staging buffer. Packed
         adapters come in the slots' dtype (Engine._pack, direct_read); another dtype is a ValueError."""

@@ -1,4 +1,5 @@
-"""scatter_blocks (one-launch slot load) against torch copies: transposed, 3-D, multi-chunk, other allocations."""
+"""scatter_blocks (a slot load in at most three launches) against torch copies: consecutive, transposed and
+strided blocks, 3-D, multi-chunk and multi-tile, aligned and unaligned offsets, other allocations."""
 
 from __future__ import annotations
 
@@ -7,71 +8,137 @@ import os
 import pytest
 import torch
 
-from multilora_cli.kernels.scatter import CHUNK, scatter_blocks, scatter_plan, scatter_reference
+from multilora_cli.kernels.scatter import (
+    CHUNK,
+    TILE_C,
+    TILE_R,
+    ScatterPlan,
+    scatter_blocks,
+    scatter_plan,
+    scatter_reference,
+)
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
     reason="Triton needs the interpreter or a GPU",
 )
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+R = 32  # the pool's max rank
 
 
-def _case(dtype):
+def _case(dtype, rank: int, aligned: bool):
+    """Destinations in several allocations, like the slot tensors of different LoRA modules: A [slots, slices, R,
+    in] (consecutive blocks), rank-major B [slots, R, out] seen as [slots, out, R] (transposed blocks), and a
+    sub-matrix (strided). `aligned`: offsets and strides multiples of 8 elements (the vector tables), else not."""
     g = torch.Generator().manual_seed(0)
-    # destinations in several allocations, like the slot tensors of different LoRA modules
-    a = torch.full((3, 2, 16, 40), float("nan"), dtype=dtype, device=DEVICE)  # [slots, slices, R, in]
-    b_store = torch.full((3, 16, CHUNK + 37), float("nan"), dtype=dtype, device=DEVICE)  # rank-major [slots, R, out]
+    pad = 0 if aligned else 3
+    a = torch.full((3, 2, R, 40), float("nan"), dtype=dtype, device=DEVICE)
+    b_store = torch.full((3, R, TILE_R + 40 + pad), float("nan"), dtype=dtype, device=DEVICE)
     b = b_store.transpose(1, 2)  # logical [slots, out, R]
     small = torch.full((5, 7), float("nan"), dtype=dtype, device=DEVICE)
-    r = 9  # a rank below the pool's 16: strided destinations
-    dst = [a[1, :, :r], b[2, :, :r], small[1:4, 2:6]]
-    shapes = [tuple(d.shape) for d in dst]
-    total = sum(torch.Size(sh).numel() for sh in shapes)
-    src_base = torch.randn(total + 11, generator=g).to(dtype).to(DEVICE)
-    src, off = [], 5
-    for sh in shapes:
-        n = torch.Size(sh).numel()
-        src.append(src_base[off : off + n].view(sh))
-        off += n
+    dst = [a[1, :, :rank], b[2, :, :rank], small[1:4, 2:6]]
+    total = sum(d.numel() + 8 for d in dst)
+    src_base = torch.randn(total + 16, generator=g).to(dtype).to(DEVICE)
+    src, off = [], 8 if aligned else 5
+    for d in dst:
+        src.append(src_base[off : off + d.numel()].view(d.shape))
+        off += -(-d.numel() // 8) * 8 if aligned else d.numel()
     return dst, src, src_base, (a, b_store, small)
+
+
+def _views(bufs, rank):
+    a, b_store, small = bufs
+    return [a[1, :, :rank], b_store.transpose(1, 2)[2, :, :rank], small[1:4, 2:6]]
+
+
+def _same(got, want):
+    return torch.equal(torch.nan_to_num(got, nan=7.0), torch.nan_to_num(want, nan=7.0))  # untouched stays NaN
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("base_index", [0, 1, 2])  # offsets from any allocation, negative ones included
-def test_scatter_matches_copies(dtype, base_index):
-    dst, src, src_base, bufs = _case(dtype)
+@pytest.mark.parametrize("rank,aligned", [(R, True), (16, True), (9, True), (16, False)])
+def test_scatter_matches_copies(dtype, base_index, rank, aligned):
+    dst, src, src_base, bufs = _case(dtype, rank, aligned)
     want = [t.clone() for t in bufs]
-    scatter_reference([w for w in _views(want)], src)
+    scatter_reference(_views(want, rank), src)
     plan = scatter_plan(dst, src, src_base, bufs[base_index])
-    assert plan.shape[0] > len(dst)  # the transposed block spans several chunks
+    # which table each block went to: A consecutive, B transposed (a rank of 8k columns), the sub-matrix strided
+    vector = aligned and rank % 8 == 0
+    assert (plan.flat.shape[0] > 0) == aligned
+    assert plan.transposed.shape[0] == (-(-(TILE_R + 40) // TILE_R) * -(-rank // TILE_C) if vector else 0)
+    a_rows = 0 if aligned else 2  # A: 2 blocks of one chunk each
+    b_rows = 0 if vector else -(-(TILE_R + 40) * rank // CHUNK)
+    assert plan.strided.shape[0] == 1 + a_rows + b_rows
     scatter_blocks(src_base, bufs[base_index], plan)
     for got, exp in zip(bufs, want):
-        assert torch.equal(torch.nan_to_num(got, nan=7.0), torch.nan_to_num(exp, nan=7.0))  # untouched stays NaN
+        assert _same(got, exp)
 
 
-def _views(bufs):
-    a, b_store, small = bufs
-    return [a[1, :, :9], b_store.transpose(1, 2)[2, :, :9], small[1:4, 2:6]]
+def test_chunks_and_tiles_split_large_blocks():
+    """A consecutive block over several CHUNKs, a transposed one over several row and column tiles."""
+    dtype = torch.float32
+    a = torch.full((2, CHUNK * 2 + 40), float("nan"), dtype=dtype, device=DEVICE)
+    b_store = torch.full((2 * TILE_C, 2 * TILE_R + 8), float("nan"), dtype=dtype, device=DEVICE)
+    dst = [a[1:2, 8:], b_store.t()]  # one row of 2 * CHUNK + 32; [2 * TILE_R + 8, 2 * TILE_C] transposed
+    src_base = torch.randn(sum(d.numel() for d in dst) + 8, dtype=dtype, device=DEVICE)
+    src = [src_base[: dst[0].numel()].view(dst[0].shape)]
+    src.append(src_base[dst[0].numel() : dst[0].numel() + dst[1].numel()].view(dst[1].shape))
+    want_a, want_b = a.clone(), b_store.clone()
+    scatter_reference([want_a[1:2, 8:], want_b.t()], src)
+    plan = scatter_plan(dst, src, src_base, a)
+    assert plan.flat.shape[0] == 3 and plan.transposed.shape[0] == 3 * 2 and plan.strided.shape[0] == 0
+    scatter_blocks(src_base, a, plan)
+    assert _same(a, want_a) and _same(b_store, want_b)
+
+
+@pytest.mark.parametrize("rank", [16, 9])
+def test_expert_b_merges_into_one_transposed_block(rank):
+    """PEFT's MoE lora_B [out, r, E] (contiguous) into [E, out, R] expert slots: at the pool's rank its leading
+    dims merge, so the copy is whole [TILE_R, TILE_C] tiles of one [out * r, E] block; below it, r-row blocks."""
+    out, e, r_pool = 40, 24, 16
+    store = torch.full((3, e, out, r_pool), float("nan"), device=DEVICE)  # [slots, E, out, R]
+    dst = store[1, :, :, :rank].permute(1, 2, 0)  # [out, r, E]
+    src_base = torch.randn(dst.numel() + 8, device=DEVICE)
+    src = src_base[8 : 8 + dst.numel()].view(dst.shape)
+    want = store.clone()
+    scatter_reference([want[1, :, :, :rank].permute(1, 2, 0)], [src])
+    plan = scatter_plan([dst], [src], src_base, store)
+    if rank == r_pool:
+        assert plan.transposed.shape[0] == -(-out * rank // TILE_R) * -(-e // TILE_C) and plan.strided.shape[0] == 0
+    else:
+        assert plan.transposed.shape[0] == out * -(-e // TILE_C)  # a [r, E] block of r-row tiles per out row
+    scatter_blocks(src_base, store, plan)
+    assert _same(store, want)
+
+
+def test_noop_plan_copies_nothing():
+    a = torch.full((4, 8), 3.0, device=DEVICE)
+    plan = ScatterPlan.noop(a.device)
+    assert plan.rows == 3
+    scatter_blocks(torch.zeros(8, device=DEVICE), a, plan)
+    assert bool((a == 3.0).all())
 
 
 def test_plan_rejects_mismatched_pairs():
-    dst, src, src_base, bufs = _case(torch.float32)
+    dst, src, src_base, bufs = _case(torch.float32, 9, True)
     with pytest.raises(ValueError):
         scatter_plan([dst[0]], [src[1]], src_base, bufs[0])
 
 
 @pytest.mark.parametrize("slot", [0, 2])
-def test_one_plan_serves_every_slot(slot):
+@pytest.mark.parametrize("rank", [9, 16])
+def test_one_plan_serves_every_slot(slot, rank):
     """A plan built on slot 0's views with each tensor's slot stride as its step, launched with shift=slot, writes
     exactly slot `slot` (what the slot writer caches once per layout, whatever the pool's size)."""
-    dst, src, src_base, (a, b_store, small) = _case(torch.float32)
+    dst, src, src_base, (a, b_store, small) = _case(torch.float32, rank, True)
     b = b_store.transpose(1, 2)
-    zero = [a[0, :, :9], b[0, :, :9]]
+    zero = [a[0, :, :rank], b[0, :, :rank]]
     plan = scatter_plan(zero, src[:2], src_base, a, steps=[a.stride(0), b.stride(0)])
     want_a, want_b = a.clone(), b_store.clone()
-    scatter_reference([want_a[slot, :, :9], want_b.transpose(1, 2)[slot, :, :9]], src[:2])
+    scatter_reference([want_a[slot, :, :rank], want_b.transpose(1, 2)[slot, :, :rank]], src[:2])
     scatter_blocks(src_base, a, plan, shift=slot)
     for got, exp in ((a, want_a), (b_store, want_b)):
-        assert torch.equal(torch.nan_to_num(got, nan=7.0), torch.nan_to_num(exp, nan=7.0))
+        assert _same(got, exp)
     with pytest.raises(ValueError):
         scatter_plan(zero, src[:2], src_base, a, steps=[1])
