@@ -403,10 +403,17 @@ def _summarise(work: Workload, steps, roof: Roofline, system: str, out_tokens: i
         decode_s=sum(s.seconds for s in decode),
         prefill_s=sum(s.seconds for s in other),
         # every step with prompt tokens, in order (where prefill goes): [tokens, sequences, distinct adapters, ms,
-        # ms until all queued, ms of device time (None off CUDA)] (engine/step_record.StepRecord)
+        # ms until all queued, ms of device time (None off CUDA), slot loads since the step before]
+        # (engine/step_record.StepRecord)
         prefill_steps=[
-            [s.tokens, s.seqs, s.adapters, *(_ms(v) for v in (s.seconds, s.enqueue_seconds, s.gpu_seconds))]
+            [s.tokens, s.seqs, s.adapters, *(_ms(v) for v in (s.seconds, s.enqueue_seconds, s.gpu_seconds)), s.loads]
             for s in other
+        ],
+        # every decode step in order: [sequences, distinct adapters, ms, ms until queued, ms of device time, slot
+        # loads since the step before]: where decode time goes past the median step (loads, waves' ends, the host)
+        decode_trace=[
+            [s.seqs, s.adapters, *(_ms(v) for v in (s.seconds, s.enqueue_seconds, s.gpu_seconds)), s.loads]
+            for s in decode
         ],
         # device time of the steps, summed (None off CUDA): what the kernels took, beside the steps' wall time
         decode_gpu_s=_sum_gpu(decode),

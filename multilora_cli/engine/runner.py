@@ -104,6 +104,8 @@ class ModelRunner:
         self.token_texts = None  # token ids -> their texts (logprob entries); set by the engine
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step (benchmarks)
         self._last_done = 0.0  # when the last step's ids were read (step times, `_log`)
+        self.installs = 0  # slot loads made (`install_adapter`); `_log` records those since the step before
+        self._logged_installs = 0
         self.first_done: float | None = None  # when the first step's ids were read (perf_counter; startup stats)
         self._turn = 0
         self._host_ids = (
@@ -147,6 +149,7 @@ class ModelRunner:
     def install_adapter(self, slot: int, name: str, adapter) -> None:
         """Copy a loaded adapter (adapters.peft.LoraAdapter) into `slot` of every LoRA layer."""
         self.adapters.install(slot, name, adapter)
+        self.installs += 1
 
     def evict_adapter(self, slot: int, name: str) -> None:
         self.adapters.clear(slot)
@@ -328,6 +331,7 @@ class ModelRunner:
         while that one ran) to its ids being read back: the steps' times add up to wall time, not more."""
         now = time.perf_counter()
         since, self._last_done = max(launched.t0, self._last_done), now
+        loads, self._logged_installs = self.installs - self._logged_installs, self.installs
         if self.first_done is None:
             self.first_done = now
         if self.step_log is None:
@@ -348,5 +352,6 @@ class ModelRunner:
                 seconds=now - since,
                 enqueue_seconds=launched.queued - launched.t0,
                 gpu_seconds=gpu,
+                loads=loads,
             )
         )

@@ -23,7 +23,9 @@ class StepRecord:
              launches; long when the step loop's thread is held up, e.g. by the GIL);
     gpu_seconds: CUDA only: device time from the step's first queued work (after any wait for its slots' loads)
              to its last, idle gaps included (None elsewhere). A step whose gpu_seconds is near its
-             enqueue_seconds was fed by the host no faster than it ran."""
+             enqueue_seconds was fed by the host no faster than it ran;
+    loads: slot loads made since the step before was logged: beside this step on the load stream (preloads) or
+             before it (its admissions' loads)."""
 
     decode: bool
     graph: bool
@@ -34,6 +36,7 @@ class StepRecord:
     seconds: float
     enqueue_seconds: float = 0.0
     gpu_seconds: float | None = None
+    loads: int = 0
 
 
 @dataclass(slots=True)

@@ -133,8 +133,12 @@ def test_suite_on_cpu(tmp_path):
     drawn = {n: len(set(w.assignment())) for k, w in plan if k == "multilora" for n in [w.num_adapters]}
     assert x["slot_loads"] == drawn[4]  # the warm-up used other adapters: every timed adapter loads once
     assert x["load_stall_s"] == 0 and x["load_stalled_steps"] == 0  # CPU: loads are synchronous, no stream waits
-    # each prompt step: [tokens, sequences, adapters, ms, ms until queued (within its ms), device ms (CUDA only)]
-    assert x["prefill_steps"] and all(len(p) == 6 and 0 < p[4] <= p[3] and p[5] is None for p in x["prefill_steps"])
+    # each prompt step: [tokens, sequences, adapters, ms, ms until queued (within its ms), device ms (CUDA only),
+    # slot loads since the step before]
+    assert x["prefill_steps"] and all(len(p) == 7 and 0 < p[4] <= p[3] and p[5] is None for p in x["prefill_steps"])
+    loads = sum(p[6] for p in x["prefill_steps"]) + sum(d[5] for d in x["decode_trace"])
+    assert loads == x["slot_loads"]  # every load is counted at one step
+    assert len(x["decode_trace"]) == x["decode_steps"]
     assert x["decode_gpu_s"] is None and x["prefill_gpu_s"] is None
     assert rows[("multilora", 6)]["extra"]["slot_loads"] >= drawn[6] > 2  # through 2 slots
     # the row without slots got multilora run's default (CPU: min(adapters, 8)) and says why
