@@ -11,8 +11,8 @@ stride of each destination tensor, one plan built for slot 0 serves every slot (
 (slot, layout): a pool of 1,000 slots would otherwise build and keep 1,000 plans). Destination offsets are
 element distances from `dst_base`, which may lie in other allocations of the same device and dtype.
 
-Three tables, by the shape of the destination (offsets, strides and steps multiples of ALIGN elements, else the
-block goes to the strided table):
+Three tables, by the shape of the destination (offsets, strides, steps, element counts and a transposed block's
+rows and columns multiples of ALIGN elements, else the block goes to the strided table: the kernels' hints):
 - flat: destinations consecutive in the block's element order (A blocks, expert A parts): CHUNK-element pieces
   copied with 16-byte vector loads and stores, rows (src_off, n, dst_off, step);
 - transposed: s_row == 1 (B blocks into rank-major slots): tiles of TILE_R source rows x TILE_C columns, loaded
@@ -45,7 +45,7 @@ ALIGN = 8  # elements: 16 bytes of bf16 / fp16 (32 of fp32)
 def _flat_kernel(src_ptr, dst_ptr, plan_ptr, shift, CHUNK: tl.constexpr, ALIGN: tl.constexpr):
     row = plan_ptr + tl.program_id(0) * 4
     src_off = tl.multiple_of(tl.load(row), ALIGN)
-    n = tl.load(row + 1)
+    n = tl.multiple_of(tl.load(row + 1), ALIGN)  # (whole runs: the mask keeps the accesses 16-byte vectors)
     dst_off = tl.multiple_of(tl.load(row + 2) + shift * tl.multiple_of(tl.load(row + 3), ALIGN), ALIGN)
     j = tl.arange(0, CHUNK)
     ok = j < n
@@ -59,10 +59,10 @@ def _transposed_kernel(
 ):
     row = plan_ptr + tl.program_id(0) * 7
     src_off = tl.multiple_of(tl.load(row), ALIGN)
-    n_rows = tl.load(row + 1)
+    n_rows = tl.multiple_of(tl.load(row + 1), ALIGN)
     dst_off = tl.load(row + 2)
     cols = tl.multiple_of(tl.load(row + 3), ALIGN)
-    n_cols = tl.load(row + 4)
+    n_cols = tl.multiple_of(tl.load(row + 4), ALIGN)
     s_col = tl.multiple_of(tl.load(row + 5), ALIGN)
     dst_off = tl.multiple_of(dst_off + shift * tl.multiple_of(tl.load(row + 6), ALIGN), ALIGN)
     i = tl.arange(0, TILE_R)[:, None]
@@ -137,6 +137,8 @@ def scatter_plan(
     blocks: list[np.ndarray] = []  # per pair [k, 8]: (src off, rows, cols, dst off, row stride, col stride, step)
     isz = dst_base.element_size()
     for d, s, step in zip(dst, src, steps):
+        if d.numel() == 0 and d.shape == s.shape:
+            continue  # nothing to copy (and an empty view may not merge its dims)
         if d.shape != s.shape or not s.is_contiguous() or d.dtype != dst_base.dtype or d.dim() not in (2, 3):
             raise ValueError(
                 f"scatter_plan: dst {tuple(d.shape)} {d.dtype} / src {tuple(s.shape)} contiguous="
@@ -163,9 +165,12 @@ def scatter_plan(
     # pieces made in numpy: a Llama-3-8B rank-16 load is ~450 blocks, a Qwen3-30B-A3B one ~1M tiles
     b = np.concatenate(blocks)  # [nb, 7]
     so, r, c, do, sr, sc, st = b.T
+    # the vector tables' hints (module docstring) hold by construction: offsets, strides, steps and the masks'
+    # bounds (element counts, rows of a transposed block, its columns) multiples of ALIGN
     aligned = (so % ALIGN == 0) & (do % ALIGN == 0) & (st % ALIGN == 0)
-    flat = aligned & ((c == 1) | (sc == 1)) & ((r == 1) | (sr == c))  # dst(i, j) = dst_off + i * c + j
-    trans = aligned & ~flat & (sr == 1) & (c % ALIGN == 0) & (sc % ALIGN == 0)
+    consecutive = ((c == 1) | (sc == 1)) & ((r == 1) | (sr == c))  # dst(i, j) = dst_off + i * c + j
+    flat = aligned & consecutive & ((r * c) % ALIGN == 0)
+    trans = aligned & ~consecutive & (sr == 1) & (r % ALIGN == 0) & (c % ALIGN == 0) & (sc % ALIGN == 0)
     strided = ~flat & ~trans
 
     def table(rows: list[np.ndarray], width: int) -> torch.Tensor:

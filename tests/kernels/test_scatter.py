@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from multilora_cli.kernels.scatter import (
+    ALIGN,
     CHUNK,
     TILE_C,
     TILE_R,
@@ -95,7 +96,8 @@ def test_chunks_and_tiles_split_large_blocks():
 @pytest.mark.parametrize("rank", [16, 9])
 def test_expert_b_merges_into_one_transposed_block(rank):
     """PEFT's MoE lora_B [out, r, E] (contiguous) into [E, out, R] expert slots: at the pool's rank its leading
-    dims merge, so the copy is whole [TILE_R, TILE_C] tiles of one [out * r, E] block; below it, r-row blocks."""
+    dims merge, so the copy is whole [TILE_R, TILE_C] tiles of one [out * r, E] block; below it, one [r, E] block
+    per out row (element-wise here: 9 rows are not whole 8-element runs)."""
     out, e, r_pool = 40, 24, 16
     store = torch.full((3, e, out, r_pool), float("nan"), device=DEVICE)  # [slots, E, out, R]
     dst = store[1, :, :, :rank].permute(1, 2, 0)  # [out, r, E]
@@ -107,9 +109,69 @@ def test_expert_b_merges_into_one_transposed_block(rank):
     if rank == r_pool:
         assert plan.transposed.shape[0] == -(-out * rank // TILE_R) * -(-e // TILE_C) and plan.strided.shape[0] == 0
     else:
-        assert plan.transposed.shape[0] == out * -(-e // TILE_C)  # a [r, E] block of r-row tiles per out row
+        assert plan.transposed.shape[0] == 0 and plan.strided.shape[0] == out  # [r, E] blocks of 9 rows
     scatter_blocks(src_base, store, plan)
     assert _same(store, want)
+
+
+def _hints_hold(plan) -> bool:
+    """Every value the vector kernels hint as a multiple of ALIGN is one (a false hint would corrupt a slot)."""
+    f, t = plan.flat.cpu(), plan.transposed.cpu()
+    return bool((f % ALIGN == 0).all()) and bool((t[:, [0, 1, 2, 3, 4, 5, 6]] % ALIGN == 0).all())
+
+
+def test_random_layouts_match_copies_and_keep_the_hints():
+    """Random 2-D / 3-D, permuted and padded destination views of several allocations, sources at aligned or
+    unaligned offsets, launched at shifts 0-2: every table against torch copies, every hint true."""
+    g = torch.Generator().manual_seed(1)
+
+    def pick(hi: int, whole: bool) -> int:  # whole: a multiple of 8 (the vector tables' runs)
+        return (
+            8 * int(torch.randint(1, hi // 8 + 1, (1,), generator=g))
+            if whole
+            else int(torch.randint(1, hi + 1, (1,), generator=g))
+        )
+
+    seen = [0, 0, 0]
+    for i in range(32):
+        whole, aligned = i % 4 != 3, i % 8 < 6
+        store = torch.full((3, 24, 40), float("nan"), device=DEVICE)  # [slots, ., .]
+        other = torch.full((3, 16, 48), float("nan"), device=DEVICE)
+        dst, steps = [], []
+        for buf in (store, other):
+            r, c = pick(buf.shape[1], whole), pick(buf.shape[1], whole)
+            transposed = bool(torch.randint(0, 2, (1,), generator=g))
+            dst.append(buf[0, :c, :r].t() if transposed else buf[0, :r, :c])
+            steps.append(buf.stride(0))
+        cube = torch.full((3, 6, 4, 40), float("nan"), device=DEVICE)
+        merge = torch.full((3, 6, 4, 40), float("nan"), device=DEVICE)
+        dst.append(cube[0, :, :, :16])  # 3-D, rows of 16 of 40: one block per leading index
+        dst.append(merge[0])  # 3-D whose leading dims merge
+        steps += [cube.stride(0), merge.stride(0)]
+        bufs = (store, other, cube, merge)
+        total = sum(d.numel() + 8 for d in dst)
+        src_base = torch.randn(total + 16, generator=g).to(DEVICE)
+        src, off = [], 0 if aligned else int(torch.randint(1, 8, (1,), generator=g))
+        for d in dst:
+            src.append(src_base[off : off + d.numel()].view(d.shape))
+            off += -(-d.numel() // 8) * 8 if aligned else d.numel() + int(torch.randint(0, 8, (1,), generator=g))
+        plan = scatter_plan(dst, src, src_base, store, steps)
+        assert _hints_hold(plan)
+        seen = [n + int(t.shape[0]) for n, t in zip(seen, (plan.flat, plan.transposed, plan.strided))]
+        shift = int(torch.randint(0, 3, (1,), generator=g))
+        want = [b.clone() for b in bufs]
+        for d, x, w, b in zip(dst, src, want, bufs):
+            w.as_strided(d.shape, d.stride(), d.storage_offset() + shift * b.stride(0)).copy_(x)
+        scatter_blocks(src_base, store, plan, shift=shift)
+        assert all(_same(b, w) for b, w in zip(bufs, want))
+    assert min(seen) > 0  # every table was exercised
+
+
+def test_empty_pairs_are_skipped():
+    store = torch.zeros(4, 3, 16, device=DEVICE)
+    src_base = torch.zeros(8, device=DEVICE)
+    plan = scatter_plan([store[:, :, :0]], [src_base[:0].view(4, 3, 0)], src_base, store)
+    assert plan.rows == 0
 
 
 def test_noop_plan_copies_nothing():
