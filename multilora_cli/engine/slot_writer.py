@@ -10,10 +10,10 @@ A Llama-3-8B adapter on all seven projections is 224 (A, B) pairs. Copying them 
 A `PackedAdapter` (engine/packed.py: what `Engine._load_cpu` returns on CUDA) goes the fastest way: its ONE
 buffer reaches the device either ahead of time (a prefetch thread's device copy, engine/staging.py) or here, in
 one copy (async from the page-locked arena, engine/pinned.py; ~13 ms and synchronous from pageable memory);
-then its ~256 A/B blocks go into the slots in at most three Triton scatter launches (kernels/scatter.py: consecutive
-blocks, B blocks transposed into the rank-major slots, anything else) from a plan cached per adapter layout. A foreach copy of the same
-blocks runs one copy kernel per block and took 2.4-3.2x the scatter's host time per load (H200), so CUDA always
-scatters; on CPU the packed blocks go over in one foreach copy of their views.
+then its ~256 A/B blocks go into the slots in at most three Triton scatter launches (kernels/scatter.py:
+consecutive blocks, B blocks transposed into the rank-major slots, anything else) from a plan cached per adapter
+layout. A foreach copy of the same blocks runs one copy kernel per block and took 2.4-3.2x the scatter's host
+time per load (H200), so CUDA always scatters; on CPU the packed blocks go over in one foreach copy of their views.
 The slot tensors are addressed through `LoraWeights`' logical views (a[slot, i, :r], b[slot, lo:hi, :r]), so any
 storage layout of `LoraWeights` works.
 MoE bases: the expert LoRA slots (engine/expert_slots.py) take the packed expert parts from the same buffer, in
@@ -105,8 +105,8 @@ class SlotWriter:
     def dry_run(self) -> None:
         """A packed load's scatter launches, for kernels.launch.collect to record (engine/precompile.py): the
         source a staging buffer (its own allocation, 16-byte aligned, as every staging and staged copy is), the
-        plan one row a table; and the device NaN / Inf check of an unchecked load (`_check`). CUDA with LoRA or expert LoRA
-        slots only (elsewhere loads copy with torch ops)."""
+        plan one row a table; and the device NaN / Inf check of an unchecked load (`_check`). CUDA with LoRA or
+        expert LoRA slots only (elsewhere loads copy with torch ops)."""
         if self.cuda and self._dst_base is not None:
             from multilora_cli.kernels.finite import flag_nonfinite
 

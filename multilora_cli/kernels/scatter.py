@@ -134,7 +134,7 @@ def scatter_plan(
     steps = [0] * len(dst) if steps is None else steps
     if len(steps) != len(dst):
         raise ValueError(f"scatter_plan: {len(steps)} steps for {len(dst)} destinations")
-    blocks: list[np.ndarray] = []  # per pair [k, 8]: (src off, rows, cols, dst off, row stride, col stride, step)
+    blocks: list[np.ndarray] = []  # per pair [k, 7]: (src off, rows, cols, dst off, row stride, col stride, step)
     isz = dst_base.element_size()
     for d, s, step in zip(dst, src, steps):
         if d.numel() == 0 and d.shape == s.shape:
@@ -162,7 +162,7 @@ def scatter_plan(
     if not blocks:
         empty = torch.zeros((0, 4), dtype=torch.int64, device=device)
         return ScatterPlan(empty, empty.new_zeros((0, 7)), empty.new_zeros((0, 8)))
-    # pieces made in numpy: a Llama-3-8B rank-16 load is ~450 blocks, a Qwen3-30B-A3B one ~1M tiles
+    # pieces made in numpy: a Llama-3-8B rank-16 load is ~450 blocks, a Qwen3-30B-A3B one ~206k pieces
     b = np.concatenate(blocks)  # [nb, 7]
     so, r, c, do, sr, sc, st = b.T
     # the vector tables' hints (module docstring) hold by construction: offsets, strides, steps and the masks'
@@ -173,15 +173,18 @@ def scatter_plan(
     trans = aligned & ~consecutive & (sr == 1) & (r % ALIGN == 0) & (c % ALIGN == 0) & (sc % ALIGN == 0)
     strided = ~flat & ~trans
 
-    def table(rows: list[np.ndarray], width: int) -> torch.Tensor:
-        t = np.ascontiguousarray(np.stack(rows, axis=1)) if rows else np.zeros((0, width), dtype=np.int64)
-        return torch.from_numpy(t.reshape(-1, width)).to(device)
+    def table(columns: list[np.ndarray]) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(np.stack(columns, axis=1))).to(device)
 
-    f = b[flat]
-    n = f[:, 1] * f[:, 2]
-    which, k = expand_counts(-(-n // CHUNK))
-    first = k * CHUNK
-    flat_t = table([f[which, 0] + first, np.minimum(CHUNK, n[which] - first), f[which, 3] + first, f[which, 6]], 4)
+    def chunks(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each block's CHUNK-element pieces: (its block's row, first element, elements)."""
+        n = blocks[:, 1] * blocks[:, 2]
+        which, k = expand_counts(-(-n // CHUNK))
+        first = k * CHUNK
+        return blocks[which], first, np.minimum(CHUNK, n[which] - first)
+
+    fw, first, n = chunks(b[flat])
+    flat_t = table([fw[:, 0] + first, n, fw[:, 3] + first, fw[:, 6]])
 
     t = b[trans]
     tr, tc = -(-t[:, 1] // TILE_R), -(-t[:, 2] // TILE_C)  # tiles along rows, along columns
@@ -197,37 +200,20 @@ def scatter_plan(
             np.minimum(TILE_C, tw[:, 2] - j0),
             tw[:, 5],
             tw[:, 6],
-        ],
-        7,
+        ]
     )
 
-    g = b[strided]
-    n = g[:, 1] * g[:, 2]
-    which, k = expand_counts(-(-n // CHUNK))
-    first = k * CHUNK
-    gw = g[which]
-    strided_t = table(
-        [
-            gw[:, 0] + first,
-            first,
-            np.minimum(CHUNK, n[which] - first),
-            gw[:, 3],
-            gw[:, 2],
-            gw[:, 4],
-            gw[:, 5],
-            gw[:, 6],
-        ],
-        8,
-    )
+    gw, first, n = chunks(b[strided])
+    strided_t = table([gw[:, 0] + first, first, n, gw[:, 3], gw[:, 2], gw[:, 4], gw[:, 5], gw[:, 6]])
     return ScatterPlan(flat_t, trans_t, strided_t)
 
 
 def scatter_blocks(src_base: torch.Tensor, dst_base: torch.Tensor, plan: ScatterPlan, shift: int = 0) -> None:
     """Run a plan from `scatter_plan`: up to three launches, stream-ordered, no host sync.
 
-    src_base: [N] any dtype equal to dst_base's; dst_base: any tensor of the destination
-    allocations' dtype; plan: a `ScatterPlan` on the same device; shift: int (the slot, for a plan built for slot
-    0 with slot strides).
+    src_base: [N] any dtype equal to dst_base's; dst_base: any tensor of the destination allocations' dtype;
+    plan: a `ScatterPlan` on the same device; shift: int (the slot, for a plan built for slot 0 with slot
+    strides).
 
         for each block (src_off, rows, cols, dst_off, s_row, s_col, step) of the plan, i < rows, j < cols:
             dst_base.flat[dst_off + shift * step + i * s_row + j * s_col] = src_base[src_off + i * cols + j]

@@ -117,7 +117,7 @@ def test_expert_b_merges_into_one_transposed_block(rank):
 def _hints_hold(plan) -> bool:
     """Every value the vector kernels hint as a multiple of ALIGN is one (a false hint would corrupt a slot)."""
     f, t = plan.flat.cpu(), plan.transposed.cpu()
-    return bool((f % ALIGN == 0).all()) and bool((t[:, [0, 1, 2, 3, 4, 5, 6]] % ALIGN == 0).all())
+    return bool((f % ALIGN == 0).all()) and bool((t % ALIGN == 0).all())  # every column of both tables
 
 
 def test_random_layouts_match_copies_and_keep_the_hints():
